@@ -1,0 +1,103 @@
+"""Image I/O shared by every reader and pipeline: safe paths, RGB loading, the size policy."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from davir.data.records import ChangePair, DataError
+
+# Before/after size mismatch (IER): the before image is resized to the after image's size, as the
+# IER references do (BLIP2IDC). "error" refuses mismatched pairs instead.
+SIZE_POLICIES = ("resize_before_to_after", "error")
+
+
+def resolve_in_root(root: Path, relative: str, *, source: str, record: str) -> Path:
+    """Join an annotation-supplied path to the dataset root, refusing absolute or escaping paths."""
+    if not isinstance(relative, str) or not relative.strip():
+        raise DataError(f"{source}: record {record!r}: image path is empty or not a string: {relative!r}")
+    if PurePosixPath(relative).is_absolute() or PureWindowsPath(relative).is_absolute():
+        raise DataError(f"{source}: record {record!r}: image path {relative!r} is absolute; paths must be relative to {root}")
+    root_resolved = Path(root).resolve()
+    path = (root_resolved / relative).resolve()
+    if root_resolved != path and root_resolved not in path.parents:
+        raise DataError(f"{source}: record {record!r}: image path {relative!r} escapes the dataset root {root}")
+    return path
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Convert any PIL mode to 8-bit RGB: RGBA/LA composited on white, palette, grayscale, 16-bit."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        array = np.asarray(image, dtype=np.float64)
+        peak = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
+        array = np.clip(array / peak * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(array, mode="L").convert("RGB")
+    if image.mode == "F":
+        array = np.asarray(image, dtype=np.float64)
+        array = np.clip(array * (255.0 if array.max() <= 1.0 else 1.0) + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(array, mode="L").convert("RGB")
+    if image.mode == "P":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA"):
+        rgba = image.convert("RGBA")
+        canvas = Image.new("RGB", rgba.size, (255, 255, 255))
+        canvas.paste(rgba, mask=rgba.getchannel("A"))
+        return canvas
+    return image.convert("RGB")
+
+
+def load_rgb(path: Path, *, record: str = "?") -> Image.Image:
+    """Load one image as RGB, with a clear error naming the record for a missing or corrupt file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"record {record!r}: image file is missing: {path}")
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return to_rgb(image)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        raise DataError(f"record {record!r}: image file is corrupt or not an image: {path} ({error})") from error
+
+
+def load_mask(path: Path, *, record: str = "?") -> np.ndarray:
+    """Load a binary mask PNG as a bool array (H, W); any non-zero pixel is inside the mask."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"record {record!r}: mask file is missing: {path}")
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("L")) > 0
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        raise DataError(f"record {record!r}: mask file is corrupt: {path} ({error})") from error
+
+
+def load_pair(pair: ChangePair, *, size_policy: str = "resize_before_to_after") -> tuple[Image.Image, Image.Image]:
+    """Load (before, after) as RGB images of one size, applying the documented size policy."""
+    if size_policy not in SIZE_POLICIES:
+        raise ValueError(f"size_policy must be one of {SIZE_POLICIES}, got {size_policy!r}")
+    before = load_rgb(pair.before, record=pair.pair_id)
+    after = load_rgb(pair.after, record=pair.pair_id)
+    if before.size != after.size:
+        if size_policy == "error":
+            raise DataError(
+                f"record {pair.pair_id!r}: before {pair.before} is {before.size[0]}x{before.size[1]} but "
+                f"after {pair.after} is {after.size[0]}x{after.size[1]}"
+            )
+        before = before.resize(after.size, Image.BICUBIC)
+    return before, after
+
+
+def save_png_atomic(image: Image.Image | np.ndarray, path: Path) -> None:
+    """Write a PNG through a temporary file and an atomic rename, so a kill never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(image, np.ndarray):
+        array = image.astype(np.uint8) * 255 if image.dtype == bool else image
+        image = Image.fromarray(array)
+    tmp = path.with_name(f".{path.name}.tmp")
+    image.save(tmp, format="PNG")
+    tmp.replace(path)

@@ -1,0 +1,56 @@
+"""Atomic file writes and strict JSON reading, used by every job that writes or reads files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from davir.data.records import DataError
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file in the same folder and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+
+
+def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    """Read JSON with a clear error naming the file (missing or malformed) instead of a traceback."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"annotation file is missing: {path}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}") from error
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text ({error})") from error
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"file is missing: {path}")
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}: malformed JSON on line {number}: {error.msg}") from error
+    return rows
