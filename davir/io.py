@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from davir.data.records import DataError
+from davir.errors import DataError
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from davir.errors import DataError
 
-class DataError(ValueError):
-    """Bad input: the message names the file and record and says what is wrong."""
+__all__ = ["CHANGE_TYPES", "DISTRACTOR", "ChangePair", "DataError", "DatasetIndex", "SkippedRecord"]
 
 
 # Change types the CLEVR-style readers and the synthetic set use; other datasets leave it None.

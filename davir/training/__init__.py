@@ -1,0 +1,1 @@
+"""Training support for `train.py`: typed configs, tasks (DAVIR, lightweight), the run folder."""

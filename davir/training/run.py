@@ -1,0 +1,100 @@
+"""The run folder: what a result needs to be reproduced, and the best/last model checkpoints.
+
+    RUN/config.yaml          the exact TrainConfig the run used
+    RUN/run_info.json        seed, command line, package versions, git commit (dirty flag)
+    RUN/checkpoints/step_N/  `accelerator.save_state` (model, optimizer, scheduler, RNG, train state)
+    RUN/last/, RUN/best/     `save_pretrained` of the model, loadable by evaluate.py/caption.py
+    RUN/logs/                TensorBoard
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from davir.io import read_json, write_json_atomic
+
+PACKAGES = ("torch", "torchvision", "transformers", "peft", "accelerate", "datasets", "numpy",
+            "scikit-learn", "opencv-python-headless", "pycocoevalcap", "segment-anything", "open_clip_torch")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_state(repo: Path | None = None) -> dict[str, str | bool | None]:
+    repo = repo or Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        return {"commit": commit, "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def write_run_info(run_dir: Path, *, seed: int, extra: dict | None = None) -> None:
+    write_json_atomic(run_dir / "run_info.json", {
+        "command": sys.argv,
+        "seed": seed,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": package_versions(),
+        "git": git_state(),
+        **(extra or {}),
+    })
+
+
+_STEP = re.compile(r"^step_(\d+)$")
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    folder = Path(run_dir) / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.match(p.name)) and (p / "COMPLETE").is_file()]
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1][1] if checkpoints else None
+
+
+def mark_complete(checkpoint: Path, state: dict) -> None:
+    """A checkpoint counts only once this marker exists, so a kill mid-save never resumes from half a state."""
+    write_json_atomic(checkpoint / "COMPLETE", state)
+
+
+def read_checkpoint_state(checkpoint: Path) -> dict:
+    return read_json(checkpoint / "COMPLETE")
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    for _, path in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def replace_dir_atomic(source: Path, target: Path) -> None:
+    """Move a finished folder into place, replacing an older one without a window where neither exists whole."""
+    target = Path(target)
+    old = target.with_name(f".{target.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if target.exists():
+        target.rename(old)
+    Path(source).rename(target)
+    if old.exists():
+        shutil.rmtree(old)
