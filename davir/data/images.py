@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
@@ -20,11 +21,11 @@ def resolve_in_root(root: Path, relative: str, *, source: str, record: str) -> P
         raise DataError(f"{source}: record {record!r}: image path is empty or not a string: {relative!r}")
     if PurePosixPath(relative).is_absolute() or PureWindowsPath(relative).is_absolute():
         raise DataError(f"{source}: record {record!r}: image path {relative!r} is absolute; paths must be relative to {root}")
-    root_resolved = Path(root).resolve()
-    path = (root_resolved / relative).resolve()
-    if root_resolved != path and root_resolved not in path.parents:
+    # A textual check (no symlink resolution): a dataset may keep image folders behind symlinks.
+    normalised = os.path.normpath(relative)
+    if normalised == ".." or normalised.startswith(".." + os.sep):
         raise DataError(f"{source}: record {record!r}: image path {relative!r} escapes the dataset root {root}")
-    return path
+    return Path(root) / normalised
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -1,0 +1,81 @@
+"""CLEVR-DC (Kim et al., ICCV'21) in either of its two on-disk layouts (docs/datasets.md A.5, B.2).
+
+Raw layout (hsgkim/clevr-dc downloads, BLIP2IDC's loader):
+    root/split.json     {"train": [ints], "val": [...], "test": [...]}
+    root/captions.json  {"0": [captions], "1": [...], ...}
+    root/bef/<id>.png, root/aft/<id>.png          (un-padded integer names)
+
+Renamed layout (DIRL's `pad_img.py` / `rename_dc_caption.py`):
+    root/splits.json, root/change_captions.json {"000000.png": [captions]}
+    root/images/%06d.png (before), root/sc_images/%06d.png (after)
+
+Both give pair_id "%06d.png" (the id DIRL's evaluation references use) and scene_id the integer id.
+The caption file is optional (absent from the shared fixtures): without it captions are empty.
+
+change_type is left None: the 48,000 pairs are 6 blocks of 8,000 (colour, texture, add, remove,
+move, no-change/distractor per the README), but the block *order* is not documented anywhere we can
+cite (docs/datasets.md A.5 says "verify on data"), and guessing it would mislabel per-type scores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from davir.data.formats import register_format
+from davir.data.formats._common import clean_captions
+from davir.data.formats.clevr_change import ABSENT_CAPTIONS, read_caption_file, read_split_ids
+from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
+
+SPLITS = ("train", "val", "test")
+
+
+def detect_layout(root: Path) -> str:
+    """"dirl" (renamed, zero-padded) or "raw" (hsgkim split.json + bef/aft)."""
+    if (root / "splits.json").is_file() or (root / "change_captions.json").is_file() or (root / "sc_images").is_dir():
+        return "dirl"
+    if (root / "split.json").is_file() or (root / "bef").is_dir():
+        return "raw"
+    raise DataError(
+        f"{root}: not a CLEVR-DC folder: expected split.json (+ captions.json, bef/, aft/) "
+        "or splits.json (+ change_captions.json, images/, sc_images/)"
+    )
+
+
+@register_format("clevr_dc", splits=SPLITS)
+def read_clevr_dc(root: Path, split: str) -> DatasetIndex:
+    """The pairs of one CLEVR-DC split in split-file order."""
+    root = Path(root)
+    layout = detect_layout(root)
+    if layout == "raw":
+        split_path, caption_path = root / "split.json", root / "captions.json"
+    else:
+        split_path, caption_path = root / "splits.json", root / "change_captions.json"
+    ids = read_split_ids(split_path, split)
+    captions = read_caption_file(caption_path)
+
+    pairs: list[ChangePair] = []
+    skipped: list[SkippedRecord] = [] if captions is not None else [
+        SkippedRecord(str(caption_path), "(every pair)", ABSENT_CAPTIONS)
+    ]
+    seen: set[int] = set()
+    for index in ids:
+        if index in seen:
+            raise DataError(f"{split_path}: split {split!r} lists pair {index} twice")
+        seen.add(index)
+        name = f"{index:06d}.png"
+        if layout == "raw":
+            key, before, after = str(index), root / "bef" / f"{index}.png", root / "aft" / f"{index}.png"
+        else:
+            key, before, after = name, root / "images" / name, root / "sc_images" / name
+        kept: tuple[str, ...] = ()
+        if captions is not None:
+            if key in captions:
+                kept, empty = clean_captions(captions[key], source=str(caption_path), record=f"key {key!r}", field="captions")
+                skipped.extend(empty)
+            else:
+                skipped.append(SkippedRecord(str(caption_path), key, "no captions for this pair; pair kept without references"))
+        pairs.append(ChangePair(
+            pair_id=name, before=before, after=after, captions=kept, split=split, scene_id=str(index),
+            meta={"layout": layout},
+        ))
+    return DatasetIndex("clevr_dc", root, split, pairs, skipped)

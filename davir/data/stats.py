@@ -1,0 +1,76 @@
+"""Per-split counts of a dataset on disk (`python -m davir.data stats --format NAME --root DIR`).
+
+Works on annotations alone: image files are only checked for existence (never opened), and a split
+whose annotation file is absent is reported with its error instead of stopping the other splits.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Iterable
+
+from davir.data.formats import FORMAT_SPLITS, FORMATS, read_dataset
+from davir.data.records import DataError, DatasetIndex
+
+MAX_EXAMPLES = 5
+# Split names that are aliases of another split of the same format (not counted twice by default).
+SPLIT_ALIASES = {"folder": {"all"}}
+
+
+def split_stats(index: DatasetIndex, exists=os.path.isfile) -> dict:
+    """Counts of one split: pairs, references, missing image files, change types, skips."""
+    known: dict[str, bool] = {}
+
+    def present(path) -> bool:
+        # CLEVR-Change's before image is shared by its two pairs: stat each file once.
+        key = str(path)
+        if key not in known:
+            known[key] = exists(key)
+        return known[key]
+
+    missing_pairs, missing_examples = 0, []
+    for pair in index.pairs:
+        absent = [str(path) for path in (pair.before, pair.after, pair.distractor) if path is not None and not present(path)]
+        if absent:
+            missing_pairs += 1
+            if len(missing_examples) < MAX_EXAMPLES:
+                missing_examples.append(f"{pair.pair_id}: {absent[0]}")
+    types = Counter(pair.change_type for pair in index.pairs if pair.change_type is not None)
+    result = {
+        "pairs": len(index.pairs),
+        "reference_sentences": sum(len(pair.captions) for pair in index.pairs),
+        "pairs_without_captions": sum(1 for pair in index.pairs if not pair.captions),
+        "pairs_with_missing_images": missing_pairs,
+        "image_files_checked": len(known),
+        "image_files_missing": sum(1 for ok in known.values() if not ok),
+        "missing_image_examples": missing_examples,
+        "pairs_with_gt_mask": sum(1 for pair in index.pairs if pair.has_gt_mask),
+        "skipped": len(index.skipped),
+        "skipped_examples": [f"{skip.source}: {skip.record}: {skip.reason}" for skip in index.skipped[:MAX_EXAMPLES]],
+    }
+    if types:
+        result["change_types"] = dict(sorted(types.items()))
+    return result
+
+
+def dataset_stats(format: str, root: str | Path, splits: Iterable[str] | None = None) -> dict:
+    """{"format", "root", "splits": {split: counts or {"error": message}}} for the named splits (default: all)."""
+    if format not in FORMATS:
+        raise DataError(f"unknown dataset format {format!r}; known formats: {', '.join(sorted(FORMATS))}")
+    root = Path(root)
+    if not root.exists():
+        raise DataError(f"dataset root {root} does not exist")
+    if splits is None:
+        splits = [name for name in FORMAT_SPLITS[format] if name not in SPLIT_ALIASES.get(format, set())]
+    result: dict = {"format": format, "root": str(root), "splits": {}}
+    for split in splits:
+        try:
+            index = read_dataset(format, root, split)
+        except DataError as error:
+            # One absent split (e.g. a held-out test.json) must not hide the others' counts.
+            result["splits"][split] = {"error": str(error)}
+            continue
+        result["splits"][split] = split_stats(index)
+    return result

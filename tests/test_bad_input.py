@@ -1,0 +1,250 @@
+"""Bad input: every case is a DataError naming the file and record, or a counted skip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from davir.data import ChangePair, DataError, load_pair, load_rgb, read_dataset
+from davir.data.formats.folder import read_folder
+from davir.data.stats import dataset_stats
+
+
+def write_ier(root: Path, records: list, split_file: str = "valid.json") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "images").mkdir(exist_ok=True)
+    (root / split_file).write_text(json.dumps(records))
+    return root
+
+
+def solid(path: Path, color, size=(8, 6), mode="RGB") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, size, color).save(path)
+    return path
+
+
+# --- images ----------------------------------------------------------------------------------------
+
+def test_missing_image_is_counted_by_stats_and_named_by_load_pair(tmp_path):
+    root = write_ier(tmp_path / "ier", [
+        {"img0": "a.jpg", "img1": "b.jpg", "sents": ["make it red"], "uid": "u1"},
+        {"img0": "a.jpg", "img1": "gone.jpg", "sents": ["make it blue"], "uid": "u2"},
+    ])
+    solid(root / "images" / "a.jpg", (255, 0, 0))
+    solid(root / "images" / "b.jpg", (0, 0, 255))
+    val = dataset_stats("ier", root, ["val"])["splits"]["val"]
+    assert (val["pairs"], val["pairs_with_missing_images"], val["image_files_checked"], val["image_files_missing"]) == (2, 1, 3, 1)
+    assert val["missing_image_examples"] == [f"u2: {(root / 'images' / 'gone.jpg').resolve()}"]
+
+    index = read_dataset("ier", root, "val")
+    load_pair(index.pairs[0])
+    with pytest.raises(DataError, match=r"record 'u2': image file is missing: .*gone\.jpg"):
+        load_pair(index.pairs[1])
+
+
+def test_corrupt_image_names_record_and_file(tmp_path):
+    good = solid(tmp_path / "before" / "p.png", (1, 2, 3))
+    bad = tmp_path / "after" / "p.png"
+    bad.parent.mkdir()
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n this is not really a png")
+    with pytest.raises(DataError, match=r"record 'p': image file is corrupt or not an image: .*after/p\.png"):
+        load_pair(ChangePair("p", good, bad))
+
+
+def test_unusual_modes_load_as_rgb_with_right_values(tmp_path):
+    # 16-bit grayscale: 65535 -> 255, 32768 -> 128 (32768/65535*255 = 127.5 rounds up).
+    sixteen = np.array([[0, 32768, 65535]], dtype=np.uint16)
+    Image.fromarray(sixteen).save(tmp_path / "g16.png")  # uint16 -> a 16-bit PNG
+    assert np.asarray(load_rgb(tmp_path / "g16.png")).tolist() == [[[0, 0, 0], [128, 128, 128], [255, 255, 255]]]
+
+    palette = Image.new("P", (2, 1))
+    palette.putpalette([10, 20, 30, 200, 100, 50] + [0] * 762)
+    palette.putpixel((1, 0), 1)
+    palette.save(tmp_path / "p.png")
+    assert np.asarray(load_rgb(tmp_path / "p.png")).tolist() == [[[10, 20, 30], [200, 100, 50]]]
+
+    # RGBA is composited on white: opaque keeps the colour, transparent becomes white.
+    rgba = np.array([[[200, 100, 50, 255], [200, 100, 50, 0]]], dtype=np.uint8)
+    Image.fromarray(rgba, mode="RGBA").save(tmp_path / "rgba.png")
+    assert np.asarray(load_rgb(tmp_path / "rgba.png")).tolist() == [[[200, 100, 50], [255, 255, 255]]]
+
+    solid(tmp_path / "l.png", 77, size=(1, 1), mode="L")
+    image = load_rgb(tmp_path / "l.png")
+    assert image.mode == "RGB" and image.getpixel((0, 0)) == (77, 77, 77)
+
+
+def test_size_mismatch_resizes_before_to_after(tmp_path):
+    pair = ChangePair("ier_1", solid(tmp_path / "a.png", (10, 200, 30), size=(40, 30)),
+                      solid(tmp_path / "b.png", (0, 0, 0), size=(20, 10)))
+    before, after = load_pair(pair)
+    assert before.size == after.size == (20, 10)
+    assert before.getpixel((5, 5)) == (10, 200, 30)  # a solid colour survives bicubic resizing
+    with pytest.raises(DataError, match=r"record 'ier_1': before .*a\.png is 40x30 but after .*b\.png is 20x10"):
+        load_pair(pair, size_policy="error")
+
+
+# --- annotations -----------------------------------------------------------------------------------
+
+def write_spot(root: Path, records, split="val") -> Path:
+    (root / "annotations").mkdir(parents=True, exist_ok=True)
+    text = records if isinstance(records, str) else json.dumps(records)
+    (root / "annotations" / f"{split}.json").write_text(text)
+    return root
+
+
+def test_empty_caption_is_skipped_and_counted(tmp_path):
+    root = write_spot(tmp_path, [
+        {"img_id": "7", "sentences": ["the car is gone", "   "]},
+        {"img_id": "8", "sentences": [""]},
+        {"img_id": "7", "sentences": ["a person appears"]},
+    ])
+    index = read_dataset("spot_the_diff", root, "val")
+    assert [(pair.pair_id, pair.captions) for pair in index] == [("7", ("the car is gone", "a person appears")), ("8", ())]
+    assert [(skip.record, skip.reason) for skip in index.skipped] == [
+        ("record 0 (img_id '7') sentences[1]", "empty or whitespace-only reference sentence"),
+        ("record 1 (img_id '8') sentences[0]", "empty or whitespace-only reference sentence"),
+    ]
+    stats = dataset_stats("spot_the_diff", root, ["val"])["splits"]["val"]
+    assert (stats["pairs"], stats["reference_sentences"], stats["skipped"], stats["pairs_without_captions"]) == (2, 2, 2, 1)
+
+
+@pytest.mark.parametrize("sentences,message", [
+    (["fine", 3], r"record 1 \(img_id '9'\): sentences\[1\] must be a string, got int 3"),
+    ("one string", r"record 1 \(img_id '9'\): 'sentences' must be a list of strings, got str"),
+])
+def test_non_string_caption_is_an_error(tmp_path, sentences, message):
+    root = write_spot(tmp_path, [{"img_id": "1", "sentences": ["ok"]}, {"img_id": "9", "sentences": sentences}])
+    with pytest.raises(DataError, match=r"annotations/val\.json: " + message):
+        read_dataset("spot_the_diff", root, "val")
+
+
+def test_malformed_json_names_line_and_column(tmp_path):
+    root = write_spot(tmp_path, '[\n  {"img_id": "1", "sentences": ["a"]},\n  {"img_id": "2" "sentences": []}\n]')
+    with pytest.raises(DataError, match=r"val\.json: malformed JSON at line 3 column 18"):
+        read_dataset("spot_the_diff", root, "val")
+
+
+def test_missing_key_and_bad_split_file(tmp_path):
+    root = write_spot(tmp_path, [{"img_id": "1"}])
+    with pytest.raises(DataError, match=r"val\.json: record 0: missing key\(s\) 'sentences'"):
+        read_dataset("spot_the_diff", root, "val")
+    (tmp_path / "splits.json").write_text(json.dumps({"train": [1, "2"]}))
+    with pytest.raises(DataError, match=r"splits\.json: split 'train' entry 1 must be a non-negative integer, got '2'"):
+        read_dataset("clevr_change", tmp_path, "train")
+
+
+@pytest.mark.parametrize("name,message", [
+    ("../x.png", r"record 'u': image path '\.\./x\.png' escapes the dataset root"),
+    ("/etc/passwd", r"record 'u': image path '/etc/passwd' is absolute"),
+    ("C:\\data\\x.png", r"record 'u': image path 'C:.*x\.png' is absolute"),
+])
+def test_paths_escaping_the_root_are_errors(tmp_path, name, message):
+    root = write_ier(tmp_path, [{"img0": name, "img1": "b.png", "sents": ["s"], "uid": "u"}], "train.json")
+    with pytest.raises(DataError, match=r"train\.json: " + message):
+        read_dataset("ier", root, "train")
+
+
+def test_ids_used_as_file_names_must_be_plain(tmp_path):
+    root = write_spot(tmp_path, [{"img_id": "../../secret", "sentences": ["a"]}])
+    with pytest.raises(DataError, match=r"val\.json: record 0: '\.\./\.\./secret' is not a plain file name"):
+        read_dataset("spot_the_diff", root, "val")
+
+
+def test_duplicate_ids_conflicting_images_or_merged(tmp_path):
+    root = write_ier(tmp_path / "conflict", [
+        {"img0": "a.jpg", "img1": "b.jpg", "sents": ["one"], "uid": "Reddit_1"},
+        {"img0": "c.jpg", "img1": "d.jpg", "sents": ["two"], "uid": "Reddit_2"},
+        {"img0": "z.jpg", "img1": "b.jpg", "sents": ["three"], "uid": "Reddit_1"},
+    ])
+    with pytest.raises(DataError, match=(r"valid\.json: record 0 \(uid 'Reddit_1'\) and record 2 \(uid 'Reddit_1'\) "
+                                         r"share the id 'Reddit_1' but have different before images: .*a\.jpg vs .*z\.jpg")):
+        read_dataset("ier", root, "val")
+
+    root = write_ier(tmp_path / "same", [
+        {"img0": "a.jpg", "img1": "b.jpg", "sents": ["one"], "uid": "Reddit_1"},
+        {"img0": "a.jpg", "img1": "b.jpg", "sents": ["two", "three"], "uid": "Reddit_1"},
+    ])
+    index = read_dataset("ier", root, "val")
+    assert [(pair.pair_id, pair.captions) for pair in index] == [("Reddit_1", ("one", "two", "three"))]
+
+
+def test_levir_token_file_errors(tmp_path):
+    (tmp_path / "val.txt").write_text("val_000001.png\nval_000002.png\n")
+    (tmp_path / "tokens").mkdir()
+    (tmp_path / "tokens" / "val_000001.txt").write_text(json.dumps([["<START>", "a", "road", "<END>"], ["<START>", "<END>"]]))
+    index = read_dataset("levir_cc", tmp_path, "val")
+    assert [pair.captions for pair in index] == [("a road",), ()]
+    assert [skip.reason.split(";")[0] for skip in index.skipped] == [
+        "empty or whitespace-only reference sentence", "token file missing"]
+    (tmp_path / "tokens" / "val_000002.txt").write_text(json.dumps([["a", 5]]))
+    with pytest.raises(DataError, match=r"val_000002\.txt: sentence 0: expected a list of token strings"):
+        read_dataset("levir_cc", tmp_path, "val")
+
+
+def test_unknown_split_and_missing_root(tmp_path):
+    with pytest.raises(DataError, match="format 'ier' has no split 'valid'"):
+        read_dataset("ier", tmp_path, "valid")
+    with pytest.raises(DataError, match="does not exist"):
+        read_dataset("ier", tmp_path / "nope", "val")
+
+
+# --- a user's folder of pairs ----------------------------------------------------------------------
+
+def test_folder_subfolders_with_unmatched_file(tmp_path):
+    for name in ("kitchen.png", "street.jpg", "lonely.png"):
+        solid(tmp_path / "before" / name, (0, 0, 0))
+    for name in ("kitchen.png", "street.png"):  # the extension may differ between the two sides
+        solid(tmp_path / "after" / name, (9, 9, 9))
+    (tmp_path / "after" / "notes.txt").write_text("not an image, ignored")
+    index = read_folder(tmp_path)
+    assert [(p.pair_id, p.before.name, p.after.name) for p in index] == [
+        ("kitchen", "kitchen.png", "kitchen.png"), ("street", "street.jpg", "street.png")]
+    assert [(skip.record, skip.reason) for skip in index.skipped] == [
+        ("lonely.png", "before image has no matching after image (expected name 'lonely')")]
+    assert all(pair.captions == () and pair.split == "test" for pair in index)
+    stats = dataset_stats("folder", tmp_path)
+    assert list(stats["splits"]) == ["test"] and stats["splits"]["test"]["skipped"] == 1
+
+
+def test_folder_side_by_side(tmp_path):
+    solid(tmp_path / "room_before.png", (0, 0, 0))
+    solid(tmp_path / "room_after.png", (1, 1, 1))
+    solid(tmp_path / "yard_after.jpg", (1, 1, 1))
+    solid(tmp_path / "unrelated.png", (1, 1, 1))
+    index = read_dataset("folder", tmp_path, "test")
+    assert [(p.pair_id, p.before.name, p.after.name) for p in index] == [("room", "room_before.png", "room_after.png")]
+    assert [skip.record for skip in index.skipped] == ["yard_after.jpg"]
+    assert index.skipped[0].reason.startswith("after image has no matching before image")
+    before, after = load_pair(index.pairs[0])
+    assert before.getpixel((0, 0)) == (0, 0, 0) and after.getpixel((0, 0)) == (1, 1, 1)
+
+
+def test_folder_manifests(tmp_path):
+    solid(tmp_path / "imgs" / "a1.png", (5, 5, 5))
+    solid(tmp_path / "imgs" / "a2.png", (6, 6, 6))
+    (tmp_path / "pairs.csv").write_text("before,after,id\nimgs/a1.png,imgs/a2.png,first\nimgs/a2.png,imgs/a1.png,\n")
+    index = read_folder(tmp_path)
+    assert [(p.pair_id, p.before.name, p.after.name) for p in index] == [("first", "a1.png", "a2.png"), ("a2", "a2.png", "a1.png")]
+    assert read_folder(tmp_path / "pairs.csv").pairs == index.pairs  # the manifest file itself
+
+    jsonl = tmp_path / "sub" / "pairs.jsonl"
+    jsonl.parent.mkdir()
+    jsonl.write_text('{"before": "../imgs/a1.png", "after": "x.png"}\n')
+    with pytest.raises(DataError, match=r"pairs\.jsonl: record 'row 1': image path '\.\./imgs/a1\.png' escapes"):
+        read_folder(jsonl)
+    jsonl.write_text('{"before": "b.png", "after": "c.png", "id": "p"}\n\n{"before": "d.png"}\n')
+    with pytest.raises(DataError, match=r"pairs\.jsonl: row 2: the 'after' path is missing or empty"):
+        read_folder(tmp_path / "sub")
+    (tmp_path / "bad.csv").write_text("left,right\na.png,b.png\n")
+    with pytest.raises(DataError, match=r"bad\.csv: the header must name the columns before,after"):
+        read_folder(tmp_path / "bad.csv")
+
+
+def test_folder_without_pairs_is_an_error(tmp_path):
+    (tmp_path / "readme.txt").write_text("nothing here")
+    with pytest.raises(DataError, match="found no image pairs"):
+        read_folder(tmp_path)
