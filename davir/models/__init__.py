@@ -1,0 +1,31 @@
+"""Models: DAVIR (InstructBLIP + LoRA + FAC + EPC) and its presets, tokenizer and attention hook.
+
+The DAVIR names are imported lazily, so importing another ``davir.models`` submodule does not pay for
+transformers and peft.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "DavirModel": "davir.models.davir",
+    "DavirModelConfig": "davir.models.davir",
+    "DavirOutput": "davir.models.davir",
+    "EpcConfig": "davir.models.davir",
+    "LoraSettings": "davir.models.davir",
+    "build_davir_model": "davir.models.davir",
+    "preset_registry": "davir.models.presets",
+    "build_preset_config": "davir.models.presets",
+    "build_word_tokenizer": "davir.models.tokenizer",
+    "ClsAttentionHook": "davir.models.attention",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'davir.models' has no attribute {name!r}")

@@ -1,0 +1,746 @@
+"""DAVIR: InstructBLIP + LoRA + fine-grained attention control (FAC) + entity prompt (EPC).
+
+Data flow of one batch (paper §3, Eqs. 4-12)::
+
+    before, after (B,3,S,S) ──cat──► shared ViT (2B images) ──► shared Q-Former (+ prompt P, Eq. 10/11)
+        │                                  │                         │ language_projection
+        │   hook on last layer's qkv ──► [CLS]→patch attention      ▼
+        │   (Eq. 5) A_bef, A_aft (B,Hp,Wp)            visual tokens: [before Q | after Q]  (B, 2Q, D)
+        ▼                                                            │ (+ optional segment embeddings)
+    FAC: KL(A, M^) per image (Eqs. 6-7)          inputs_embeds = [visual | prompt P | caption] ──► LLM
+                                                                     │
+    L_total = L_caption (token CE on the caption only) + λ L_attn  (Eq. 12)
+
+``inputs_embeds`` is built explicitly (no image-placeholder scatter), so the same code runs on a real
+``instructblip-vicuna-7b`` folder and on the random-weight presets of ``davir.models.presets``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from PIL import Image
+from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+from safetensors.torch import load_file, load_model, save_file, save_model
+from torch import nn
+from transformers import (
+    BlipImageProcessor,
+    InstructBlipConfig,
+    InstructBlipForConditionalGeneration,
+    InstructBlipProcessor,
+)
+from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
+
+from davir.errors import DataError
+from davir.io import read_json, write_json_atomic
+from davir.losses import IGNORE_INDEX, FacConfig, caption_cross_entropy, davir_total_loss, fac_attention_loss
+from davir.models.attention import ClsAttentionHook, cls_to_patch_map, last_layer_attention_module
+from davir.models.presets import build_preset_config
+from davir.models.tokenizer import build_word_tokenizer
+
+CONFIG_FILE = "davir_config.json"
+PROCESSOR_DIR = "processor"
+ARCHITECTURE_DIR = "architecture"  # InstructBlipConfig of a random-weight preset
+ADAPTER_DIR = "adapter"  # PEFT adapter (adapter_config.json + adapter_model.safetensors)
+FULL_WEIGHTS_FILE = "model.safetensors"  # every weight of the DavirModel
+EXTRA_WEIGHTS_FILE = "trainable_extra.safetensors"  # LoRA mode: trained parts that are not LoRA
+FORMAT_VERSION = 1
+
+EXTRA_TRAINABLE_PARTS = ("language_projection", "query_tokens")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# PEFT target regexes (module names inside InstructBlipForConditionalGeneration, transformers 5.x).
+VISION_QKV_PATTERN = r"vision_model\.encoder\.layers\.\d+\.self_attn\.qkv"
+QFORMER_QKV_PATTERN = r"qformer\.encoder\.layer\.\d+\.(?:attention|crossattention)\.attention\.(?:query|key|value)"
+LLM_ATTENTION_PATTERN = r"language_model\.(?:model\.)?layers\.\d+\.self_attn\.(?:{targets})"
+LLM_ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoraSettings:
+    """LoRA as in App. B: r=4 on the ViT's fused qkv and the Q-Former's query/key/value (self- and
+    cross-attention), r=8 on the LLM attention projections; alpha = ``alpha_ratio`` · r, dropout 0.05 [D].
+    A rank of 0 leaves that part without LoRA (frozen)."""
+
+    vision_rank: int = 4
+    qformer_rank: int = 4
+    llm_rank: int = 8
+    alpha_ratio: float = 2.0
+    dropout: float = 0.05
+    llm_targets: tuple[str, ...] = LLM_ATTENTION_PROJECTIONS
+
+    def __post_init__(self) -> None:
+        self.llm_targets = tuple(self.llm_targets)
+        if min(self.vision_rank, self.qformer_rank, self.llm_rank) < 0:
+            raise ValueError("LoRA ranks must be >= 0")
+        unknown = sorted(set(self.llm_targets) - set(LLM_ATTENTION_PROJECTIONS))
+        if unknown:
+            raise ValueError(f"lora.llm_targets {unknown} are not LLM projections {LLM_ATTENTION_PROJECTIONS}")
+
+
+@dataclass
+class EpcConfig:
+    """Entity prompt construction, Eq. 10: P = [Prompt] + "Entity:" + the top-k entities (k = 1 [P, Table 5]).
+
+    The base prompt is not given in the paper [D]. With ``use_entities`` False, or for a pair without
+    entities, the prompt is the base prompt alone."""
+
+    use_entities: bool = True
+    num_entities: int = 1
+    prompt: str = "Describe the difference between the two images."
+    entity_prefix: str = "Entity:"
+
+    def __post_init__(self) -> None:
+        if self.num_entities < 1:
+            raise ValueError(f"epc.num_entities must be >= 1, got {self.num_entities}")
+        if not self.prompt.strip():
+            raise ValueError("epc.prompt must not be empty")
+
+
+@dataclass
+class DavirModelConfig:
+    """Everything needed to rebuild a DavirModel (saved as JSON next to its weights).
+
+    * ``preset``/``pretrained``: a random-weight architecture from ``presets.preset_registry``, or a local
+      InstructBLIP folder (``config.json``, weights, ``InstructBlipProcessor`` files); never the hub.
+    * ``image_size``/``patch_size``: preset input size (None: the preset's, 64/8 tiny, 224/14 vicuna7b);
+      ``preset_overrides``: keyword overrides of the preset builder (e.g. ``{"vision_layers": 2}``).
+    * ``train_mode``: ``lora`` (App. B: LoRA trained, everything else frozen) or ``full`` (train every
+      weight, no LoRA: for the tiny preset from random weights, where LoRA on random weights learns nothing).
+    * ``extra_trainable``: in LoRA mode, small parts trained in full too (``language_projection``,
+      ``query_tokens``); the segment embeddings are always trained when enabled.
+    * ``segment_embeddings``: learned "before"/"after" vectors added to each image's visual tokens (default
+      off: the position of the two token blocks already tells them apart for the causal LLM).
+    * ``dtype``: weights' dtype (``bfloat16`` for the 7B model); ``gradient_checkpointing``: on the LLM.
+    * ``seed``: random initialisation of presets and LoRA (built under a forked RNG).
+    """
+
+    preset: str = "tiny"
+    pretrained: str | None = None
+    image_size: int | None = None
+    patch_size: int | None = None
+    preset_overrides: dict[str, Any] = field(default_factory=dict)
+    train_mode: Literal["lora", "full"] = "lora"
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    extra_trainable: tuple[str, ...] = ()
+    segment_embeddings: bool = False
+    fac: FacConfig = field(default_factory=FacConfig)
+    epc: EpcConfig = field(default_factory=EpcConfig)
+    max_prompt_tokens: int = 64
+    max_caption_tokens: int = 48
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gradient_checkpointing: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.extra_trainable = tuple(self.extra_trainable)
+        if self.train_mode not in ("lora", "full"):
+            raise ValueError(f"train_mode={self.train_mode!r}; choose 'lora' or 'full'")
+        unknown = sorted(set(self.extra_trainable) - set(EXTRA_TRAINABLE_PARTS))
+        if unknown:
+            raise ValueError(f"extra_trainable {unknown} unknown; choose from {EXTRA_TRAINABLE_PARTS}")
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attn_implementation={self.attn_implementation!r}; choose 'sdpa' or 'eager'")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}; choose one of {sorted(DTYPES)}")
+        if self.max_prompt_tokens < 1 or self.max_caption_tokens < 2:
+            raise ValueError("max_prompt_tokens must be >= 1 and max_caption_tokens >= 2 (a word and the EOS)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "DavirModelConfig") -> "DavirModelConfig":
+        """Strict inverse of ``to_dict`` (unknown keys and wrong types are errors naming the key)."""
+        from davir.config import from_dict
+
+        return from_dict(cls, data, where=where)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def make_lora_config(settings: LoraSettings) -> LoraConfig:
+    """One PEFT ``LoraConfig``: a full-match regex over the three parts, per-part ranks via ``rank_pattern``."""
+    parts = []
+    if settings.vision_rank > 0:
+        parts.append((VISION_QKV_PATTERN, settings.vision_rank))
+    if settings.qformer_rank > 0:
+        parts.append((QFORMER_QKV_PATTERN, settings.qformer_rank))
+    if settings.llm_rank > 0 and settings.llm_targets:
+        parts.append((LLM_ATTENTION_PATTERN.format(targets="|".join(settings.llm_targets)), settings.llm_rank))
+    if not parts:
+        raise ValueError("LoRA mode with every rank 0 trains nothing; set a rank or use train_mode='full'")
+    default_rank = parts[-1][1]
+    return LoraConfig(
+        r=default_rank,
+        lora_alpha=settings.alpha_ratio * default_rank,
+        lora_dropout=settings.dropout,
+        target_modules="|".join(f"(?:{pattern})" for pattern, _ in parts),
+        rank_pattern={pattern: rank for pattern, rank in parts},
+        alpha_pattern={pattern: settings.alpha_ratio * rank for pattern, rank in parts},
+        bias="none",
+    )
+
+
+def entity_prompts(
+    epc: EpcConfig, entities: Sequence[Sequence[str]] | None, *, batch_size: int | None = None
+) -> list[str]:
+    """Eq. 10, P = [Prompt] + "Entity:" + Concat(T), per pair: ``"<prompt> Entity: e1, e2."`` with the first
+    ``epc.num_entities`` entities (retrieval order, best first).
+
+    ``entities`` None (or ``epc.use_entities`` False) gives the base prompt; with None, ``batch_size`` says
+    how many. A pair with an empty entity list gets the base prompt.
+    """
+    base = epc.prompt.strip()
+    if entities is None:
+        if batch_size is None:
+            raise ValueError("entity prompts without entities need batch_size")
+        return [base] * batch_size
+    prompts = []
+    for pair_entities in entities:
+        chosen = [e.strip() for e in pair_entities if e and e.strip()][: epc.num_entities]
+        if not epc.use_entities or not chosen:
+            prompts.append(base)
+        else:
+            prompts.append(f"{base} {epc.entity_prefix} {', '.join(chosen)}.")
+    return prompts
+
+
+def _clip_image_processor(image_size: int) -> BlipImageProcessor:
+    # InstructBLIP's own preprocessing: bicubic resize to S×S, rescale to [0, 1], CLIP mean/std.
+    return BlipImageProcessor(
+        do_resize=True,
+        size={"height": image_size, "width": image_size},
+        resample=PILImageResampling.BICUBIC,
+        do_rescale=True,
+        do_normalize=True,
+        image_mean=OPENAI_CLIP_MEAN,
+        image_std=OPENAI_CLIP_STD,
+        do_convert_rgb=True,
+    )
+
+
+def _check_pretrained_folder(path: Path) -> None:
+    """A clear error, before transformers' own, when ``path`` is not a local InstructBLIP model + processor."""
+    if not path.is_dir():
+        raise DataError(
+            f"pretrained InstructBLIP folder not found: {path} (models are never downloaded; give a local folder)"
+        )
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json (model)")
+    if not any((path / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
+        missing.append("preprocessor_config.json or processor_config.json (image processor)")
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+        missing.append("tokenizer.json or tokenizer.model (LLM tokenizer)")
+    if missing:
+        raise DataError(
+            f"{path} is not a saved InstructBLIP model + processor: missing {', '.join(missing)} "
+            "(expected the files of InstructBlipForConditionalGeneration.save_pretrained and "
+            "InstructBlipProcessor.save_pretrained, "
+            "e.g. a local copy of Salesforce/instructblip-vicuna-7b)"
+        )
+
+
+@dataclass
+class DavirOutput:
+    """What ``DavirModel.forward`` returns. Losses are None when not computable (no captions / no masks)."""
+
+    loss: torch.Tensor | None
+    caption_loss: torch.Tensor | None
+    attn_loss: torch.Tensor | None
+    logits: torch.Tensor
+    attention_before: torch.Tensor
+    attention_after: torch.Tensor
+    labels: torch.Tensor | None = None
+    fac_pairs: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class DavirModel(nn.Module):
+    """InstructBLIP with two images, an entity prompt and FAC. Build with :func:`build_davir_model` or
+    :meth:`from_pretrained`; ``self.blip`` is the InstructBLIP (wrapped by PEFT in LoRA mode) and
+    ``self.core`` the bare ``InstructBlipForConditionalGeneration`` inside it."""
+
+    def __init__(
+        self, config: DavirModelConfig, core: InstructBlipForConditionalGeneration, processor: InstructBlipProcessor
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.qformer_tokenizer = processor.qformer_tokenizer
+        if self.tokenizer.pad_token_id is None:  # LLaMA tokenizers may ship without one; pads are masked anyway
+            self.tokenizer.pad_token = self.tokenizer.unk_token or self.tokenizer.eos_token
+        self.qformer_tokenizer.padding_side = "right"
+
+        vision = core.config.vision_config
+        self.patch_grid = (vision.image_size // vision.patch_size, vision.image_size // vision.patch_size)
+        self.image_size = vision.image_size
+        self.num_query_tokens = core.config.num_query_tokens
+        text_hidden = core.config.text_config.hidden_size
+        if config.segment_embeddings:
+            # Zero start: the pretrained model's behaviour is unchanged until training moves them. Float32 like
+            # PEFT's adapters, so the optimizer never updates a bf16 copy; cast where added.
+            self.segment_embeddings = nn.Parameter(torch.zeros(2, text_hidden, dtype=torch.float32))
+        else:
+            self.segment_embeddings = None
+
+        if config.train_mode == "full":
+            core.requires_grad_(True)
+            self.blip: nn.Module = core
+        else:
+            core.requires_grad_(False)
+            with warnings.catch_warnings():  # peft 0.21 calls a transformers 5 method deprecated in favour of another
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                self.blip = get_peft_model(core, make_lora_config(config.lora))
+            for part in config.extra_trainable:
+                getattr(core, part).requires_grad_(True)
+        if config.gradient_checkpointing:
+            # Non-reentrant checkpointing; only the LLM, so the ViT's last layer (and the FAC hook) runs once.
+            core.language_model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False}
+            )
+            if config.train_mode == "lora":
+                core.language_model.enable_input_require_grads()
+        # Attach after PEFT so the hook sits on the LoRA-wrapped qkv and sees the adapted projection.
+        self.attention_hook = ClsAttentionHook(last_layer_attention_module(core.vision_model)).attach()
+
+    # ----------------------------------------------------------------------------------------------- properties
+    @property
+    def core(self) -> InstructBlipForConditionalGeneration:
+        return self.blip.get_base_model() if isinstance(self.blip, PeftModel) else self.blip
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.language_projection.weight.device
+
+    @property
+    def fac_config(self) -> FacConfig:
+        return self.config.fac
+
+    # ------------------------------------------------------------------------------------------- preprocessing
+    def image_processor(self, images: Image.Image | Sequence[Image.Image]) -> torch.Tensor:
+        """PIL images → (N, 3, S, S) float pixel values: resize to S×S (bicubic) + CLIP mean/std (the saved
+        ``InstructBlipProcessor``'s image processor, i.e. the real folder's own for a pretrained model)."""
+        if isinstance(images, Image.Image):
+            images = [images]
+        if len(images) == 0:
+            raise ValueError("image_processor got no images")
+        return self.processor.image_processor(list(images), return_tensors="pt")["pixel_values"]
+
+    def build_prompts(self, entities: Sequence[Sequence[str]] | None, *, batch_size: int | None = None) -> list[str]:
+        """Eq. 10 prompts for a batch (see :func:`entity_prompts`), with this model's ``config.epc``."""
+        return entity_prompts(self.config.epc, entities, batch_size=batch_size)
+
+    def _prompt_ids(self, prompts: Sequence[str]) -> list[list[int]]:
+        # With special tokens: LLaMA (and the word-level tokenizer) put a BOS in front, as InstructBLIP does.
+        encoded = self.tokenizer(
+            list(prompts), add_special_tokens=True, truncation=True, max_length=self.config.max_prompt_tokens
+        )
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def _caption_ids(self, captions: Sequence[str]) -> list[list[int]]:
+        encoded = self.tokenizer(
+            [c.strip() for c in captions],
+            add_special_tokens=False,
+            truncation=True,
+            max_length=self.config.max_caption_tokens - 1,
+        )
+        return [list(ids) + [self.tokenizer.eos_token_id] for ids in encoded["input_ids"]]
+
+    # ---------------------------------------------------------------------------------------------- encoding
+    def encode_images(
+        self, pixel_before: torch.Tensor, pixel_after: torch.Tensor, prompts: Sequence[str]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Eqs. 4, 5, 11: both images through the shared ViT and Q-Former (one batch of 2B), the prompt as
+        Q-Former instruction. Returns visual tokens (B, 2Q, D_llm) = [before queries | after queries] and the
+        [CLS]→patch attention maps (B, Hp, Wp) of each image."""
+        batch = pixel_before.shape[0]
+        if pixel_before.shape != pixel_after.shape or pixel_before.dim() != 4:
+            raise ValueError(
+                f"pixel_before {tuple(pixel_before.shape)} and pixel_after {tuple(pixel_after.shape)} "
+                "must both be (B, 3, S, S)"
+            )
+        if tuple(pixel_before.shape[-2:]) != (self.image_size, self.image_size):
+            raise ValueError(
+                f"images are {tuple(pixel_before.shape[-2:])}, the model takes {self.image_size}×{self.image_size}"
+            )
+        if len(prompts) != batch:
+            raise ValueError(f"{len(prompts)} prompts for a batch of {batch} image pairs")
+        device = self.device
+        qformer_text = self.qformer_tokenizer(
+            list(prompts), padding=True, truncation=True, max_length=self.config.max_prompt_tokens, return_tensors="pt"
+        )
+        qformer_ids = qformer_text["input_ids"].to(device).repeat(2, 1)
+        qformer_mask = qformer_text["attention_mask"].to(device).repeat(2, 1)
+        vision_dtype = self.core.vision_model.embeddings.patch_embedding.weight.dtype
+        pixels = torch.cat([pixel_before, pixel_after]).to(device=device, dtype=vision_dtype)
+        features = self.core.get_image_features(
+            pixels, qformer_input_ids=qformer_ids, qformer_attention_mask=qformer_mask, return_dict=True
+        )
+        maps = cls_to_patch_map(self.attention_hook.pop(), self.patch_grid)
+        tokens = features.pooler_output  # language-projected query outputs, (2B, Q, D_llm)
+        before, after = tokens[:batch], tokens[batch:]
+        if self.segment_embeddings is not None:
+            before = before + self.segment_embeddings[0].to(before.dtype)
+            after = after + self.segment_embeddings[1].to(after.dtype)
+        return torch.cat([before, after], dim=1), maps[:batch], maps[batch:]
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.core.get_input_embeddings()(ids)
+
+    # ----------------------------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        pixel_before: torch.Tensor,
+        pixel_after: torch.Tensor,
+        prompts: Sequence[str],
+        captions: Sequence[str] | None = None,
+        masks_before: torch.Tensor | None = None,
+        masks_after: torch.Tensor | None = None,
+        mask_valid: torch.Tensor | None = None,
+    ) -> DavirOutput:
+        """Teacher-forced pass.
+
+        Args: ``pixel_before``/``pixel_after`` (B, 3, S, S) from :meth:`image_processor`; ``prompts`` B strings
+        (:meth:`build_prompts`); ``captions`` B target strings or None (then only logits); ``masks_*`` (B, H, W)
+        float change masks in [0, 1] at any resolution, or None; ``mask_valid`` (B,) bool, False where a pair
+        has no mask (its FAC terms are skipped).
+
+        Returns ``DavirOutput``: ``logits`` (B, 2Q + L, V) over [visual | prompt | caption] positions,
+        ``caption_loss`` (token CE on the caption + EOS only), ``attn_loss`` (Eq. 7, None without masks or with
+        λ = 0), ``loss`` (Eq. 12), ``attention_before``/``after`` (B, Hp, Wp) [CLS]→patch maps (differentiable).
+        """
+        visual, attention_before, attention_after = self.encode_images(pixel_before, pixel_after, prompts)
+        batch, device = visual.shape[0], visual.device
+        prompt_ids = self._prompt_ids(prompts)
+        if captions is not None:
+            if len(captions) != batch:
+                raise ValueError(f"{len(captions)} captions for a batch of {batch} image pairs")
+            caption_ids = self._caption_ids(captions)
+        else:
+            caption_ids = [[] for _ in range(batch)]
+
+        # [prompt | caption | EOS] packed per pair, padded on the right (LAVIS concat_text_input_output).
+        length = max(len(p) + len(c) for p, c in zip(prompt_ids, caption_ids))
+        input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
+        text_mask = torch.zeros((batch, length), dtype=torch.long)
+        text_labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)
+        for row, (p, c) in enumerate(zip(prompt_ids, caption_ids)):
+            input_ids[row, : len(p) + len(c)] = torch.tensor(p + c)
+            text_mask[row, : len(p) + len(c)] = 1
+            if c:
+                text_labels[row, len(p) : len(p) + len(c)] = torch.tensor(c)
+        input_ids, text_mask, text_labels = input_ids.to(device), text_mask.to(device), text_labels.to(device)
+
+        text_embeds = self._embed(input_ids)
+        inputs_embeds = torch.cat([visual.to(text_embeds.dtype), text_embeds], dim=1)
+        visual_len = visual.shape[1]
+        attention_mask = torch.cat([torch.ones((batch, visual_len), dtype=torch.long, device=device), text_mask], dim=1)
+        visual_labels = torch.full((batch, visual_len), IGNORE_INDEX, dtype=torch.long, device=device)
+        labels = torch.cat([visual_labels, text_labels], dim=1)
+        lm_out = self.core.language_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, use_cache=False)
+        logits = lm_out.logits
+
+        caption_loss = caption_cross_entropy(logits, labels) if captions is not None else None
+        attn_loss, fac_pairs = None, 0
+        fac = self.config.fac
+        if fac.lambda_attn > 0 and (masks_before is not None or masks_after is not None):
+            result = fac_attention_loss(attention_before, attention_after, masks_before, masks_after, mask_valid, fac)
+            attn_loss, fac_pairs = result.loss, result.num_pairs
+        if caption_loss is None:
+            loss = None
+        elif attn_loss is None:
+            loss = caption_loss
+        else:
+            loss = davir_total_loss(caption_loss, attn_loss, fac.lambda_attn)
+        return DavirOutput(
+            loss=loss,
+            caption_loss=caption_loss,
+            attn_loss=attn_loss,
+            logits=logits,
+            attention_before=attention_before,
+            attention_after=attention_after,
+            labels=labels if captions is not None else None,
+            fac_pairs=fac_pairs,
+        )
+
+    # ---------------------------------------------------------------------------------------------- generate
+    @torch.no_grad()
+    def generate(
+        self,
+        pixel_before: torch.Tensor,
+        pixel_after: torch.Tensor,
+        prompts: Sequence[str],
+        *,
+        max_new_tokens: int = 30,
+        num_beams: int = 1,
+        return_attention: bool = False,
+        **generate_kwargs: Any,
+    ) -> list[str] | tuple[list[str], torch.Tensor, torch.Tensor]:
+        """Caption a batch: the LLM's ``generate`` on ``inputs_embeds`` = [left pad | visual | prompt], KV cache on.
+
+        Deterministic (greedy, or beam search with ``num_beams`` > 1; extra ``generate_kwargs`` such as
+        ``length_penalty`` or ``repetition_penalty`` pass through). Runs in eval mode and restores the
+        previous mode. Returns the B captions (prompt excluded, special tokens dropped, stripped), or
+        ``(captions, attention_before, attention_after)`` with ``return_attention``.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            visual, attention_before, attention_after = self.encode_images(pixel_before, pixel_after, prompts)
+            batch, device = visual.shape[0], visual.device
+            prompt_ids = self._prompt_ids(prompts)
+            visual_len = visual.shape[1]
+            length = visual_len + max(len(p) for p in prompt_ids)
+            # Left padding so every row's last position is its prompt's end; generate derives the position
+            # ids from the attention mask, so the visual tokens start at position 0 as in training.
+            input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
+            attention_mask = torch.zeros((batch, length), dtype=torch.long)
+            for row, p in enumerate(prompt_ids):
+                input_ids[row, length - len(p) :] = torch.tensor(p)
+                attention_mask[row, length - len(p) - visual_len :] = 1
+            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+            inputs_embeds = self._embed(input_ids)
+            for row, p in enumerate(prompt_ids):
+                start = length - len(p) - visual_len
+                inputs_embeds[row, start : start + visual_len] = visual[row].to(inputs_embeds.dtype)
+            settings = dict(
+                max_new_tokens=max_new_tokens,
+                num_beams=num_beams,
+                do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+            )
+            settings.update(generate_kwargs)
+            output = self.core.language_model.generate(
+                inputs_embeds=inputs_embeds, attention_mask=attention_mask, **settings
+            )
+            captions = [text.strip() for text in self.tokenizer.batch_decode(output, skip_special_tokens=True)]
+        finally:
+            self.train(was_training)
+        if return_attention:
+            return captions, attention_before, attention_after
+        return captions
+
+    # ----------------------------------------------------------------------------------------------- summary
+    def trainable_parameter_summary(self) -> dict[str, tuple[int, int]]:
+        """Per part (vision, qformer, query_tokens, language_projection, language_model, segment_embeddings,
+        and ``all``): (number of trainable parameters, number of parameters)."""
+        summary: dict[str, list[int]] = {}
+        for name, parameter in self.named_parameters():
+            part = _part_of(name)
+            counts = summary.setdefault(part, [0, 0])
+            counts[1] += parameter.numel()
+            if parameter.requires_grad:
+                counts[0] += parameter.numel()
+        total = [sum(c[0] for c in summary.values()), sum(c[1] for c in summary.values())]
+        result = {part: (c[0], c[1]) for part, c in summary.items()}
+        result["all"] = (total[0], total[1])
+        return result
+
+    # ------------------------------------------------------------------------------------------- persistence
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write a folder :meth:`from_pretrained` reads (safetensors only, no pickles):
+
+        * ``davir_config.json`` (this config) and ``processor/`` (tokenizers + image processor);
+        * random-weight presets: ``architecture/config.json`` and ``model.safetensors`` (every weight — the
+          random base cannot be re-created otherwise), plus ``adapter/`` in LoRA mode;
+        * a pretrained base: full mode ``model.safetensors``; LoRA mode only the PEFT ``adapter/`` and
+          ``trainable_extra.safetensors`` (segment embeddings, ``extra_trainable`` parts), the base weights
+          being re-read from ``config.pretrained``.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.processor.save_pretrained(str(directory / PROCESSOR_DIR))
+        if self.config.pretrained is None:
+            self.core.config.save_pretrained(str(directory / ARCHITECTURE_DIR))
+        if isinstance(self.blip, PeftModel):
+            self.blip.save_pretrained(str(directory / ADAPTER_DIR), safe_serialization=True)
+        if self.config.train_mode == "full" or self.config.pretrained is None:
+            save_model(self, str(directory / FULL_WEIGHTS_FILE))
+        else:
+            extra = {
+                name: parameter.detach().contiguous().cpu()
+                for name, parameter in self.named_parameters()
+                if parameter.requires_grad and "lora_" not in name
+            }
+            if extra:
+                save_file(extra, str(directory / EXTRA_WEIGHTS_FILE))
+        write_json_atomic(directory / CONFIG_FILE, {"format_version": FORMAT_VERSION, "config": self.config.to_dict()})
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | Path, *, device: str | torch.device | None = None, pretrained: str | Path | None = None
+    ) -> "DavirModel":
+        """Load a folder written by :meth:`save_pretrained`. ``pretrained`` replaces the base-model folder
+        recorded in the config (e.g. the run moved to another machine)."""
+        directory = Path(directory)
+        meta = read_json(directory / CONFIG_FILE)
+        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION or "config" not in meta:
+            raise DataError(f"{directory / CONFIG_FILE}: not a DAVIR model config of format version {FORMAT_VERSION}")
+        config = DavirModelConfig.from_dict(meta["config"], where=str(directory / CONFIG_FILE))
+        if pretrained is not None:
+            config.pretrained = str(pretrained)
+        processor_dir = directory / PROCESSOR_DIR
+        if not processor_dir.is_dir():
+            raise DataError(f"{directory}: missing {PROCESSOR_DIR}/ (tokenizers and image processor)")
+        processor = InstructBlipProcessor.from_pretrained(str(processor_dir), local_files_only=True)
+        target = torch.device(device) if device is not None else torch.device("cpu")
+        if config.pretrained is not None:
+            core = _load_pretrained_core(config, target)
+        else:
+            architecture = InstructBlipConfig.from_pretrained(str(directory / ARCHITECTURE_DIR), local_files_only=True)
+            core = _random_core(architecture, config, target)
+        with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
+            torch.manual_seed(config.seed)
+            model = cls(config, core, processor).to(target)
+        full = directory / FULL_WEIGHTS_FILE
+        if full.is_file():
+            load_model(model, str(full), strict=True, device=str(target))
+            return model
+        adapter = directory / ADAPTER_DIR / "adapter_model.safetensors"
+        if config.train_mode != "lora" or not adapter.is_file():
+            raise DataError(
+                f"{directory}: neither {FULL_WEIGHTS_FILE} nor {ADAPTER_DIR}/adapter_model.safetensors found"
+            )
+        result = set_peft_model_state_dict(model.blip, load_file(str(adapter), device=str(target)))
+        if getattr(result, "unexpected_keys", None):
+            raise DataError(f"{adapter}: weights that fit no LoRA layer of this model: {result.unexpected_keys[:5]}")
+        extra = directory / EXTRA_WEIGHTS_FILE
+        if extra.is_file():
+            unexpected = model.load_state_dict(load_file(str(extra), device=str(target)), strict=False).unexpected_keys
+            if unexpected:
+                raise DataError(f"{extra}: weights that fit no parameter of this model: {unexpected[:5]}")
+        return model
+
+
+def _part_of(name: str) -> str:
+    for prefix in ("blip.base_model.model.", "blip."):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    head = name.split(".", 1)[0]
+    return {"vision_model": "vision", "qformer": "qformer"}.get(head, head)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Factory
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _random_core(
+    architecture: InstructBlipConfig, config: DavirModelConfig, device: torch.device
+) -> InstructBlipForConditionalGeneration:
+    """Random-weight InstructBLIP, reproducible from ``config.seed``, built directly on ``device``."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+        torch.manual_seed(config.seed)
+        core = InstructBlipForConditionalGeneration._from_config(
+            architecture, attn_implementation=config.attn_implementation, dtype=DTYPES[config.dtype]
+        )
+        # HF initialises the query tokens to zeros (they come from a checkpoint); identical queries would stay
+        # identical under training, so draw them like LAVIS does (normal, std = Q-Former initializer_range).
+        with torch.no_grad():
+            core.query_tokens.normal_(mean=0.0, std=architecture.qformer_config.initializer_range)
+    return core
+
+
+def _load_pretrained_core(config: DavirModelConfig, device: torch.device) -> InstructBlipForConditionalGeneration:
+    path = Path(config.pretrained)
+    _check_pretrained_folder(path)
+    core = InstructBlipForConditionalGeneration.from_pretrained(
+        str(path), local_files_only=True, dtype=DTYPES[config.dtype], attn_implementation=config.attn_implementation
+    )
+    vision = core.config.vision_config
+    for name, wanted, actual in (
+        ("image_size", config.image_size, vision.image_size),
+        ("patch_size", config.patch_size, vision.patch_size),
+    ):
+        if wanted is not None and wanted != actual:
+            raise ValueError(f"{name}={wanted} but the pretrained model at {path} was built for {actual}")
+    return core.to(device)
+
+
+def build_davir_model(
+    config: DavirModelConfig,
+    *,
+    captions_for_tokenizer: Sequence[str] | None = None,
+    device: str | torch.device | None = None,
+) -> DavirModel:
+    """Build a DavirModel from ``config``.
+
+    * ``config.pretrained`` set: load that local InstructBLIP folder and its ``InstructBlipProcessor``.
+    * otherwise: ``preset_registry[config.preset]`` with random weights (seeded by ``config.seed``) and the
+      word-level tokenizer learned from ``captions_for_tokenizer`` (the training captions; the prompt
+      words are added), used for both the LLM and the Q-Former.
+    ``device``: where to build (default CPU); large presets are created directly on it.
+    """
+    target = torch.device(device) if device is not None else torch.device("cpu")
+    if config.pretrained is not None:
+        path = Path(config.pretrained)
+        _check_pretrained_folder(path)
+        processor = InstructBlipProcessor.from_pretrained(str(path), local_files_only=True)
+        core = _load_pretrained_core(config, target)
+    else:
+        if not captions_for_tokenizer:
+            raise ValueError(
+                f"preset {config.preset!r} has random weights and needs captions_for_tokenizer "
+                "(the training captions) to learn its word-level vocabulary"
+            )
+        epc = config.epc
+        tokenizer = build_word_tokenizer([*captions_for_tokenizer, epc.prompt, epc.entity_prefix])
+        processor = InstructBlipProcessor(
+            image_processor=_clip_image_processor(64),  # replaced below once the image size is known
+            tokenizer=tokenizer,
+            qformer_tokenizer=tokenizer,
+            num_query_tokens=None,
+        )
+        architecture = build_preset_config(
+            config.preset,
+            vocab_size=len(tokenizer),  # after the processor added its "<image>" token
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            image_size=config.image_size,
+            patch_size=config.patch_size,
+            **config.preset_overrides,
+        )
+        processor.image_processor = _clip_image_processor(architecture.vision_config.image_size)
+        processor.num_query_tokens = architecture.num_query_tokens
+        core = _random_core(architecture, config, target)
+    with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
+        torch.manual_seed(config.seed)  # LoRA's random A matrices
+        model = DavirModel(config, core, processor)
+    return model.to(target)
+
+
+__all__ = [
+    "DavirModel",
+    "DavirModelConfig",
+    "DavirOutput",
+    "EpcConfig",
+    "LoraSettings",
+    "build_davir_model",
+    "entity_prompts",
+    "make_lora_config",
+]
