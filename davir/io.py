@@ -26,6 +26,16 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:
     write_text_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
 
 
+def append_jsonl(path: Path, row: Any) -> None:
+    """Append one JSON line and flush it to disk (a log that survives a kill up to its last line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
 def read_json(path: Path) -> Any:
     """Read JSON with a clear error naming the file (missing or malformed) instead of a traceback."""
     path = Path(path)

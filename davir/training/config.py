@@ -1,0 +1,69 @@
+"""The typed config of `train.py` (YAML + `key.sub=value` overrides; see davir/config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from davir.models.davir import DavirModelConfig
+from davir.models.lightweight.config import LightweightConfig
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+
+
+@dataclass
+class DataConfig:
+    format: str = "clevr_change"
+    root: str = "outputs/demo/data"
+    train_split: str = "train"
+    val_split: str = "val"
+    masks: str | None = None  # MaskCache folder from `python -m preprocess masks` (FAC)
+    entities: str | None = None  # EntityCache folder from `python -m preprocess entities` (EPC)
+    features: str | None = None  # FeatureCache folder from `python -m preprocess features` (lightweight)
+    caption_mode: Literal["sample", "expand"] = "sample"
+    max_train_pairs: int | None = None  # a prefix of the split, for quick runs
+    num_workers: int = 0
+    size_policy: Literal["resize_before_to_after", "error"] = "resize_before_to_after"
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.05
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    batch_size: int = 16
+    gradient_accumulation_steps: int = 1
+    epochs: int = 20
+    max_steps: int | None = None  # overrides epochs when set
+    schedule: Literal["cosine", "linear", "constant_with_warmup", "constant"] = "cosine"
+    warmup_ratio: float = 0.01
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs/demo"
+    overwrite: bool = False
+    seed: int = 0
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    log_every: int = 10
+    eval_every: int = 0  # steps between validations (0: only at the end)
+    save_every: int = 0  # steps between `save_state` checkpoints (0: only at the end)
+    keep_checkpoints: int = 2
+    tensorboard: bool = True
+    val_max_pairs: int = 64  # pairs captioned for val metrics / model selection
+    val_show: int = 4  # captions printed at each validation
+    best_metric: str = "CIDEr"
+    max_new_tokens: int = 30
+    num_beams: int = 1
+
+
+@dataclass
+class TrainConfig:
+    method: Literal["davir", "subtraction", "scorer", "dirl", "rdd", "cheer"] = "davir"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: DavirModelConfig = field(default_factory=DavirModelConfig)
+    lightweight: LightweightConfig = field(default_factory=LightweightConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)

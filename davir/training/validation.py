@@ -1,0 +1,99 @@
+"""Periodic validation: val loss, greedy captions of the val pairs, caption metrics, best/last checkpoints.
+
+Model selection as the papers do it: score the val split with the standard metrics every N steps and
+keep the best model by one metric (CIDEr by default) in RUN/best beside RUN/last.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from davir.data.dataset import collate_examples
+from davir.io import write_json_atomic
+from davir.training.run import read_checkpoint_state, replace_dir_atomic
+
+
+class Validator:
+    def __init__(self, config, task, accelerator: Accelerator, run_dir: Path):
+        self.config = config
+        self.task = task
+        self.accelerator = accelerator
+        self.run_dir = Path(run_dir)
+        self.best_score = -math.inf
+        self.best_step: int | None = None
+
+    def state(self) -> dict:
+        return {"best_score": None if self.best_score == -math.inf else self.best_score, "best_step": self.best_step}
+
+    def restore(self, checkpoint: Path | None) -> None:
+        if checkpoint is None:
+            return
+        state = read_checkpoint_state(checkpoint)
+        if state.get("best_score") is not None:
+            self.best_score, self.best_step = state["best_score"], state.get("best_step")
+
+    def _batches(self):
+        dataset = self.task.val_dataset
+        size = self.config.optim.batch_size
+        for start in range(0, len(dataset), size):
+            yield collate_examples([dataset[i] for i in range(start, min(start + size, len(dataset)))])
+
+    @torch.no_grad()
+    def run(self, step: int) -> dict | None:
+        """Score the val split on the main process; returns the metrics there (None elsewhere)."""
+        from davir.metrics import score_captions
+
+        self.accelerator.wait_for_everyone()
+        result = None
+        if self.accelerator.is_main_process and len(self.task.val_dataset):
+            model = self.task.model
+            model.eval()
+            losses, predictions, references = [], {}, {}
+            for batch in self._batches():
+                batch = self.task.to_device(batch, self.accelerator.device)
+                with self.accelerator.autocast():
+                    losses.append(float(self.task.training_losses(batch)["loss"]))
+                    captions = self.task.generate(batch, max_new_tokens=self.config.run.max_new_tokens,
+                                                  num_beams=self.config.run.num_beams)
+                for pair_id, caption, refs in zip(batch["pair_id"], captions, batch["captions"]):
+                    predictions[pair_id] = caption
+                    references[pair_id] = refs
+            # METEOR's Java start-up (~10 s) and SPICE would dominate frequent validations; the final evaluate.py has them.
+            scores = score_captions(predictions, references, metrics=("BLEU", "ROUGE_L", "CIDEr"), spice=False).metrics
+            val_loss = sum(losses) / len(losses)
+            logs = {"val/loss": val_loss, **{f"val/{k}": v for k, v in scores.items() if v is not None}}
+            self.accelerator.log(logs, step=step)
+            shown = list(predictions.items())[: self.config.run.val_show]
+            self.accelerator.print(f"[step {step}] val loss {val_loss:.4f} " +
+                                   " ".join(f"{k} {v:.3f}" for k, v in scores.items() if v is not None))
+            for pair_id, caption in shown:
+                self.accelerator.print(f"    {pair_id}: {caption!r}  (ref: {references[pair_id][0]!r})")
+            write_json_atomic(self.run_dir / "val" / f"step_{step}.json",
+                              {"step": step, "loss": val_loss, "metrics": scores, "predictions": predictions})
+            score = scores.get(self.config.run.best_metric)
+            if score is not None and score > self.best_score:
+                self.best_score, self.best_step = score, step
+                self._save_model(self.run_dir / "best", {"step": step, "metric": self.config.run.best_metric,
+                                                         "score": score, "val_loss": val_loss})
+            result = logs
+        self.accelerator.wait_for_everyone()
+        return result
+
+    def save_last(self, step: int) -> None:
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            self._save_model(self.run_dir / "last", {"step": step, **self.state()})
+        self.accelerator.wait_for_everyone()
+
+    def _save_model(self, target: Path, info: dict) -> None:
+        staging = target.with_name(f".{target.name}.staging")
+        if staging.exists():
+            shutil.rmtree(staging)
+        self.task.save_pretrained(staging)
+        write_json_atomic(staging / "selection.json", info)
+        replace_dir_atomic(staging, target)
