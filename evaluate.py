@@ -2,6 +2,8 @@
 
     python evaluate.py --predictions preds.json --references refs.json --out metrics.json
     python evaluate.py --predictions preds.json --format clevr_change --root data/clevr_change --split test
+    python evaluate.py --checkpoint runs/demo --split test          # generate with a trained model, then score
+    accelerate launch evaluate.py --checkpoint runs/demo            # generation sharded over processes
 
 Predictions: a COCO results list, an {id: caption} JSON or a JSONL file. References: a COCO captions
 file or an {id: [captions]} JSON (--references), or a dataset split through the data layer
@@ -29,6 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_argument_group("predictions")
     source.add_argument("--predictions", type=Path, help="predictions file (.json COCO results / {id: caption}, or .jsonl)")
+    source.add_argument("--checkpoint", type=Path,
+                        help="generate the predictions with a trained model: a run folder (uses best/, else last/) "
+                             "or a saved model folder; --format/--root default to the run's training data")
+    source.add_argument("--entities", type=Path, help="entity cache for the split (EPC; default: the run's data.entities)")
+    source.add_argument("--masks", type=Path,
+                        help="mask cache for the localisation score when the data has no ground-truth masks")
+    source.add_argument("--batch-size", type=int, default=16)
+    source.add_argument("--num-beams", type=int, default=1, help="1 = greedy (default), >1 = beam search")
+    source.add_argument("--max-new-tokens", type=int, default=30)
+    source.add_argument("--limit", type=int, help="caption only the first N pairs of the split")
     refs = parser.add_argument_group("references (a file, or a dataset split through the data layer)")
     refs.add_argument("--references", type=Path, help="COCO captions file or {id: [captions]} JSON")
     refs.add_argument("--format", help="dataset format name (python -m davir.data stats lists the readers)")
@@ -104,13 +116,100 @@ def report_scores(predictions: dict[str, str], args: argparse.Namespace, *, pred
     return 0
 
 
+def generate_and_score(args: argparse.Namespace) -> int:
+    """--checkpoint: caption the split with the model (sharded over processes), write and score the predictions."""
+    import yaml
+    from accelerate import Accelerator
+    from accelerate.utils import gather_object
+
+    from davir.data.caches import EntityCache, MaskCache
+    from davir.data.formats import read_dataset
+    from davir.data.images import load_mask
+    from davir.inference import caption_pairs, load_davir, localisation_summary, resolve_model_dir, run_dir_of
+    from davir.metrics.io import write_predictions
+
+    model_dir = resolve_model_dir(args.checkpoint)
+    run_dir = run_dir_of(model_dir)
+    run_data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"] if run_dir else {}
+    args.format = args.format or run_data.get("format")
+    args.root = args.root or (Path(run_data["root"]) if run_data.get("root") else None)
+    if args.format is None or args.root is None:
+        raise DataError(f"{model_dir} has no run config naming its data: pass --format and --root")
+    accelerator = Accelerator()
+    model = load_davir(model_dir, device=accelerator.device)
+    index = read_dataset(args.format, args.root, args.split)
+    pairs = index.pairs[: args.limit] if args.limit else index.pairs
+    entity_source = None
+    if model.config.epc.use_entities:
+        cache_dir = args.entities or run_data.get("entities")
+        if cache_dir is None:
+            raise DataError("this model was trained with entity prompts: pass --entities CACHE "
+                            f"(python -m preprocess entities --format {args.format} --root {args.root} --split {args.split} …)")
+        cache = EntityCache(cache_dir)
+        k = model.config.epc.num_entities
+        missing = [p.pair_id for p in pairs if not cache.has(p.pair_id)]
+        if missing:
+            raise DataError(f"{len(missing)} pairs of {args.split} have no entities in {cache_dir} (e.g. {missing[:3]}); run "
+                            f"`python -m preprocess entities --format {args.format} --root {args.root} --split {args.split} --out {cache_dir} …`")
+        entity_source = lambda pair, before, after: [e for e, _ in cache.get(pair.pair_id)[:k]]
+    with accelerator.split_between_processes(pairs) as shard:
+        shard_predictions = caption_pairs(model, shard, batch_size=args.batch_size, num_beams=args.num_beams,
+                                          max_new_tokens=args.max_new_tokens, entity_source=entity_source,
+                                          progress=accelerator.is_local_main_process)
+    all_predictions = gather_object(shard_predictions)
+    if not accelerator.is_main_process:
+        return 0
+    failed = [p for p in all_predictions if p.error]
+    for prediction in failed[:5]:
+        print(f"note: not captioned: {prediction.error}", file=sys.stderr)
+    predictions = {p.pair_id: p.caption for p in all_predictions if not p.error}
+    out_dir = (run_dir or model_dir) / "eval" / f"{args.format}_{args.split}"
+    write_predictions(out_dir / "predictions.json", predictions)
+    args.out = args.out or out_dir / "metrics.json"
+    args.markdown = args.markdown or out_dir / "metrics.md"
+
+    masks: dict = {}
+    mask_cache = MaskCache(args.masks) if args.masks else None
+    for pair in pairs:
+        if pair.has_gt_mask:
+            masks[pair.pair_id] = (load_mask(pair.gt_mask_before, record=pair.pair_id),
+                                   load_mask(pair.gt_mask_after, record=pair.pair_id))
+        elif mask_cache is not None and mask_cache.has(pair.pair_id):
+            entry = mask_cache.read(pair.pair_id)
+            union = entry.union
+            masks[pair.pair_id] = (entry.before if entry.before is not None else union,
+                                   entry.after if entry.after is not None else union)
+    localisation = localisation_summary(all_predictions, masks) if masks else {"images": 0}
+    status = report_scores(predictions, args, predictions_source=str(out_dir / "predictions.json"))
+    if localisation.get("images"):
+        line = (f"localisation ({'ground-truth' if any(p.has_gt_mask for p in pairs) else 'preprocessed'} masks, "
+                f"{localisation['images']} images): attention share in mask {localisation['attention_share_in_mask']:.3f} "
+                f"(uniform {localisation['uniform_share']:.3f}, x{localisation['share_over_uniform']:.2f}), "
+                f"pointing accuracy {localisation['pointing_accuracy']:.3f}")
+        print(line)
+        with open(args.markdown, "a", encoding="utf-8") as handle:
+            handle.write("\n" + line + "\n")
+    from davir.io import read_json, write_json_atomic
+
+    metrics = read_json(args.out)
+    metrics.update({"localisation": localisation, "not_captioned": [{"pair_id": p.pair_id, "error": p.error} for p in failed],
+                    "checkpoint": str(model_dir)})
+    write_json_atomic(args.out, metrics)
+    print(f"predictions, metrics and table in {out_dir}", file=sys.stderr)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_reference_args(parser, args)
-    if args.predictions is None:
-        parser.error("--predictions is required")
+    if (args.predictions is None) == (args.checkpoint is None):
+        parser.error("give exactly one of --predictions FILE or --checkpoint RUN")
     try:
+        if args.checkpoint is not None:
+            if args.references is not None:
+                parser.error("--checkpoint scores against the dataset split (--format/--root/--split), not --references")
+            return generate_and_score(args)
+        check_reference_args(parser, args)
         predictions = load_predictions(args.predictions)
         return report_scores(predictions, args, predictions_source=str(args.predictions))
     except (DataError, MetricsError, ValueError) as error:
