@@ -1,0 +1,101 @@
+"""A picture grid of a dataset split: `python -m davir.data show --format F --root DIR --out grid.png`.
+
+One row per pair: before | after | after with the ground-truth change mask in red, and the pair's
+first reference caption written under the row. Thumbnails are squashed to squares, as the models see
+them. Where the pair has a before-image mask, its outline is drawn in red on the before thumbnail
+(so a dropped object, which has no after mask, is still pointed at).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from davir.data.formats import read_dataset
+from davir.data.images import load_mask, load_pair, save_png_atomic
+from davir.data.records import ChangePair, DataError
+
+RED = np.array([255, 0, 0], np.float32)
+BLANK = (235, 235, 235)
+GAP = 4
+
+
+def _thumbnail(image: Image.Image, tile: int) -> np.ndarray:
+    return np.asarray(image.resize((tile, tile), Image.BICUBIC), dtype=np.uint8)
+
+
+def _mask_thumbnail(path: Path, tile: int, record: str) -> np.ndarray:
+    mask = load_mask(path, record=record).astype(np.uint8) * 255
+    return np.asarray(Image.fromarray(mask).resize((tile, tile), Image.NEAREST)) > 0
+
+
+def overlay_mask(image: np.ndarray, mask: np.ndarray, opacity: float = 0.45) -> np.ndarray:
+    """The image with the mask's pixels blended towards red."""
+    out = image.astype(np.float32)
+    out[mask] = (1.0 - opacity) * out[mask] + opacity * RED
+    return out.astype(np.uint8)
+
+
+def outline_mask(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The image with the mask's outline drawn in red (1 px)."""
+    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    out = image.copy()
+    cv2.drawContours(out, contours, -1, (255, 0, 0), 1)
+    return out
+
+
+def pair_row(pair: ChangePair, tile: int) -> list[np.ndarray]:
+    """The three thumbnails of one pair: before, after, mask overlay (blank when the pair has no mask)."""
+    before, after = load_pair(pair)
+    before_tile, after_tile = _thumbnail(before, tile), _thumbnail(after, tile)
+    if not pair.has_gt_mask:
+        return [before_tile, after_tile, np.full((tile, tile, 3), BLANK, np.uint8)]
+    mask_before = _mask_thumbnail(pair.gt_mask_before, tile, pair.pair_id)
+    mask_after = _mask_thumbnail(pair.gt_mask_after, tile, pair.pair_id)
+    if mask_before.any():
+        before_tile = outline_mask(before_tile, mask_before)
+    return [before_tile, after_tile, overlay_mask(after_tile, mask_after)]
+
+
+def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: int = 12, tile: int = 160) -> Path:
+    """Draw the first `num` pairs of a split (read with `read_dataset`) as rows of
+    before | after | mask-overlay thumbnails (`tile` pixels square) with the first caption under each
+    row; save the PNG atomically to `out` and return its path."""
+    if num < 1:
+        raise DataError(f"show: num must be at least 1, got {num}")
+    if tile < 16:
+        raise DataError(f"show: tile must be at least 16 pixels, got {tile}")
+    index = read_dataset(format, root, split)
+    pairs = index.pairs[:num]
+    if not pairs:
+        raise DataError(f"{root}: split {split!r} of format {format!r} has no pairs to draw")
+
+    font = ImageFont.load_default()
+    width = 3 * tile + 4 * GAP
+    chars_per_line = max(16, width // 6)
+    rows: list[tuple[list[np.ndarray], list[str]]] = []
+    for pair in pairs:
+        caption = pair.captions[0] if pair.captions else "(no caption)"
+        label = f"{pair.pair_id} [{pair.change_type or '-'}] {caption}"
+        rows.append((pair_row(pair, tile), textwrap.wrap(label, chars_per_line) or [""]))
+
+    line_height = 12
+    height = GAP + sum(tile + GAP + line_height * len(lines) + GAP for _, lines in rows)
+    canvas = Image.new("RGB", (width, height), (255, 255, 255))
+    draw = ImageDraw.Draw(canvas)
+    y = GAP
+    for tiles, lines in rows:
+        for column, thumbnail in enumerate(tiles):
+            canvas.paste(Image.fromarray(thumbnail), (GAP + column * (tile + GAP), y))
+        y += tile + GAP
+        for line in lines:
+            draw.text((GAP, y), line, fill=(0, 0, 0), font=font)
+            y += line_height
+        y += GAP
+    out = Path(out)
+    save_png_atomic(canvas, out)
+    return out

@@ -1,0 +1,108 @@
+"""The training loop end to end on a tiny synthetic set: run folder, resume, NaN guard, two processes."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from davir.config import load_config
+from davir.data.synthetic import SynthConfig, generate_dataset
+from davir.io import read_jsonl
+from davir.models.davir import DavirModel
+from davir.training.config import TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import train as train_script  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def synth_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synth")
+    generate_dataset(root, SynthConfig(scenes=40, seed=0, width=96, height=72), workers=1)
+    return root
+
+
+def _config(root, out, *extra):
+    return load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
+        f"data.root={root}", "data.masks=null", "data.entities=null", "model.fac.lambda_attn=0",
+        "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+        "optim.batch_size=4", "optim.max_steps=4", "run.log_every=1", "run.save_every=2", "run.eval_every=0",
+        "run.val_max_pairs=4", "run.tensorboard=false", f"run.output_dir={out}", *extra])
+
+
+def _losses(run_dir):
+    rows = {row["step"]: row["train/loss"] for row in read_jsonl(run_dir / "train_log.jsonl")}
+    return [rows[s] for s in sorted(rows)]
+
+
+def test_run_folder_and_resume_reproduces_the_loss_curve(synth_root, tmp_path):
+    torch.set_num_threads(1)
+    run_dir = tmp_path / "run"
+    train_script.train(_config(synth_root, run_dir))
+    full = _losses(run_dir)
+    assert len(full) == 4 and all(torch.isfinite(torch.tensor(full)))
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["seed"] == 0 and info["packages"]["torch"] and "commit" in info["git"]
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "last" / "davir_config.json").is_file()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_4"]
+    DavirModel.from_pretrained(run_dir / "last")  # the saved model loads
+
+    # Simulate a kill after step 2: drop what came later, then resume.
+    shutil.rmtree(run_dir / "checkpoints" / "step_4")
+    log = (run_dir / "train_log.jsonl").read_text().splitlines()
+    (run_dir / "train_log.jsonl").write_text("\n".join(log[:2]) + "\n")
+    train_script.train(_config(synth_root, run_dir), resume=True)
+    resumed = _losses(run_dir)
+    assert resumed[:2] == full[:2]
+    assert resumed[2:] == pytest.approx(full[2:], rel=1e-5, abs=1e-6)
+
+
+def test_existing_run_is_not_overwritten(synth_root, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("x: 1\n")
+    with pytest.raises(Exception, match="already holds a run"):
+        train_script.train(_config(synth_root, tmp_path / "run"))
+
+
+def test_non_finite_loss_stops_with_a_clear_message(synth_root, tmp_path, monkeypatch):
+    from davir.training import tasks
+
+    original = tasks.DavirTask.training_losses
+
+    def poisoned(self, batch):
+        losses = original(self, batch)
+        return {**losses, "loss": losses["loss"] * float("nan")}
+
+    monkeypatch.setattr(tasks.DavirTask, "training_losses", poisoned)
+    with pytest.raises(train_script.NonFiniteLoss, match=r"loss became nan at step 1 .*no checkpoint saved yet"):
+        train_script.train(_config(synth_root, tmp_path / "run"))
+
+
+def test_missing_mask_cache_names_the_command(synth_root, tmp_path):
+    config = _config(synth_root, tmp_path / "run", "model.fac.lambda_attn=0.1", f"data.masks={tmp_path / 'none'}")
+    with pytest.raises(Exception, match=r"have no change mask .*python -m preprocess masks --format clevr_change"):
+        train_script.train(config)
+
+
+@pytest.mark.skipif(shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(),
+                    reason="accelerate CLI not installed")
+def test_two_cpu_processes(synth_root, tmp_path):
+    """`accelerate launch` with two gloo processes trains a few steps and leaves one run folder."""
+    launcher = Path(sys.executable).parent / "accelerate"
+    command = [str(launcher), "launch", "--config_file", str(REPO / "accelerate_configs" / "cpu.yaml"),
+               "--num_processes", "2", str(REPO / "train.py"), f"data.root={synth_root}", "data.masks=null",
+               "data.entities=null", "model.fac.lambda_attn=0", "model.epc.use_entities=false",
+               "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}", "optim.batch_size=2",
+               "optim.max_steps=2", "run.log_every=1", "run.save_every=2", "run.val_max_pairs=2", "run.tensorboard=false",
+               f"run.output_dir={tmp_path / 'ddp'}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "ddp" / "checkpoints" / "step_2" / "COMPLETE").is_file()
+    assert len(_losses(tmp_path / "ddp")) == 2
