@@ -1,0 +1,83 @@
+"""The lightweight change captioners on one ResNet-101 front-end and one decoder (methods.md §0-§4, §7.2-7.3).
+
+    config = LightweightConfig(method="scorer", vocab_size=76, max_len=24)
+    model = build_lightweight_model(config)
+    out = model(feat_before, feat_after, captions_in, captions_target)   # {"loss", "caption_loss", "cv_loss", ...}
+    ids = model.generate(feat_before, feat_after, max_len=24, beam_size=1)
+    save_lightweight_model(model, "model.safetensors"); load_lightweight_model("model.safetensors")
+
+| method        | encoder                               | decoder              | auxiliary losses (weights)           |
+|---------------|---------------------------------------|----------------------|--------------------------------------|
+| `subtraction` | X_aft − X_bef                         | standard             | —                                    |
+| `scorer`      | cross-view reconstruction + MTM       | standard / SCORER code | λ_v L_cv + λ_r L_cbr               |
+| `dirl`        | MLP + cross-correlation; F − MHCA     | standard             | λ_d L_dirl + λ_c L_ccr               |
+| `rdd`         | GDE + object/action distilling + MF   | learned positions    | λ_1 L_N2O + λ_2 L_V2A                |
+| `cheer`       | CRE/DRE HRD layers (+ entities)       | gated dual cross-attn| λ_v (L_C + L_D) + λ_m L_I            |
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from davir.data.records import DataError
+from davir.models.lightweight.base import Encoded, LightweightCaptioner, clevr_pair_loss
+from davir.models.lightweight.cheer import CheerCaptioner
+from davir.models.lightweight.config import METHOD_NAMES, LightweightConfig, paper_settings
+from davir.models.lightweight.dirl import DirlCaptioner
+from davir.models.lightweight.rdd import RddCaptioner, prompt_texts
+from davir.models.lightweight.scorer import ScorerCaptioner
+from davir.models.lightweight.subtraction import SubtractionCaptioner
+
+METHODS: dict[str, type[LightweightCaptioner]] = {
+    "subtraction": SubtractionCaptioner,
+    "scorer": ScorerCaptioner,
+    "dirl": DirlCaptioner,
+    "rdd": RddCaptioner,
+    "cheer": CheerCaptioner,
+}
+
+CONFIG_METADATA_KEY = "davir.lightweight_config"
+
+
+def build_lightweight_model(config: LightweightConfig, **kwargs) -> LightweightCaptioner:
+    """The model of `config.method`; extra keyword arguments go to its class (RDD: `text_tower=`)."""
+    if config.method not in METHODS:
+        raise ValueError(f"unknown lightweight method {config.method!r}; choose from {', '.join(METHODS)}")
+    return METHODS[config.method](config, **kwargs)
+
+
+def save_lightweight_model(model: LightweightCaptioner, path: str | Path) -> None:
+    """Write the state dict as safetensors with the config in the metadata (atomic rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tensors = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    save_file(tensors, str(tmp), metadata={CONFIG_METADATA_KEY: json.dumps(model.config.to_dict())})
+    tmp.replace(path)
+
+
+def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cpu", **kwargs) -> LightweightCaptioner:
+    """Rebuild a model saved by `save_lightweight_model` (config from the file's metadata)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"model file is missing: {path}")
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    if CONFIG_METADATA_KEY not in metadata:
+        raise DataError(f"{path}: no {CONFIG_METADATA_KEY!r} metadata; not a davir lightweight model file")
+    model = build_lightweight_model(LightweightConfig.from_dict(json.loads(metadata[CONFIG_METADATA_KEY])), **kwargs)
+    model.load_state_dict(load_file(str(path), device=str(device)))
+    return model.to(device)
+
+
+__all__ = [
+    "METHODS", "METHOD_NAMES", "CheerCaptioner", "DirlCaptioner", "Encoded", "LightweightCaptioner",
+    "LightweightConfig", "RddCaptioner", "ScorerCaptioner", "SubtractionCaptioner", "build_lightweight_model",
+    "clevr_pair_loss", "load_lightweight_model", "paper_settings", "prompt_texts", "save_lightweight_model",
+]

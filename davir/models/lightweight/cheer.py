@@ -1,0 +1,179 @@
+"""CHEER(S) (Y. Li, Y. Tu et al., 2025) — methods.md §4. No code was obtainable; [D] choices are marked.
+
+Inputs besides the grid features: the K = 3 retrieved change entities, as CLIP ViT-L/14 text embeddings
+(B, K, 768) or as ids into a stored entity bank (B, K) — mapped to the model space by Linear + LN [D].
+
+Representation enhancement (Eqs. 2-5): ``P = softmax_j(cos(F_target[i], F_source[j]) / τ_e)``;
+CRE gate ``Linear(max_j P)``, DRE gate ``Linear(1 − max_j P)``; output ``LN(σ(gate) ⊙ F_t + F_t)``.
+HRD (Eqs. 6-12), per layer ℓ (modules shared by both images; the next layer reads the refined commonality):
+``C_i = CRE(F_j → F_i)``, consistency with ``DRE(E → F_i)`` (L_C, Eq. 7); ``C~_i = MHCA(C_i, C_j)`` with
+SCORER-style MTM contrast (L_I, Eqs. 8-9). After the last layer [D]: ``D_i = DRE(F_i → F_i − C~_i)``,
+consistency with ``CRE(E → F_i − C~_i)`` (L_D, Eq. 11); ``F_diff = ReLU(Linear([D_bef; D_aft]))`` (Eq. 12).
+Decoder: gated dual cross-attention over entities and F_diff (Eqs. 13-17).
+Total (Eq. 19): ``L = L_S + λ_v (L_C + L_D) + λ_m L_I`` with λ_v = 0.75, λ_m = 0.5.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from davir.models.lightweight.base import Encoded, LightweightCaptioner
+from davir.models.lightweight.config import LightweightConfig
+from davir.models.lightweight.losses import gate_consistency_loss
+from davir.models.lightweight.scorer import ReconstructionLayer, cross_view_contrastive_loss
+
+
+def enhancement_probability(target: torch.Tensor, source: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """CHEER Eq. 2: ``P(i, j) = softmax_j(cos(F_target[i], F_source[j]) / τ_e)`` — (B, N_t, N_s).
+
+    The printed indices are garbled; the softmax runs over the source positions and τ_e is learnable [D].
+    """
+    sim = F.normalize(target, dim=-1) @ F.normalize(source, dim=-1).transpose(1, 2)
+    return (sim / temperature).softmax(dim=-1)
+
+
+def gated_residual(target: torch.Tensor, gate_logits: torch.Tensor, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """CHEER Eq. 4: ``F'_target = LN(σ(P^) ⊙ F_target + F_target)``; also returns the gate σ(P^)."""
+    gate = torch.sigmoid(gate_logits)
+    return norm(gate * target + target), gate
+
+
+class EnhancementModule(nn.Module):
+    """CRE (commonality, Eq. 3) or DRE (difference, Eq. 5): ``Module(source, target)`` → (F'_target, gate, map)."""
+
+    def __init__(self, dim: int, kind: str, temperature: float):
+        super().__init__()
+        if kind not in ("commonality", "difference"):
+            raise ValueError(f"kind must be 'commonality' or 'difference', got {kind!r}")
+        self.kind = kind
+        self.expand = nn.Linear(1, dim)  # "expanded to the same dimensions as F_target by a learnable linear layer"
+        self.norm = nn.LayerNorm(dim)
+        self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature)))
+
+    def match_map(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Eq. 3 (CRE): ``max_j P(i, j)``; Eq. 5 (DRE): ``1 − max_j P(i, j)`` — (B, N_t)."""
+        best = enhancement_probability(target, source, self.log_temperature.exp()).max(dim=-1).values
+        return best if self.kind == "commonality" else 1.0 - best
+
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        score = self.match_map(source, target)
+        enhanced, gate = gated_residual(target, self.expand(score.unsqueeze(-1)), self.norm)
+        return enhanced, gate, score
+
+
+class HrdLayer(nn.Module):
+    """The commonality half of one HRD layer: CRE + entity DRE (L_C) and the contrastive MHCA (L_I)."""
+
+    def __init__(self, config: LightweightConfig):
+        super().__init__()
+        dim = config.hidden
+        self.commonality = EnhancementModule(dim, "commonality", config.enhance_temperature)
+        self.entity_difference = EnhancementModule(dim, "difference", config.enhance_temperature)
+        self.interaction = ReconstructionLayer(dim, config.heads, config.dropout, config.mtm_mode)
+
+
+def commonality_step(layer: HrdLayer, image: torch.Tensor, other: torch.Tensor, entities: torch.Tensor, on: str):
+    """CHEER Eqs. 6-7 for one image: ``C_i = CRE(F_j, F_i)``, ``C'_i = DRE(E, F_i)``, L_C term ``MSE(P^_C, P^'_C)``."""
+    common, gate, score = layer.commonality(other, image)
+    _, entity_gate, entity_score = layer.entity_difference(entities, image)
+    loss = gate_consistency_loss(gate, entity_gate) if on == "gate" else gate_consistency_loss(score, entity_score)
+    return common, loss
+
+
+def cross_image_interaction(layer: HrdLayer, common_before: torch.Tensor, common_after: torch.Tensor, need_similarity: bool):
+    """CHEER Eqs. 8-9: ``C~_bef = MHCA(C_bef, C_aft)``, ``C~_aft = MHCA(C_aft, C_bef)`` (both from the same
+    inputs), with the SCORER-style MTM similarity matrices S^{b→a}, S^{a→b} for L_I when asked [D]."""
+    refined_before, sim_ba = layer.interaction(common_before, common_after, need_similarity)
+    refined_after, sim_ab = layer.interaction(common_after, common_before, need_similarity)
+    return refined_before, refined_after, sim_ba, sim_ab
+
+
+class CheerCaptioner(LightweightCaptioner):
+    """CHEER: entity projection + HRD encoder + gated dual cross-attention decoder + L_C, L_D, L_I."""
+
+    def __init__(self, config: LightweightConfig):
+        super().__init__(config)
+        dim = config.hidden
+        self.entity_projection = nn.Sequential(nn.Linear(config.entity_dim, dim), nn.LayerNorm(dim))
+        if config.entity_bank_size > 0:
+            self.register_buffer("entity_bank", torch.zeros(config.entity_bank_size, config.entity_dim))
+        else:
+            self.entity_bank = None
+        self.hrd_layers = nn.ModuleList(HrdLayer(config) for _ in range(config.encoder_layers))
+        self.difference = EnhancementModule(dim, "difference", config.enhance_temperature)
+        self.entity_commonality = EnhancementModule(dim, "commonality", config.enhance_temperature)
+        self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.Dropout(config.dropout), nn.ReLU())
+
+    @classmethod
+    def decoder_kind(cls, config: LightweightConfig) -> str:
+        return "gated"
+
+    @torch.no_grad()
+    def set_entity_bank(self, embeddings: torch.Tensor) -> None:
+        """Store the (M, entity_dim) CLIP text embeddings of the entity vocabulary (saved in the state dict)."""
+        if self.entity_bank is None or embeddings.shape != self.entity_bank.shape:
+            raise ValueError(
+                f"entity bank must be {tuple(self.entity_bank.shape) if self.entity_bank is not None else '(M, d)'} "
+                f"(config entity_bank_size/entity_dim), got {tuple(embeddings.shape)}"
+            )
+        self.entity_bank.copy_(embeddings)
+
+    def entity_features(self, entities) -> torch.Tensor:
+        """(B, K) entity ids (into the bank) or (B, K, entity_dim) embeddings → (B, K, D)."""
+        if entities is None:
+            raise ValueError("CHEER needs the retrieved change entities (`entities`: (B, K) ids or (B, K, d) embeddings)")
+        if not torch.is_floating_point(entities):
+            if self.entity_bank is None:
+                raise ValueError("entities given as ids but the model has no entity bank (config entity_bank_size)")
+            entities = self.entity_bank[entities]
+        if entities.dim() != 3 or entities.shape[-1] != self.config.entity_dim:
+            raise ValueError(f"entity embeddings must be (B, K, {self.config.entity_dim}), got {tuple(entities.shape)}")
+        return self.entity_projection(entities.to(self.entity_projection[0].weight.dtype))
+
+    def difference_step(self, image: torch.Tensor, commonality: torch.Tensor, entities: torch.Tensor):
+        """CHEER Eqs. 10-11 for one image: ``D_i = DRE(F_i, F_i − C~_i)``, ``D'_i = CRE(E, F_i − C~_i)``, L_D term."""
+        residual = image - commonality
+        enhanced, gate, score = self.difference(image, residual)
+        _, entity_gate, entity_score = self.entity_commonality(entities, residual)
+        on = self.config.gate_loss_on
+        loss = gate_consistency_loss(gate, entity_gate) if on == "gate" else gate_consistency_loss(score, entity_score)
+        return enhanced, loss
+
+    def difference_fusion(self, diff_before: torch.Tensor, diff_after: torch.Tensor) -> torch.Tensor:
+        """CHEER Eq. 12: ``F_diff = Linear(Concat[D_bef ; D_aft])`` (+ Dropout, ReLU as SCORER's Eq. 7 [D])."""
+        return self.fuse(torch.cat([diff_before, diff_after], dim=-1))
+
+    def encode(self, tokens_before, tokens_after, *, entities=None, need_losses=True) -> Encoded:
+        entity_tokens = self.entity_features(entities)
+        on = self.config.gate_loss_on
+        before, after = tokens_before, tokens_after
+        commonality_losses = []
+        sim_ba = sim_ab = None
+        for index, layer in enumerate(self.hrd_layers):
+            last = need_losses and index == len(self.hrd_layers) - 1
+            common_before, loss_before = commonality_step(layer, before, after, entity_tokens, on)
+            common_after, loss_after = commonality_step(layer, after, before, entity_tokens, on)
+            commonality_losses.append(0.5 * (loss_before + loss_after))
+            before, after, sim_ba, sim_ab = cross_image_interaction(layer, common_before, common_after, last)
+        diff_before, loss_d_before = self.difference_step(tokens_before, before, entity_tokens)
+        diff_after, loss_d_after = self.difference_step(tokens_after, after, entity_tokens)
+        memory = self.difference_fusion(diff_before, diff_after)
+        losses = {}
+        if need_losses:
+            losses = {
+                "commonality_gate_loss": torch.stack(commonality_losses).mean(),
+                "difference_gate_loss": 0.5 * (loss_d_before + loss_d_after),
+                "contrastive_loss": cross_view_contrastive_loss(sim_ba, sim_ab),
+            }
+        return Encoded(memory, text_memory=entity_tokens, losses=losses)
+
+    def loss_weights(self) -> dict[str, float]:
+        return {
+            "commonality_gate_loss": self.config.gate_weight,
+            "difference_gate_loss": self.config.gate_weight,
+            "contrastive_loss": self.config.cheer_contrastive_weight,
+        }

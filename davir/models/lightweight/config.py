@@ -1,0 +1,187 @@
+"""One configuration dataclass for the four lightweight methods and the subtraction baseline.
+
+Defaults are the paper sizes (hidden 512, word embedding 300, 8 heads, 2 decoder layers) and the
+CLEVR-Change loss weights of each paper; `paper_settings(method, dataset)` gives the per-dataset values
+the papers (or the released code) report, to be applied with `dataclasses.replace` or `**`.
+Tags in comments follow methods.md: [P] paper, [C] official code, [D] our default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+METHOD_NAMES = ("subtraction", "scorer", "dirl", "rdd", "cheer")
+POSITION_KINDS = ("sinusoidal", "learned")
+CAPTION_LOSS_KINDS = ("token_mean", "sentence_mean")
+
+
+@dataclass
+class LightweightConfig:
+    """Sizes, loss weights and switches of one lightweight change captioner.
+
+    `feat_dim` is the number of channels entering the 1×1 projection, as in the reference configs:
+    1024 for ResNet-101 layer3 features, 1026 when `coord_channels` appends the two coordinate maps
+    (then the incoming feature maps must have 1024 channels).
+
+    `reference_quirks=True` switches every method to the exact behaviour of the released code where it
+    departs from the paper (SCORER: GELU "FFN" decoder layer without attention output projections,
+    padded-length sentence mean in CBR, frozen CBR parameters; DIRL: CCR on padded means with averaged
+    logits). The default follows the papers and methods.md's [D] choices.
+    """
+
+    method: str = "scorer"
+    # Front-end (§0.3-0.4)
+    feat_dim: int = 1024
+    coord_channels: bool = False
+    grid_size: int = 14
+    hidden: int = 512
+    heads: int = 8
+    dropout: float = 0.1
+    encoder_layers: int = 2
+    # Decoder (§0.5, §7.2)
+    vocab_size: int = 76
+    max_len: int = 24  # decoder positions: <START> + words + <END> (CLEVR-Change 24, CLEVR-DC 40)
+    word_emb: int = 300
+    layers: int = 2
+    ffn_dim: int = 2048
+    positions: str | None = None  # None: the method's own ("learned" for RDD, else "sinusoidal")
+    caption_loss: str | None = None  # None: "sentence_mean" for RDD (Eq. 15), else "token_mean"
+    reference_quirks: bool = False
+    # SCORER+CBR (§1): L = L_cap + λ_v L_cv + λ_r L_cbr, CLEVR-Change values
+    cv_weight: float = 0.1
+    cbr_weight: float = 0.001
+    mtm_mode: str = "summed_heads"  # [C] heads summed before the max; "per_head_mean" = paper reading
+    freeze_cbr_params: bool | None = None  # None: follow reference_quirks (the released code never updates CBR)
+    # DIRL+CCR (§2): L = L_cap + λ_d L_dirl + λ_c L_ccr, CLEVR-Change values
+    dirl_weight: float = 0.5
+    ccr_weight: float = 0.3
+    dirl_alpha: float = 0.003
+    dirl_correlation: str = "zscore"  # [C] z-scored token-level; "cosine" = Eq. 3 as printed
+    ccr_temperature: float = 0.5
+    ccr_mode: str | None = None  # None: "code" with reference_quirks, else "paper"
+    # RDD+ACR (§3): L = L_XE + λ_1 L_N2O + λ_2 L_V2A
+    rdd_objects: int = 32
+    rdd_actions: int = 5
+    rdd_distill_steps: int = 2  # N shared-weight distilling blocks [D]
+    n2o_weight: float = 0.1  # [D]
+    v2a_weight: float = 0.1  # [D]
+    acr_temperature: float = 0.07  # [D]
+    acr_text_dim: int = 512  # CLIP text embedding size (ViT-B text tower) [D]
+    acr_prompt_tokens: int = 4  # learnable CoOp context tokens [P]
+    acr_token_width: int = 512  # CLIP token-embedding width the context vectors live in
+    # CHEER (§4): L = L_S + λ_v (L_C + L_D) + λ_m L_I
+    cheer_entities: int = 3  # K retrieved entities [P]
+    entity_dim: int = 768  # CLIP ViT-L/14 text embedding [BG]
+    entity_bank_size: int = 0  # >0: entities may be given as ids into a stored (M, entity_dim) bank
+    gate_weight: float = 0.75  # λ_v [P]
+    cheer_contrastive_weight: float = 0.5  # λ_m [P]
+    gate_loss_on: str = "gate"  # MSE on post-sigmoid gates (B,N,D) [D]; "map" = on max_j P (B,N)
+    enhance_temperature: float = 0.1  # initial τ_e of the CRE/DRE softmax [D]
+
+    def __post_init__(self) -> None:
+        if self.method not in METHOD_NAMES:
+            raise ValueError(f"unknown lightweight method {self.method!r}; choose from {', '.join(METHOD_NAMES)}")
+        if self.hidden % self.heads or self.hidden % 2:
+            raise ValueError(f"hidden={self.hidden} must be even and divisible by heads={self.heads}")
+        if self.coord_channels and self.feat_dim <= 2:
+            raise ValueError("with coord_channels, feat_dim counts the 2 coordinate channels (e.g. 1026)")
+        if self.positions is not None and self.positions not in POSITION_KINDS:
+            raise ValueError(f"positions must be one of {POSITION_KINDS}, got {self.positions!r}")
+        if self.caption_loss is not None and self.caption_loss not in CAPTION_LOSS_KINDS:
+            raise ValueError(f"caption_loss must be one of {CAPTION_LOSS_KINDS}, got {self.caption_loss!r}")
+        if self.mtm_mode not in ("summed_heads", "per_head_mean"):
+            raise ValueError(f"mtm_mode must be 'summed_heads' or 'per_head_mean', got {self.mtm_mode!r}")
+        if self.dirl_correlation not in ("zscore", "cosine"):
+            raise ValueError(f"dirl_correlation must be 'zscore' or 'cosine', got {self.dirl_correlation!r}")
+        if self.ccr_mode is not None and self.ccr_mode not in ("paper", "code"):
+            raise ValueError(f"ccr_mode must be 'paper' or 'code', got {self.ccr_mode!r}")
+        if self.gate_loss_on not in ("gate", "map"):
+            raise ValueError(f"gate_loss_on must be 'gate' or 'map', got {self.gate_loss_on!r}")
+        if self.max_len < 2 or self.vocab_size < 5:
+            raise ValueError("max_len must be >= 2 and vocab_size >= 5 (4 special tokens + a word)")
+
+    # Resolved switches (None = the method's own choice)
+    @property
+    def resolved_positions(self) -> str:
+        return self.positions or ("learned" if self.method == "rdd" else "sinusoidal")
+
+    @property
+    def resolved_caption_loss(self) -> str:
+        return self.caption_loss or ("sentence_mean" if self.method == "rdd" else "token_mean")
+
+    @property
+    def resolved_ccr_mode(self) -> str:
+        return self.ccr_mode or ("code" if self.reference_quirks else "paper")
+
+    @property
+    def resolved_freeze_cbr(self) -> bool:
+        return self.reference_quirks if self.freeze_cbr_params is None else self.freeze_cbr_params
+
+    @property
+    def backbone_channels(self) -> int:
+        """Channels of the incoming feature maps (without the coordinate channels)."""
+        return self.feat_dim - 2 if self.coord_channels else self.feat_dim
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "LightweightConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown LightweightConfig field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+# Per-dataset settings from the papers / released configs (methods.md §1.3, §1.5, §2.3, §3.5, §4.5).
+# Model fields go into LightweightConfig; "batch_size"/"lr" are for the trainer.
+_CLEVR_CHANGE = {"vocab_size": 76, "max_len": 24, "coord_channels": True, "feat_dim": 1026}
+_CLEVR_DC = {"vocab_size": 87, "max_len": 40}
+PAPER_SETTINGS: dict[str, dict[str, dict]] = {
+    "subtraction": {
+        "clevr_change": {**_CLEVR_CHANGE, "batch_size": 128, "lr": 2e-4},
+        "clevr_dc": {**_CLEVR_DC, "batch_size": 128, "lr": 2e-4},
+        "spot_the_diff": {"batch_size": 32, "lr": 2e-4},
+        "ier": {"batch_size": 16, "lr": 1e-4},
+        "levir_cc": {"batch_size": 64, "lr": 1e-4},
+    },
+    "scorer": {
+        "clevr_change": {**_CLEVR_CHANGE, "cv_weight": 0.1, "cbr_weight": 0.001, "encoder_layers": 2,
+                         "batch_size": 128, "lr": 2e-4},
+        "clevr_dc": {**_CLEVR_DC, "cv_weight": 0.01, "cbr_weight": 0.004, "encoder_layers": 1,
+                     "batch_size": 128, "lr": 2e-4},
+        "spot_the_diff": {"cv_weight": 0.3, "cbr_weight": 0.5, "encoder_layers": 3, "batch_size": 32, "lr": 2e-4},
+        "ier": {"cv_weight": 0.003, "cbr_weight": 0.06, "encoder_layers": 2, "batch_size": 16, "lr": 1e-4},
+    },
+    "dirl": {
+        "clevr_change": {**_CLEVR_CHANGE, "dirl_weight": 0.5, "ccr_weight": 0.3, "batch_size": 128, "lr": 2e-4},
+        "clevr_dc": {**_CLEVR_DC, "dirl_weight": 0.03, "ccr_weight": 0.05, "batch_size": 128, "lr": 2e-4},
+        "spot_the_diff": {"dirl_weight": 0.5, "ccr_weight": 0.004, "batch_size": 32, "lr": 2e-4},
+        "ier": {"dirl_weight": 0.001, "ccr_weight": 0.05, "batch_size": 16, "lr": 1e-4},
+    },
+    "rdd": {
+        "clevr_change": {"vocab_size": 76, "max_len": 24, "rdd_actions": 5, "batch_size": 128, "lr": 2e-4},
+        "levir_cc": {"rdd_actions": 10, "batch_size": 64, "lr": 1e-4},
+        "spot_the_diff": {"rdd_actions": 10, "batch_size": 32, "lr": 2e-4},
+    },
+    "cheer": {
+        "clevr_change": {"vocab_size": 76, "max_len": 24, "encoder_layers": 2, "batch_size": 128, "lr": 1e-3},
+        "clevr_dc": {**_CLEVR_DC, "encoder_layers": 1, "batch_size": 128, "lr": 1e-3},
+        "spot_the_diff": {"encoder_layers": 2, "batch_size": 96, "lr": 5e-4},
+    },
+}
+TRAINER_KEYS = ("batch_size", "lr")
+
+
+def paper_settings(method: str, dataset: str) -> tuple[dict, dict]:
+    """(model fields, trainer fields) the papers give for `method` on `dataset`; KeyError if none reported."""
+    if method not in PAPER_SETTINGS:
+        raise KeyError(f"unknown lightweight method {method!r}; choose from {', '.join(METHOD_NAMES)}")
+    table = PAPER_SETTINGS[method]
+    if dataset not in table:
+        raise KeyError(f"{method} reports no settings for {dataset!r}; known: {', '.join(sorted(table))}")
+    values = table[dataset]
+    model = {k: v for k, v in values.items() if k not in TRAINER_KEYS}
+    trainer = {k: v for k, v in values.items() if k in TRAINER_KEYS}
+    return model, trainer

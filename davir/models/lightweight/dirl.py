@@ -1,0 +1,109 @@
+"""DIRL + CCR (Tu et al., ECCV 2024) — methods.md §2.
+
+DIRL (Eqs. 2-4): a shared 2-layer MLP projector maps the projected tokens of both images; the channel
+cross-correlation of same-position tokens over the batch is pushed towards identity
+(``Σ(1 − C_ii)² + α Σ_{i≠j} C_ij²``). The projector output is used only by this loss [C].
+Difference (Eqs. 5-7): 2 cross-attention layers (one module per layer, both directions updated
+simultaneously) give the shared content; ``F^d = F − F^s``; ``F_d = ReLU(Dropout(LN(Linear([F^d_bef;
+F^d_aft]))))``. CCR (Eqs. 12-14): in-batch InfoNCE between the mean word feature after self-attention
+and the mean attended-visual feature after cross-attention of the last decoder layer (dot product, τ=0.5).
+Total: ``L = L_cap + λ_d L_dirl + λ_c L_ccr`` (Eq. 16).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from davir.models.lightweight.attention import CrossAttentionBlock
+from davir.models.lightweight.base import Encoded, LightweightCaptioner
+from davir.models.lightweight.config import LightweightConfig
+from davir.models.lightweight.decoder import DecoderOutput, init_weights
+from davir.models.lightweight.losses import cross_correlation_loss, info_nce, masked_mean, similarity
+from davir.text.vocab import PAD_ID
+
+
+def distractors_immune_loss(
+    projected_before: torch.Tensor, projected_after: torch.Tensor, *, alpha: float, mode: str
+) -> torch.Tensor:
+    """DIRL Eqs. 3-4 on (B, N, D) projector outputs: every token is a sample, paired by grid position [C]."""
+    return cross_correlation_loss(projected_before.flatten(0, 1), projected_after.flatten(0, 1), alpha=alpha, mode=mode)
+
+
+def shared_representation(layers: nn.ModuleList, before: torch.Tensor, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DIRL Eq. 5: ``F^s_bef = MHCA(F_bef, F_aft)``, ``F^s_aft = MHCA(F_aft, F_bef)``, stacked, simultaneous [C]."""
+    for layer in layers:
+        before, after = layer(before, after), layer(after, before)
+    return before, after
+
+
+def difference_tokens(tokens: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """DIRL Eq. 6: ``F^d_o = F~_o − F^s_o``."""
+    return tokens - shared
+
+
+def ccr_features(
+    self_state: torch.Tensor, cross_state: torch.Tensor, captions_in: torch.Tensor, mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DIRL Eq. 12: global word feature E~ (mean self-attention output) and attended-difference feature V~.
+
+    The means run over the word positions: ``paper`` mode over the real tokens, ``code`` mode over all
+    positions, padding included [C].
+    """
+    mask = None if mode == "code" else captions_in != PAD_ID
+    return masked_mean(self_state, mask), masked_mean(cross_state, mask)
+
+
+def cross_modal_contrastive_loss(text: torch.Tensor, visual: torch.Tensor, *, temperature: float, mode: str) -> torch.Tensor:
+    """DIRL Eqs. 13-14: ``L_ccr = ½ (L_t2v + L_v2t)``, in-batch InfoNCE with dot-product similarity / τ.
+
+    ``code`` mode [C]: logits ``(T·Vᵀ/τ + V·Tᵀ/τ) / 2`` and a row-wise cross-entropy only.
+    """
+    sim = similarity(text, visual, "dot")
+    if mode == "code":
+        return info_nce(0.5 * (sim + sim.transpose(0, 1)), temperature=temperature, symmetric=False)
+    return info_nce(sim, temperature=temperature, symmetric=True)
+
+
+class DirlCaptioner(LightweightCaptioner):
+    """DIRL encoder + standard decoder (FFN 2048) + L_dirl + L_ccr; Xavier init everywhere [C]."""
+
+    decoder_init = "xavier"
+
+    def __init__(self, config: LightweightConfig):
+        super().__init__(config)
+        dim = config.hidden
+        self.projector = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.ReLU(), nn.Dropout(config.dropout), nn.Linear(4 * dim, dim)
+        )
+        self.cross_layers = nn.ModuleList(
+            CrossAttentionBlock(dim, config.heads, config.dropout) for _ in range(config.encoder_layers)
+        )
+        self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.LayerNorm(dim), nn.Dropout(config.dropout), nn.ReLU())
+        init_weights(self, "xavier")
+
+    def fuse_difference(self, diff_before: torch.Tensor, diff_after: torch.Tensor) -> torch.Tensor:
+        """DIRL Eq. 7: ``F_d = ReLU([F^d_bef ; F^d_aft] W_c + b_c)`` (code: Linear → LN → Dropout → ReLU)."""
+        return self.fuse(torch.cat([diff_before, diff_after], dim=-1))
+
+    def encode(self, tokens_before, tokens_after, *, entities=None, need_losses=True) -> Encoded:
+        losses = {}
+        if need_losses:
+            losses["dirl_loss"] = distractors_immune_loss(
+                self.projector(tokens_before), self.projector(tokens_after),
+                alpha=self.config.dirl_alpha, mode=self.config.dirl_correlation,
+            )
+        shared_before, shared_after = shared_representation(self.cross_layers, tokens_before, tokens_after)
+        memory = self.fuse_difference(
+            difference_tokens(tokens_before, shared_before), difference_tokens(tokens_after, shared_after)
+        )
+        return Encoded(memory, losses=losses)
+
+    def decoder_losses(self, encoded: Encoded, decoded: DecoderOutput, captions_in, attributes=None):
+        mode = self.config.resolved_ccr_mode
+        text, visual = ccr_features(decoded.self_states[-1], decoded.cross_states[-1], captions_in, mode)
+        return {"ccr_loss": cross_modal_contrastive_loss(
+            text, visual, temperature=self.config.ccr_temperature, mode=mode)}
+
+    def loss_weights(self) -> dict[str, float]:
+        return {"dirl_loss": self.config.dirl_weight, "ccr_loss": self.config.ccr_weight}

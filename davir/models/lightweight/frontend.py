@@ -1,0 +1,82 @@
+"""Shared visual front-end: grid features → 1×1 projection + learned 2-D position embedding → tokens.
+
+methods.md §0.3-0.4 (identical in the SCORER and DIRL code): optional coordinate channels
+(`AddSpatialInfo`), `Conv2d(feat_dim, D, 1)`, then ``pos[:, r, c] = concat(w_emb[c], h_emb[r])`` from two
+``Embedding(grid, D/2)`` tables is added, and the map is flattened row-major to (B, H·W, D).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def coordinate_channels(height: int, width: int, *, device=None, dtype=None) -> torch.Tensor:
+    """The two coordinate maps of `AddSpatialInfo` [C]: channel 0 is x = 2j/W − 1, channel 1 is y = 2i/H − 1.
+
+    Returns (2, H, W); i is the row, j the column (so values lie in [-1, 1) — the reference never
+    reaches +1).
+    """
+    cols = torch.arange(width, device=device, dtype=dtype or torch.float32) * (2.0 / width) - 1
+    rows = torch.arange(height, device=device, dtype=dtype or torch.float32) * (2.0 / height) - 1
+    x = cols.view(1, width).expand(height, width)
+    y = rows.view(height, 1).expand(height, width)
+    return torch.stack([x, y])
+
+
+def add_coordinate_channels(features: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) → (B, C+2, H, W) with the coordinate maps appended after the feature channels."""
+    batch, _, height, width = features.shape
+    coords = coordinate_channels(height, width, device=features.device, dtype=features.dtype)
+    return torch.cat([features, coords.unsqueeze(0).expand(batch, -1, -1, -1)], dim=1)
+
+
+class GridPositionEmbedding(nn.Module):
+    """Learned 2-D position embedding: ``pos[:, r, c] = concat(w_emb[c], h_emb[r])`` (Eq. 1 "pos(·)")."""
+
+    def __init__(self, grid_size: int, dim: int):
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"position embedding size must be even, got {dim}")
+        self.w_embedding = nn.Embedding(grid_size, dim // 2)
+        self.h_embedding = nn.Embedding(grid_size, dim // 2)
+
+    def forward(self, height: int, width: int) -> torch.Tensor:
+        """(D, H, W) position map."""
+        if height > self.h_embedding.num_embeddings or width > self.w_embedding.num_embeddings:
+            raise ValueError(
+                f"feature grid {height}x{width} is larger than the position tables "
+                f"({self.h_embedding.num_embeddings}x{self.w_embedding.num_embeddings})"
+            )
+        device = self.w_embedding.weight.device
+        w = self.w_embedding(torch.arange(width, device=device))  # (W, D/2)
+        h = self.h_embedding(torch.arange(height, device=device))  # (H, D/2)
+        grid = torch.cat([w.unsqueeze(0).expand(height, -1, -1), h.unsqueeze(1).expand(-1, width, -1)], dim=-1)
+        return grid.permute(2, 0, 1)
+
+
+class FeatureFrontend(nn.Module):
+    """``X~ = conv1x1(X) + pos(X)`` (SCORER Eq. 1, DIRL Eq. 1, RDD Eq. 1), flattened to (B, H·W, D)."""
+
+    def __init__(self, feat_dim: int, hidden: int, grid_size: int = 14, coord_channels: bool = False):
+        super().__init__()
+        self.feat_dim = feat_dim
+        self.coord_channels = coord_channels
+        self.projection = nn.Conv2d(feat_dim, hidden, kernel_size=1)
+        self.position = GridPositionEmbedding(grid_size, hidden)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if features.dim() != 4:
+            raise ValueError(f"grid features must be (B, C, H, W), got shape {tuple(features.shape)}")
+        expected = self.feat_dim - 2 if self.coord_channels else self.feat_dim
+        if features.shape[1] != expected:
+            raise ValueError(
+                f"grid features have {features.shape[1]} channels, expected {expected}"
+                + (" (feat_dim counts the 2 coordinate channels added here)" if self.coord_channels else "")
+            )
+        features = features.to(self.projection.weight.dtype)
+        if self.coord_channels:
+            features = add_coordinate_channels(features)
+        x = self.projection(features)
+        x = x + self.position(x.shape[2], x.shape[3]).unsqueeze(0)
+        return x.flatten(2).transpose(1, 2)

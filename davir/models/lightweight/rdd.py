@@ -1,0 +1,243 @@
+"""RDD + ACR (R. Li, L. Li et al., AAAI 2025) — methods.md §3. No code is public; [D] choices are marked.
+
+Encoder:
+* GDE (Eqs. 2-5): ``F_diff = F_aft − F_bef``; each image queries the difference,
+  ``F^_x = LN(F_x + MHCA(F_x, F_diff))`` (shared); ``F_c = ReLU(Linear([F^_bef; F^_aft]))``.
+* Object distilling (Eqs. 6-8): K_o = 32 learnable vectors, N shared-weight blocks
+  ``F_c ← MHSA(F_c)``, ``O^ = MHCA(O, F_c)``, ``O = FFN(O^) + O^``.
+* Action distilling: K_a learnable vectors, the same block structure (own weights) over the distilled
+  objects ("concrete to abstract").
+* Multi-scale fusion (Eq. 9): tokens ``[F_c; O; A]`` → ``LN(X + MHSA(X))`` → ``LN(X + FFN(X))``; the
+  decoder (learned positions) attends over all of them.
+ACR (Eqs. 10-13, training only): the mean object / action vector is contrasted (cosine, τ) with the
+caption's noun / verb "attribute-guided tokens": CLIP text features of the caption's noun and verb
+segments, through a 3-layer FC adapter. Two text paths:
+
+* precomputed frozen CLIP text features, ``attributes={"noun_features": (B, d), "verb_features": (B, d)}``
+  (the paper's "No Init" / "Fixed Prompt" rows, cacheable offline);
+* learnable prompts (the paper's default): 4 CoOp context vectors per kind replace the placeholder
+  tokens after <SOT> and go through a frozen open_clip text tower attached with `attach_text_tower`;
+  ``attributes={"noun_ids": (B, L), "verb_ids": (B, L)}`` are that tower's token ids of
+  ``"X X X X <segments>."`` (see `prompt_texts`). The tower is not part of the state dict.
+
+Caption loss: the length-normalised sentence mean of Eq. 15. Total: ``L = L_XE + λ_1 L_N2O + λ_2 L_V2A``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from davir.models.lightweight.attention import CrossAttentionBlock, FeedForwardBlock, SelfAttentionBlock
+from davir.models.lightweight.base import Encoded, LightweightCaptioner
+from davir.models.lightweight.config import LightweightConfig
+from davir.models.lightweight.decoder import DecoderOutput
+from davir.models.lightweight.losses import info_nce, similarity
+
+PROMPT_PLACEHOLDER = "X"
+
+
+def global_difference(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """RDD Eq. 2: the global difference ``F_diff = F_aft − F_bef`` (sign [D]; it only enters via W^K, W^V)."""
+    return after - before
+
+
+def regional_token(vectors: torch.Tensor) -> torch.Tensor:
+    """RDD Eq. 10: ``F_o = (1/k) Σ F_o^N`` — the mean of the k distilled vectors (B, k, D) → (B, D)."""
+    return vectors.mean(dim=1)
+
+
+def attribute_contrastive_loss(text: torch.Tensor, regional: torch.Tensor, temperature: float) -> torch.Tensor:
+    """RDD Eqs. 11-13: ``L_L2C = ½ (L_lc + L_cl)``, in-batch InfoNCE on cosine similarity / τ."""
+    return info_nce(similarity(text, regional, "cosine"), temperature=temperature, symmetric=True)
+
+
+def prompt_texts(segments: list[str], prompt_tokens: int = 4) -> list[str]:
+    """CoOp-style prompt strings ``"X X X X <segments>."`` whose X tokens the context vectors replace.
+
+    Tokenise them with the attached tower's own tokenizer (e.g. ``open_clip.get_tokenizer(name)``);
+    "X" is a single token in CLIP's BPE, so the placeholders sit at positions 1..prompt_tokens.
+    """
+    prefix = " ".join([PROMPT_PLACEHOLDER] * prompt_tokens)
+    return [f"{prefix} {segment.strip()}." for segment in segments]
+
+
+class DistillingBlock(nn.Module):
+    """One difference distilling block (RDD Eqs. 6-8), reused N times with the same weights."""
+
+    def __init__(self, dim: int, heads: int, ffn_dim: int, dropout: float):
+        super().__init__()
+        self.context_attention = SelfAttentionBlock(dim, heads, dropout)
+        self.query_attention = CrossAttentionBlock(dim, heads, dropout)
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, dim))
+
+    def forward(self, queries: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 6: ``F_c^i = MHSA(F_c^{i−1})``; Eq. 7: ``O^ = MHCA(O, F_c^i)``; Eq. 8: ``O = FFN(O^) + O^``."""
+        context = self.context_attention(context)
+        attended = self.query_attention(queries, context)
+        return attended + self.ffn(attended), context
+
+
+def distill(block: DistillingBlock, queries: torch.Tensor, context: torch.Tensor, steps: int) -> torch.Tensor:
+    """Apply one shared-weight distilling block `steps` times; returns the distilled queries (B, K, D)."""
+    for _ in range(steps):
+        queries, context = block(queries, context)
+    return queries
+
+
+class TextTowerAdapter(nn.Module):
+    """A frozen open_clip text tower that encodes token ids with learnable context vectors spliced in.
+
+    Mirrors open_clip's ``CLIP.encode_text``: token embedding (context vectors at positions
+    1..n_ctx) + positional embedding → transformer (causal mask) → ln_final → pooled at <EOT> →
+    text projection. Works on a ``CLIP`` model or a ``TextTransformer`` (``CustomTextCLIP.text``).
+    """
+
+    def __init__(self, clip_model: nn.Module):
+        super().__init__()
+        tower = getattr(clip_model, "text", clip_model)
+        for name in ("token_embedding", "positional_embedding", "transformer", "ln_final"):
+            if not hasattr(tower, name):
+                raise ValueError(f"text tower {type(tower).__name__} has no {name!r}; expected an open_clip CLIP text tower")
+        if getattr(tower, "cls_emb", None) is not None:
+            raise ValueError("text towers with a CLS embedding (CoCa) are not supported for prompt learning")
+        self.token_embedding = tower.token_embedding
+        self.positional_embedding = tower.positional_embedding
+        self.transformer = tower.transformer
+        self.ln_final = tower.ln_final
+        self.text_projection = tower.text_projection
+        self.pool_type = getattr(tower, "text_pool_type", getattr(tower, "pool_type", "argmax"))
+        self.eos_id = getattr(tower, "text_eos_id", getattr(tower, "eos_id", None))
+        mask = getattr(tower, "attn_mask", None)
+        self.register_buffer("attn_mask", None if mask is None else mask.clone(), persistent=False)
+        self.width = self.token_embedding.weight.shape[1]
+        projection = self.text_projection
+        if projection is None:
+            self.output_dim = self.width
+        elif isinstance(projection, nn.Linear):
+            self.output_dim = projection.out_features
+        else:
+            self.output_dim = projection.shape[1]
+        self.requires_grad_(False)
+
+    def forward(self, token_ids: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """token_ids (B, L) with placeholders at 1..n_ctx; context (n_ctx, width) → text features (B, output_dim)."""
+        n_ctx = context.shape[0]
+        length = token_ids.shape[1]
+        embedded = self.token_embedding(token_ids)
+        x = torch.cat(
+            [embedded[:, :1], context.to(embedded.dtype).unsqueeze(0).expand(token_ids.shape[0], -1, -1),
+             embedded[:, 1 + n_ctx:]], dim=1,
+        )
+        x = x + self.positional_embedding[:length].to(x.dtype)
+        mask = None if self.attn_mask is None else self.attn_mask[:length, :length]
+        x = self.ln_final(self.transformer(x, attn_mask=mask))
+        if self.pool_type == "eos" and self.eos_id is not None:
+            eot = (token_ids == self.eos_id).int().argmax(dim=-1)
+        else:  # CLIP's <EOT> has the highest id
+            eot = token_ids.argmax(dim=-1)
+        pooled = x[torch.arange(x.shape[0], device=x.device), eot]
+        if self.text_projection is None:
+            return pooled
+        if isinstance(self.text_projection, nn.Linear):
+            return self.text_projection(pooled)
+        return pooled @ self.text_projection
+
+
+class RddCaptioner(LightweightCaptioner):
+    """RDD encoder (GDE → object → action distilling → fusion) + learned-position decoder + ACR."""
+
+    def __init__(self, config: LightweightConfig, text_tower: nn.Module | None = None):
+        super().__init__(config)
+        dim, heads, dropout = config.hidden, config.heads, config.dropout
+        self.gde_attention = CrossAttentionBlock(dim, heads, dropout)
+        self.gde_fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.ReLU())
+        self.object_queries = nn.Parameter(torch.randn(config.rdd_objects, dim) * 0.02)
+        self.action_queries = nn.Parameter(torch.randn(config.rdd_actions, dim) * 0.02)
+        self.object_block = DistillingBlock(dim, heads, config.ffn_dim, dropout)
+        self.action_block = DistillingBlock(dim, heads, config.ffn_dim, dropout)
+        self.fusion_attention = SelfAttentionBlock(dim, heads, dropout)
+        self.fusion_ffn = FeedForwardBlock(dim, config.ffn_dim, dropout)
+        # ACR text side: CoOp context vectors (nouns, verbs) and the 3-layer FC adapter [P].
+        self.noun_context = nn.Parameter(torch.randn(config.acr_prompt_tokens, config.acr_token_width) * 0.02)
+        self.verb_context = nn.Parameter(torch.randn(config.acr_prompt_tokens, config.acr_token_width) * 0.02)
+        self.adapter = nn.Sequential(
+            nn.Linear(config.acr_text_dim, dim), nn.ReLU(), nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim)
+        )
+        self.text_tower: TextTowerAdapter | None = None
+        self.register_state_dict_post_hook(_drop_text_tower_keys)
+        self.register_load_state_dict_post_hook(_ignore_missing_text_tower)
+        if text_tower is not None:
+            self.attach_text_tower(text_tower)
+
+    def attach_text_tower(self, clip_model: nn.Module) -> None:
+        """Attach a frozen open_clip text tower for the learnable-prompt path (excluded from state_dict)."""
+        tower = TextTowerAdapter(clip_model)
+        if tower.width != self.config.acr_token_width or tower.output_dim != self.config.acr_text_dim:
+            raise ValueError(
+                f"text tower has token width {tower.width} and output {tower.output_dim}; the config expects "
+                f"acr_token_width={self.config.acr_token_width}, acr_text_dim={self.config.acr_text_dim}"
+            )
+        self.text_tower = tower.to(self.noun_context.device).eval()
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.text_tower is not None:
+            self.text_tower.eval()  # frozen: never in training mode
+        return self
+
+    def gde(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        """RDD Eqs. 2-5: ``F^_x = LN(F_x + MHCA(F_x, F_diff))`` (shared), ``F_c = ReLU(Linear([F^_bef; F^_aft]))``."""
+        difference = global_difference(before, after)
+        return self.gde_fuse(torch.cat(
+            [self.gde_attention(before, difference), self.gde_attention(after, difference)], dim=-1))
+
+    def fuse(self, global_tokens: torch.Tensor, objects: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """RDD Eq. 9 (multi-scale fusion): ``X = [F_c; O; A]``, ``LN(X + MHSA(X))``, ``LN(X + FFN(X))``."""
+        return self.fusion_ffn(self.fusion_attention(torch.cat([global_tokens, objects, actions], dim=1)))
+
+    def encode(self, tokens_before, tokens_after, *, entities=None, need_losses=True) -> Encoded:
+        batch, steps = tokens_before.shape[0], self.config.rdd_distill_steps
+        global_tokens = self.gde(tokens_before, tokens_after)
+        objects = distill(self.object_block, self.object_queries.expand(batch, -1, -1), global_tokens, steps)
+        actions = distill(self.action_block, self.action_queries.expand(batch, -1, -1), objects, steps)
+        return Encoded(self.fuse(global_tokens, objects, actions), saved={"objects": objects, "actions": actions})
+
+    def attribute_tokens(self, attributes: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attribute-guided tokens F_noun, F_verb (B, D): CLIP text features → 3-layer FC adapter."""
+        if "noun_ids" in attributes:
+            if self.text_tower is None:
+                raise ValueError("attributes carry token ids but no text tower is attached (attach_text_tower)")
+            noun = self.text_tower(attributes["noun_ids"], self.noun_context)
+            verb = self.text_tower(attributes["verb_ids"], self.verb_context)
+        elif "noun_features" in attributes:
+            noun, verb = attributes["noun_features"], attributes["verb_features"]
+        else:
+            raise ValueError("attributes must hold noun_ids/verb_ids or noun_features/verb_features")
+        return self.adapter(noun.to(self.noun_context.dtype)), self.adapter(verb.to(self.noun_context.dtype))
+
+    def decoder_losses(self, encoded: Encoded, decoded: DecoderOutput, captions_in, attributes=None):
+        if attributes is None:
+            if self.training and (self.config.n2o_weight or self.config.v2a_weight):
+                raise ValueError("RDD training needs `attributes` (noun/verb segments) for ACR, or n2o/v2a weights 0")
+            return {}
+        noun, verb = self.attribute_tokens(attributes)
+        tau = self.config.acr_temperature
+        return {
+            "n2o_loss": attribute_contrastive_loss(noun, regional_token(encoded.saved["objects"]), tau),
+            "v2a_loss": attribute_contrastive_loss(verb, regional_token(encoded.saved["actions"]), tau),
+        }
+
+    def loss_weights(self) -> dict[str, float]:
+        return {"n2o_loss": self.config.n2o_weight, "v2a_loss": self.config.v2a_weight}
+
+
+def _drop_text_tower_keys(module, state_dict, prefix, local_metadata) -> None:
+    """The frozen CLIP tower is loaded from its own file, never saved with the captioner."""
+    for key in [k for k in state_dict if k.startswith(prefix + "text_tower.")]:
+        del state_dict[key]
+
+
+def _ignore_missing_text_tower(module, incompatible_keys) -> None:
+    for key in [k for k in incompatible_keys.missing_keys if ".text_tower." in f".{k}"]:
+        incompatible_keys.missing_keys.remove(key)

@@ -1,0 +1,31 @@
+"""Direct-subtraction baseline: the "Subtraction" / "direct-sub" rows of the ablation tables.
+
+SCORER Table 6 (119.7 CIDEr Total on CLEVR-Change) and RDD Table 4 (120.4) replace the method's encoder
+by a plain difference of the two images. The papers give no further detail, so [D]:
+``X_diff = ReLU(Dropout(Linear(X~_aft − X~_bef)))`` on the projected tokens, the standard decoder, and
+the caption loss only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from davir.models.lightweight.base import Encoded, LightweightCaptioner
+from davir.models.lightweight.config import LightweightConfig
+
+
+def direct_subtraction(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """The baseline's difference representation before projection: ``X~_aft − X~_bef`` (B, N, D)."""
+    return after - before
+
+
+class SubtractionCaptioner(LightweightCaptioner):
+    """Projected-token subtraction → Linear → standard decoder; caption cross-entropy only."""
+
+    def __init__(self, config: LightweightConfig):
+        super().__init__(config)
+        self.project = nn.Sequential(nn.Linear(config.hidden, config.hidden), nn.Dropout(config.dropout), nn.ReLU())
+
+    def encode(self, tokens_before, tokens_after, *, entities=None, need_losses=True) -> Encoded:
+        return Encoded(self.project(direct_subtraction(tokens_before, tokens_after)))

@@ -1,0 +1,469 @@
+"""ResNet-101 layer3 grid features for the lightweight methods (methods.md §0.3), stored as fp16 shards.
+
+    python -m preprocess features --format clevr_change --root DATA --split train --out CACHE \\
+        --weights resnet101-63fe2227.pth [--batch-size 64] [--workers 4] [--num-shards K --shard-index I]
+
+Recipe [C] (the SCORER/DIRL `extract_features.py`): RGB → ``cv2.resize(224×224, INTER_CUBIC)`` on uint8 →
+/255 → ImageNet mean (0.485, 0.456, 0.406) / std (0.229, 0.224, 0.225) — ``--std-typo`` uses the
+authors' (0.229, 0.224, 0.224) — → torchvision ``resnet101`` up to layer3 → 1024×14×14. Every image a
+split uses is extracted once (before, after, CLEVR distractor; shared images deduplicated). On a GPU the
+backbone runs in bf16 with channels_last; features are stored as fp16.
+
+Weights come only from a local file (``--weights``: a torchvision ResNet-101 state dict); ``--random-init``
+builds a seeded random backbone for tests and demos (``zero_init_residual`` so activations stay in fp16
+range) and the manifest says so.
+
+Cache layout (atomic writes; a rerun skips every image already stored, so a killed run resumes; K
+processes with ``--num-shards K --shard-index I`` split the images and can write into one cache):
+
+    CACHE/manifest.json                         extraction settings (identical for every run into CACHE)
+    CACHE/features/s{I}of{K}-{n}.safetensors    tensor "features" (N, 1024, 14, 14) fp16; metadata "keys"
+                                                = JSON list of the N image keys, row order
+    CACHE/index.json                            {"chunks": [...], "entries": {key: [chunk file, row]}}
+    CACHE/runs/{split}-s{I}of{K}.json           counts of one run (extracted, already there, missing)
+
+An image key is the image path relative to the dataset root (POSIX separators). `FeatureCache(CACHE)
+.get(image_path)` returns the stored (1024, 14, 14) tensor for a path under the dataset root or a key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import cv2
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from davir.data.formats import FORMATS, read_dataset
+from davir.data.images import load_rgb
+from davir.data.records import DataError
+from davir.io import read_json, write_json_atomic
+
+IMAGE_SIZE = 224
+FEATURE_SHAPE = (1024, 14, 14)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+AUTHORS_STD = (0.229, 0.224, 0.224)  # the reference script's typo for the last channel
+FEATURE_TENSOR = "features"
+KEYS_METADATA = "keys"
+FORMAT_VERSION = 1
+MISSING_EXAMPLES = 20
+NO_WEIGHTS = (
+    "ResNet-101 weights are needed: pass --weights PATH to a local torchvision resnet101 state dict "
+    "(e.g. resnet101-63fe2227.pth); nothing is downloaded. --random-init is for tests and demos only."
+)
+
+
+# --- images → network input -------------------------------------------------------------------------
+def image_key(path: str | Path, dataset_root: str | Path) -> str:
+    """Cache key of an image: its path relative to the dataset root (POSIX), else its real absolute path.
+
+    Relative paths count from the current folder, like the reader's paths when `--root` is relative.
+    Lexical first (no file-system calls: a split lists ~10^5 paths), symlinks resolved only if needed.
+    """
+    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(dataset_root))
+    if relative.startswith(os.pardir):
+        real = os.path.realpath(path)
+        relative = os.path.relpath(real, os.path.realpath(dataset_root))
+        if relative.startswith(os.pardir):
+            return Path(real).as_posix()
+    return Path(relative).as_posix()
+
+
+def load_resized(path: Path, *, record: str = "?") -> np.ndarray:
+    """RGB uint8 (224, 224, 3): the image resized with OpenCV's bicubic interpolation, as the reference."""
+    rgb = np.asarray(load_rgb(path, record=record))
+    return cv2.resize(rgb, (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_CUBIC)
+
+
+def normalize_batch(images: torch.Tensor, std: Sequence[float]) -> torch.Tensor:
+    """uint8 (B, 3, H, W) → float32 ``(x / 255 − mean) / std`` with the ImageNet mean."""
+    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1)
+    scale = torch.tensor(std, device=images.device).view(1, 3, 1, 1)
+    return (images.float() / 255.0 - mean) / scale
+
+
+class _ImageList(torch.utils.data.Dataset):
+    """(row, uint8 CHW tensor) per image; decoding and resizing run in the loader workers."""
+
+    def __init__(self, items: list[tuple[str, Path]]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        key, path = self.items[index]
+        return index, torch.from_numpy(load_resized(path, record=key)).permute(2, 0, 1).contiguous()
+
+
+# --- the backbone -----------------------------------------------------------------------------------
+def build_backbone(weights: str | Path | None, *, random_init: bool = False, seed: int = 0) -> torch.nn.Module:
+    """torchvision ResNet-101 truncated after layer3 (conv1, bn1, relu, maxpool, layer1-3), in eval mode."""
+    import torchvision
+
+    if random_init:
+        torch.manual_seed(seed)
+        net = torchvision.models.resnet101(weights=None, zero_init_residual=True)
+    else:
+        if weights is None:
+            raise DataError(NO_WEIGHTS)
+        weights = Path(weights)
+        if not weights.is_file():
+            raise DataError(f"ResNet-101 weights file is missing: {weights}")
+        try:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+        except Exception as error:  # a corrupt or non-PyTorch file: say which file
+            raise DataError(f"{weights}: cannot be read as a PyTorch state dict ({error})") from error
+        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+            state = state["state_dict"]
+        net = torchvision.models.resnet101(weights=None)
+        if not isinstance(state, dict):
+            raise DataError(f"{weights}: expected a state dict, got {type(state).__name__}")
+        try:
+            result = net.load_state_dict(state, strict=False)
+        except RuntimeError as error:  # shape mismatches
+            raise DataError(f"{weights}: not a torchvision ResNet-101 state dict ({str(error)[:300]})") from error
+        needed = [k for k in result.missing_keys if not k.startswith(("fc.", "layer4."))]
+        if needed or result.unexpected_keys:
+            raise DataError(
+                f"{weights}: not a torchvision ResNet-101 state dict (missing {needed[:5]}, "
+                f"unexpected {result.unexpected_keys[:5]})"
+            )
+    backbone = torch.nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool, net.layer1, net.layer2, net.layer3)
+    return backbone.eval().requires_grad_(False)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --- cache layout ------------------------------------------------------------------------------------
+def _read_chunk_keys(path: Path) -> list[str]:
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    if KEYS_METADATA not in metadata:
+        raise DataError(f"feature chunk {path} has no {KEYS_METADATA!r} metadata; not written by preprocess features")
+    return json.loads(metadata[KEYS_METADATA])
+
+
+def scan_index(cache: Path) -> dict[str, tuple[str, int]]:
+    """key → (chunk file name, row) for every complete chunk in `cache` (index.json + unlisted chunks)."""
+    folder = cache / "features"
+    on_disk = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
+    entries: dict[str, tuple[str, int]] = {}
+    listed: set[str] = set()
+    index_path = cache / "index.json"
+    if index_path.is_file():
+        index = read_json(index_path)
+        listed = set(index.get("chunks", [])) & set(on_disk)
+        entries = {k: (v[0], int(v[1])) for k, v in index.get("entries", {}).items() if v[0] in listed}
+    for name in on_disk:
+        if name not in listed:
+            for row, key in enumerate(_read_chunk_keys(folder / name)):
+                entries[key] = (name, row)
+    return entries
+
+
+def write_index(cache: Path) -> dict[str, tuple[str, int]]:
+    entries = scan_index(cache)
+    chunks = sorted({name for name, _ in entries.values()})
+    write_json_atomic(cache / "index.json", {"chunks": chunks, "entries": {k: list(v) for k, v in entries.items()}},
+                      indent=None)
+    return entries
+
+
+def _next_chunk_number(cache: Path, prefix: str) -> int:
+    numbers = [int(p.stem.rsplit("-", 1)[1]) for p in (cache / "features").glob(f"{prefix}-*.safetensors")]
+    return max(numbers, default=-1) + 1
+
+
+def write_chunk(path: Path, features: torch.Tensor, keys: list[str]) -> None:
+    """One fp16 chunk file, written to a temporary name and renamed (never half a file under `path`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file({FEATURE_TENSOR: features.contiguous()}, str(tmp), metadata={KEYS_METADATA: json.dumps(keys)})
+    os.chmod(tmp, 0o644)  # safetensors creates 0600 files; caches are shared read-only data
+    tmp.replace(path)
+
+
+@dataclass
+class Settings:
+    """What makes two caches interchangeable; stored in manifest.json and checked on every run."""
+
+    weights: str  # "random-init(seed=N)" or the weights file's sha256
+    std: tuple[float, float, float]
+    dataset_root: str
+
+    def manifest(self) -> dict:
+        return {
+            "version": FORMAT_VERSION,
+            "backbone": "torchvision resnet101 up to layer3",
+            "weights": self.weights,
+            "input": f"{IMAGE_SIZE}x{IMAGE_SIZE} cv2.INTER_CUBIC, RGB, /255, ImageNet mean",
+            "mean": list(IMAGENET_MEAN),
+            "std": list(self.std),
+            "shape": list(FEATURE_SHAPE),
+            "dtype": "float16",
+            "dataset_root": self.dataset_root,
+        }
+
+
+def check_manifest(cache: Path, settings: Settings) -> None:
+    """Write manifest.json, or refuse a cache made with other settings (mixed features would be silent garbage)."""
+    path = cache / "manifest.json"
+    wanted = settings.manifest()
+    if path.is_file():
+        existing = read_json(path)
+        differing = [k for k in wanted if k != "dataset_root" and existing.get(k) != wanted[k]]
+        if differing:
+            raise DataError(
+                f"{path}: the cache was made with other settings ({', '.join(differing)}: "
+                f"{[existing.get(k) for k in differing]} vs {[wanted[k] for k in differing]}); use another --out"
+            )
+        return
+    write_json_atomic(path, wanted)
+
+
+# --- extraction ------------------------------------------------------------------------------------
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise DataError("--device cuda was asked for but no GPU is available")
+    return torch.device(name)
+
+
+def extract_images(
+    items: list[tuple[str, Path]],
+    cache: Path,
+    backbone: torch.nn.Module,
+    *,
+    std: Sequence[float],
+    chunk_prefix: str,
+    device: torch.device,
+    batch_size: int = 64,
+    workers: int = 2,
+    chunk_size: int = 256,
+) -> int:
+    """Run the backbone over (key, path) items and store fp16 chunks of `chunk_size`; returns images written."""
+    if not items:
+        return 0
+    cuda = device.type == "cuda"
+    backbone = backbone.to(device)
+    if cuda:
+        backbone = backbone.to(memory_format=torch.channels_last)
+    loader = torch.utils.data.DataLoader(
+        _ImageList(items), batch_size=batch_size, num_workers=workers, pin_memory=cuda,
+        persistent_workers=False,
+    )
+    number = _next_chunk_number(cache, chunk_prefix)
+    pending: list[torch.Tensor] = []
+    pending_keys: list[str] = []
+    written = 0
+
+    def flush(count: int) -> None:
+        """Write the first `count` pending rows as one chunk file."""
+        nonlocal number, written, pending, pending_keys
+        stacked = torch.cat(pending)
+        features, keys = stacked[:count], pending_keys[:count]
+        if not bool(torch.isfinite(features).all()):
+            raise DataError(f"non-finite features (fp16 overflow?) for images {keys[:5]}; check the weights")
+        write_chunk(cache / "features" / f"{chunk_prefix}-{number:06d}.safetensors", features.clone(), keys)
+        pending, pending_keys = [stacked[count:]], pending_keys[count:]
+        number, written = number + 1, written + count
+
+    with torch.no_grad():
+        for rows, images in loader:
+            x = normalize_batch(images.to(device, non_blocking=cuda), std)
+            if cuda:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    features = backbone(x.contiguous(memory_format=torch.channels_last))
+            else:
+                features = backbone(x)
+            pending.append(features.float().to(torch.float16).cpu())
+            pending_keys.extend(items[row][0] for row in rows.tolist())
+            while len(pending_keys) >= chunk_size:
+                flush(chunk_size)
+    if pending_keys:
+        flush(len(pending_keys))
+    return written
+
+
+def split_images(index, dataset_root: Path) -> list[tuple[str, Path]]:
+    """Every image a split uses (before, after, distractor), deduplicated by key, in first-use order."""
+    seen: dict[str, Path] = {}
+    for pair in index.pairs:
+        for path in (pair.before, pair.after, pair.distractor):
+            if path is not None:
+                seen.setdefault(image_key(path, dataset_root), Path(path))
+    return list(seen.items())
+
+
+def run(args: argparse.Namespace) -> dict:
+    """The `features` command: returns the run record (also written to CACHE/runs/)."""
+    if args.num_shards < 1 or not 0 <= args.shard_index < args.num_shards:
+        raise DataError(f"--shard-index must be in 0..{args.num_shards - 1}, got {args.shard_index}")
+    if args.random_init and args.weights:
+        raise DataError("--weights and --random-init exclude each other")
+    started = time.perf_counter()
+    root, cache = Path(args.root), Path(args.out)
+    index = read_dataset(args.format, root, args.split)
+    images = split_images(index, root)
+    mine = images[args.shard_index::args.num_shards]
+
+    if args.random_init:
+        weights_id = f"random-init(seed={args.seed})"
+    elif not args.weights:
+        raise DataError(NO_WEIGHTS)
+    elif not Path(args.weights).is_file():
+        raise DataError(f"ResNet-101 weights file is missing: {args.weights}")
+    else:
+        weights_id = f"sha256:{file_sha256(Path(args.weights))}"
+    std = AUTHORS_STD if args.std_typo else IMAGENET_STD
+    cache.mkdir(parents=True, exist_ok=True)
+    check_manifest(cache, Settings(weights_id, tuple(std), str(root.resolve())))
+
+    done = scan_index(cache)
+    todo = [(key, path) for key, path in mine if key not in done]
+    missing = [(key, path) for key, path in todo if not path.is_file()]
+    if missing and not args.skip_missing:
+        examples = ", ".join(str(p) for _, p in missing[:3])
+        raise DataError(
+            f"{len(missing)} of {len(todo)} images to extract are missing (e.g. {examples}); "
+            "pass --skip-missing to extract the others and count these in the run record"
+        )
+    missing_keys = {key for key, _ in missing}
+    todo = [(key, path) for key, path in todo if key not in missing_keys]
+    written = 0
+    device = pick_device(args.device)
+    if todo:
+        backbone = build_backbone(args.weights, random_init=args.random_init, seed=args.seed)
+        written = extract_images(
+            todo, cache, backbone, std=std, chunk_prefix=f"s{args.shard_index:03d}of{args.num_shards:03d}",
+            device=device, batch_size=args.batch_size, workers=args.workers, chunk_size=args.chunk_size,
+        )
+    entries = write_index(cache)
+    seconds = time.perf_counter() - started
+    record = {
+        "format": args.format, "split": args.split, "shard": [args.shard_index, args.num_shards],
+        "images_in_split": len(images), "images_in_shard": len(mine), "extracted": written,
+        "already_cached": len(mine) - len(todo) - len(missing), "missing": len(missing),
+        "missing_examples": [str(p) for _, p in missing[:MISSING_EXAMPLES]],
+        "cache_entries": len(entries), "device": str(device), "seconds": round(seconds, 3),
+        "skipped_records": len(index.skipped),
+    }
+    write_json_atomic(cache / "runs" / f"{args.split}-s{args.shard_index:03d}of{args.num_shards:03d}.json", record)
+    return record
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m preprocess features", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--format", required=True, choices=sorted(FORMATS))
+    parser.add_argument("--root", required=True, help="dataset root (as for `python -m davir.data stats`)")
+    parser.add_argument("--split", required=True)
+    parser.add_argument("--out", required=True, help="cache folder (shared by splits and shards)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--weights", help="local torchvision ResNet-101 state dict (.pth)")
+    source.add_argument("--random-init", action="store_true", help="seeded random backbone (tests/demo only)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --random-init")
+    parser.add_argument("--std-typo", action="store_true", help="the authors' std (0.229, 0.224, 0.224)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2, help="decode/resize processes (0 = in the main process)")
+    parser.add_argument("--chunk-size", type=int, default=256, help="images per shard file")
+    parser.add_argument("--num-shards", type=int, default=1)
+    parser.add_argument("--shard-index", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--skip-missing", action="store_true",
+                        help="extract the images present and count missing ones instead of failing")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        record = run(args)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+# --- reading the cache -------------------------------------------------------------------------------
+class FeatureCache:
+    """Read features written by `preprocess features`: ``FeatureCache(cache).get(image_path) → (1024, 14, 14)``.
+
+    `image_path` is a path under the dataset root recorded in the manifest (or `dataset_root`, if the
+    dataset moved), or a key. Tensors come back as `dtype` (float32 by default; fp16 is what is stored).
+    Chunk files are memory-mapped lazily, per process (safe in DataLoader workers).
+    """
+
+    def __init__(self, root: str | Path, *, dataset_root: str | Path | None = None, dtype: torch.dtype = torch.float32):
+        self.root = Path(root)
+        manifest_path = self.root / "manifest.json"
+        if not manifest_path.is_file():
+            raise DataError(
+                f"{self.root} is not a feature cache (no manifest.json); run "
+                f"`python -m preprocess features --out {self.root} …` first"
+            )
+        self.manifest = read_json(manifest_path)
+        self.dataset_root = Path(dataset_root or self.manifest["dataset_root"])
+        self.dtype = dtype
+        self._entries: dict[str, tuple[str, int]] | None = None
+        self._handles: dict[str, object] = {}
+        self._pid = os.getpid()
+
+    @property
+    def entries(self) -> dict[str, tuple[str, int]]:
+        if self._entries is None:
+            self._entries = scan_index(self.root)
+        return self._entries
+
+    def key(self, image_path: str | Path) -> str:
+        """The cache key of a path under the dataset root; a string that is already a key is returned as is."""
+        if isinstance(image_path, str) and image_path in self.entries:
+            return image_path
+        return image_key(image_path, self.dataset_root)
+
+    def __contains__(self, image_path: str | Path) -> bool:
+        return self.key(image_path) in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _handle(self, name: str):
+        if os.getpid() != self._pid:  # forked worker: do not share the parent's open files
+            self._handles, self._pid = {}, os.getpid()
+        if name not in self._handles:
+            self._handles[name] = safe_open(str(self.root / "features" / name), framework="pt")
+        return self._handles[name]
+
+    def get(self, image_path: str | Path) -> torch.Tensor:
+        key = self.key(image_path)
+        if key not in self.entries:
+            raise DataError(
+                f"image {image_path} (key {key!r}) has no features in {self.root}; run "
+                f"`python -m preprocess features --out {self.root} …` for its dataset split"
+            )
+        name, row = self.entries[key]
+        return self._handle(name).get_slice(FEATURE_TENSOR)[row:row + 1][0].to(self.dtype)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""`python -m preprocess features` on the real shared CLEVR-Change images, with a seeded random backbone.
+
+The shared fixture folder holds the images of 6 scenes; the val split lists 1,988 scenes, of which
+scenes 19 and 35 are present: 2 × (default, semantic, non-semantic) = 6 distinct images.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+
+from davir.data.records import DataError
+from preprocess.features import (
+    AUTHORS_STD, IMAGENET_MEAN, IMAGENET_STD, FeatureCache, build_backbone, load_resized, main, normalize_batch,
+)
+
+VAL_IMAGES = {f"{folder}/CLEVR_{kind}_{scene:06d}.png" for scene in (19, 35)
+              for folder, kind in (("images", "default"), ("sc_images", "semantic"), ("nsc_images", "nonsemantic"))}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def clevr_root(shared_datasets):
+    return shared_datasets / "clevr_change"
+
+
+def run_cli(root, out, *extra: str) -> int:
+    return main(["--format", "clevr_change", "--root", str(root), "--split", "val", "--out", str(out),
+                 "--workers", "0", "--batch-size", "4", *extra])
+
+
+@pytest.fixture(scope="module")
+def cache(clevr_root, tmp_path_factory):
+    """Shard 0 of 2 first, then an unsharded run that must only add the other shard's images."""
+    out = tmp_path_factory.mktemp("features")
+    assert run_cli(clevr_root, out, "--random-init", "--skip-missing", "--num-shards", "2", "--shard-index", "0") == 0
+    first = json.loads((out / "runs" / "val-s000of002.json").read_text())
+    assert run_cli(clevr_root, out, "--random-init", "--skip-missing") == 0
+    second = json.loads((out / "runs" / "val-s000of001.json").read_text())
+    return out, first, second
+
+
+def test_extraction_stores_every_val_image_once_as_fp16(cache, clevr_root):
+    out, first, second = cache
+    assert first["images_in_split"] == 1988 * 3  # default, semantic and distractor images, shared ones once
+    assert first["extracted"] + second["extracted"] == 6 and 0 < first["extracted"] < 6
+    assert second["already_cached"] == first["extracted"]  # resume skipped the finished images
+    assert second["missing"] == 1988 * 3 - 6 and len(second["missing_examples"]) == 20
+    features = FeatureCache(out)
+    assert set(features.entries) == VAL_IMAGES
+    for name in sorted((out / "features").glob("*.safetensors")):
+        with safe_open(str(name), framework="pt") as handle:
+            assert handle.get_slice("features").get_dtype() == "F16"
+            assert handle.get_slice("features").get_shape()[1:] == [1024, 14, 14]
+    tensor = features.get(clevr_root / "images" / "CLEVR_default_000019.png")
+    assert tensor.shape == (1024, 14, 14) and tensor.dtype == torch.float32
+    assert torch.equal(tensor, features.get("images/CLEVR_default_000019.png"))
+    assert not torch.equal(tensor, features.get("sc_images/CLEVR_semantic_000019.png"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["weights"] == "random-init(seed=0)" and manifest["std"] == list(IMAGENET_STD)
+    with pytest.raises(DataError, match="no features"):
+        features.get("images/CLEVR_default_000000.png")
+
+
+def test_rerun_does_nothing_and_other_settings_are_refused(cache, clevr_root):
+    out, _, _ = cache
+    chunks = {p.name: p.stat().st_mtime_ns for p in (out / "features").glob("*.safetensors")}
+    assert run_cli(clevr_root, out, "--random-init", "--skip-missing") == 0
+    record = json.loads((out / "runs" / "val-s000of001.json").read_text())
+    assert record["extracted"] == 0 and record["already_cached"] == 6
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "features").glob("*.safetensors")} == chunks
+    with pytest.raises(DataError, match="other settings"):
+        from preprocess.features import build_parser, run
+
+        run(build_parser().parse_args(["--format", "clevr_change", "--root", str(clevr_root), "--split", "val",
+                                       "--out", str(out), "--random-init", "--std-typo", "--skip-missing"]))
+
+
+def keys_cubic(t: float, a: float = -0.75) -> float:
+    """OpenCV's bicubic kernel (Keys, a = −0.75)."""
+    t = abs(t)
+    if t <= 1:
+        return (a + 2) * t ** 3 - (a + 3) * t ** 2 + 1
+    if t < 2:
+        return a * t ** 3 - 5 * a * t ** 2 + 8 * a * t - 4 * a
+    return 0.0
+
+
+def bicubic_pixel(image: np.ndarray, out_y: int, out_x: int, size: int = 224) -> np.ndarray:
+    """One output pixel of a bicubic resize to size×size, half-pixel centres, edge replication."""
+    height, width = image.shape[:2]
+    src_y = (out_y + 0.5) * height / size - 0.5
+    src_x = (out_x + 0.5) * width / size - 0.5
+    y0, x0 = math.floor(src_y), math.floor(src_x)
+    value = np.zeros(3)
+    for j in range(y0 - 1, y0 + 3):
+        for i in range(x0 - 1, x0 + 3):
+            weight = keys_cubic(src_y - j) * keys_cubic(src_x - i)
+            value += weight * image[min(max(j, 0), height - 1), min(max(i, 0), width - 1)]
+    return value
+
+
+def test_resize_normalisation_and_features_against_a_hand_computation(cache, clevr_root):
+    out, _, _ = cache
+    path = clevr_root / "images" / "CLEVR_default_000019.png"
+    original = np.asarray(Image.open(path).convert("RGB"), dtype=np.float64)  # 480×320, alpha is 255 everywhere
+    resized = load_resized(path)
+    assert resized.shape == (224, 224, 3) and resized.dtype == np.uint8
+    for out_y, out_x in ((0, 0), (37, 101), (112, 112), (200, 13), (223, 223)):
+        expected = np.clip(bicubic_pixel(original, out_y, out_x), 0, 255)
+        assert np.abs(resized[out_y, out_x] - expected).max() <= 1.0, (out_y, out_x)  # OpenCV's fixed point
+    batch = torch.from_numpy(resized).permute(2, 0, 1).unsqueeze(0)
+    normalized = normalize_batch(batch, IMAGENET_STD)
+    r, g, b = (float(v) for v in resized[50, 60])
+    assert normalized[0, :, 50, 60].tolist() == pytest.approx(
+        [(r / 255 - 0.485) / 0.229, (g / 255 - 0.456) / 0.224, (b / 255 - 0.406) / 0.225], abs=1e-5)
+    typo = normalize_batch(batch, AUTHORS_STD)
+    assert typo[0, 2, 50, 60].item() == pytest.approx((b / 255 - IMAGENET_MEAN[2]) / 0.224, abs=1e-5)
+    backbone = build_backbone(None, random_init=True, seed=0)
+    with torch.no_grad():
+        expected = backbone(normalized)[0].to(torch.float16).float()
+    assert torch.equal(FeatureCache(out).get(path), expected)
+
+
+def test_missing_weights_images_and_cache_give_clear_errors(clevr_root, tmp_path, capsys):
+    assert run_cli(clevr_root, tmp_path / "a", "--skip-missing") == 2
+    assert "--weights PATH" in capsys.readouterr().err
+    assert run_cli(clevr_root, tmp_path / "b", "--weights", str(tmp_path / "absent.pth")) == 2
+    assert "weights file is missing" in capsys.readouterr().err
+    assert run_cli(clevr_root, tmp_path / "c", "--random-init") == 2  # most val images are not in the fixtures
+    assert "--skip-missing" in capsys.readouterr().err
+    torch.save({"conv1.weight": torch.zeros(1)}, tmp_path / "wrong.pth")
+    with pytest.raises(DataError, match="not a torchvision ResNet-101"):
+        build_backbone(tmp_path / "wrong.pth")
+    with pytest.raises(DataError, match="not a feature cache"):
+        FeatureCache(tmp_path)
