@@ -121,6 +121,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
                 if accelerator.sync_gradients and config.optim.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(task.trainable_parameters(), config.optim.max_grad_norm)
                 optimizer.step()
+                task.after_optimizer_step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             window_pairs += len(batch["pair_id"]) * accelerator.num_processes

@@ -97,6 +97,9 @@ class DavirTask:
     def to_device(self, batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
         return move_to_device(batch, device)
 
+    def after_optimizer_step(self) -> None:
+        """Nothing to do for DAVIR (the lightweight methods clamp their logit scales here)."""
+
     def prompts(self, batch: dict[str, Any]) -> list[str]:
         return self.unwrapped().build_prompts(batch.get("entities"), batch_size=len(batch["pair_id"]))
 
