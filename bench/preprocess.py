@@ -1,0 +1,180 @@
+"""Throughput of the change-mask pipeline (`python -m preprocess masks`), printed as JSON.
+
+    python bench/preprocess.py                       # makes a small synthetic set in a temp folder
+    python bench/preprocess.py --root /data/synth --split test --pairs 300
+
+CPU part (always): the whole per-pair pipeline in one process with one OpenCV thread — image loading,
+Eq. 2 (difference map, registration, DBSCAN, prompts), the classical segmenter in both images,
+Eq. 3 and the cache write — as pairs/s per core, at each working resolution of --work-sizes, with a
+per-stage breakdown in ms/pair. `pairs_per_s_per_core` is wall-clock; `pairs_per_cpu_s` divides by
+the CPU time the process actually got, which is what one idle core delivers (on a shared machine the
+wall-clock rate understates it).
+
+GPU part (only when `torch.cuda.is_available()`): SAM ViT-H with random weights (no checkpoint is
+needed to time it) on the same pairs, end to end:
+  * `batched`: this pipeline — CPU stage, image encoder over batches of images in bf16, all prompts
+    of an image decoded at once through `SamPredictor.predict_torch`, Eq. 3 — for both images and
+    for the after image only;
+  * `official`: the per-image `SamPredictor` loop of the segment-anything README — `set_image` in
+    fp32, then `predict` one prompt at a time, after image only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from davir.data import read_dataset  # noqa: E402
+from davir.data.caches import MaskCache  # noqa: E402
+from davir.data.images import load_rgb  # noqa: E402
+from preprocess.change_regions import RegionSettings  # noqa: E402
+from preprocess.masks import finish_pair, prepare_pair, segment_requests  # noqa: E402
+from preprocess.segmenters import build_segmenter  # noqa: E402
+
+
+def synthetic_root(folder: Path, scenes: int) -> Path:
+    """A small synthetic set (320x240, CLEVR-Change layout) to time on when no --root is given."""
+    from davir.data.synthetic import SynthConfig, generate_dataset
+
+    generate_dataset(folder, SynthConfig(scenes=scenes, seed=7, val_fraction=0.0, test_fraction=0.5), workers=0)
+    return folder
+
+
+def bench_cpu(pairs, work_size: int, cache_root: Path) -> dict:
+    """One process, one OpenCV thread: ms/pair per stage and end-to-end pairs/s."""
+    import cv2
+
+    cv2.setNumThreads(1)
+    settings = RegionSettings(work_size=work_size)
+    segmenter = build_segmenter("classical")
+    cache = MaskCache(cache_root / f"cpu-{work_size}")
+    stages = {"load+eq2": 0.0, "segment": 0.0, "eq3": 0.0, "write": 0.0}
+    start, cpu_start = time.perf_counter(), time.process_time()
+    clusters = 0
+    for pair in pairs:
+        t0 = time.perf_counter()
+        prepared = prepare_pair(pair, settings)
+        t1 = time.perf_counter()
+        candidates = segmenter.segment(segment_requests(prepared, True))
+        t2 = time.perf_counter()
+        result = finish_pair(prepared, candidates, settings.tau, True)
+        t3 = time.perf_counter()
+        cache.write(result.pair_id, result.before, result.after, result.info)
+        t4 = time.perf_counter()
+        for name, seconds in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            stages[name] += seconds
+        clusters += len(prepared.regions.clusters)
+    total, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return {
+        "work_size": work_size, "pairs": len(pairs), "seconds": round(total, 2), "cpu_seconds": round(cpu, 2),
+        # wall-clock rate (includes waiting for the disk and for other processes on a shared machine)
+        "pairs_per_s_per_core": round(len(pairs) / total, 1),
+        # rate per second of CPU time this process got: the per-core throughput on an idle core
+        "pairs_per_cpu_s": round(len(pairs) / cpu, 1),
+        "ms_per_pair": {name: round(1000 * seconds / len(pairs), 2) for name, seconds in stages.items()},
+        "clusters_per_pair": round(clusters / len(pairs), 2),
+    }
+
+
+def bench_sam(pairs, settings: RegionSettings, batch_size: int, model_type: str = "vit_h", model=None) -> dict:
+    """Batched bf16 pipeline vs the official per-image SamPredictor loop, same pairs, same run."""
+    import torch
+    from segment_anything import SamPredictor, sam_model_registry
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sam = (model if model is not None else sam_model_registry[model_type]()).to(device).eval()  # random weights
+    segmenter = build_segmenter("sam", checkpoint=None, model_type=model_type, device=device,
+                                batch_size=batch_size, model=sam)
+    prepared = [prepare_pair(pair, settings) for pair in pairs]  # the CPU stage, shared by both
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def batched(segment_both: bool) -> float:
+        per_pair = 2 if segment_both else 1
+        chunk = max(1, batch_size // per_pair)
+        sync()
+        start = time.perf_counter()
+        for first in range(0, len(prepared), chunk):
+            group = prepared[first:first + chunk]
+            answers = segmenter.segment([r for p in group for r in segment_requests(p, segment_both)])
+            for k, p in enumerate(group):
+                finish_pair(p, answers[k * per_pair:(k + 1) * per_pair], settings.tau, segment_both)
+        sync()
+        return time.perf_counter() - start
+
+    official_predictor = SamPredictor(sam)
+
+    def official() -> float:
+        sync()
+        start = time.perf_counter()
+        for p in prepared:
+            official_predictor.set_image(p.after)
+            for prompt in p.regions.prompts_after:
+                official_predictor.predict(point_coords=np.array([prompt.point]), point_labels=np.array([1]),
+                                           box=np.array(prompt.box), multimask_output=True)
+        sync()
+        return time.perf_counter() - start
+
+    # Warm-up (cuDNN autotuning, allocator) on a few pairs, not timed.
+    warm = prepared
+    prepared = warm[:min(4, len(warm))]
+    batched(True), official()
+    prepared = warm
+    timings = {"batched_both": batched(True), "batched_after_only": batched(False),
+               "official_after_only_fp32": official()}
+    n = len(prepared)
+    result = {name: {"seconds": round(t, 2), "pairs_per_s": round(n / t, 2)} for name, t in timings.items()}
+    result["speedup_batched_after_only_vs_official"] = round(
+        timings["official_after_only_fp32"] / timings["batched_after_only"], 2)
+    result["speedup_batched_both_vs_official"] = round(timings["official_after_only_fp32"] / timings["batched_both"], 2)
+    result.update({"batched_encoder_dtype": "bf16" if segmenter.bf16 else "fp32","model": model_type, "weights": "random", "pairs": n, "batch_size": batch_size, "device": device,
+                   "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+                   "prompts_per_pair": round(sum(len(p.regions.prompts_after) for p in prepared) / n, 2)})
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", default=None, help="a clevr_change-layout set with gt masks (default: make one)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--pairs", type=int, default=200, help="pairs timed on the CPU")
+    parser.add_argument("--work-sizes", type=int, nargs="+", default=[224, 320])
+    parser.add_argument("--sam-pairs", type=int, default=64, help="pairs timed with SAM on a GPU")
+    parser.add_argument("--sam-batch-size", type=int, default=8)
+    parser.add_argument("--sam-type", default="vit_h", choices=["vit_h", "vit_l", "vit_b"])
+    args = parser.parse_args(argv)
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="bench-preprocess-") as tmp:
+        tmp = Path(tmp)
+        root = Path(args.root) if args.root else synthetic_root(tmp / "synth", max(8, args.pairs))
+        split = args.split if args.root else "test"
+        pairs = read_dataset("clevr_change", root, split).pairs
+        width, height = load_rgb(pairs[0].after).size
+        report = {
+            "root": str(root), "split": split, "image_size": [height, width], "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpu_stages": [bench_cpu(pairs[:args.pairs], size, tmp / "cache") for size in args.work_sizes],
+        }
+        if torch.cuda.is_available():
+            report["sam"] = bench_sam(pairs[:args.sam_pairs], RegionSettings(), args.sam_batch_size, args.sam_type)
+        else:
+            report["sam"] = "skipped: no CUDA device (torch.cuda.is_available() is False)"
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,477 @@
+"""`python -m preprocess masks` — offline change masks of DAVIR §3.1 (Eqs. 2-3) into a MaskCache.
+
+    python -m preprocess masks --format clevr_change --root data/synth --split train --out cache/synth
+    python -m preprocess masks --format spot_the_diff --root data/spot --split val --out cache/spot \\
+        --segmenter sam --sam-checkpoint ckpt/sam_vit_h_4b8939.pth --sam-type vit_h
+
+Per pair: difference map at a working resolution → threshold δ → DBSCAN clusters → box + centre
+prompts (Eq. 2, preprocess.change_regions) → segmenter in the before and the after image
+(preprocess.segmenters) → IoU filter against the cluster regions and union (Eq. 3) → per-image PNG
+masks and a JSON of boxes, scores and kept clusters (davir.data.caches.MaskCache).
+
+Masks are at image resolution, each in its own image's frame (before-frame = the before image after
+`load_pair`'s size policy, i.e. resized to the after size when the two differ, as for IER). Defaults
+beyond the paper (tuned on the synthetic train split): ECC registration, photometric matching, a
+2-px misalignment tolerance, both images segmented. The paper's literal pipeline is
+`--register none --photometric none --tolerance-px 0 --cluster-stride 1 --after-only`.
+
+Resumable: a pair is done once its JSON exists (written last, atomically), so a rerun skips finished
+pairs and a killed run picks up where it stopped; temporary files of unfinished pairs are removed
+first. A rerun with different settings into the same cache is refused (use a new --out or
+--overwrite). `--num-shards K --shard-index I` process every K-th pair (pairs i with i % K == I in
+the reader's order), each shard writing its own `manifest-shard-I.json`; `read_manifest` merges them.
+Pairs whose images are missing or corrupt are counted and listed in the manifest (exit status 1),
+never silently dropped; a rerun retries them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from davir.data.caches import MaskCache, cache_key
+from davir.data.images import load_pair
+from davir.data.records import ChangePair, DataError
+from davir.io import read_json, write_json_atomic
+from preprocess.change_regions import (
+    PHOTOMETRIC, REGISTRATIONS, ChangeRegions, RegionSettings, change_mask_union, find_change_regions,
+)
+from preprocess.segmenters import CLASSICAL_METHODS, SEGMENTERS, Candidates, SegmentRequest, build_segmenter
+
+MANIFEST_VERSION = 1
+
+
+# ----------------------------------------------------------------------------------------------
+# One pair
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Prepared:
+    """The CPU stage of one pair: its images and the change regions of Eq. 2."""
+
+    pair_id: str
+    before: np.ndarray
+    after: np.ndarray
+    regions: ChangeRegions
+
+
+@dataclass
+class PairResult:
+    """Final per-image masks (None for an image that was not segmented) and the JSON record."""
+
+    pair_id: str
+    before: np.ndarray | None
+    after: np.ndarray | None
+    info: dict
+
+
+def prepare_pair(pair: ChangePair, settings: RegionSettings) -> Prepared:
+    """Load the pair (before resized to the after size when they differ) and run Eq. 2 on it."""
+    before, after = load_pair(pair)
+    before_array, after_array = np.asarray(before), np.asarray(after)
+    return Prepared(pair.pair_id, before_array, after_array, find_change_regions(before_array, after_array, settings))
+
+
+def segment_requests(prepared: Prepared, segment_both: bool) -> list[SegmentRequest]:
+    """What the segmenter sees for one pair: the after image, and the before image when segmenting both."""
+    regions = prepared.regions
+    requests = [SegmentRequest(prepared.after, regions.prompts_after, regions.regions_after)]
+    if segment_both:
+        requests.append(SegmentRequest(prepared.before, regions.prompts_before, regions.regions_before))
+    return requests
+
+
+def finish_pair(prepared: Prepared, candidates: list[list[Candidates]], tau: float, segment_both: bool) -> PairResult:
+    """Eq. 3 in each segmented image, and the JSON record of clusters, boxes, IoUs and scores."""
+    regions = prepared.regions
+    shape = regions.image_size
+    after_mask, kept_a, ious_a, choice_a = change_mask_union(
+        [c.masks for c in candidates[0]], regions.regions_after, tau, shape)
+    before_mask = None
+    if segment_both:
+        before_mask, kept_b, ious_b, choice_b = change_mask_union(
+            [c.masks for c in candidates[1]], regions.regions_before, tau, shape)
+    records = []
+    for i, cluster in enumerate(regions.clusters):
+        record = {
+            "cluster": cluster.label,
+            "size_work_px": cluster.size,
+            "box_after": regions.prompts_after[i].to_dict()["box"],
+            "point_after": regions.prompts_after[i].to_dict()["point"],
+            "iou_after": round(ious_a[i], 4),
+            "kept_after": kept_a[i],
+            "score_after": round(float(candidates[0][i].scores[choice_a[i]]), 4),
+        }
+        if segment_both:
+            record.update({
+                "box_before": regions.prompts_before[i].to_dict()["box"],
+                "point_before": regions.prompts_before[i].to_dict()["point"],
+                "iou_before": round(ious_b[i], 4),
+                "kept_before": kept_b[i],
+                "score_before": round(float(candidates[1][i].scores[choice_b[i]]), 4),
+            })
+        records.append(record)
+    area = shape[0] * shape[1]
+    info = {
+        "image_size": list(shape),
+        "work_size": list(regions.work_size),
+        "registration": regions.registration,
+        "clusters": records,
+        "kept_after": int(sum(kept_a)),
+        "area_after": round(float(after_mask.sum()) / area, 6),
+    }
+    if segment_both:
+        info.update({"kept_before": int(sum(kept_b)), "area_before": round(float(before_mask.sum()) / area, 6)})
+    return PairResult(prepared.pair_id, before_mask, after_mask, info)
+
+
+def compute_pair(pair: ChangePair, settings: RegionSettings, segmenter, segment_both: bool = True
+                 ) -> tuple[Prepared, PairResult]:
+    """All stages of one pair in this process (the classical path; SAM batches across pairs)."""
+    prepared = prepare_pair(pair, settings)
+    candidates = segmenter.segment(segment_requests(prepared, segment_both))
+    return prepared, finish_pair(prepared, candidates, settings.tau, segment_both)
+
+
+def draw_viz(prepared: Prepared, result: PairResult, folder: Path, caption: str | None = None) -> Path:
+    """Save the five-panel picture of one pair (davir.viz.masks) as `<folder>/<key>.png`."""
+    from davir.viz.masks import draw_mask_panels
+
+    regions = prepared.regions
+    labels = np.full(regions.work_size, -1, dtype=np.int32)
+    for cluster in regions.clusters:
+        labels[cluster.pixels[:, 0], cluster.pixels[:, 1]] = cluster.label
+    kept = [r["kept_after"] or r.get("kept_before", False) for r in result.info["clusters"]]
+    picture = draw_mask_panels(
+        prepared.before, prepared.after, regions.diff, labels,
+        boxes=[p.box for p in regions.prompts_after], points=[p.point for p in regions.prompts_after], kept=kept,
+        mask_before=result.before, mask_after=result.after,
+        title=f"{prepared.pair_id}  clusters {len(kept)}  kept {sum(kept)}  registration "
+              f"{regions.registration.get('status', 'none')}",
+        caption=caption,
+    )
+    path = Path(folder) / f"{cache_key(prepared.pair_id)}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    picture.save(path)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Manifest and resume
+# ----------------------------------------------------------------------------------------------
+
+def manifest_path(root: Path, num_shards: int, shard_index: int) -> Path:
+    """`manifest.json` for an unsharded run, `manifest-shard-I.json` for shard I (shards never collide)."""
+    return Path(root) / ("manifest.json" if num_shards == 1 else f"manifest-shard-{shard_index}.json")
+
+
+def write_manifest(cache: MaskCache, manifest: dict, num_shards: int, shard_index: int) -> None:
+    """`MaskCache.write_manifest` for an unsharded run; the shard's own file otherwise."""
+    if num_shards == 1:
+        cache.write_manifest(manifest)
+    else:
+        write_json_atomic(manifest_path(cache.root, num_shards, shard_index), manifest)
+
+
+def read_manifest(root: str | Path) -> dict:
+    """The manifest of a mask cache; the shard manifests merged (counts summed) when it was sharded."""
+    root = Path(root)
+    shards = sorted(root.glob("manifest-shard-*.json"))
+    if not shards:
+        return read_json(root / "manifest.json")
+    parts = [read_json(path) for path in shards]
+    merged = {key: value for key, value in parts[0].items() if key not in ("counts", "failures", "shard", "seconds")}
+    for path, part in zip(shards, parts):
+        if part.get("settings") != parts[0].get("settings"):
+            raise DataError(f"{path}: shard made with other settings than {shards[0]}")
+    merged["shards"] = [{"index": p["shard"]["index"], "status": p.get("status"), "counts": p["counts"]} for p in parts]
+    merged["num_shards"] = parts[0]["shard"]["count"]
+    merged["counts"] = {key: sum(p["counts"].get(key, 0) for p in parts) for key in parts[0]["counts"]}
+    merged["failures"] = [f for p in parts for f in p.get("failures", [])]
+    merged["status"] = "complete" if all(p.get("status") == "complete" for p in parts) and \
+        len(parts) == merged["num_shards"] else "incomplete"
+    return merged
+
+
+def remove_stale_temporaries(cache: MaskCache, pair_ids: list[str]) -> int:
+    """Delete temporary files a killed run left for these (unfinished) pairs; returns how many."""
+    if not cache.folder.is_dir():
+        return 0
+    prefixes = {f".{cache_key(p)}" for p in pair_ids}
+    removed = 0
+    for path in cache.folder.glob(".*.tmp"):
+        stem = path.name
+        for suffix in ("_before.png", "_after.png", ".json"):
+            head = stem.split(suffix + ".", 1)[0] if suffix + "." in stem else None
+            if head in prefixes:
+                path.unlink(missing_ok=True)
+                removed += 1
+                break
+    return removed
+
+
+def shard_pairs(pairs: list[ChangePair], num_shards: int, shard_index: int) -> list[ChangePair]:
+    """Pairs i with i % num_shards == shard_index, in the reader's order (deterministic)."""
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+        raise DataError(f"--shard-index must be in [0, {num_shards}), got {shard_index} (--num-shards {num_shards})")
+    return pairs[shard_index::num_shards]
+
+
+# ----------------------------------------------------------------------------------------------
+# Workers
+# ----------------------------------------------------------------------------------------------
+
+_WORKER: dict = {}
+
+
+def _init_worker(settings: RegionSettings, segmenter_name: str, segmenter_options: dict, segment_both: bool,
+                 cache_root: str, viz_folder: str | None, stage: str) -> None:
+    import cv2
+
+    cv2.setNumThreads(1)  # parallelism is across pairs; OpenCV's own threads would oversubscribe the cores
+    _WORKER.update(settings=settings, segment_both=segment_both, cache=MaskCache(cache_root),
+                   viz=None if viz_folder is None else Path(viz_folder), stage=stage)
+    if stage == "all":
+        _WORKER["segmenter"] = build_segmenter(segmenter_name, **segmenter_options)
+
+
+def _run_pair(job: tuple[ChangePair, bool]):
+    """Worker body: the whole pair (classical) or only the CPU stage (SAM); DataError → a counted failure."""
+    pair, with_viz = job
+    try:
+        if _WORKER["stage"] == "prepare":
+            return pair.pair_id, prepare_pair(pair, _WORKER["settings"]), None
+        prepared, result = compute_pair(pair, _WORKER["settings"], _WORKER["segmenter"], _WORKER["segment_both"])
+    except DataError as error:
+        return pair.pair_id, None, str(error)
+    _write_result(_WORKER["cache"], result)
+    if with_viz and _WORKER["viz"] is not None:
+        draw_viz(prepared, result, _WORKER["viz"], caption=pair.captions[0] if pair.captions else None)
+    return pair.pair_id, _summary(result), None
+
+
+def _write_result(cache: MaskCache, result: PairResult) -> None:
+    cache.write(result.pair_id, result.before, result.after, result.info)
+
+
+def _summary(result: PairResult) -> dict:
+    return {"clusters": len(result.info["clusters"]), "kept_after": result.info["kept_after"],
+            "kept_before": result.info.get("kept_before", 0),
+            "empty": not (result.info["kept_after"] or result.info.get("kept_before", 0))}
+
+
+def _iterate(jobs, workers: int, initargs: tuple, chunksize: int = 4):
+    """Results of `_run_pair` over the jobs: in a pool of `workers` processes, or in this process."""
+    if workers <= 1:
+        _init_worker(*initargs)
+        for job in jobs:
+            yield _run_pair(job)
+        return
+    # fork is cheap for the classical path; with SAM loaded (maybe on a GPU) the workers are spawned,
+    # since a forked copy of a CUDA process is unsafe.
+    method = "fork" if sys.platform.startswith("linux") and initargs[-1] == "all" else "spawn"
+    with multiprocessing.get_context(method).Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
+        # Ordered (imap) so the SAM stage can batch and the viz picks are reproducible.
+        yield from pool.imap(_run_pair, jobs, chunksize=chunksize)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from preprocess.segmenters import SAM_BUILDERS
+
+    defaults = RegionSettings()
+    parser = argparse.ArgumentParser(prog="python -m preprocess masks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = parser.add_argument_group("data")
+    data.add_argument("--format", required=True, help="dataset format (davir.data.FORMATS)")
+    data.add_argument("--root", required=True, help="dataset root folder")
+    data.add_argument("--split", required=True)
+    data.add_argument("--out", required=True, help="cache folder (MaskCache layout)")
+    data.add_argument("--limit", type=int, default=None, help="only the first N pairs of the split (after sharding)")
+
+    seg = parser.add_argument_group("segmenter")
+    seg.add_argument("--segmenter", choices=sorted(SEGMENTERS), default="classical")
+    seg.add_argument("--classical-method", choices=CLASSICAL_METHODS, default="contrast")
+    seg.add_argument("--contrast-threshold", type=float, default=0.1,
+                     help="classical/contrast: mean-RGB difference from the inpainted background that counts as object")
+    seg.add_argument("--sam-checkpoint", default=None, help="local SAM state dict (.pth)")
+    seg.add_argument("--sam-type", default="vit_h", choices=sorted({"vit_h", "vit_l", "vit_b", *SAM_BUILDERS}))
+    seg.add_argument("--sam-batch-size", type=int, default=8, help="images per image-encoder batch")
+    seg.add_argument("--device", default=None, help="SAM device (default: cuda when available)")
+    both = seg.add_mutually_exclusive_group()
+    both.add_argument("--segment-both", dest="segment_both", action="store_true", default=True,
+                      help="segment the before and the after image (default; finds removed objects)")
+    both.add_argument("--after-only", dest="segment_both", action="store_false",
+                      help="segment only the after image, as the paper does")
+
+    eq = parser.add_argument_group("Eqs. 2-3 (pixel sizes at the working resolution)")
+    eq.add_argument("--work-size", type=int, default=defaults.work_size, help="long side of the working resolution")
+    eq.add_argument("--blur-sigma", type=float, default=defaults.blur_sigma)
+    eq.add_argument("--threshold", type=float, default=defaults.threshold, help="δ on the [0, 1] difference map")
+    eq.add_argument("--open-px", type=int, default=defaults.open_px)
+    eq.add_argument("--eps", type=float, default=defaults.eps, help="DBSCAN eps")
+    eq.add_argument("--min-samples", type=int, default=defaults.min_samples, help="DBSCAN min_samples")
+    eq.add_argument("--min-area", type=float, default=defaults.min_area, help="drop clusters under this image share")
+    eq.add_argument("--max-points", type=int, default=defaults.max_points)
+    eq.add_argument("--cluster-stride", type=int, default=defaults.cluster_stride,
+                    help="DBSCAN on s×s blocks of changed pixels (1 = every pixel; eps/min-samples count blocks)")
+    eq.add_argument("--tolerance-px", type=int, default=defaults.tolerance_px,
+                    help="misalignment tolerance of the difference map (0 = plain mean-RGB |I_s − I_t|, the paper)")
+    eq.add_argument("--close-px", type=int, default=defaults.close_px)
+    hull = eq.add_mutually_exclusive_group()
+    hull.add_argument("--region-hull", dest="region_hull", action="store_true", default=defaults.region_hull,
+                      help="R_c = convex hull of the cluster (default)")
+    hull.add_argument("--region-closed", dest="region_hull", action="store_false",
+                      help="R_c = the cluster's pixels, closed and hole-filled")
+    eq.add_argument("--dilate-px", type=int, default=defaults.dilate_px, help="dilation of R_c for the IoU filter")
+    eq.add_argument("--tau", type=float, default=defaults.tau, help="τ of Eq. 3")
+    eq.add_argument("--register", choices=REGISTRATIONS, default=defaults.register)
+    eq.add_argument("--photometric", choices=PHOTOMETRIC, default=defaults.photometric)
+
+    run = parser.add_argument_group("run")
+    run.add_argument("--workers", type=int, default=1, help="processes for the CPU stages (0 = one per core)")
+    run.add_argument("--num-shards", type=int, default=1)
+    run.add_argument("--shard-index", type=int, default=0)
+    run.add_argument("--viz", default=None, help="folder for five-panel pictures of the first pairs")
+    run.add_argument("--viz-count", type=int, default=16)
+    run.add_argument("--overwrite", action="store_true", help="recompute every pair, replacing a cache made with other settings")
+    run.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def region_settings(args: argparse.Namespace) -> RegionSettings:
+    names = {f.name for f in fields(RegionSettings)}
+    return RegionSettings(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict:
+    """Compute (or resume) the masks of one split/shard; returns the manifest written."""
+    from tqdm import tqdm
+
+    from davir.data import read_dataset
+
+    started = time.time()
+    settings = region_settings(args)
+    if args.segmenter == "sam":
+        segmenter_options = {"checkpoint": args.sam_checkpoint, "model_type": args.sam_type, "device": args.device,
+                             "batch_size": args.sam_batch_size}
+    else:
+        segmenter_options = {"method": args.classical_method, "contrast_threshold": args.contrast_threshold}
+    # Build once here: a bad checkpoint or option fails before any work, and SAM lives in this process.
+    segmenter = build_segmenter(args.segmenter, **segmenter_options)
+    all_settings = {"regions": settings.to_dict(), "segmenter": segmenter.settings(),
+                    "segment_both": args.segment_both, "size_policy": "resize_before_to_after"}
+    comparable = {**all_settings, "segmenter": {k: v for k, v in segmenter.settings().items()
+                                                if k not in ("device", "batch_size")}}
+
+    index = read_dataset(args.format, args.root, args.split)
+    pairs = shard_pairs(index.pairs, args.num_shards, args.shard_index)
+    if args.limit is not None:
+        pairs = pairs[:args.limit]
+    cache = MaskCache(args.out)
+    path = manifest_path(cache.root, args.num_shards, args.shard_index)
+    if path.is_file() and not args.overwrite:
+        previous = read_json(path)
+        if previous.get("comparable_settings") != comparable:
+            raise DataError(f"{path}: this cache was made with other settings; use a new --out, or --overwrite "
+                            f"to recompute every pair (before: {previous.get('comparable_settings')}, now: {comparable})")
+    todo = pairs if args.overwrite else [p for p in pairs if not cache.has(p.pair_id)]
+    removed = remove_stale_temporaries(cache, [p.pair_id for p in todo])
+    manifest = {
+        "version": MANIFEST_VERSION, "command": "python -m preprocess masks " + " ".join(argv),
+        "format": args.format, "root": str(Path(args.root).resolve()), "split": args.split,
+        "shard": {"count": args.num_shards, "index": args.shard_index},
+        "settings": all_settings, "comparable_settings": comparable, "status": "running",
+        "counts": {"pairs": len(pairs), "reused": len(pairs) - len(todo), "computed": 0, "failed": 0,
+                   "empty_masks": 0, "clusters": 0, "kept_after": 0, "kept_before": 0,
+                   "stale_temporaries_removed": removed, "reader_skipped": len(index.skipped)},
+        "failures": [],
+    }
+    write_manifest(cache, manifest, args.num_shards, args.shard_index)
+
+    workers = (os.cpu_count() or 1) if args.workers == 0 else args.workers
+    viz_ids = {p.pair_id for p in todo[:args.viz_count]} if args.viz else set()
+    jobs = [(p, p.pair_id in viz_ids) for p in todo]
+    stage = "prepare" if args.segmenter == "sam" else "all"
+    initargs = (settings, args.segmenter, segmenter_options, args.segment_both, str(cache.root), args.viz, stage)
+    counts = manifest["counts"]
+    progress = tqdm(total=len(jobs), desc=f"masks {args.split}", unit="pair", disable=args.no_progress)
+    by_id = {p.pair_id: p for p in todo}
+
+    def record(pair_id: str, summary: dict | None, error: str | None) -> None:
+        if error is not None:
+            counts["failed"] += 1
+            manifest["failures"].append({"record": pair_id, "reason": error})
+        else:
+            counts["computed"] += 1
+            counts["empty_masks"] += int(summary["empty"])
+            for key in ("clusters", "kept_after", "kept_before"):
+                counts[key] += summary[key]
+        progress.update(1)
+
+    if stage == "all":
+        for pair_id, summary, error in _iterate(jobs, workers, initargs):
+            record(pair_id, summary, error)
+    else:  # SAM: CPU stage in the workers, batched segmentation and Eq. 3 here
+        batch: list[Prepared] = []
+
+        def flush() -> None:
+            requests = [r for prepared in batch for r in segment_requests(prepared, args.segment_both)]
+            answers = segmenter.segment(requests)
+            per_pair = 2 if args.segment_both else 1
+            for k, prepared in enumerate(batch):
+                result = finish_pair(prepared, answers[k * per_pair:(k + 1) * per_pair], settings.tau,
+                                     args.segment_both)
+                _write_result(cache, result)
+                if prepared.pair_id in viz_ids:
+                    pair = by_id[prepared.pair_id]
+                    draw_viz(prepared, result, Path(args.viz), caption=pair.captions[0] if pair.captions else None)
+                record(prepared.pair_id, _summary(result), None)
+            batch.clear()
+
+        images_per_pair = 2 if args.segment_both else 1
+        for pair_id, prepared, error in _iterate(jobs, workers, initargs):
+            if error is not None:
+                record(pair_id, None, error)
+                continue
+            batch.append(prepared)
+            if len(batch) * images_per_pair >= args.sam_batch_size:
+                flush()
+        if batch:
+            flush()
+    progress.close()
+
+    manifest["status"] = "complete" if counts["failed"] == 0 else "incomplete"
+    manifest["counts"]["in_cache"] = sum(cache.has(p.pair_id) for p in pairs)
+    manifest["seconds"] = round(time.time() - started, 2)
+    write_manifest(cache, manifest, args.num_shards, args.shard_index)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        manifest = run(args, argv)
+    except (DataError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    counts = manifest["counts"]
+    print(json.dumps({"out": args.out, "status": manifest["status"], **counts}, indent=2))
+    if counts["failed"]:
+        for failure in manifest["failures"][:10]:
+            print(f"failed: {failure['record']}: {failure['reason']}", file=sys.stderr)
+        print(f"{counts['failed']} pair(s) failed (listed in the manifest); rerun to retry them", file=sys.stderr)
+        return 1
+    return 0
