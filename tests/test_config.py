@@ -49,3 +49,16 @@ def test_malformed_yaml(tmp_path):
     path.write_text("a: [1, 2\n")
     with pytest.raises(ConfigError, match="malformed YAML"):
         load_config(Outer, path)
+
+
+def test_every_shipped_train_config_loads():
+    """Each YAML in configs/ fits the typed TrainConfig (a typo in a shipped config fails here, not in a run)."""
+    from pathlib import Path
+
+    from davir.training.config import TrainConfig
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert any(p.name == "demo.yaml" for p in configs)
+    for path in configs:
+        config = load_config(TrainConfig, path)
+        assert config.optim.batch_size > 0, path
