@@ -9,6 +9,27 @@ import sys
 from davir.data.records import DataError
 
 
+def write_pairs_manifest(format: str, root: str, split: str, out: str, *, num: int) -> str:
+    """A `before,after,id` CSV of the first `num` pairs of a split, paths relative to the CSV's folder."""
+    import csv
+    import io
+    import os
+    from pathlib import Path
+
+    from davir.data.formats import read_dataset
+    from davir.io import write_text_atomic
+
+    folder = Path(out).resolve().parent
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["before", "after", "id"])
+    for pair in read_dataset(format, root, split).pairs[:num]:
+        writer.writerow([os.path.relpath(Path(pair.before).resolve(), folder),
+                         os.path.relpath(Path(pair.after).resolve(), folder), pair.pair_id])
+    write_text_atomic(Path(out), buffer.getvalue())
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m davir.data", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -35,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--out", required=True)
     show.add_argument("--num", type=int, default=12)
 
+    pairs = commands.add_parser("pairs", help="write a pairs.csv manifest of some pairs of a split (input for caption.py)")
+    pairs.add_argument("--format", required=True)
+    pairs.add_argument("--root", required=True)
+    pairs.add_argument("--split", default="test")
+    pairs.add_argument("--num", type=int, default=8)
+    pairs.add_argument("--out", required=True, help="the .csv to write; image paths are written relative to its folder")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "stats":
@@ -50,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             summary = generate_dataset(args.out, config, workers=args.workers)
             print(json.dumps(summary, indent=2))
+        elif args.command == "pairs":
+            print(write_pairs_manifest(args.format, args.root, args.split, args.out, num=args.num))
         elif args.command == "show":
             from davir.data.show import draw_grid
 
