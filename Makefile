@@ -19,7 +19,7 @@ install: $(VENV)/.installed system-deps
 # Java runs the PTB tokenizer and METEOR (pycocoevalcap); WordNet's word lists feed the offline chunker.
 system-deps:
 	@command -v java >/dev/null 2>&1 || (apt-get update && apt-get install -y default-jre-headless)
-	@test -f /usr/share/wordnet/index.noun || (apt-get update && apt-get install -y wordnet-base) || \
+	@test -f /usr/share/wordnet/index.noun || (apt-get update && apt-get install -y --no-install-recommends wordnet-base) || \
 		echo "wordnet-base not installed: the entity chunker uses its corpus-fitted rules"
 
 test: install

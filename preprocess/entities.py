@@ -1,0 +1,321 @@
+"""`python -m preprocess entities` — DAVIR's change entities: vocabulary + top-k retrieval (Eqs. 8-9).
+
+    python -m preprocess entities --format clevr_change --root DATA --split test \\
+        --masks MASKCACHE --out CACHE [--retriever fitted|clip] [--fit-split train] [--top-k 5]
+
+1. Entity vocabulary (methods.md §5.8): the noun phrases of the `--fit-split` captions (davir.text),
+   kept when ≥ `--vocab-min-count` captions name them; saved as CACHE/vocab.json and reused.
+2. Retriever (preprocess.retrievers): `fitted` (default; no weights) is fitted on the fit split's
+   masked change regions, each pair labelled with the vocabulary phrases of its references, and
+   stored in CACHE/retriever/; `clip` loads open_clip from `--clip-checkpoint` (a local file).
+3. For every pair of `--split`: masked regions of both images (Eq. 8), scores over the vocabulary
+   (Eq. 9), the `--top-k` best phrases with scores written through `EntityCache` in chunks
+   (CACHE/entities/part-<split>-<position>.json). Finished pairs are skipped, so a killed run resumes.
+   CACHE/entities/manifest.json records the settings; a rerun with other settings is refused.
+
+`--masks` is a MaskCache folder (`python -m preprocess masks … --out MASKCACHE`) or the word `gt`
+for the ground-truth masks a dataset ships (the built-in synthetic set's `gt_masks/`). The fitted
+retriever is fitted with the fit split's masks from the same source unless `--fit-masks` names
+another (e.g. fit on ground truth, retrieve with predicted masks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import numpy as np
+
+from davir.data import read_dataset
+from davir.data.caches import EntityCache, MaskCache, PairMasks
+from davir.data.images import load_mask, load_pair
+from davir.data.records import ChangePair, DataError, DatasetIndex
+from davir.io import read_json, write_json_atomic
+from davir.text.phrases import BACKENDS, EntityVocabulary, PhraseExtractor, build_vocabulary, get_extractor
+from preprocess.retrievers import (
+    FITTED_MODES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, FittedRetriever, PairRegions, pair_features,
+    pair_regions, top_k,
+)
+
+GT_MASKS = "gt"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Mask sources: a MaskCache folder, or the dataset's own ground-truth masks
+# ---------------------------------------------------------------------------------------------------
+
+class MaskSource(Protocol):
+    def read(self, pair: ChangePair) -> PairMasks: ...
+
+    def describe(self) -> str: ...
+
+
+class CachedMasks:
+    """Masks written by `python -m preprocess masks` (davir.data.caches.MaskCache)."""
+
+    def __init__(self, root: str | Path):
+        if not Path(root).is_dir():
+            raise DataError(f"mask cache folder {root} does not exist; run `python -m preprocess masks --out {root} …`")
+        self.cache = MaskCache(root)
+
+    def read(self, pair: ChangePair) -> PairMasks:
+        return self.cache.read(pair.pair_id)
+
+    def describe(self) -> str:
+        return str(self.cache.root)
+
+
+class GroundTruthMasks:
+    """The ground-truth change masks a reader attaches to each pair (`gt_mask_before`/`gt_mask_after`)."""
+
+    def read(self, pair: ChangePair) -> PairMasks:
+        if not pair.has_gt_mask:
+            raise DataError(f"pair {pair.pair_id!r} has no ground-truth masks (only the built-in synthetic set "
+                            "ships them); pass a mask cache to --masks instead of 'gt'")
+        return PairMasks(before=load_mask(pair.gt_mask_before, record=pair.pair_id),
+                         after=load_mask(pair.gt_mask_after, record=pair.pair_id), info={"pair_id": pair.pair_id})
+
+    def describe(self) -> str:
+        return GT_MASKS
+
+
+def open_mask_source(spec: str) -> MaskSource:
+    return GroundTruthMasks() if spec == GT_MASKS else CachedMasks(spec)
+
+
+def load_pair_regions(pair: ChangePair, masks: MaskSource, *, mask_source: str, pad: float,
+                      weighting: str) -> PairRegions:
+    """Load a pair's images and masks and cut out both change regions (Eq. 8)."""
+    before, after = load_pair(pair)
+    return pair_regions(pair.pair_id, np.asarray(before), np.asarray(after), masks.read(pair),
+                        mask_source=mask_source, pad=pad, weighting=weighting)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Vocabulary and training labels
+# ---------------------------------------------------------------------------------------------------
+
+def split_captions(index: DatasetIndex) -> list[str]:
+    return [caption for pair in index for caption in pair.captions]
+
+
+def load_or_build_vocabulary(path: Path, fit_index: DatasetIndex, *, min_count: int,
+                             backend: str) -> tuple[EntityVocabulary, PhraseExtractor]:
+    """CACHE/vocab.json if present (checked against the settings), else built from the fit split."""
+    captions = split_captions(fit_index)
+    if path.is_file():
+        vocabulary = EntityVocabulary.load(path)
+        expected = {"format": fit_index.format, "split": fit_index.split}
+        found = {key: vocabulary.source.get(key) for key in expected}
+        if found != expected or vocabulary.min_count != min_count or (
+                backend != "auto" and vocabulary.extractor.get("backend") != backend):
+            raise DataError(f"{path} was built from {found} with min_count {vocabulary.min_count} and back-end "
+                            f"{vocabulary.extractor.get('backend')!r}; this run asks for {expected}, {min_count}, "
+                            f"{backend!r} (use another --out)")
+        return vocabulary, get_extractor(vocabulary.extractor.get("backend", "auto"), corpus=captions)
+    if not captions:
+        raise DataError(f"split {fit_index.split!r} of {fit_index.root} has no captions to build the entity "
+                        "vocabulary from (CLEVR-style sets need change_captions.json)")
+    extractor = get_extractor(backend, corpus=captions)
+    vocabulary = build_vocabulary(captions, min_count=min_count, extractor=extractor,
+                                  source={"format": fit_index.format, "root": str(fit_index.root),
+                                          "split": fit_index.split})
+    if not vocabulary.phrases:
+        raise DataError(f"no noun phrase occurs in ≥ {min_count} captions of split {fit_index.split!r}")
+    vocabulary.save(path)
+    return vocabulary, extractor
+
+
+def reference_labels(captions: Iterable[str], extractor: PhraseExtractor, vocabulary: set[str]) -> dict[str, float]:
+    """Each vocabulary phrase the references name → the share of references naming it."""
+    captions = list(captions)
+    counts: Counter[str] = Counter()
+    for caption in captions:
+        counts.update(p for p in set(extractor.phrases(caption)) if p in vocabulary)
+    return {phrase: count / len(captions) for phrase, count in counts.items()}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Retrievers
+# ---------------------------------------------------------------------------------------------------
+
+def _progress(iterable, total: int, desc: str, enabled: bool):
+    if not enabled:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, file=sys.stderr)
+
+
+def fit_fitted_retriever(fit_index: DatasetIndex, masks: MaskSource, vocabulary: EntityVocabulary,
+                         extractor: PhraseExtractor, *, mode: str, C: float, region_options: dict,
+                         limit: int | None = None, progress: bool = True) -> FittedRetriever:
+    """Fit the `fitted` retriever on the fit split's pairs (the first `limit`) whose references name a vocabulary phrase."""
+    phrases = set(vocabulary.phrases)
+    pairs = fit_index.pairs[:limit] if limit is not None else fit_index.pairs
+    labelled = [(pair, reference_labels(pair.captions, extractor, phrases)) for pair in pairs]
+    labelled = [(pair, label) for pair, label in labelled if label]
+    if not labelled:
+        raise DataError(f"no pair of split {fit_index.split!r} names a vocabulary phrase in its references")
+    features, labels = [], []
+    for pair, label in _progress(labelled, len(labelled), f"fit regions ({fit_index.split})", progress):
+        regions = load_pair_regions(pair, masks, **region_options)
+        features.append(pair_features(regions))  # keep the descriptors, not the crops
+        labels.append(label)
+    retriever = FittedRetriever(mode=mode, C=C)
+    retriever.fit_features(features, labels, vocabulary.phrases)
+    retriever.training["fit_split"] = fit_index.split
+    return retriever
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m preprocess entities", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--format", required=True, help="dataset format (davir.data.FORMATS)")
+    parser.add_argument("--root", required=True, help="dataset root folder")
+    parser.add_argument("--split", required=True, help="split whose pairs get entities")
+    parser.add_argument("--masks", required=True, help="MaskCache folder, or 'gt' for the dataset's ground-truth masks")
+    parser.add_argument("--out", required=True, help="entity cache folder (vocab.json, retriever/, entities/)")
+    parser.add_argument("--fit-masks", default=None,
+                        help="masks for fitting the fitted retriever on --fit-split (default: --masks), e.g. 'gt'")
+    parser.add_argument("--fit-limit", type=int, default=None,
+                        help="fit the fitted retriever on the first N pairs of --fit-split only (the vocabulary "
+                             "still uses all its captions)")
+    parser.add_argument("--retriever", choices=("fitted", "clip"), default="fitted")
+    parser.add_argument("--fit-split", default="train", help="split whose captions (and regions) fit the vocabulary/retriever")
+    parser.add_argument("--top-k", type=int, default=5, help="entities stored per pair (DAVIR uses the first k=1)")
+    parser.add_argument("--vocab-min-count", type=int, default=2)
+    parser.add_argument("--phrase-backend", choices=BACKENDS, default="auto")
+    parser.add_argument("--mask-source", choices=MASK_SOURCES, default="per_image",
+                        help="per_image: each image's own mask (union where missing/empty); union: one mask for both")
+    parser.add_argument("--mask-weighting", choices=MASK_WEIGHTINGS, default="binary",
+                        help="binary: I ⊙ M at full resolution; soft: I ⊙ upsampled M^ of Eq. 6")
+    parser.add_argument("--pad", type=float, default=0.1, help="crop box padding, share of the mask box")
+    parser.add_argument("--fitted-mode", choices=FITTED_MODES, default="mixture",
+                        help="fitted: weight the two regions by a learned 'caption describes the before image' "
+                             "probability, or take Eq. 9's max")
+    parser.add_argument("--fitted-C", type=float, default=1.0, help="inverse L2 strength of the logistic regression")
+    parser.add_argument("--clip-model", default="ViT-L-14", help="open_clip model name")
+    parser.add_argument("--clip-checkpoint", default=None, help="local open_clip state dict for --clip-model")
+    parser.add_argument("--clip-config", default=None, help="JSON model config to register (custom architectures)")
+    parser.add_argument("--clip-prompt", default="a photo of {phrase}")
+    parser.add_argument("--device", default=None, help="CLIP device (default: cuda when available)")
+    parser.add_argument("--batch-size", type=int, default=32, help="CLIP images/texts per forward pass")
+    parser.add_argument("--chunk-size", type=int, default=256, help="pairs per entity part file")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of --split")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def run_settings(args: argparse.Namespace) -> dict:
+    """Everything that changes the stored entities; a cache refuses a rerun with other values."""
+    settings = {
+        "format": args.format, "fit_split": args.fit_split, "retriever": args.retriever, "top_k": args.top_k,
+        "vocab_min_count": args.vocab_min_count, "phrase_backend": args.phrase_backend, "masks": args.masks,
+        "mask_source": args.mask_source, "mask_weighting": args.mask_weighting, "pad": args.pad,
+    }
+    if args.retriever == "fitted":
+        settings.update(fitted_mode=args.fitted_mode, fitted_C=args.fitted_C, fit_masks=args.fit_masks or args.masks,
+                        fit_limit=args.fit_limit)
+    else:
+        settings.update(clip_model=args.clip_model, clip_checkpoint=args.clip_checkpoint, clip_prompt=args.clip_prompt)
+    return settings
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict:
+    if args.top_k < 1 or args.chunk_size < 1 or args.vocab_min_count < 1:
+        raise DataError("--top-k, --chunk-size and --vocab-min-count must be at least 1")
+    out = Path(args.out)
+    manifest_path = out / "entities" / "manifest.json"
+    settings = run_settings(args)
+    manifest = read_json(manifest_path) if manifest_path.is_file() else {"settings": settings, "splits": {}}
+    if manifest.get("settings") != settings:
+        changed = sorted(k for k in set(settings) | set(manifest.get("settings", {}))
+                         if settings.get(k) != manifest.get("settings", {}).get(k))
+        raise DataError(f"{out} holds entities made with other settings ({', '.join(changed)}); use another --out")
+    progress = not args.no_progress
+    masks = open_mask_source(args.masks)
+    region_options = {"mask_source": args.mask_source, "pad": args.pad, "weighting": args.mask_weighting}
+
+    target = read_dataset(args.format, args.root, args.split)
+    fit_index = target if args.fit_split == args.split else read_dataset(args.format, args.root, args.fit_split)
+    vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
+                                                     backend=args.phrase_backend)
+
+    if args.retriever == "fitted":
+        folder = out / "retriever"
+        if FittedRetriever.exists(folder):
+            retriever = FittedRetriever.load(folder)
+            if (retriever.mode, retriever.C) != (args.fitted_mode, args.fitted_C):
+                raise DataError(f"{folder} holds a fitted retriever with mode {retriever.mode!r}, C {retriever.C}; "
+                                "use another --out")
+        else:
+            fit_masks = masks if args.fit_masks in (None, args.masks) else open_mask_source(args.fit_masks)
+            retriever = fit_fitted_retriever(fit_index, fit_masks, vocabulary, extractor, mode=args.fitted_mode,
+                                             C=args.fitted_C, region_options=region_options, limit=args.fit_limit,
+                                             progress=progress)
+            retriever.save(folder)
+    else:
+        retriever = ClipRetriever(args.clip_model, args.clip_checkpoint, config=args.clip_config, device=args.device,
+                                  prompt=args.clip_prompt, batch_size=args.batch_size)
+    retriever.prepare(vocabulary.phrases)
+    write_json_atomic(manifest_path, manifest)  # pin the settings before the first part is written
+
+    cache = EntityCache(out)
+    pairs = target.pairs[: args.limit] if args.limit is not None else target.pairs
+    position = {pair.pair_id: i for i, pair in enumerate(pairs)}
+    todo = [pair for pair in pairs if not cache.has(pair.pair_id)]
+    started = time.time()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc=f"entities ({args.split})", file=sys.stderr)
+    for start in range(0, len(todo), args.chunk_size):
+        chunk = todo[start:start + args.chunk_size]
+        regions = [load_pair_regions(pair, masks, **region_options) for pair in chunk]
+        scores = retriever.score(regions)
+        # Part names come from the split position of the chunk's first pair, so a resumed run never
+        # overwrites a part an earlier run finished.
+        cache.write_part(f"{args.split}-{position[chunk[0].pair_id]:07d}",
+                         {pair.pair_id: top_k(row, vocabulary.phrases, args.top_k) for pair, row in zip(chunk, scores)})
+        if bar is not None:
+            bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+
+    done = sum(1 for pair in pairs if cache.has(pair.pair_id))
+    manifest["splits"][args.split] = {
+        "root": str(target.root), "pairs": len(pairs), "with_entities": done, "written_now": len(todo),
+        "skipped_by_reader": len(target.skipped), "status": "complete" if done == len(pairs) else "incomplete",
+    }
+    manifest.update({
+        "command": "python -m preprocess entities " + " ".join(argv),
+        "vocabulary": {"size": len(vocabulary), "extractor": vocabulary.extractor, "path": str(out / "vocab.json")},
+        "retriever": retriever.describe(), "mask_source": masks.describe(),
+    })
+    write_json_atomic(manifest_path, manifest)
+    return {"split": args.split, "pairs": len(pairs), "written": len(todo), "skipped_existing": len(pairs) - len(todo),
+            "vocabulary": len(vocabulary), "seconds": round(time.time() - started, 1), "out": str(out)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        summary = run(args, argv)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    import json
+
+    print(json.dumps(summary, indent=2))
+    return 0
