@@ -89,11 +89,12 @@ def _row_html(row: ReportRow) -> str:
     if row.after is not None and row.attention_after is not None:
         tiles.append(_figure(overlay_heatmap(row.after, row.attention_after), "attention (after)"))
     parts = [f'<section class="pair{" failed" if row.error else ""}" id="{html.escape(row.pair_id)}">',
-             f"<h2>{html.escape(row.pair_id)}</h2>", '<div class="tiles">', *tiles, "</div>"]
+             f"<h2>{html.escape(row.pair_id)}</h2>"]
+    if row.caption is not None:  # the caption first: it is what the reader came for
+        parts.append(f'<p class="caption">{html.escape(row.caption)}</p>')
     if row.error:
         parts.append(f'<p class="error">Not captioned: {html.escape(row.error)}</p>')
-    if row.caption is not None:
-        parts.append(f'<p class="caption">{html.escape(row.caption)}</p>')
+    parts += ['<div class="tiles">', *tiles, "</div>"]
     if row.entities:
         parts.append('<p class="entities">Entities: ' + ", ".join(f"<span>{html.escape(e)}</span>" for e in row.entities) + "</p>")
     if row.references:
@@ -112,11 +113,11 @@ header p{margin:6px 0 0;color:#c9cfdb;font-size:14px}
 main{padding:18px 28px;display:grid;gap:16px}
 .pair{background:#fff;border-radius:10px;padding:14px 18px;box-shadow:0 1px 3px rgba(0,0,0,.08)}
 .pair h2{font-size:14px;margin:0 0 10px;color:#5a6478;font-weight:600}
-.tiles{display:flex;gap:10px;flex-wrap:wrap}
-figure{margin:0;text-align:center}figure img{display:block;max-height:200px;border-radius:6px}
+.tiles{display:flex;gap:10px;flex-wrap:nowrap;overflow-x:auto}
+figure{margin:0;text-align:center}figure img{display:block;height:150px;border-radius:6px}
 figcaption{font-size:12px;color:#5a6478;margin-top:4px}
-.none{width:150px;height:150px;display:flex;align-items:center;justify-content:center;background:#eceef2;border-radius:6px;color:#99a}
-.caption{font-size:18px;margin:12px 0 4px;font-weight:500}
+.none{width:200px;height:150px;display:flex;align-items:center;justify-content:center;background:#eceef2;border-radius:6px;color:#99a}
+.caption{font-size:19px;margin:0 0 10px;font-weight:600}
 .entities span{background:#e6efff;color:#1f4fb8;border-radius:10px;padding:2px 8px;margin-right:4px;font-size:13px}
 .error{color:#a4161a;font-weight:600}.failed{border-left:4px solid #a4161a}
 .scores,details{font-size:13px;color:#5a6478}
