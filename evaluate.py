@@ -136,11 +136,19 @@ def generate_and_score(args: argparse.Namespace) -> int:
     if args.format is None or args.root is None:
         raise DataError(f"{model_dir} has no run config naming its data: pass --format and --root")
     accelerator = Accelerator()
-    model = load_davir(model_dir, device=accelerator.device)
     index = read_dataset(args.format, args.root, args.split)
     pairs = index.pairs[: args.limit] if args.limit else index.pairs
+    lightweight = (model_dir / "lightweight_config.json").is_file()
+    if lightweight:  # subtraction / SCORER / DIRL / RDD / CHEER on cached (or online) ResNet features
+        from davir.inference_lightweight import run_captioner
+
+        caption_lightweight = run_captioner(model_dir, run_data, root=args.root, entities=args.entities,
+                                            device=accelerator.device, batch_size=args.batch_size,
+                                            num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+    else:
+        model = load_davir(model_dir, device=accelerator.device)
     entity_source = None
-    if model.config.epc.use_entities:
+    if not lightweight and model.config.epc.use_entities:
         cache_dir = args.entities or run_data.get("entities")
         if cache_dir is None:
             raise DataError("this model was trained with entity prompts: pass --entities CACHE "
@@ -153,7 +161,7 @@ def generate_and_score(args: argparse.Namespace) -> int:
                             f"`python -m preprocess entities --format {args.format} --root {args.root} --split {args.split} --out {cache_dir} …`")
         entity_source = lambda pair, before, after: [e for e, _ in cache.get(pair.pair_id)[:k]]
     with accelerator.split_between_processes(pairs) as shard:
-        shard_predictions = caption_pairs(model, shard, batch_size=args.batch_size, num_beams=args.num_beams,
+        shard_predictions = caption_lightweight(shard, progress=accelerator.is_local_main_process) if lightweight else caption_pairs(model, shard, batch_size=args.batch_size, num_beams=args.num_beams,
                                           max_new_tokens=args.max_new_tokens, entity_source=entity_source,
                                           progress=accelerator.is_local_main_process)
     all_predictions = gather_object(shard_predictions)

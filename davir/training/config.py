@@ -21,6 +21,10 @@ class DataConfig:
     masks: str | None = None  # MaskCache folder from `python -m preprocess masks` (FAC)
     entities: str | None = None  # EntityCache folder from `python -m preprocess entities` (EPC)
     features: str | None = None  # FeatureCache folder from `python -m preprocess features` (lightweight)
+    text_encoder: str | None = None  # local open_clip checkpoint (CHEER entities, RDD attributes); unset: random-init tower
+    text_encoder_model: str | None = None  # open_clip model name (default: ViT-L-14 for CHEER, ViT-B-32 for RDD)
+    text_encoder_config: str | None = None  # JSON open_clip model config to register (custom or tiny towers)
+    acr_prompts: Literal["learned", "fixed"] = "learned"  # RDD ACR: CoOp prompts through the tower, or fixed features
     caption_mode: Literal["sample", "expand"] = "sample"
     max_train_pairs: int | None = None  # a prefix of the split, for quick runs
     num_workers: int = 0

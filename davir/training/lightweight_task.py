@@ -1,0 +1,446 @@
+"""The lightweight methods (subtraction, SCORER, DIRL, RDD, CHEER) as a Task of the one training loop.
+
+`train.py`'s `build_task` builds a `LightweightTask` for every `config.method != "davir"`. The task
+offers the same interface as `DavirTask` (model, train/val datasets, losses, generation, saving):
+
+* inputs: cached ResNet-101 layer3 features (`data.features`, `python -m preprocess features`) through
+  `FeatureField`; the word vocabulary is built from the training captions (change and no-change
+  captions, methods.md §0.5) and saved with the model;
+* CLEVR-Change-format data trains on *scenes* (§0.6): the semantic pair and the distractor pair of each
+  scene (paired by `scene_id`) go through `clevr_pair_loss` (role swap p = 0.5, losses 0.5/0.5); other
+  formats train on plain pairs; validation always scores plain pairs;
+* CHEER reads the top-K retrieved entities of each pair from an entity cache (`data.entities`,
+  `python -m preprocess entities … --top-k 3`) and embeds the cache's entity vocabulary with a frozen
+  open_clip text tower into an entity bank stored in the model (§4.8);
+* RDD's ACR reads the noun / verb segments of each training caption (`davir.text.phrases.
+  extract_attributes`, §3.8) joined with "and", through the frozen text tower with 4 learnable prompt
+  tokens (`data.acr_prompts: learned`, the paper's default) or as fixed precomputed text features
+  (`fixed`, the paper's "Fixed Prompt" row; much cheaper on a CPU).
+
+The text tower comes from a local open_clip checkpoint (`data.text_encoder`); without one a seeded
+random-init tower of the same architecture is used and the run log (and the saved model's
+lightweight_config.json) says so — its features only separate strings, they carry no CLIP semantics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from davir.data.caches import EntityCache
+from davir.data.dataset import ChangeCaptionDataset, EntityField, _stable_index
+from davir.data.feature_field import FeatureField
+from davir.data.formats import read_dataset
+from davir.data.records import DISTRACTOR, ChangePair, DataError
+from davir.io import write_json_atomic
+from davir.models.lightweight import (
+    LightweightCaptioner, LightweightConfig, build_lightweight_model, clevr_pair_loss, prompt_texts,
+    save_lightweight_model,
+)
+from davir.text.vocab import Vocabulary, tokenize
+from davir.training.tasks import flat_scalars, move_to_device, require_cached
+
+LIGHTWEIGHT_CONFIG = "lightweight_config.json"
+WEIGHTS_FILE = "model.safetensors"
+VOCAB_FILE = "vocab.json"
+ENTITY_FILE = "entity_phrases.json"
+SCENE_FORMATS = ("clevr_change",)  # formats whose records are scenes with a semantic and a distractor pair
+DEFAULT_TEXT_MODELS = {"cheer": "ViT-L-14", "rdd": "ViT-B-32"}  # CLIP ViT-L/14 [BG]; RDD's variant is unstated [D]
+TEXT_SEED = 0
+
+
+# --- the frozen text tower ----------------------------------------------------------------------------
+@dataclasses.dataclass
+class TextEncoder:
+    """A frozen open_clip text tower (a CLIP model or a bare TextTransformer) with its tokenizer."""
+
+    module: nn.Module
+    tokenizer: Any
+    model_name: str
+    weights: str  # the checkpoint path, or "random-init(seed=N)"
+
+    @property
+    def random_init(self) -> bool:
+        return self.weights.startswith("random-init")
+
+    def describe(self) -> dict:
+        return {"model": self.model_name, "weights": self.weights}
+
+    def token_ids(self, texts: Sequence[str]) -> torch.Tensor:
+        """Token ids (B, L), trimmed after the longest <EOT> (later positions never reach the pooled output)."""
+        ids = self.tokenizer(list(texts))
+        length = int((ids != 0).sum(dim=1).max())
+        return ids[:, :max(length, 1)]
+
+    @torch.no_grad()
+    def encode(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
+        """Projected text features (N, d) of plain strings, float32 on the CPU.
+
+        Runs the tower on ids trimmed after the longest <EOT> (through RDD's `TextTowerAdapter`, which
+        slices the causal mask, with no context vectors): the pooled output equals `encode_text` on the
+        full 77-token context at a fraction of the cost.
+        """
+        from davir.models.lightweight.rdd import TextTowerAdapter
+
+        adapter = TextTowerAdapter(self.module)  # shares the tower's (frozen) weights
+        empty = torch.zeros(0, adapter.width)
+        chunks = [adapter(self.token_ids(texts[start:start + batch_size]), empty).float()
+                  for start in range(0, len(texts), batch_size)]
+        return torch.cat(chunks) if chunks else torch.zeros(0)
+
+
+def text_tower_dims(module: nn.Module) -> tuple[int, int]:
+    """(token width, output dim) of an open_clip text tower."""
+    tower = getattr(module, "text", module)
+    width = tower.token_embedding.weight.shape[1]
+    projection = tower.text_projection
+    if projection is None:
+        return width, width
+    return width, projection.out_features if isinstance(projection, nn.Linear) else projection.shape[1]
+
+
+def load_text_encoder(model_name: str, checkpoint: str | None, *, config: str | None = None,
+                      seed: int = TEXT_SEED) -> TextEncoder:
+    """The open_clip text tower of `model_name`: from a local checkpoint, else a seeded random init (no download)."""
+    try:
+        import open_clip
+        from open_clip.model import _build_text_tower
+    except ImportError as error:
+        raise DataError("CHEER entities and RDD attributes need open_clip (`pip install open_clip_torch`)") from error
+    if checkpoint is not None:
+        from preprocess.retrievers import load_open_clip
+
+        model, _, tokenizer = load_open_clip(model_name, checkpoint, config=config)
+        return TextEncoder(model.requires_grad_(False).eval(), tokenizer, model_name, str(checkpoint))
+    if config is not None:
+        if not Path(config).is_file():
+            raise DataError(f"open_clip model config file is missing: {config}")
+        open_clip.add_model_config(Path(config))
+    model_config = open_clip.get_model_config(model_name)
+    if model_config is None:
+        raise DataError(f"unknown open_clip model {model_name!r} (set data.text_encoder_config to its JSON config)")
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        tower = _build_text_tower(model_config["embed_dim"], model_config["text_cfg"])
+    finally:
+        torch.random.set_rng_state(generator_state)  # do not disturb the run's seeded RNG stream
+    return TextEncoder(tower.requires_grad_(False).eval(), open_clip.get_tokenizer(model_name), model_name,
+                       f"random-init(seed={seed})")
+
+
+# --- datasets -------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class DistractorEntityField:
+    """`entities_distractor`: the retrieved entities of the scene's distractor pair (CHEER scene batches)."""
+
+    cache: EntityCache
+    top_k: int
+    distractor_ids: dict[str, str]  # scene_id -> pair id of the distractor pair
+    keys: tuple[str, ...] = ("entities_distractor",)
+
+    def __call__(self, pair: ChangePair) -> dict[str, Any]:
+        return {"entities_distractor": [e for e, _ in self.cache.get(self.distractor_ids[pair.scene_id])[: self.top_k]]}
+
+
+class SceneCaptionDataset(ChangeCaptionDataset):
+    """CLEVR-Change scenes (§0.6): the semantic pair's example plus a no-change caption of the same scene.
+
+    The change caption is sampled per epoch as in `ChangeCaptionDataset`; the no-change caption is
+    sampled the same deterministic way (from another seed), so a resumed run sees the same batches.
+    """
+
+    def __init__(self, semantic_pairs: Sequence[ChangePair], no_change: dict[str, tuple[str, ...]], fields, *,
+                 seed: int = 0):
+        super().__init__(semantic_pairs, fields, caption_mode="sample", seed=seed, require_captions=True)
+        self.no_change = no_change
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        example = super().__getitem__(index)
+        captions = self.no_change[self.pairs[index].scene_id]
+        example["no_change_caption"] = captions[_stable_index(self.seed + 1, self.epoch, index, len(captions))]
+        return example
+
+
+def pair_scenes(pairs: Sequence[ChangePair], source: str) -> tuple[list[ChangePair], dict[str, tuple[str, ...]], dict[str, str]]:
+    """(semantic pairs, scene_id -> no-change captions, scene_id -> distractor pair id), paired by `scene_id`."""
+    semantic: dict[str, ChangePair] = {}
+    distractor: dict[str, ChangePair] = {}
+    for pair in pairs:
+        if pair.scene_id is None:
+            raise DataError(f"{source}: pair {pair.pair_id!r} has no scene_id; scene batches need one per record")
+        table = distractor if pair.change_type == DISTRACTOR else semantic
+        if pair.scene_id in table:
+            raise DataError(f"{source}: scene {pair.scene_id!r} has two {'distractor' if table is distractor else 'semantic'} pairs")
+        table[pair.scene_id] = pair
+    unpaired = sorted(set(semantic) ^ set(distractor))
+    if unpaired:
+        raise DataError(f"{source}: {len(unpaired)} scene(s) lack their semantic or distractor pair, e.g. {unpaired[:3]}")
+    empty = [scene for scene, pair in distractor.items() if not pair.captions]
+    if empty:
+        raise DataError(f"{source}: {len(empty)} distractor pair(s) have no no-change caption, e.g. {empty[:3]}")
+    scenes = list(semantic.values())
+    return (scenes, {s: distractor[s].captions for s in semantic}, {s: distractor[s].pair_id for s in semantic})
+
+
+def rdd_segments(caption: str) -> tuple[str, str]:
+    """RDD §3.8: the caption's noun segments and verb segments, each joined with "and"."""
+    from davir.text.phrases import extract_attributes
+
+    attributes = extract_attributes(caption)
+    return " and ".join(attributes["nouns"]), " and ".join(attributes["verbs"])
+
+
+# --- the task --------------------------------------------------------------------------------------------
+class LightweightTask:
+    """One lightweight change captioner on cached grid features (see the module docstring)."""
+
+    def __init__(self, config, accelerator: Accelerator):
+        from preprocess.features import FeatureCache
+
+        self.config = config
+        self.accelerator = accelerator
+        self.notes: list[str] = []
+        data = config.data
+        method = config.method
+        if data.features is None:
+            raise DataError(f"{method} trains on cached ResNet-101 features but data.features is not set: run "
+                            f"`python -m preprocess features --format {data.format} --root {data.root} --split "
+                            f"{data.train_split} --out CACHE --weights resnet101.pth` (and for {data.val_split}), "
+                            "then set data.features=CACHE")
+        if not (Path(data.features) / "manifest.json").is_file():
+            raise DataError(f"data.features={data.features} is not a feature cache; run `python -m preprocess features "
+                            f"--format {data.format} --root {data.root} --split {data.train_split} --out {data.features} …`")
+        self.features = FeatureCache(data.features, dataset_root=data.root)
+        train_index = read_dataset(data.format, data.root, data.train_split)
+        train_pairs = train_index.pairs[: data.max_train_pairs] if data.max_train_pairs else train_index.pairs
+        val_pairs = read_dataset(data.format, data.root, data.val_split).pairs[: config.run.val_max_pairs]
+        self.scene_mode = data.format in SCENE_FORMATS
+
+        # Vocabulary from the training captions (change and no-change, §0.5); the decoder's size follows it.
+        captions = [c for p in train_pairs for c in p.captions]
+        if not captions:
+            raise DataError(f"{data.format} {data.train_split} at {data.root} has no captions to build the vocabulary from")
+        self.vocab = Vocabulary.build(captions)
+        longest = max(len(tokenize(c)) for c in captions) + 2
+        lw: LightweightConfig = dataclasses.replace(config.lightweight, method=method)
+        if longest > lw.max_len:
+            raise DataError(f"the longest training caption has {longest} tokens with <START>/<END>, more than "
+                            f"lightweight.max_len={lw.max_len}; raise it")
+        if lw.vocab_size != len(self.vocab):
+            self.note(f"vocabulary of the training captions has {len(self.vocab)} words (config said "
+                      f"{lw.vocab_size}); the decoder uses {len(self.vocab)}")
+            lw = dataclasses.replace(lw, vocab_size=len(self.vocab))
+
+        fields: list = []
+        source = f"python -m preprocess {{cmd}} --format {data.format} --root {data.root} --split {{split}} --out {{out}}"
+        check_features = [(data.train_split, train_pairs), (data.val_split, val_pairs)]
+        for split, pairs in check_features:
+            images = {p for pair in pairs for p in (pair.before, pair.after, pair.distractor if self.scene_mode else None)
+                      if p is not None}
+            missing = [str(p) for p in images if p not in self.features]
+            if missing:
+                raise DataError(f"{len(missing)} of {len(images)} images of {split} have no features in {data.features}, "
+                                f"e.g. {missing[:2]}; run `{source.format(cmd='features', split=split, out=data.features)} …`")
+
+        # Text tower (CHEER entity bank, RDD attribute tokens).
+        self.text_encoder: TextEncoder | None = None
+        if method in DEFAULT_TEXT_MODELS:
+            model_name = data.text_encoder_model or DEFAULT_TEXT_MODELS[method]
+            self.text_encoder = load_text_encoder(model_name, data.text_encoder, config=data.text_encoder_config)
+            if self.text_encoder.random_init:
+                self.note(f"no open_clip weights (data.text_encoder unset): using a RANDOM-INIT {model_name} text tower "
+                          f"({self.text_encoder.weights}); its features separate strings but carry no CLIP semantics")
+            width, out_dim = text_tower_dims(self.text_encoder.module)
+            wanted = ({"entity_dim": out_dim} if method == "cheer"
+                      else {"acr_text_dim": out_dim, "acr_token_width": width})
+            changed = {k: v for k, v in wanted.items() if getattr(lw, k) != v}
+            if changed:
+                self.note(f"text tower {model_name} sets {changed} (config had "
+                          f"{ {k: getattr(lw, k) for k in changed} })")
+                lw = dataclasses.replace(lw, **changed)
+
+        # CHEER: entity cache + entity bank (ids into the bank are what the batches carry).
+        self.entity_phrases: list[str] | None = None
+        self.entity_index: dict[str, int] = {}
+        entity_field = None
+        if method == "cheer":
+            entity_field = self._cheer_entities(data, train_pairs, val_pairs, lw.cheer_entities, source)
+            lw = dataclasses.replace(lw, entity_bank_size=len(self.entity_phrases))
+
+        # RDD: the attribute text path.
+        self.acr_learned = method == "rdd" and data.acr_prompts == "learned"
+        self._segment_cache: dict[str, tuple[str, str]] = {}
+        self._text_features: dict[str, torch.Tensor] = {}
+        self._text_ids: dict[str, torch.Tensor] = {}
+
+        self.lightweight = lw
+        extra = {"text_tower": self.text_encoder.module} if self.acr_learned else {}
+        self.model: nn.Module = build_lightweight_model(lw, **extra).to(accelerator.device)
+        if method == "cheer":
+            bank = self.text_encoder.encode(self.entity_phrases)
+            self.model.set_entity_bank(bank.to(accelerator.device))
+        self.feature_weights = str(self.features.manifest.get("weights"))
+
+        # Datasets.
+        val_fields = [FeatureField(self.features)] + ([EntityField(self.entity_cache, top_k=lw.cheer_entities)]
+                                                       if entity_field else [])
+        if self.scene_mode:
+            if data.caption_mode != "sample":
+                raise DataError("CLEVR-Change scene batches sample one change and one no-change caption per scene; "
+                                "set data.caption_mode=sample")
+            scenes, no_change, distractor_ids = pair_scenes(train_pairs, f"{data.format} {data.train_split}")
+            fields = [FeatureField(self.features, distractor=True)]
+            if entity_field:
+                fields += [entity_field, DistractorEntityField(self.entity_cache, lw.cheer_entities, distractor_ids)]
+            self.train_dataset = SceneCaptionDataset(scenes, no_change, fields, seed=config.run.seed)
+        else:
+            fields = [FeatureField(self.features)] + ([entity_field] if entity_field else [])
+            self.train_dataset = ChangeCaptionDataset(train_pairs, fields, caption_mode=data.caption_mode,
+                                                      seed=config.run.seed, require_captions=True)
+        self.val_dataset = ChangeCaptionDataset(val_pairs, val_fields, seed=config.run.seed)
+        for line in self.notes:
+            accelerator.print(f"[{method}] note: {line}")
+
+    # --- setup helpers ----------------------------------------------------------------------------------
+    def note(self, line: str) -> None:
+        """A fact about this run that the log and the saved model must state."""
+        self.notes.append(line)
+
+    def _cheer_entities(self, data, train_pairs, val_pairs, top_k: int, source: str) -> EntityField:
+        from davir.text.phrases import EntityVocabulary
+
+        command = source.format(cmd="entities", split=data.train_split, out=data.entities or "CACHE") + \
+            f" --masks MASKS --top-k {top_k}"
+        if data.entities is None:
+            raise DataError(f"CHEER needs the top-{top_k} retrieved change entities of every pair (§4.8) but "
+                            f"data.entities is not set: run `{command}` (and for {data.val_split}), then set data.entities=CACHE")
+        vocab_path = Path(data.entities) / "vocab.json"
+        if not vocab_path.is_file():
+            raise DataError(f"{data.entities} has no entity vocabulary ({vocab_path}); run `{command}`")
+        self.entity_cache = EntityCache(data.entities)
+        self.entity_phrases = EntityVocabulary.load(vocab_path).phrases
+        self.entity_index = {phrase: i for i, phrase in enumerate(self.entity_phrases)}
+        pairs_by_split = [(data.train_split, train_pairs), (data.val_split, val_pairs)]
+        for split, pairs in pairs_by_split:
+            require_cached(pairs, self.entity_cache.has, what=f"retrieved entities in {data.entities}",
+                           command=source.format(cmd="entities", split=split, out=data.entities) + f" --masks MASKS --top-k {top_k}")
+            short = [p.pair_id for p in pairs if len(self.entity_cache.get(p.pair_id)) < top_k]
+            if short:
+                raise DataError(f"{len(short)} pairs of {split} have fewer than {top_k} entities in {data.entities} "
+                                f"(e.g. {short[:3]}); rerun `preprocess entities` with --top-k {top_k} into a new --out")
+        if self.text_encoder is None:
+            raise DataError("internal: the text tower must be loaded before the entity bank")
+        self.note(f"CHEER entity bank: {len(self.entity_phrases)} phrases of {vocab_path}, embedded by the "
+                  f"{self.text_encoder.model_name} text tower ({self.text_encoder.weights})")
+        return EntityField(self.entity_cache, top_k=top_k)
+
+    # --- the Task interface -------------------------------------------------------------------------------
+    def unwrapped(self) -> LightweightCaptioner:
+        return self.accelerator.unwrap_model(self.model)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def to_device(self, batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+        return move_to_device(batch, device)
+
+    def after_optimizer_step(self) -> None:
+        self.unwrapped().after_optimizer_step()
+
+    def entity_ids(self, entities: list[list[str]], device: torch.device) -> torch.Tensor:
+        """(B, K) ids into the entity bank of the batch's retrieved phrases."""
+        unknown = sorted({e for row in entities for e in row if e not in self.entity_index})
+        if unknown:
+            raise DataError(f"retrieved entities {unknown[:3]} are not in the entity vocabulary the model was built with")
+        return torch.tensor([[self.entity_index[e] for e in row] for row in entities], dtype=torch.long, device=device)
+
+    def attributes(self, captions: Sequence[str], device: torch.device) -> dict[str, torch.Tensor]:
+        """RDD ACR inputs of a batch of captions: token ids (learned prompts) or frozen text features (fixed)."""
+        for caption in captions:
+            if caption not in self._segment_cache:
+                self._segment_cache[caption] = rdd_segments(caption)
+        nouns = [self._segment_cache[c][0] for c in captions]
+        verbs = [self._segment_cache[c][1] for c in captions]
+        if self.acr_learned:
+            prompts = self.lightweight.acr_prompt_tokens
+            return {"noun_ids": self.text_encoder.token_ids(prompt_texts(nouns, prompts)).to(device),
+                    "verb_ids": self.text_encoder.token_ids(prompt_texts(verbs, prompts)).to(device)}
+        texts = [f"{segment}." for segment in nouns + verbs]
+        todo = sorted({t for t in texts if t not in self._text_features})
+        if todo:
+            self._text_features.update(zip(todo, self.text_encoder.encode(todo)))
+        features = torch.stack([self._text_features[t] for t in texts]).to(device)
+        return {"noun_features": features[: len(nouns)], "verb_features": features[len(nouns):]}
+
+    def _extras(self, batch: dict[str, Any], device, *, caption_key: str, entity_key: str) -> dict[str, Any]:
+        extras: dict[str, Any] = {}
+        if self.config.method == "cheer":
+            extras["entities"] = self.entity_ids(batch[entity_key], device)
+        if self.config.method == "rdd":
+            extras["attributes"] = self.attributes(batch[caption_key], device)
+        return extras
+
+    def training_losses(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        device = batch["feat_before"].device
+        max_len = self.lightweight.max_len
+        captions_in, captions_target = (t.to(device) for t in self.vocab.caption_tensors(batch["caption"], max_len))
+        extras = self._extras(batch, device, caption_key="caption", entity_key="entities")
+        if "no_change_caption" in batch:  # a CLEVR-Change scene batch (§0.6)
+            no_change_in, no_change_target = (t.to(device) for t in
+                                              self.vocab.caption_tensors(batch["no_change_caption"], max_len))
+            scene = {"feat_before": batch["feat_before"], "feat_after": batch["feat_after"],
+                     "feat_distractor": batch["feat_distractor"], "captions_in": captions_in,
+                     "captions_target": captions_target, "no_change_in": no_change_in,
+                     "no_change_target": no_change_target}
+            if "entities" in extras:
+                scene["entities"] = extras["entities"]
+                scene["entities_distractor"] = self.entity_ids(batch["entities_distractor"], device)
+            if "attributes" in extras:
+                scene["attributes"] = extras["attributes"]
+                scene["attributes_distractor"] = self.attributes(batch["no_change_caption"], device)
+            return clevr_pair_loss(self.model, scene)
+        return self.model(batch["feat_before"], batch["feat_after"], captions_in, captions_target, **extras)
+
+    @torch.no_grad()
+    def generate(self, batch: dict[str, Any], *, max_new_tokens: int = 30, num_beams: int = 1) -> list[str]:
+        model = self.unwrapped()
+        device = batch["feat_before"].device
+        entities = self.entity_ids(batch["entities"], device) if self.config.method == "cheer" else None
+        ids = model.generate(batch["feat_before"], batch["feat_after"], max_len=min(max_new_tokens, model.config.max_len),
+                             beam_size=num_beams, entities=entities)
+        return [self.vocab.decode(row) for row in ids]
+
+    def save_pretrained(self, directory) -> None:
+        """model.safetensors (config in its metadata) + vocab.json (+ entity_phrases.json) + lightweight_config.json."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        model = self.unwrapped()
+        save_lightweight_model(model, directory / WEIGHTS_FILE)
+        self.vocab.save(directory / VOCAB_FILE)
+        if self.entity_phrases is not None:
+            write_json_atomic(directory / ENTITY_FILE, self.entity_phrases)
+        write_json_atomic(directory / LIGHTWEIGHT_CONFIG, {
+            "method": self.config.method,
+            "config": model.config.to_dict(),
+            "weights": WEIGHTS_FILE,
+            "vocabulary": VOCAB_FILE,
+            "entity_phrases": ENTITY_FILE if self.entity_phrases is not None else None,
+            "features": {"weights": self.feature_weights, "cache": str(self.config.data.features)},
+            "text_encoder": self.text_encoder.describe() if self.text_encoder else None,
+            "acr_prompts": self.config.data.acr_prompts if self.config.method == "rdd" else None,
+            "data_format": self.config.data.format,
+            "notes": self.notes,
+        })
+
+    def tracker_config(self) -> dict:
+        return flat_scalars(self.config)
+
+
+__all__ = ["DistractorEntityField", "LightweightTask", "SceneCaptionDataset", "TextEncoder", "load_text_encoder",
+           "pair_scenes", "rdd_segments"]

@@ -1,0 +1,198 @@
+"""The five lightweight methods through the one trainer, saver, loader and captioner, on real-format data.
+
+A tiny synthetic CLEVR-Change-layout set is generated in tmp_path and its features come from
+`python -m preprocess features --random-init` (one extraction shared by every test); models are tiny.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from davir.config import load_config
+from davir.data.caches import EntityCache
+from davir.data.formats import read_dataset
+from davir.data.records import DataError
+from davir.io import read_json
+from davir.text.phrases import EntityVocabulary
+from davir.training.config import TrainConfig
+
+TINY_TEXT = "tiny-text-test"  # an open_clip model config registered from tmp (1 layer, width 16)
+TINY = [
+    "lightweight.hidden=16", "lightweight.heads=2", "lightweight.word_emb=8", "lightweight.ffn_dim=32",
+    "lightweight.layers=1", "lightweight.encoder_layers=1", "lightweight.rdd_objects=3", "lightweight.rdd_actions=2",
+    "lightweight.max_len=16", "lightweight.dropout=0.0", "optim.batch_size=4", "optim.max_steps=3",
+    "optim.lr=1e-3", "run.eval_every=3", "run.val_max_pairs=4", "run.tensorboard=false", "run.log_every=1",
+]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> dict:
+    """20 synthetic scenes, random-init ResNet features of train+val, a CHEER entity cache, a tiny text tower."""
+    from davir.data.synthetic import SynthConfig, generate_dataset
+    from preprocess.features import main as features_main
+
+    base = tmp_path_factory.mktemp("lw")
+    root, features = base / "data", base / "features"
+    generate_dataset(root, SynthConfig(scenes=20, width=96, height=72), workers=1)
+    for split in ("train", "val"):
+        assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out", str(features),
+                              "--random-init", "--workers", "0", "--batch-size", "32"]) == 0
+    # Entity cache in the layout `preprocess entities` writes: vocab.json + per-pair top-3 phrases.
+    entities = base / "entities"
+    phrases = ["red cube", "blue sphere", "metal cylinder", "small object"]
+    EntityVocabulary(phrases=phrases, counts={p: 1 for p in phrases}, min_count=1, extractor={}).save(entities / "vocab.json")
+    cache = EntityCache(entities)
+    for split in ("train", "val"):
+        pairs = read_dataset("clevr_change", root, split).pairs
+        cache.write_part(split, {p.pair_id: [(phrases[(i + j) % 4], 1.0 - j / 10) for j in range(3)]
+                                 for i, p in enumerate(pairs)})
+    text_config = base / f"{TINY_TEXT}.json"
+    text_config.write_text(json.dumps({
+        "embed_dim": 12,
+        "vision_cfg": {"image_size": 32, "layers": 1, "width": 16, "patch_size": 16},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1},
+    }))
+    return {"root": root, "features": features, "entities": entities, "text_config": text_config, "base": base}
+
+
+def run_config(tiny_data: dict, method: str, tmp_path: Path, *extra: str) -> TrainConfig:
+    overrides = [f"method={method}", f"lightweight.method={method}", "data.format=clevr_change",
+                 f"data.root={tiny_data['root']}", f"data.features={tiny_data['features']}",
+                 f"run.output_dir={tmp_path / method}", *TINY]
+    if method in ("cheer", "rdd"):
+        overrides += [f"data.text_encoder_model={TINY_TEXT}", f"data.text_encoder_config={tiny_data['text_config']}"]
+    if method == "cheer":
+        overrides.append(f"data.entities={tiny_data['entities']}")
+    return load_config(TrainConfig, None, overrides + list(extra))
+
+
+@pytest.mark.parametrize("method", ["subtraction", "scorer", "dirl", "rdd", "cheer"])
+def test_train_save_load_caption(method, tiny_data, tmp_path, capsys):
+    from davir.inference_lightweight import caption_pairs_lightweight, load_lightweight
+    from preprocess.features import FeatureCache
+    from train import train
+
+    extra = ["data.acr_prompts=learned"] if method == "rdd" else []
+    run = train(run_config(tiny_data, method, tmp_path, *extra))
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in log] == [1, 2, 3]
+    assert all(torch.isfinite(torch.tensor(row["train/loss"])) for row in log)
+    aux = {"scorer": "train/cv_loss", "dirl": "train/dirl_loss", "rdd": "train/n2o_loss", "cheer": "train/contrastive_loss"}
+    if method in aux:
+        assert aux[method] in log[0]  # the method's auxiliary loss reached the trainer's log
+    # the saved folder is one resolve_model_dir recognises, with the vocabulary of the training captions
+    saved = run / "last"
+    info = read_json(saved / "lightweight_config.json")
+    assert info["method"] == method and (saved / "model.safetensors").is_file()
+    vocab = read_json(saved / "vocab.json")
+    train_pairs = read_dataset("clevr_change", tiny_data["root"], "train").pairs
+    words = {w for p in train_pairs for c in p.captions for w in c.split()}
+    assert set(vocab) == words | {"<NULL>", "<UNK>", "<START>", "<END>"}
+    assert info["config"]["vocab_size"] == len(vocab)
+    if method in ("rdd", "cheer"):
+        assert "random-init" in capsys.readouterr().out  # the random text tower is stated in the run log
+        assert info["text_encoder"]["weights"] == "random-init(seed=0)"
+    # save → load → the same greedy captions as the in-memory model gave at the final validation
+    in_memory = read_json(run / "val" / "step_3.json")["predictions"]
+    bundle = load_lightweight(saved, device="cpu")
+    val_pairs = read_dataset("clevr_change", tiny_data["root"], "val").pairs[:4]
+    entity_cache = EntityCache(tiny_data["entities"]) if method == "cheer" else None
+    predictions = caption_pairs_lightweight(bundle, val_pairs, feature_cache=FeatureCache(tiny_data["features"]),
+                                            entity_cache=entity_cache, batch_size=3, progress=False)
+    assert [p.pair_id for p in predictions] == [p.pair_id for p in val_pairs]
+    assert all(p.error is None for p in predictions)
+    assert {p.pair_id: p.caption for p in predictions} == in_memory
+
+
+def test_scene_batches_pair_semantic_and_distractor(tiny_data, tmp_path):
+    from accelerate import Accelerator
+
+    from davir.training.lightweight_task import LightweightTask
+
+    task = LightweightTask(run_config(tiny_data, "subtraction", tmp_path), Accelerator(cpu=True))
+    train_index = read_dataset("clevr_change", tiny_data["root"], "train")
+    assert len(task.train_dataset) == len(train_index.pairs) // 2  # one example per scene
+    example = task.train_dataset[0]
+    pair = task.train_dataset.pairs[0]
+    distractor = train_index.by_id()[pair.pair_id + "_n"]
+    assert example["feat_distractor"].shape == (1024, 14, 14)
+    assert example["caption"] in pair.captions and example["no_change_caption"] in distractor.captions
+    from preprocess.features import FeatureCache
+
+    assert torch.equal(example["feat_distractor"], FeatureCache(tiny_data["features"]).get(distractor.after))
+
+
+def test_missing_caches_are_named(tiny_data, tmp_path):
+    from accelerate import Accelerator
+
+    from davir.training.lightweight_task import LightweightTask
+
+    with pytest.raises(DataError, match="preprocess features"):
+        LightweightTask(run_config(tiny_data, "scorer", tmp_path, "data.features=null"), Accelerator(cpu=True))
+    with pytest.raises(DataError, match="preprocess entities .*--top-k 3"):
+        LightweightTask(run_config(tiny_data, "cheer", tmp_path, "data.entities=null"), Accelerator(cpu=True))
+
+
+def test_one_step_on_the_real_clevr_change_images(shared_datasets, tmp_path):
+    """The shared CLEVR-Change scenes (real images) with faked captions: one training step end to end."""
+    from preprocess.features import main as features_main
+    from train import train
+
+    source = shared_datasets / "clevr_change"
+    root = tmp_path / "clevr"
+    for folder in ("images", "sc_images", "nsc_images"):
+        shutil.copytree(source / folder, root / folder)
+    shutil.copy(source / "type_mapping.json", root / "type_mapping.json")
+    scenes = sorted(int(p.stem.rsplit("_", 1)[1]) for p in (root / "images").glob("*.png"))
+    (root / "splits.json").write_text(json.dumps({"train": scenes[:4], "val": scenes[4:5], "test": scenes[5:]}))
+    names = [f"CLEVR_default_{i:06d}.png" for i in scenes]
+    (root / "change_captions.json").write_text(json.dumps({n: ["the red cube has been moved"] for n in names}))
+    (root / "no_change_captions.json").write_text(json.dumps({n: ["no change was made"] for n in names}))
+    for split in ("train", "val"):
+        assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out",
+                              str(tmp_path / "feats"), "--random-init", "--workers", "0"]) == 0
+    config = load_config(TrainConfig, None, [
+        "method=scorer", "lightweight.method=scorer", f"data.root={root}", f"data.features={tmp_path / 'feats'}",
+        f"run.output_dir={tmp_path / 'run'}", *TINY, "optim.max_steps=1", "run.eval_every=1", "run.val_max_pairs=2"])
+    run = train(config)
+    assert json.loads((run / "train_log.jsonl").read_text().splitlines()[0])["step"] == 1
+    assert (run / "last" / "lightweight_config.json").is_file()
+    # every word of the faked change and no-change captions, plus the 4 special tokens
+    assert len(read_json(run / "last" / "vocab.json")) == 4 + len({"the", "red", "cube", "has", "been", "moved",
+                                                                    "no", "change", "was", "made"})
+
+
+def test_compare_tables_runs_beside_the_papers(tmp_path):
+    from davir.compare import bar_chart, comparison_table, read_run
+
+    run = tmp_path / "scorer_run"
+    (run / "eval" / "clevr_change_test").mkdir(parents=True)
+    (run / "config.yaml").write_text("method: scorer\ndata:\n  format: clevr_change\n")
+    rows = {"total": {"metrics": {"BLEU-4": 0.25, "METEOR": 0.3, "ROUGE_L": 0.5, "CIDEr": 1.234}, "num_pairs": 200},
+            "semantic": {"metrics": {"BLEU-4": 0.1, "METEOR": 0.2, "ROUGE_L": 0.4, "CIDEr": 0.5}, "num_pairs": 100}}
+    (run / "eval" / "clevr_change_test" / "metrics.json").write_text(json.dumps({"rows": rows}))
+    result = read_run(run)
+    assert (result.method, result.dataset, result.split) == ("scorer", "clevr_change", "test")
+    table = comparison_table([result], "clevr_change")
+    lines = table.splitlines()
+    assert "| ours: scorer_run (test) | scorer | total | 25.0 | 30.0 | 50.0 | 123.4 | – | 200 |" in lines
+    assert "| paper: SCORER Table 1 | scorer | total | 56.3 | 41.2 | 74.5 | 126.8 | 33.3 |  |" in lines
+    assert any("subtraction" in line and "119.7" in line for line in lines)  # the baseline is always shown
+    assert not any("| cheer |" in line for line in lines)  # only the methods among the runs
+    bar_chart([result], "clevr_change", tmp_path / "bars.png")
+    assert (tmp_path / "bars.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(DataError, match="evaluate.py --checkpoint"):
+        read_run(run, split="val")
