@@ -38,7 +38,7 @@ from davir.io import read_json, write_json_atomic
 from davir.text.phrases import BACKENDS, EntityVocabulary, PhraseExtractor, build_vocabulary, get_extractor
 from preprocess.retrievers import (
     FITTED_MODES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, FittedRetriever, PairRegions, pair_features,
-    pair_regions, top_k,
+    pair_regions, retrieve_top_k,
 )
 
 GT_MASKS = "gt"
@@ -221,6 +221,7 @@ def run_settings(args: argparse.Namespace) -> dict:
         "format": args.format, "fit_split": args.fit_split, "retriever": args.retriever, "top_k": args.top_k,
         "vocab_min_count": args.vocab_min_count, "phrase_backend": args.phrase_backend, "masks": args.masks,
         "mask_source": args.mask_source, "mask_weighting": args.mask_weighting, "pad": args.pad,
+        "empty_masks": "no_entity",
     }
     if args.retriever == "fitted":
         settings.update(fitted_mode=args.fitted_mode, fitted_C=args.fitted_C, fit_masks=args.fit_masks or args.masks,
@@ -282,11 +283,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     for start in range(0, len(todo), args.chunk_size):
         chunk = todo[start:start + args.chunk_size]
         regions = [load_pair_regions(pair, masks, **region_options) for pair in chunk]
-        scores = retriever.score(regions)
+        retrieved = retrieve_top_k(retriever, regions, vocabulary.phrases, args.top_k)
         # Part names come from the split position of the chunk's first pair, so a resumed run never
         # overwrites a part an earlier run finished.
         cache.write_part(f"{args.split}-{position[chunk[0].pair_id]:07d}",
-                         {pair.pair_id: top_k(row, vocabulary.phrases, args.top_k) for pair, row in zip(chunk, scores)})
+                         {pair.pair_id: entities for pair, entities in zip(chunk, retrieved)})
         if bar is not None:
             bar.update(len(chunk))
     if bar is not None:

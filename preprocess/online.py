@@ -64,7 +64,7 @@ class OnlineEntities:
                                "weighting": settings["mask_weighting"]}
 
     def __call__(self, pair_id: str, before: np.ndarray, after: np.ndarray, masks: PairMasks, k: int) -> list[tuple[str, float]]:
-        from preprocess.retrievers import pair_regions, top_k
+        from preprocess.retrievers import pair_regions, retrieve_top_k
 
         regions = pair_regions(pair_id, before, after, masks, **self.region_options)
-        return top_k(self.retriever.score([regions])[0], self.vocabulary.phrases, k)
+        return retrieve_top_k(self.retriever, [regions], self.vocabulary.phrases, k)[0]

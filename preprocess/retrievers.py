@@ -151,6 +151,18 @@ class Retriever(Protocol):
     def describe(self) -> dict: ...
 
 
+def retrieve_top_k(retriever: "Retriever", regions: Sequence[PairRegions], phrases: Sequence[str],
+                   k: int) -> list[list[tuple[str, float]]]:
+    """Top-k entities per pair; none for a pair whose masks are empty in both images.
+
+    No change region means no change entity: the prompt then carries no entity, so "no entity" can
+    teach "no change" instead of the whole image's most typical object being named.
+    """
+    scores = retriever.score(regions)
+    return [[] if pair.before.empty and pair.after.empty else top_k(row, phrases, k)
+            for pair, row in zip(regions, scores)]
+
+
 def top_k(scores: np.ndarray, phrases: Sequence[str], k: int) -> list[tuple[str, float]]:
     """The k best phrases with their scores, best first (ties keep vocabulary order)."""
     order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:k]

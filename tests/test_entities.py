@@ -371,8 +371,11 @@ def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys):
 
     table = EntityCache(out).table()
     assert len(table) == 8
-    for items in table.values():
-        assert len(items) == 5 and [s for _, s in items] == sorted((s for _, s in items), reverse=True)
+    for pair_id, items in table.items():
+        if pair_id.endswith("_n"):  # distractor pairs: the ground-truth masks are empty → no entity
+            assert items == []
+        else:
+            assert len(items) == 5 and [s for _, s in items] == sorted((s for _, s in items), reverse=True)
     vocabulary = read_json(out / "vocab.json")
     assert vocabulary["phrases"] == sorted(f"{c} {s}" for c in COLORS for s in ("square", "circle"))
     assert all(count == 4 for count in vocabulary["counts"].values())  # 2 train scenes × 2 captions each
@@ -442,3 +445,20 @@ def test_entity_eval_numbers_on_a_hand_made_case(wordnet):
     assert "skipped: 1 distractor" in entity_eval.format_table(result)
     with pytest.raises(DataError, match="no retrieved entities"):
         entity_eval.evaluate_entities(pairs, {"1": []}, wordnet)
+
+
+def test_pairs_without_a_change_region_get_no_entity():
+    """Both masks empty → no entity (the prompt then has none), instead of the whole image's best phrase."""
+    from preprocess.retrievers import masked_region, PairRegions, retrieve_top_k
+
+    class Constant:
+        def score(self, pairs):
+            return np.tile(np.array([0.2, 0.9, 0.5]), (len(pairs), 1))
+
+    image = np.zeros((8, 8, 3), np.uint8)
+    mask = np.zeros((8, 8), bool)
+    mask[2:4, 2:4] = True
+    changed = PairRegions("a", masked_region(image, None), masked_region(image, mask))
+    unchanged = PairRegions("b", masked_region(image, np.zeros((8, 8), bool)), masked_region(image, None))
+    result = retrieve_top_k(Constant(), [changed, unchanged], ["x", "y", "z"], 2)
+    assert result == [[("y", 0.9), ("z", 0.5)], []]
