@@ -1,0 +1,194 @@
+"""The tiny-checkpoint pretraining (davir.pretrain_tiny) and the synthetic caption parser (davir.metrics.synthetic)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from davir.data.records import DataError
+from davir.data.synthetic import (
+    CHANGE_TEMPLATES,
+    COLOR_WORDS,
+    MATERIAL_WORDS,
+    NO_CHANGE_CAPTIONS,
+    SHAPE_WORDS,
+    SIZE_WORDS,
+    SynthConfig,
+    generate_dataset,
+    load_scenes,
+)
+from davir.metrics.synthetic import (
+    PairTruth,
+    parse_caption,
+    parse_object_phrase,
+    pair_truths,
+    score_synthetic,
+)
+from davir.models.davir import DavirModelConfig, build_davir_model
+from davir.models.tokenizer import build_word_tokenizer
+from davir.pretrain_tiny import (
+    CHANGE_PROMPT,
+    INFO_FILE,
+    build_tiny_model,
+    description_loss,
+    main,
+    save_checkpoint,
+    vocabulary_texts,
+)
+
+RED_BALL = {"size": "small", "color": "red", "material": "metal", "shape": "sphere"}
+
+
+@pytest.fixture(scope="module")
+def synth_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synth")
+    generate_dataset(root, SynthConfig(scenes=10, seed=3, width=128, height=96), workers=1)
+    return root
+
+
+# ----------------------------------------------------------------------------------------------- caption parser
+
+
+@pytest.mark.parametrize("change_type", sorted(CHANGE_TEMPLATES))
+def test_every_template_parses_back_with_synonyms(change_type):
+    new = "blue" if change_type == "color" else "rubber"
+    for template in CHANGE_TEMPLATES[change_type]:
+        for phrase in ("small red metal sphere", "tiny red shiny ball", "small red metallic sphere"):
+            parsed = parse_caption(template.format(obj=phrase, new=new))
+            assert parsed.change_type == change_type, template
+            assert parsed.attributes == RED_BALL, template
+            if change_type in ("color", "material"):
+                assert parsed.new == new
+
+
+def test_no_change_captions_and_punctuation():
+    for caption in NO_CHANGE_CAPTIONS:
+        assert parse_caption(caption.capitalize() + " .").change_type == "none"
+    # "has been moved" also fits "the {obj} moved" with obj = "... has been": the valid object reading wins.
+    parsed = parse_caption("The big gray matte block has been moved.")
+    assert parsed.change_type == "move"
+    assert parsed.attributes == {"size": "large", "color": "gray", "material": "rubber", "shape": "cube"}
+
+
+def test_wrong_captions():
+    assert parse_caption("").change_type is None
+    assert parse_caption("a dog is running").change_type is None
+    assert parse_caption("the small red metal sphere changed to sphere").change_type is None  # no colour/material
+    assert parse_caption("the small red metal sphere").change_type is None  # truncated
+    garbled = parse_caption("the small small red sphere moved")  # type readable, object not
+    assert garbled.change_type == "move" and garbled.attributes is None
+    assert parse_object_phrase("small red metal dog") is None
+    assert parse_object_phrase("red cube") == {"color": "red", "shape": "cube"}
+
+
+def test_vocabulary_covers_every_generator_word():
+    tokenizer = build_word_tokenizer(vocabulary_texts())
+    texts = [CHANGE_PROMPT + " Entity: small red metal sphere, large gray rubber cube.", *NO_CHANGE_CAPTIONS,
+             "small red metal sphere , large gray rubber cube"]
+    for table in (SIZE_WORDS, COLOR_WORDS, MATERIAL_WORDS, SHAPE_WORDS):
+        texts.extend(word for words in table.values() for word in words)
+    for templates in CHANGE_TEMPLATES.values():
+        texts.extend(t.format(obj="tiny cyan shiny block", new="purple") for t in templates)
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.unk_token_id not in ids, text
+    assert tokenizer("a dog")["input_ids"][-1] == tokenizer.unk_token_id  # an unknown word does map to <unk>
+
+
+def test_score_synthetic_counts_by_hand():
+    truths = {
+        "a.png": PairTruth("color", RED_BALL, "blue"),
+        "a.png_n": PairTruth("none"),
+        "b.png": PairTruth("drop", {"size": "large", "color": "gray", "material": "rubber", "shape": "cube"}),
+        "b.png_n": PairTruth("none"),
+    }
+    predictions = {
+        "a.png": "the tiny red shiny ball turned green",  # type and object right, new value wrong
+        "a.png_n": "nothing has changed",  # right
+        "b.png": "the large gray metal cube is gone",  # type right, material wrong
+        "b.png_n": "the large gray rubber cube moved",  # wrong type
+    }
+    scores = score_synthetic(predictions, truths).to_dict()
+    assert scores["overall"] == {"pairs": 4, "type_accuracy": 0.75, "object_accuracy": 0.5, "exact_accuracy": 0.25}
+    assert scores["per_type"]["none"]["type_accuracy"] == 0.5
+    assert scores["confusion"]["none"] == {"none": 1, "move": 1}
+    with pytest.raises(DataError, match="no truth"):
+        score_synthetic({"c.png": "there is no change"}, truths)
+
+
+def test_generator_references_score_perfectly(synth_root):
+    scenes = load_scenes(synth_root)
+    truths = pair_truths(scenes)
+    assert len(truths) == 20
+    no_change = json.loads((synth_root / "no_change_captions.json").read_text())
+    predictions = {}
+    for scene_id, record in scenes.items():
+        for i, caption in enumerate(record["captions"]):  # every reference, synonyms included
+            assert parse_caption(caption).attributes == truths[f"{scene_id}.png"].attributes, caption
+        predictions[f"{scene_id}.png"] = record["captions"][-1]
+        predictions[f"{scene_id}.png_n"] = no_change[f"CLEVR_default_{scene_id}.png"][0]
+    overall = score_synthetic(predictions, truths).to_dict()["overall"]
+    assert overall == {"pairs": 20, "type_accuracy": 1.0, "object_accuracy": 1.0, "exact_accuracy": 1.0}
+
+
+# ----------------------------------------------------------------------------------------------- pretraining
+
+
+def test_saved_folder_loads_as_instructblip_with_same_logits(tmp_path):
+    torch.manual_seed(0)
+    model = build_tiny_model(image_size=32, patch_size=8, seed=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    pixels = torch.randn(2, 3, 32, 32)
+    loss = description_loss(model, pixels, ["small red metal sphere , large gray rubber cube", "tiny blue ball"])
+    loss.backward()
+    optimizer.step()  # weights differ from the seeded random init, so loading must really read them
+    save_checkpoint(model, tmp_path / "ckpt", {"seed": 1})
+
+    loaded = build_davir_model(DavirModelConfig(pretrained=str(tmp_path / "ckpt")))
+    model.eval(), loaded.eval()
+    before, after = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
+    prompts, captions = [CHANGE_PROMPT] * 2, ["the small red metal sphere moved", "there is no change"]
+    with torch.no_grad():
+        expected = model(before, after, prompts, captions).logits
+        actual = loaded(before, after, prompts, captions).logits
+    torch.testing.assert_close(actual, expected)
+    # The saved word-level tokenizer knows every word the demo needs (no <unk>), entity prompts included.
+    text = f"{CHANGE_PROMPT} Entity: small red metallic ball, big cyan matte cylinder."
+    ids = loaded.tokenizer(text)["input_ids"]
+    assert loaded.tokenizer.unk_token_id not in ids
+    # Word for word (the word-level decoder keeps a space before ":").
+    assert loaded.tokenizer.decode(ids, skip_special_tokens=True).replace(" ", "") == text.lower().replace(" ", "")
+
+
+def test_cli_writes_a_loadable_checkpoint(synth_root, tmp_path):
+    out = tmp_path / "tiny"
+    code = main(["--out", str(out), "--data", str(synth_root), "--desc-steps", "2", "--change-steps", "2",
+                 "--batch-size", "4", "--image-size", "32", "--eval-every", "2", "--eval-scenes", "1",
+                 "--threads", "1", "--seed", "5", "--no-cider", "--quiet"])
+    assert code == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json", "processor_config.json", INFO_FILE} <= {
+        p.name for p in out.iterdir()}
+    info = json.loads((out / INFO_FILE).read_text())
+    assert info["seed"] == 5 and "--desc-steps 2" in info["command"]
+    assert [p["stage"] for p in info["curve"]] == ["describe", "change"]
+    assert info["final_eval"]["type_accuracy"] is not None
+    model = build_davir_model(DavirModelConfig(pretrained=str(out)))
+    assert model.image_size == 32 and model.num_query_tokens == 16
+
+
+def test_cli_reports_missing_data(tmp_path, capsys):
+    assert main(["--out", str(tmp_path / "x"), "--data", str(tmp_path / "absent"), "--quiet"]) == 2
+    assert "scenes.json" in capsys.readouterr().err
+
+
+def test_canonical_description_orders_by_colour_then_shape():
+    from davir.pretrain_tiny import canonical_description
+
+    left_to_right = "small cyan rubber sphere , large gray rubber cube , small gray metal cube , tiny_unused"
+    with pytest.raises(ValueError):  # a phrase that is not four attribute words is refused
+        canonical_description(left_to_right)
+    assert canonical_description("small cyan rubber sphere , large gray rubber cube , small gray metal cube") == (
+        "small gray metal cube , large gray rubber cube , small cyan rubber sphere"
+    )
