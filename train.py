@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -60,8 +61,10 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     if resume and checkpoint is None:
         accelerator.print(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; starting from scratch")
     if accelerator.is_main_process:
-        if (run_dir / "config.yaml").exists() and not resume and not config.run.overwrite:
-            raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
+        if (run_dir / "config.yaml").exists() and not resume:
+            if not config.run.overwrite:
+                raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
+            shutil.rmtree(run_dir)  # a fresh run: no stale checkpoints, logs or best/ from the old one
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(config, run_dir / "config.yaml")
         write_run_info(run_dir, seed=config.run.seed, extra={"resumed_from": str(checkpoint) if checkpoint else None})

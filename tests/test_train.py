@@ -106,3 +106,13 @@ def test_two_cpu_processes(synth_root, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "ddp" / "checkpoints" / "step_2" / "COMPLETE").is_file()
     assert len(_losses(tmp_path / "ddp")) == 2
+
+
+def test_overwrite_starts_a_clean_run_folder(synth_root, tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step_99").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("x: 1\n")
+    (run_dir / "train_log.jsonl").write_text('{"step": 99, "train/loss": 1.0}\n')
+    train_script.train(_config(synth_root, run_dir, "run.overwrite=true", "optim.max_steps=2"))
+    assert not (run_dir / "checkpoints" / "step_99").exists()
+    assert [row["step"] for row in read_jsonl(run_dir / "train_log.jsonl")] == [1, 2]
