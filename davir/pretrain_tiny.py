@@ -55,7 +55,7 @@ from davir.data.synthetic import (
     load_scenes,
 )
 from davir.io import read_json, write_json_atomic
-from davir.losses import IGNORE_INDEX, FacConfig, caption_cross_entropy
+from davir.losses import FacConfig, caption_cross_entropy
 from davir.metrics.synthetic import pair_truths, score_synthetic
 from davir.models.davir import DavirModel, DavirModelConfig, EpcConfig, build_davir_model
 
@@ -173,22 +173,7 @@ def description_loss(model: DavirModel, pixels: torch.Tensor, captions: list[str
         return_dict=True,
     )
     model.attention_hook.pop()  # the FAC hook recorded this pass; not used here
-    visual = features.pooler_output
-    prompt_ids = model._prompt_ids([prompt] * batch)
-    caption_ids = model._caption_ids(captions)
-    length = max(len(p) + len(c) for p, c in zip(prompt_ids, caption_ids))
-    input_ids = torch.full((batch, length), model.tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((batch, length), dtype=torch.long)
-    labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)
-    for row, (p, c) in enumerate(zip(prompt_ids, caption_ids)):
-        input_ids[row, : len(p) + len(c)] = torch.tensor(p + c)
-        mask[row, : len(p) + len(c)] = 1
-        labels[row, len(p) : len(p) + len(c)] = torch.tensor(c)
-    embeds = torch.cat([visual, model._embed(input_ids)], dim=1)
-    visual_len = visual.shape[1]
-    attention = torch.cat([torch.ones((batch, visual_len), dtype=torch.long), mask], dim=1)
-    labels = torch.cat([torch.full((batch, visual_len), IGNORE_INDEX, dtype=torch.long), labels], dim=1)
-    logits = model.core.language_model(inputs_embeds=embeds, attention_mask=attention, use_cache=False).logits
+    logits, labels = model.language_pass(features.pooler_output, [prompt] * batch, captions)
     return caption_cross_entropy(logits, labels)
 
 

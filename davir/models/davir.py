@@ -410,6 +410,33 @@ class DavirModel(nn.Module):
         return self.core.get_input_embeddings()(ids)
 
     # ----------------------------------------------------------------------------------------------- forward
+    def language_pass(self, visual: torch.Tensor, prompts: Sequence[str], captions: Sequence[str] | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[visual | prompt | caption + EOS] through the LLM, packed per row and padded on the right (LAVIS
+        concat_text_input_output). Returns ``logits`` (B, V + L, vocab) and ``labels`` (-100 except on the
+        caption + EOS tokens; all -100 without captions)."""
+        batch, device = visual.shape[0], visual.device
+        prompt_ids = self._prompt_ids(prompts)
+        caption_ids = self._caption_ids(captions) if captions is not None else [[] for _ in range(batch)]
+        length = max(len(p) + len(c) for p, c in zip(prompt_ids, caption_ids))
+        input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
+        text_mask = torch.zeros((batch, length), dtype=torch.long)
+        text_labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)
+        for row, (p, c) in enumerate(zip(prompt_ids, caption_ids)):
+            input_ids[row, : len(p) + len(c)] = torch.tensor(p + c)
+            text_mask[row, : len(p) + len(c)] = 1
+            if c:
+                text_labels[row, len(p) : len(p) + len(c)] = torch.tensor(c)
+        input_ids, text_mask, text_labels = input_ids.to(device), text_mask.to(device), text_labels.to(device)
+        text_embeds = self._embed(input_ids)
+        inputs_embeds = torch.cat([visual.to(text_embeds.dtype), text_embeds], dim=1)
+        visual_len = visual.shape[1]
+        attention_mask = torch.cat([torch.ones((batch, visual_len), dtype=torch.long, device=device), text_mask], dim=1)
+        visual_labels = torch.full((batch, visual_len), IGNORE_INDEX, dtype=torch.long, device=device)
+        labels = torch.cat([visual_labels, text_labels], dim=1)
+        lm_out = self.core.language_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, use_cache=False)
+        return lm_out.logits, labels
+
     def forward(
         self,
         pixel_before: torch.Tensor,
@@ -432,35 +459,9 @@ class DavirModel(nn.Module):
         λ = 0), ``loss`` (Eq. 12), ``attention_before``/``after`` (B, Hp, Wp) [CLS]→patch maps (differentiable).
         """
         visual, attention_before, attention_after = self.encode_images(pixel_before, pixel_after, prompts)
-        batch, device = visual.shape[0], visual.device
-        prompt_ids = self._prompt_ids(prompts)
-        if captions is not None:
-            if len(captions) != batch:
-                raise ValueError(f"{len(captions)} captions for a batch of {batch} image pairs")
-            caption_ids = self._caption_ids(captions)
-        else:
-            caption_ids = [[] for _ in range(batch)]
-
-        # [prompt | caption | EOS] packed per pair, padded on the right (LAVIS concat_text_input_output).
-        length = max(len(p) + len(c) for p, c in zip(prompt_ids, caption_ids))
-        input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
-        text_mask = torch.zeros((batch, length), dtype=torch.long)
-        text_labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)
-        for row, (p, c) in enumerate(zip(prompt_ids, caption_ids)):
-            input_ids[row, : len(p) + len(c)] = torch.tensor(p + c)
-            text_mask[row, : len(p) + len(c)] = 1
-            if c:
-                text_labels[row, len(p) : len(p) + len(c)] = torch.tensor(c)
-        input_ids, text_mask, text_labels = input_ids.to(device), text_mask.to(device), text_labels.to(device)
-
-        text_embeds = self._embed(input_ids)
-        inputs_embeds = torch.cat([visual.to(text_embeds.dtype), text_embeds], dim=1)
-        visual_len = visual.shape[1]
-        attention_mask = torch.cat([torch.ones((batch, visual_len), dtype=torch.long, device=device), text_mask], dim=1)
-        visual_labels = torch.full((batch, visual_len), IGNORE_INDEX, dtype=torch.long, device=device)
-        labels = torch.cat([visual_labels, text_labels], dim=1)
-        lm_out = self.core.language_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, use_cache=False)
-        logits = lm_out.logits
+        if captions is not None and len(captions) != visual.shape[0]:
+            raise ValueError(f"{len(captions)} captions for a batch of {visual.shape[0]} image pairs")
+        logits, labels = self.language_pass(visual, prompts, captions)
 
         caption_loss = caption_cross_entropy(logits, labels) if captions is not None else None
         attn_loss, fac_pairs = None, 0
