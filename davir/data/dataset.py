@@ -115,7 +115,8 @@ class EntityField:
         return {"entities": [entity for entity, _ in self.cache.get(pair.pair_id)[: self.top_k]]}
 
 
-def _stable_index(seed: int, epoch: int, index: int, modulo: int) -> int:
+def stable_index(seed: int, epoch: int, index: int, modulo: int) -> int:
+    """A choice in range(modulo) fixed by (seed, epoch, index): the same on a resumed run, new each epoch."""
     digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % modulo
 
@@ -155,7 +156,7 @@ class ChangeCaptionDataset(torch.utils.data.Dataset):
         pair_index, caption_index = self.items[index]
         pair = self.pairs[pair_index]
         if caption_index is None and pair.captions:
-            caption_index = _stable_index(self.seed, self.epoch, index, len(pair.captions))
+            caption_index = stable_index(self.seed, self.epoch, index, len(pair.captions))
         caption = pair.captions[caption_index] if pair.captions else ""
         example: dict[str, Any] = {
             "pair_id": pair.pair_id,

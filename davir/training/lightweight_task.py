@@ -33,7 +33,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from davir.data.caches import EntityCache
-from davir.data.dataset import ChangeCaptionDataset, EntityField, _stable_index
+from davir.data.dataset import ChangeCaptionDataset, EntityField, stable_index
 from davir.data.feature_field import FeatureField
 from davir.data.formats import read_dataset
 from davir.data.records import DISTRACTOR, ChangePair, DataError
@@ -163,7 +163,7 @@ class SceneCaptionDataset(ChangeCaptionDataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         example = super().__getitem__(index)
         captions = self.no_change[self.pairs[index].scene_id]
-        example["no_change_caption"] = captions[_stable_index(self.seed + 1, self.epoch, index, len(captions))]
+        example["no_change_caption"] = captions[stable_index(self.seed + 1, self.epoch, index, len(captions))]
         return example
 
 
