@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from davir.data.records import ChangePair, DataError, SkippedRecord
+from davir.io import read_json
 
 EMPTY_SENTENCE = "empty or whitespace-only reference sentence"
 
@@ -33,6 +35,15 @@ def clean_captions(
             continue
         captions.append(sentence.strip())
     return tuple(captions), skipped
+
+
+def read_record_list(path: Path, keys: tuple[str, ...]) -> list:
+    """An annotation file that must hold a JSON list of records (each later checked for `keys`)."""
+    records = read_json(path)
+    if not isinstance(records, list):
+        fields = ", ".join(f'"{key}"' for key in keys)
+        raise DataError(f"{path}: expected a list of {{{fields}}} records, got {type(records).__name__}")
+    return records
 
 
 def require_keys(entry: Any, keys: tuple[str, ...], *, source: str, record: str) -> dict:

@@ -13,10 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from davir.data.formats import register_format
-from davir.data.formats._common import PairMerger, clean_captions, require_id, require_keys
+from davir.data.formats._common import PairMerger, clean_captions, read_record_list, require_id, require_keys
 from davir.data.images import resolve_in_root
 from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
-from davir.io import read_json
 
 SPLITS = ("train", "val", "test")
 SPLIT_FILES = {"train": "train.json", "val": "valid.json", "test": "test.json"}
@@ -27,9 +26,7 @@ def read_ier(root: Path, split: str) -> DatasetIndex:
     """One IER split in file order; a repeated uid merges when its images agree, else DataError."""
     root = Path(root)
     path = root / SPLIT_FILES[split]
-    records = read_json(path)
-    if not isinstance(records, list):
-        raise DataError(f"{path}: expected a list of {{\"img0\", \"img1\", \"sents\", \"uid\"}} records, got {type(records).__name__}")
+    records = read_record_list(path, ("img0", "img1", "sents", "uid"))
     images = root / "images"
     merger = PairMerger(str(path))
     skipped: list[SkippedRecord] = []

@@ -19,9 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from davir.data.formats import register_format
-from davir.data.formats._common import PairMerger, clean_captions, plain_file_name, require_id, require_keys
+from davir.data.formats._common import (
+    PairMerger, clean_captions, plain_file_name, read_record_list, require_id, require_keys,
+)
 from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
-from davir.io import read_json
 
 SPLITS = ("train", "val", "test")
 
@@ -31,9 +32,7 @@ def read_spot_the_diff(root: Path, split: str) -> DatasetIndex:
     """One split, repeated img_ids merged, pairs in order of first appearance."""
     root = Path(root)
     path = root / "annotations" / f"{split}.json"
-    records = read_json(path)
-    if not isinstance(records, list):
-        raise DataError(f"{path}: expected a list of {{\"img_id\", \"sentences\"}} records, got {type(records).__name__}")
+    records = read_record_list(path, ("img_id", "sentences"))
     images = root / "resized_images"
     merger = PairMerger(str(path))
     skipped: list[SkippedRecord] = []
