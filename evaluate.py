@@ -107,13 +107,35 @@ def report_scores(predictions: dict[str, str], args: argparse.Namespace, *, pred
     for line in notes + total.mismatch.lines():
         print(f"note: {line}", file=sys.stderr)
 
+    synthetic = synthetic_accuracy(predictions, args)
+    if synthetic is not None:
+        from davir.metrics.synthetic import format_synthetic_table
+
+        synthetic_text = "\nBuilt-in synthetic set: does each caption name the right change and object?\n\n"
+        synthetic_text += format_synthetic_table(synthetic)
+        print(synthetic_text, end="")
+        text += synthetic_text
     if args.markdown is not None:
         write_text_atomic(args.markdown, text)
     if args.out is not None:
         extra = {"predictions": predictions_source, "references": reference_source}
+        if synthetic is not None:
+            extra["synthetic"] = synthetic.to_dict()
         write_results_json(args.out, rows, per_image=[TOTAL], extra=extra)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def synthetic_accuracy(predictions: dict[str, str], args: argparse.Namespace):
+    """Type/object/exact accuracy (davir.metrics.synthetic) when the references are a davir synthetic set
+    (clevr_change layout with the generator's scenes.json); None for every other data set."""
+    if args.format != "clevr_change" or args.root is None or not (Path(args.root) / "scenes.json").is_file():
+        return None
+    from davir.data.synthetic import load_scenes
+    from davir.metrics.synthetic import pair_truths, score_synthetic
+
+    truths = pair_truths(load_scenes(args.root), split=args.split)
+    return score_synthetic({k: v for k, v in predictions.items() if k in truths}, truths)
 
 
 def generate_and_score(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from davir.data.synthetic import (
 )
 from davir.metrics.synthetic import (
     PairTruth,
+    format_synthetic_table,
     parse_caption,
     parse_object_phrase,
     pair_truths,
@@ -116,6 +117,31 @@ def test_score_synthetic_counts_by_hand():
     assert scores["confusion"]["none"] == {"none": 1, "move": 1}
     with pytest.raises(DataError, match="no truth"):
         score_synthetic({"c.png": "there is no change"}, truths)
+    table = format_synthetic_table(score_synthetic(predictions, truths))
+    assert "| color | 100.0 | 100.0 | 0.0 | 1 |" in table
+    assert "| drop | 100.0 | 0.0 | 0.0 | 1 |" in table
+    assert "| none | 50.0 | — | 50.0 | 2 |" in table
+    assert "| total | 75.0 | 50.0 | 25.0 | 4 |" in table
+
+
+def test_evaluate_prints_synthetic_accuracy(synth_root, tmp_path, capsys):
+    import evaluate
+
+    scenes = load_scenes(synth_root)
+    test_ids = [k for k, r in scenes.items() if r["split"] == "test"]
+    assert test_ids
+    predictions = {}
+    for scene_id in test_ids:  # semantic pairs right, distractor pairs wrongly "moved"
+        predictions[f"{scene_id}.png"] = scenes[scene_id]["captions"][0]
+        predictions[f"{scene_id}.png_n"] = f"the {scenes[scene_id]['change']['subject']} moved"
+    path = tmp_path / "predictions.json"
+    path.write_text(json.dumps(predictions))
+    out = tmp_path / "metrics.json"
+    assert evaluate.main(["--predictions", str(path), "--format", "clevr_change", "--root", str(synth_root),
+                          "--split", "test", "--metrics", "BLEU", "--no-spice", "--out", str(out)]) == 0
+    assert "| none | 0.0 | — | 0.0 |" in capsys.readouterr().out
+    overall = json.loads(out.read_text())["synthetic"]["overall"]
+    assert overall["type_accuracy"] == 0.5 and overall["object_accuracy"] == 1.0
 
 
 def test_generator_references_score_perfectly(synth_root):

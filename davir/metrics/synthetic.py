@@ -225,7 +225,22 @@ def score_synthetic(predictions: Mapping[str, str], truths: Mapping[str, PairTru
     return scores
 
 
+def format_synthetic_table(scores: SyntheticScores) -> str:
+    """A Markdown table of type / object / exact accuracy per truth type and overall (x100, as the caption
+    tables), with the count of captions that match no template."""
+    lines = ["| change type | type acc. | object acc. | exact | pairs |", "|---|---|---|---|---|"]
+    rows = [(t, scores.per_type[t]) for t in TYPES if t in scores.per_type] + [("total", scores.overall)]
+    for name, bucket in rows:
+        values = bucket.to_dict()
+        cells = ["—" if values[k] is None else f"{100 * values[k]:.1f}"
+                 for k in ("type_accuracy", "object_accuracy", "exact_accuracy")]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {bucket.pairs} |")
+    lines.append(f"\nScale: x100. Captions matching no template (counted wrong): {scores.unparsed}.")
+    return "\n".join(lines) + "\n"
+
+
 __all__ = [
     "ATTRIBUTES", "NO_CHANGE", "TYPES", "PairTruth", "ParsedCaption", "SyntheticScores", "TypeScores",
-    "normalise_caption", "pair_truths", "parse_caption", "parse_object_phrase", "score_synthetic",
+    "format_synthetic_table", "normalise_caption", "pair_truths", "parse_caption", "parse_object_phrase",
+    "score_synthetic",
 ]
