@@ -1,0 +1,222 @@
+"""Train and score a grid of runs (variants × seeds) and print one table of mean ± std.
+
+    python -m davir.sweep configs/sweeps/ablation_demo.yaml        # DAVIR FAC/EPC ablation (paper Table 4)
+    python -m davir.sweep configs/sweeps/lightweight_demo.yaml     # the five lightweight methods
+    python -m davir.sweep SWEEP.yaml --seeds 0 --set optim.max_steps=50   # quicker, fewer seeds
+
+A sweep file names the variants (a training config + key=value overrides each), the seeds and the output
+folder. Every (variant, seed) is one ordinary run folder, trained by ``train.py`` and scored by
+``evaluate.py --checkpoint`` exactly as a user would run them, so any cell can be inspected or re-scored on
+its own. A cell whose evaluation exists is not redone: an interrupted sweep continues where it stopped.
+The summary (``OUT/summary.md`` and ``OUT/summary.json``) holds the caption metrics, the built-in set's
+type/object accuracy and, for DAVIR, the attention share inside the ground-truth change mask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from davir.config import ConfigError
+from davir.data.records import DataError
+from davir.io import read_json, write_json_atomic, write_text_atomic
+
+# (column title, path into metrics.json, scale) of the summary table.
+COLUMNS: tuple[tuple[str, tuple[str, ...], float], ...] = (
+    ("type acc.", ("synthetic", "overall", "type_accuracy"), 100.0),
+    ("object acc.", ("synthetic", "overall", "object_accuracy"), 100.0),
+    ("exact", ("synthetic", "overall", "exact_accuracy"), 100.0),
+    ("BLEU-4", ("rows", "total", "metrics", "BLEU-4"), 100.0),
+    ("METEOR", ("rows", "total", "metrics", "METEOR"), 100.0),
+    ("ROUGE-L", ("rows", "total", "metrics", "ROUGE_L"), 100.0),
+    ("CIDEr", ("rows", "total", "metrics", "CIDEr"), 100.0),
+    ("attn. in mask", ("localisation", "attention_share_in_mask"), 1.0),
+)
+TYPE_ROWS = ("color", "material", "add", "drop", "move", "distractor")
+
+
+@dataclass
+class Variant:
+    name: str
+    config: str
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "_", self.name.lower()).strip("_")
+
+
+@dataclass
+class Sweep:
+    title: str
+    out: Path
+    variants: list[Variant]
+    seeds: list[int]
+    split: str = "test"
+    seed_keys: list[str] = field(default_factory=lambda: ["run.seed"])
+    overrides: list[str] = field(default_factory=list)
+    evaluate_args: list[str] = field(default_factory=lambda: ["--no-spice"])
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read a sweep YAML (title, out, seeds, split, seed_keys, overrides, evaluate_args, variants)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"{path}: cannot read the sweep file ({error})") from error
+    unknown = set(raw) - {"title", "out", "variants", "seeds", "split", "seed_keys", "overrides", "evaluate_args"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}")
+    variants = raw.get("variants") or []
+    if not variants:
+        raise ConfigError(f"{path}: no variants")
+    parsed = []
+    for i, entry in enumerate(variants):
+        if not isinstance(entry, dict) or "name" not in entry or "config" not in entry:
+            raise ConfigError(f"{path}: variant {i} needs a name and a config")
+        parsed.append(Variant(str(entry["name"]), str(entry["config"]), [str(o) for o in entry.get("overrides", [])]))
+    slugs = [v.slug for v in parsed]
+    if len(set(slugs)) != len(slugs):
+        raise ConfigError(f"{path}: variant names must differ after slugging ({slugs})")
+    sweep = Sweep(title=str(raw.get("title", path.stem)), out=Path(raw.get("out", f"runs/{path.stem}")),
+                  variants=parsed, seeds=[int(s) for s in raw.get("seeds", [0])], split=str(raw.get("split", "test")))
+    for key in ("seed_keys", "overrides", "evaluate_args"):
+        if key in raw:
+            setattr(sweep, key, [str(v) for v in raw[key]])
+    return sweep
+
+
+def cell_dir(sweep: Sweep, variant: Variant, seed: int) -> Path:
+    return sweep.out / variant.slug / f"seed{seed}"
+
+
+def metrics_path(run: Path, split: str) -> Path | None:
+    found = sorted((run / "eval").glob(f"*_{split}/metrics.json"))
+    return found[0] if found else None
+
+
+def run_cell(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> Path:
+    """Train (from scratch; a finished training is kept) and score one cell; returns its metrics.json."""
+    import evaluate
+    import train
+
+    run = cell_dir(sweep, variant, seed)
+    done = metrics_path(run, sweep.split)
+    if done is not None:
+        return done
+    if not (run / "last").is_dir():
+        overrides = [*variant.overrides, *sweep.overrides, *extra, *(f"{k}={seed}" for k in sweep.seed_keys),
+                     f"run.output_dir={run}", "run.overwrite=true"]
+        if train.main(["--config", variant.config, *overrides]) != 0:
+            raise DataError(f"training {variant.name} seed {seed} failed (run folder {run})")
+    if evaluate.main(["--checkpoint", str(run), "--split", sweep.split, *sweep.evaluate_args]) != 0:
+        raise DataError(f"evaluating {run} failed")
+    done = metrics_path(run, sweep.split)
+    if done is None:
+        raise DataError(f"{run}: evaluate.py wrote no metrics.json")
+    return done
+
+
+def _lookup(document: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    value: Any = document
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _cell_text(values: list[float], scale: float) -> str:
+    if not values:
+        return "—"
+    mean, std = mean_std([v * scale for v in values])
+    digits = 1 if scale == 100.0 else 3
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
+
+
+def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
+    """Markdown tables (overall; CIDEr per change type) and their JSON, from each variant's metrics.json files."""
+    columns = [c for c in COLUMNS if any(_lookup(m, c[1]) is not None for runs in results.values() for m in runs)]
+    seeds = ", ".join(map(str, sweep.seeds))
+    lines = [f"## {sweep.title}", "", f"{sweep.split} split; mean ± std over seeds {seeds}; x100 except the "
+             "attention share (share of last-layer CLS attention inside the ground-truth change mask).", "",
+             "| variant | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    summary: dict[str, Any] = {"title": sweep.title, "split": sweep.split, "seeds": sweep.seeds, "variants": {}}
+    for name, runs in results.items():
+        cells, record = [], {}
+        for title, keys, scale in columns:
+            values = [v for v in (_lookup(m, keys) for m in runs) if v is not None]
+            cells.append(_cell_text(values, scale))
+            record[title] = {"values": values, "mean": mean_std(values)[0] if values else None,
+                             "std": mean_std(values)[1] if values else None}
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        summary["variants"][name] = record
+    types = [t for t in TYPE_ROWS if any(t in m.get("rows", {}) for runs in results.values() for m in runs)]
+    if types:
+        lines += ["", "CIDEr per change type (x100, mean ± std):", "",
+                  "| variant | " + " | ".join(types) + " |", "|---" * (len(types) + 1) + "|"]
+        for name, runs in results.items():
+            cells = []
+            for change_type in types:
+                values = [v for v in (_lookup(m, ("rows", change_type, "metrics", "CIDEr")) for m in runs)
+                          if v is not None]
+                cells.append(_cell_text(values, 100.0))
+                summary["variants"][name][f"CIDEr {change_type}"] = values
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n", summary
+
+
+def run_sweep(sweep: Sweep, extra: list[str] | None = None) -> str:
+    """Every cell, then the summary (written to OUT/summary.md and OUT/summary.json); returns the Markdown."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    started = time.time()
+    for variant in sweep.variants:
+        results[variant.name] = []
+        for seed in sweep.seeds:
+            print(f"[sweep] {variant.name} · seed {seed} ({(time.time() - started) / 60:.1f} min)", flush=True)
+            results[variant.name].append(read_json(run_cell(sweep, variant, seed, extra or [])))
+    text, summary = summarise(sweep, results)
+    summary["minutes"] = round((time.time() - started) / 60, 2)
+    write_text_atomic(sweep.out / "summary.md", text)
+    write_json_atomic(sweep.out / "summary.json", summary)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m davir.sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", help="sweep YAML (configs/sweeps/)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="override the sweep's seeds")
+    parser.add_argument("--out", type=Path, help="override the sweep's output folder")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        help="key=value override applied to every run (repeatable)")
+    args = parser.parse_args(argv)
+    try:
+        sweep = load_sweep(args.sweep)
+        sweep.seeds = args.seeds or sweep.seeds
+        sweep.out = args.out or sweep.out
+        text = run_sweep(sweep, args.overrides)
+    except (ConfigError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    print(f"summary written to {sweep.out / 'summary.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

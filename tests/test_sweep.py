@@ -1,0 +1,78 @@
+"""davir.sweep: reading sweep files, resuming finished cells and the mean ± std summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from davir.config import ConfigError
+from davir.sweep import Sweep, Variant, cell_dir, load_sweep, mean_std, run_cell, summarise
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _metrics(type_accuracy: float, cider: float, share: float | None = None, color_cider: float = 1.0) -> dict:
+    document = {
+        "rows": {"total": {"metrics": {"CIDEr": cider, "BLEU-4": 0.5}}, "color": {"metrics": {"CIDEr": color_cider}}},
+        "synthetic": {"overall": {"type_accuracy": type_accuracy, "object_accuracy": 0.8, "exact_accuracy": 0.5}},
+    }
+    if share is not None:
+        document["localisation"] = {"attention_share_in_mask": share}
+    return document
+
+
+def test_mean_and_sample_std_by_hand():
+    assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)  # sample std: sqrt(((1)^2 + 0 + (1)^2) / 2) = 1
+    assert mean_std([0.5]) == (0.5, 0.0)
+
+
+def test_summary_table_mean_and_std(tmp_path):
+    sweep = Sweep(title="t", out=tmp_path, variants=[], seeds=[0, 1, 2])
+    results = {
+        "plain": [_metrics(0.5, 1.0, 0.10), _metrics(0.6, 2.0, 0.12), _metrics(0.7, 3.0, 0.14)],
+        "FAC": [_metrics(0.9, 4.0, 0.30, color_cider=2.0)],
+    }
+    text, summary = summarise(sweep, results)
+    # type accuracy 50/60/70 → 60.0 ± 10.0; CIDEr 100/200/300 → 200.0 ± 100.0; share 0.120 ± 0.020
+    assert "| plain | 60.0 ± 10.0 | 80.0 ± 0.0 | 50.0 ± 0.0 | 50.0 ± 0.0 | 200.0 ± 100.0 | 0.120 ± 0.020 |" in text
+    assert "| FAC | 90.0 | 80.0 | 50.0 | 50.0 | 400.0 | 0.300 |" in text
+    assert "| FAC | 200.0 |" in text  # CIDEr of the colour changes
+    assert "METEOR" not in text  # no run reports it: no empty column
+    assert summary["variants"]["plain"]["CIDEr"]["values"] == [1.0, 2.0, 3.0]
+    assert summary["variants"]["plain"]["CIDEr"]["std"] == pytest.approx(1.0)
+
+
+def test_finished_cell_is_not_trained_again(tmp_path):
+    sweep = Sweep(title="t", out=tmp_path, variants=[Variant("A b", "configs/demo.yaml")], seeds=[0])
+    run = cell_dir(sweep, sweep.variants[0], 0)
+    assert run == tmp_path / "a_b" / "seed0"
+    done = run / "eval" / "clevr_change_test" / "metrics.json"
+    done.parent.mkdir(parents=True)
+    done.write_text(json.dumps(_metrics(1.0, 1.0)))
+    assert run_cell(sweep, sweep.variants[0], 0, []) == done  # would fail to train: no data there
+
+
+def test_repository_sweeps_load_and_name_existing_configs():
+    for name in ("ablation_demo.yaml", "lightweight_demo.yaml"):
+        sweep = load_sweep(REPO / "configs" / "sweeps" / name)
+        assert sweep.seeds == [0, 1, 2]
+        for variant in sweep.variants:
+            assert (REPO / variant.config).is_file(), variant.config
+    ablation = load_sweep(REPO / "configs" / "sweeps" / "ablation_demo.yaml")
+    assert [v.slug for v in ablation.variants] == ["lora_no_fac_no_epc", "fac", "epc", "fac_epc_davir"]
+    assert "model.seed" in ablation.seed_keys
+
+
+@pytest.mark.parametrize("text, message", [
+    ("variants: []", "no variants"),
+    ("variants: [{name: a}]", "needs a name and a config"),
+    ("variants: [{name: a, config: x}, {name: A, config: y}]", "must differ"),
+    ("colour: red\nvariants: [{name: a, config: x}]", "unknown sweep keys"),
+])
+def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_sweep(path)
