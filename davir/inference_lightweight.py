@@ -136,7 +136,7 @@ def caption_pairs_lightweight(
     k = captioner.config.cheer_entities
     if is_cheer and entity_cache is None:
         raise DataError("this CHEER model needs the retrieved entities of every pair: pass an entity cache "
-                        "(python -m preprocess entities … --top-k 3)")
+                        "(python -m preprocess entities … --image-level --top-k 3)")
     max_len = captioner.config.max_len if max_len is None else min(max_len, captioner.config.max_len)
     predictions: list[Prediction] = []
     bar = tqdm(total=len(pairs), desc="caption", disable=not progress)
@@ -199,7 +199,7 @@ def run_captioner(model_dir: Path, run_data: dict, *, root: Path, entities: Path
         entity_dir = entities or run_data.get("entities")
         if entity_dir is None:
             raise DataError("this CHEER model needs retrieved entities: pass --entities CACHE "
-                            "(python -m preprocess entities … --top-k 3)")
+                            "(python -m preprocess entities … --image-level --top-k 3)")
         entity_cache = EntityCache(entity_dir)
 
     def caption(pairs: Sequence[ChangePair], progress: bool = True) -> list[Prediction]:

@@ -2,6 +2,7 @@
 
     python -m preprocess entities --format clevr_change --root DATA --split test \\
         --masks MASKCACHE --out CACHE [--retriever fitted|clip] [--fit-split train] [--top-k 5]
+    python -m preprocess entities … --image-level --top-k 3 [--image-score abs|bef_minus_aft]   # CHEER, no masks
 
 1. Entity vocabulary (methods.md §5.8): the noun phrases of the `--fit-split` captions (davir.text),
    kept when ≥ `--vocab-min-count` captions name them; saved as CACHE/vocab.json and reused.
@@ -17,6 +18,15 @@
 for the ground-truth masks a dataset ships (the built-in synthetic set's `gt_masks/`). The fitted
 retriever is fitted with the fit split's masks from the same source unless `--fit-masks` names
 another (e.g. fit on ground truth, retrieve with predicted masks).
+
+`--image-level` is CHEER's retrieval instead (methods.md §4.8): no masks (`--masks` is then refused);
+the before and after frames are scored whole against all M entities (S_bef, S_aft; `clip`: cosine of
+the global CLIP embedding, ViT-L/14 in the paper; `fitted`: the word model on whole-frame descriptors,
+fitted on the fit split's whole frames — see FittedRetriever.frame_scores), ranked by |S_bef − S_aft|
+(`--image-score abs`, default [D]) or S_bef − S_aft (`bef_minus_aft`, Eq. 1 as written) among the
+entities above their image's mean similarity (preprocess.retrievers.cheer_rank_entities); every pair,
+distractors included, gets `--top-k` entries (CHEER: 3). The settings record `retrieval: image`, so a
+cache is never mixed with region-level entities.
 """
 
 from __future__ import annotations
@@ -37,11 +47,13 @@ from davir.data.records import ChangePair, DataError, DatasetIndex
 from davir.io import read_json, write_json_atomic
 from davir.text.phrases import BACKENDS, EntityVocabulary, PhraseExtractor, build_vocabulary, get_extractor
 from preprocess.retrievers import (
-    FITTED_MODES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, FittedRetriever, PairRegions, pair_features,
-    pair_regions, retrieve_top_k,
+    FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, FittedRetriever, PairRegions,
+    frame_pair_features, pair_features, pair_regions, retrieve_image_level, retrieve_top_k,
 )
 
 GT_MASKS = "gt"
+REGION, IMAGE = "region", "image"  # settings["retrieval"]: DAVIR's masked regions (Eq. 9) or CHEER's whole frames (§4.8)
+FITTED_INPUT = {False: "regions", True: "whole_frame"}  # what a fitted retriever was fitted on; absent = regions
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -151,10 +163,15 @@ def _progress(iterable, total: int, desc: str, enabled: bool):
     return tqdm(iterable, total=total, desc=desc, file=sys.stderr)
 
 
-def fit_fitted_retriever(fit_index: DatasetIndex, masks: MaskSource, vocabulary: EntityVocabulary,
+def fit_fitted_retriever(fit_index: DatasetIndex, masks: MaskSource | None, vocabulary: EntityVocabulary,
                          extractor: PhraseExtractor, *, mode: str, C: float, region_options: dict,
-                         limit: int | None = None, progress: bool = True) -> FittedRetriever:
-    """Fit the `fitted` retriever on the fit split's pairs (the first `limit`) whose references name a vocabulary phrase."""
+                         limit: int | None = None, progress: bool = True,
+                         image_level: bool = False) -> FittedRetriever:
+    """Fit the `fitted` retriever on the fit split's pairs (the first `limit`) whose references name a vocabulary phrase.
+
+    Region level: the descriptors of the masked change regions. `image_level`: of the two whole frames
+    (no masks; `masks` may be None), so `frame_scores` sees the statistics it was fitted on.
+    """
     phrases = set(vocabulary.phrases)
     pairs = fit_index.pairs[:limit] if limit is not None else fit_index.pairs
     labelled = [(pair, reference_labels(pair.captions, extractor, phrases)) for pair in pairs]
@@ -162,13 +179,19 @@ def fit_fitted_retriever(fit_index: DatasetIndex, masks: MaskSource, vocabulary:
     if not labelled:
         raise DataError(f"no pair of split {fit_index.split!r} names a vocabulary phrase in its references")
     features, labels = [], []
-    for pair, label in _progress(labelled, len(labelled), f"fit regions ({fit_index.split})", progress):
-        regions = load_pair_regions(pair, masks, **region_options)
-        features.append(pair_features(regions))  # keep the descriptors, not the crops
+    what = "frames" if image_level else "regions"
+    for pair, label in _progress(labelled, len(labelled), f"fit {what} ({fit_index.split})", progress):
+        if image_level:
+            before, after = load_pair(pair)
+            features.append(frame_pair_features(np.asarray(before), np.asarray(after)))
+        else:
+            regions = load_pair_regions(pair, masks, **region_options)
+            features.append(pair_features(regions))  # keep the descriptors, not the crops
         labels.append(label)
     retriever = FittedRetriever(mode=mode, C=C)
     retriever.fit_features(features, labels, vocabulary.phrases)
     retriever.training["fit_split"] = fit_index.split
+    retriever.training["input"] = FITTED_INPUT[image_level]
     return retriever
 
 
@@ -182,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", required=True, help="dataset format (davir.data.FORMATS)")
     parser.add_argument("--root", required=True, help="dataset root folder")
     parser.add_argument("--split", required=True, help="split whose pairs get entities")
-    parser.add_argument("--masks", required=True, help="MaskCache folder, or 'gt' for the dataset's ground-truth masks")
+    parser.add_argument("--masks", default=None,
+                        help="MaskCache folder, or 'gt' for the dataset's ground-truth masks (required unless --image-level)")
     parser.add_argument("--out", required=True, help="entity cache folder (vocab.json, retriever/, entities/)")
     parser.add_argument("--fit-masks", default=None,
                         help="masks for fitting the fitted retriever on --fit-split (default: --masks), e.g. 'gt'")
@@ -191,7 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "still uses all its captions)")
     parser.add_argument("--retriever", choices=("fitted", "clip"), default="fitted")
     parser.add_argument("--fit-split", default="train", help="split whose captions (and regions) fit the vocabulary/retriever")
-    parser.add_argument("--top-k", type=int, default=5, help="entities stored per pair (DAVIR uses the first k=1)")
+    parser.add_argument("--top-k", type=int, default=5,
+                        help="entities stored per pair (DAVIR uses the first k=1; CHEER K=3: --top-k 3)")
+    parser.add_argument("--image-level", action="store_true",
+                        help="CHEER §4.8: rank entities by whole-frame similarities of the before and after image, "
+                             "no masks")
+    parser.add_argument("--image-score", choices=IMAGE_SCORES, default=None,
+                        help="with --image-level: abs = |S_bef − S_aft| (default [D]); bef_minus_aft = S_bef − S_aft "
+                             "(CHEER Eq. 1 as written)")
     parser.add_argument("--vocab-min-count", type=int, default=2)
     parser.add_argument("--phrase-backend", choices=BACKENDS, default="auto")
     parser.add_argument("--mask-source", choices=MASK_SOURCES, default="per_image",
@@ -215,17 +246,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_mode_arguments(args: argparse.Namespace) -> None:
+    """Masks are needed exactly by region-level retrieval; --image-score only means something image-level."""
+    if args.image_level:
+        if args.masks is not None or args.fit_masks is not None:
+            raise DataError("--image-level retrieves from whole frames and uses no masks; drop --masks/--fit-masks "
+                            "(or drop --image-level for DAVIR's region-level retrieval)")
+    else:
+        if args.masks is None:
+            raise DataError("--masks is required for region-level retrieval (a MaskCache folder from `python -m "
+                            "preprocess masks --out …`, or 'gt'); pass --image-level for CHEER's mask-free retrieval")
+        if args.image_score is not None:
+            raise DataError("--image-score applies only with --image-level")
+
+
 def run_settings(args: argparse.Namespace) -> dict:
-    """Everything that changes the stored entities; a cache refuses a rerun with other values."""
+    """Everything that changes the stored entities; a cache refuses a rerun with other values.
+
+    `retrieval` is "region" (masked regions, Eq. 9) or "image" (CHEER §4.8); only region-level
+    settings carry the mask keys, so the two kinds never compare equal.
+    """
     settings = {
         "format": args.format, "fit_split": args.fit_split, "retriever": args.retriever, "top_k": args.top_k,
-        "vocab_min_count": args.vocab_min_count, "phrase_backend": args.phrase_backend, "masks": args.masks,
-        "mask_source": args.mask_source, "mask_weighting": args.mask_weighting, "pad": args.pad,
-        "empty_masks": "no_entity",
+        "vocab_min_count": args.vocab_min_count, "phrase_backend": args.phrase_backend,
     }
+    if args.image_level:
+        settings.update(retrieval=IMAGE, image_score=args.image_score or "abs")
+    else:
+        settings.update(retrieval=REGION, masks=args.masks, mask_source=args.mask_source,
+                        mask_weighting=args.mask_weighting, pad=args.pad, empty_masks="no_entity")
     if args.retriever == "fitted":
-        settings.update(fitted_mode=args.fitted_mode, fitted_C=args.fitted_C, fit_masks=args.fit_masks or args.masks,
-                        fit_limit=args.fit_limit)
+        settings.update(fitted_mode=args.fitted_mode, fitted_C=args.fitted_C, fit_limit=args.fit_limit)
+        if not args.image_level:
+            settings["fit_masks"] = args.fit_masks or args.masks
     else:
         settings.update(clip_model=args.clip_model, clip_checkpoint=args.clip_checkpoint, clip_prompt=args.clip_prompt)
     return settings
@@ -234,16 +287,19 @@ def run_settings(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     if args.top_k < 1 or args.chunk_size < 1 or args.vocab_min_count < 1:
         raise DataError("--top-k, --chunk-size and --vocab-min-count must be at least 1")
+    check_mode_arguments(args)
     out = Path(args.out)
     manifest_path = out / "entities" / "manifest.json"
     settings = run_settings(args)
     manifest = read_json(manifest_path) if manifest_path.is_file() else {"settings": settings, "splits": {}}
-    if manifest.get("settings") != settings:
-        changed = sorted(k for k in set(settings) | set(manifest.get("settings", {}))
-                         if settings.get(k) != manifest.get("settings", {}).get(k))
+    stored = dict(manifest.get("settings", {}))
+    stored.setdefault("retrieval", REGION)  # caches written before image-level retrieval existed
+    if stored != settings:
+        changed = sorted(k for k in set(settings) | set(stored) if settings.get(k) != stored.get(k))
         raise DataError(f"{out} holds entities made with other settings ({', '.join(changed)}); use another --out")
+    manifest["settings"] = settings
     progress = not args.no_progress
-    masks = open_mask_source(args.masks)
+    masks = None if args.image_level else open_mask_source(args.masks)
     region_options = {"mask_source": args.mask_source, "pad": args.pad, "weighting": args.mask_weighting}
 
     target = read_dataset(args.format, args.root, args.split)
@@ -255,14 +311,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         folder = out / "retriever"
         if FittedRetriever.exists(folder):
             retriever = FittedRetriever.load(folder)
-            if (retriever.mode, retriever.C) != (args.fitted_mode, args.fitted_C):
-                raise DataError(f"{folder} holds a fitted retriever with mode {retriever.mode!r}, C {retriever.C}; "
-                                "use another --out")
+            fitted_on = retriever.training.get("input", FITTED_INPUT[False])
+            if (retriever.mode, retriever.C, fitted_on) != (args.fitted_mode, args.fitted_C,
+                                                            FITTED_INPUT[args.image_level]):
+                raise DataError(f"{folder} holds a fitted retriever with mode {retriever.mode!r}, C {retriever.C}, "
+                                f"fitted on {fitted_on}; use another --out")
         else:
-            fit_masks = masks if args.fit_masks in (None, args.masks) else open_mask_source(args.fit_masks)
+            fit_masks = None if args.image_level else (
+                masks if args.fit_masks in (None, args.masks) else open_mask_source(args.fit_masks))
             retriever = fit_fitted_retriever(fit_index, fit_masks, vocabulary, extractor, mode=args.fitted_mode,
                                              C=args.fitted_C, region_options=region_options, limit=args.fit_limit,
-                                             progress=progress)
+                                             progress=progress, image_level=args.image_level)
             retriever.save(folder)
     else:
         retriever = ClipRetriever(args.clip_model, args.clip_checkpoint, config=args.clip_config, device=args.device,
@@ -282,8 +341,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         bar = tqdm(total=len(todo), desc=f"entities ({args.split})", file=sys.stderr)
     for start in range(0, len(todo), args.chunk_size):
         chunk = todo[start:start + args.chunk_size]
-        regions = [load_pair_regions(pair, masks, **region_options) for pair in chunk]
-        retrieved = retrieve_top_k(retriever, regions, vocabulary.phrases, args.top_k)
+        if args.image_level:
+            frames = [tuple(np.asarray(image) for image in load_pair(pair)) for pair in chunk]
+            retrieved = retrieve_image_level(retriever, frames, vocabulary.phrases, args.top_k,
+                                             settings["image_score"])
+        else:
+            regions = [load_pair_regions(pair, masks, **region_options) for pair in chunk]
+            retrieved = retrieve_top_k(retriever, regions, vocabulary.phrases, args.top_k)
         # Part names come from the split position of the chunk's first pair, so a resumed run never
         # overwrites a part an earlier run finished.
         cache.write_part(f"{args.split}-{position[chunk[0].pair_id]:07d}",
@@ -301,7 +365,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     manifest.update({
         "command": "python -m preprocess entities " + " ".join(argv),
         "vocabulary": {"size": len(vocabulary), "extractor": vocabulary.extractor, "path": str(out / "vocab.json")},
-        "retriever": retriever.describe(), "mask_source": masks.describe(),
+        "retriever": retriever.describe(), "mask_source": "none (image level)" if masks is None else masks.describe(),
     })
     write_json_atomic(manifest_path, manifest)
     return {"split": args.split, "pairs": len(pairs), "written": len(todo), "skipped_existing": len(pairs) - len(todo),

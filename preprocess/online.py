@@ -60,11 +60,23 @@ class OnlineEntities:
             self.retriever = ClipRetriever(settings["clip_model"], settings["clip_checkpoint"],
                                            prompt=settings.get("clip_prompt", "a photo of {}"))
         self.retriever.prepare(self.vocabulary.phrases)
-        self.region_options = {"mask_source": settings["mask_source"], "pad": settings["pad"],
-                               "weighting": settings["mask_weighting"]}
+        # CHEER's caches rank whole frames (§4.8) and need no masks; DAVIR's rank masked regions (Eq. 9).
+        self.image_score = settings["image_score"] if settings.get("retrieval") == "image" else None
+        self.region_options = None if self.image_score else {
+            "mask_source": settings["mask_source"], "pad": settings["pad"], "weighting": settings["mask_weighting"]}
 
-    def __call__(self, pair_id: str, before: np.ndarray, after: np.ndarray, masks: PairMasks, k: int) -> list[tuple[str, float]]:
-        from preprocess.retrievers import pair_regions, retrieve_top_k
+    @property
+    def needs_masks(self) -> bool:
+        return self.image_score is None
 
+    def __call__(self, pair_id: str, before: np.ndarray, after: np.ndarray, masks: PairMasks | None, k: int
+                 ) -> list[tuple[str, float]]:
+        from preprocess.retrievers import pair_regions, retrieve_image_level, retrieve_top_k
+
+        if self.image_score is not None:
+            return retrieve_image_level(self.retriever, [(before, after)], self.vocabulary.phrases, k,
+                                        self.image_score)[0]
+        if masks is None:
+            raise DataError(f"{pair_id}: region-level entity retrieval needs the pair's change masks")
         regions = pair_regions(pair_id, before, after, masks, **self.region_options)
         return retrieve_top_k(self.retriever, [regions], self.vocabulary.phrases, k)[0]

@@ -17,6 +17,10 @@ Two retrievers share one interface (`prepare(phrases)`, `score(pairs)`, `save/lo
   tell which image the caption names for an attribute change ("the red sphere changed to blue" names
   the before object; "someone added a cube" the after one). See FittedRetriever. The fitted model is
   stored as JSON + npz (plain arrays, loaded with allow_pickle=False) and rebuilt, never unpickled.
+
+CHEER's image-level retrieval (methods.md §4.8, CHEER Eq. 1) uses no masks: both retrievers also score
+whole frames (`frame_scores(images)` → S ∈ R^{n×M}), and `cheer_rank_entities` ranks the vocabulary by
+|S_bef − S_aft| (or S_bef − S_aft) under the paper's mean constraint; `retrieve_image_level` applies it.
 """
 
 from __future__ import annotations
@@ -148,6 +152,8 @@ class Retriever(Protocol):
 
     def score(self, pairs: Sequence[PairRegions]) -> np.ndarray: ...
 
+    def frame_scores(self, images: Sequence[np.ndarray]) -> np.ndarray: ...
+
     def describe(self) -> dict: ...
 
 
@@ -167,6 +173,62 @@ def top_k(scores: np.ndarray, phrases: Sequence[str], k: int) -> list[tuple[str,
     """The k best phrases with their scores, best first (ties keep vocabulary order)."""
     order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:k]
     return [(phrases[i], float(scores[i])) for i in order]
+
+
+# ---------------------------------------------------------------------------------------------------
+# CHEER §4.8: image-level change-entity retrieval (whole frames, no masks)
+# ---------------------------------------------------------------------------------------------------
+
+IMAGE_SCORES = ("abs", "bef_minus_aft")
+
+
+def cheer_rank_entities(s_bef: np.ndarray, s_aft: np.ndarray, k: int, sign: str = "abs") -> list[tuple[int, float]]:
+    """CHEER's entity ranking (methods.md §4.8 "Retrieval", CHEER Eq. 1): the k entities to keep, best first.
+
+    `s_bef`, `s_aft` (M,) are the similarities of the before and after image to all M vocabulary
+    entities (CLIP cosine, or the fitted retriever's analog). Steps 3-5 of §4.8:
+
+    3. score = |S_bef − S_aft| (`sign="abs"`, our default [D]: an added object is more similar to the
+       after image, so the paper's signed score would rank it last) or S_bef − S_aft
+       (`sign="bef_minus_aft"`, Eq. 1 as written: Ê = argmax_E (S_bef − S_aft)).
+    4. Constraint: an entity is eligible only when S_bef[i] > mean(S_bef) or S_aft[i] > mean(S_aft)
+       (strictly above its image's mean over all M entities), so an entity that neither image shows
+       cannot win on a large difference of two low similarities.
+    5. The k eligible entities with the highest score. If fewer than k are eligible, the list is padded
+       with the best-scoring ineligible entities (after all eligible ones, so scores are then not
+       monotone), so CHEER always gets K entries unless the vocabulary holds fewer than k (then all M).
+
+    Returns [(entity index, score)], ties in vocabulary order. Pure numpy.
+    """
+    s_bef = np.asarray(s_bef, dtype=np.float64)
+    s_aft = np.asarray(s_aft, dtype=np.float64)
+    if s_bef.ndim != 1 or s_bef.shape != s_aft.shape:
+        raise ValueError(f"S_bef and S_aft must be vectors of the same length, got {s_bef.shape} and {s_aft.shape}")
+    if sign not in IMAGE_SCORES:
+        raise ValueError(f"sign must be one of {IMAGE_SCORES}, got {sign!r}")
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    difference = s_bef - s_aft
+    score = np.abs(difference) if sign == "abs" else difference
+    eligible = (s_bef > s_bef.mean()) | (s_aft > s_aft.mean())
+    order = np.argsort(-score, kind="stable")
+    ranked = np.concatenate([order[eligible[order]], order[~eligible[order]]])[:k]
+    return [(int(i), float(score[i])) for i in ranked]
+
+
+def retrieve_image_level(retriever: "Retriever", frames: Sequence[tuple[np.ndarray, np.ndarray]],
+                         phrases: Sequence[str], k: int, sign: str = "abs") -> list[list[tuple[str, float]]]:
+    """Top-k entities per pair from whole before/after frames (CHEER §4.8); every pair gets min(k, M).
+
+    `retriever.frame_scores(images)` gives S for each frame (CLIP: cosine of the global image embedding
+    to each entity's text embedding); `cheer_rank_entities` ranks. Unlike `retrieve_top_k`, there is no
+    "no change region → no entity" case: CHEER has no masks and always retrieves K entities.
+    """
+    if not frames:
+        return []
+    s_bef = retriever.frame_scores([before for before, _ in frames])
+    s_aft = retriever.frame_scores([after for _, after in frames])
+    return [[(phrases[i], score) for i, score in cheer_rank_entities(b, a, k, sign)] for b, a in zip(s_bef, s_aft)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -245,6 +307,22 @@ def region_descriptor(region: Region) -> np.ndarray:
                  math.sqrt(area) / diagonal / max(bottom, 0.05), 0.0]
     values[:] = np.asarray(features, np.float32)
     return values
+
+
+def whole_frame_region(image: np.ndarray) -> Region:
+    """The whole image as a non-empty region (all-ones mask), for image-level retrieval.
+
+    `masked_region(image, None)` also covers the whole frame but is marked `empty`, which
+    `region_descriptor` maps to an all-zero "no change region" descriptor; this one is described.
+    """
+    height, width = image.shape[:2]
+    return Region(crop=np.ascontiguousarray(image[..., :3]), mask=np.ones((height, width), np.float32),
+                  box=(0, 0, width, height), image_size=(width, height), empty=False)
+
+
+def frame_pair_features(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """`pair_features` of the two whole frames: (2, F), row 0 before, row 1 after."""
+    return np.stack([region_descriptor(whole_frame_region(before)), region_descriptor(whole_frame_region(after))])
 
 
 def pair_features(pair: PairRegions) -> np.ndarray:
@@ -401,9 +479,13 @@ class FittedRetriever:
         if list(phrases) != self.phrases:
             raise DataError("the fitted retriever was fitted on another entity vocabulary; refit it (new --out)")
 
+    def phrase_logits(self, features: np.ndarray) -> np.ndarray:
+        """Per region: B·z, each phrase's word-set log-likelihood up to a per-region constant."""
+        return (((features - self.mean) / self.scale) @ self.coef.T + self.intercept) @ self.incidence.T
+
     def phrase_scores(self, features: np.ndarray) -> np.ndarray:
         """Per region: softmax over phrases of B·z, the normalised likelihood of each phrase's word set."""
-        logits = (((features - self.mean) / self.scale) @ self.coef.T + self.intercept) @ self.incidence.T
+        logits = self.phrase_logits(features)
         logits -= logits.max(axis=1, keepdims=True)
         exp = np.exp(logits)
         return exp / exp.sum(axis=1, keepdims=True)
@@ -427,6 +509,24 @@ class FittedRetriever:
             return np.maximum(before, after)
         side = self.side_probability(features)[:, None]
         return side * before + (1 - side) * after
+
+    def frame_scores(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """Image-level S (CHEER §4.8) for whole frames: (frames, vocabulary) phrase logits B·z.
+
+        The weight-free analog of CLIP's cosine similarity between a global image embedding and each
+        entity's text embedding: the region descriptors of the whole frame (`whole_frame_region`;
+        colour and material statistics of the full image, the shape features then constant) through
+        the word model. B·z, not its softmax, because the cosine is CLIP's pre-softmax logit (× its
+        temperature): neither is normalised over the vocabulary per image. The retriever must have been
+        fitted on whole frames too (`training["input"] == "whole_frame"`), so its standardisation
+        and word weights describe whole-frame statistics, not object crops.
+        """
+        if self.coef is None:
+            raise DataError("the fitted retriever has not been fitted or loaded")
+        if not len(images):
+            return np.zeros((0, len(self.phrases)))
+        features = np.stack([region_descriptor(whole_frame_region(np.asarray(image))) for image in images])
+        return self.phrase_logits(features)
 
     # -- storage: JSON + npz of plain arrays -------------------------------------------------------
     def save(self, folder: str | Path) -> None:
@@ -568,6 +668,18 @@ class ClipRetriever:
         images = [region.crop for pair in pairs for region in (pair.before, pair.after)]
         similarity = self.embed_images(images) @ self.text_embeddings.T
         return np.maximum(similarity[0::2], similarity[1::2]).astype(np.float64)
+
+    def frame_scores(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """Image-level S (CHEER §4.8): cosine of each whole frame's global CLIP embedding to every entity.
+
+        Frames are square-padded like region crops [D]: CLIP's own centre crop would cut the outer sixth
+        of each side of a 3:2 frame (CLEVR's 480×320), where the changed object may be.
+        """
+        if self.text_embeddings is None:
+            raise DataError("call prepare(phrases) before frame_scores()")
+        if not len(images):
+            return np.zeros((0, len(self.text_embeddings)))
+        return (self.embed_images([np.asarray(image) for image in images]) @ self.text_embeddings.T).astype(np.float64)
 
     def describe(self) -> dict:
         return {"retriever": self.name, "model": self.model_name, "checkpoint": str(self.checkpoint),

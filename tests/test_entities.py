@@ -462,3 +462,146 @@ def test_pairs_without_a_change_region_get_no_entity():
     unchanged = PairRegions("b", masked_region(image, np.zeros((8, 8), bool)), masked_region(image, None))
     result = retrieve_top_k(Constant(), [changed, unchanged], ["x", "y", "z"], 2)
     assert result == [[("y", 0.9), ("z", 0.5)], []]
+
+
+# ---------------------------------------------------------------------------------------------------
+# CHEER §4.8: image-level retrieval (whole frames, |S_bef − S_aft|, mean constraint, top-K)
+# ---------------------------------------------------------------------------------------------------
+
+# Five entities. Means: S_bef 2.35 / 5 = 0.47, S_aft 2.0 / 5 = 0.40. Entity 3 has the largest
+# difference (0.45) but is below both means (0.45 < 0.47, 0.0 < 0.40), so the constraint drops it;
+# entity 4 (0.3 < 0.47, 0.25 < 0.40) is ineligible too. Entity 1 is more similar to the after image.
+S_BEF = np.array([0.8, 0.1, 0.7, 0.45, 0.3])
+S_AFT = np.array([0.8, 0.5, 0.45, 0.0, 0.25])
+
+
+def ranked(result):
+    return [index for index, _ in result], [score for _, score in result]
+
+
+def test_cheer_ranking_abs_and_mean_constraint():
+    from preprocess.retrievers import cheer_rank_entities
+
+    # |S_bef − S_aft| = [0, 0.4, 0.25, 0.45, 0.05]; unconstrained the order would be 3, 1, 2, 4, 0
+    indices, scores = ranked(cheer_rank_entities(S_BEF, S_AFT, 3))
+    assert indices == [1, 2, 0]
+    assert scores == pytest.approx([0.4, 0.25, 0.0])
+    # without the constraint entity 3 would win: check it is the mean test that removes it
+    unconstrained = np.argsort(-np.abs(S_BEF - S_AFT), kind="stable")
+    assert unconstrained[0] == 3
+
+
+def test_cheer_ranking_bef_minus_aft_is_eq1_as_written():
+    from preprocess.retrievers import cheer_rank_entities
+
+    # S_bef − S_aft = [0, −0.4, 0.25, 0.45, 0.05]: the constraint again drops entity 3 (the argmax of
+    # Eq. 1 without it), and the "added" entity 1 falls to last among the eligible ones
+    indices, scores = ranked(cheer_rank_entities(S_BEF, S_AFT, 3, sign="bef_minus_aft"))
+    assert indices == [2, 0, 1]
+    assert scores == pytest.approx([0.25, 0.0, -0.4])
+    with pytest.raises(ValueError, match="sign must be one of"):
+        cheer_rank_entities(S_BEF, S_AFT, 3, sign="aft_minus_bef")
+
+
+def test_cheer_ranking_pads_with_the_best_ineligible_entities():
+    from preprocess.retrievers import cheer_rank_entities
+
+    # 3 eligible entities, k = 4 and 5: padded with entity 3 (0.45), then 4 (0.05), after all eligible ones
+    assert ranked(cheer_rank_entities(S_BEF, S_AFT, 4))[0] == [1, 2, 0, 3]
+    indices, scores = ranked(cheer_rank_entities(S_BEF, S_AFT, 5))
+    assert indices == [1, 2, 0, 3, 4] and scores == pytest.approx([0.4, 0.25, 0.0, 0.45, 0.05])
+    # a vocabulary smaller than k: all of it
+    assert ranked(cheer_rank_entities(S_BEF, S_AFT, 7))[0] == [1, 2, 0, 3, 4]
+    # "exceeds its mean" is strict: equal similarities leave no entity eligible → pure padding, vocabulary order
+    flat = np.array([0.3, 0.3, 0.3])
+    assert cheer_rank_entities(flat, flat, 2) == [(0, 0.0), (1, 0.0)]
+
+
+def image_level_argv(dataset: Path, out: Path, *extra: str) -> list[str]:
+    return ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress",
+            "--out", str(out), "--image-level", "--retriever", "fitted", "--top-k", "3", *extra]
+
+
+def test_entities_cli_image_level_fitted(dataset, tmp_path, capsys):
+    from davir.data import read_dataset
+    from davir.data.images import load_pair
+    from preprocess.online import OnlineEntities
+    from preprocess.retrievers import cheer_rank_entities
+
+    out = tmp_path / "cheer"
+    code, stdout, err = run_cli(entities, image_level_argv(dataset, out), capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["written"] == 8
+    table = EntityCache(out).table()
+    vocabulary = read_json(out / "vocab.json")["phrases"]
+    assert len(vocabulary) == 6 and len(table) == 8
+    # every pair, distractors included, gets exactly K = 3 distinct vocabulary entities (no masks → no "no entity")
+    for pair_id, items in table.items():
+        assert len(items) == 3 and len({p for p, _ in items}) == 3 and {p for p, _ in items} <= set(vocabulary)
+
+    manifest = read_json(out / "entities" / "manifest.json")
+    settings = manifest["settings"]
+    assert settings["retrieval"] == "image" and settings["image_score"] == "abs" and settings["top_k"] == 3
+    assert "masks" not in settings and "fit_masks" not in settings
+    assert manifest["retriever"]["training"]["input"] == "whole_frame"
+    assert manifest["retriever"]["training"]["pairs"] == len(TRAIN)
+
+    # the stored entities are cheer_rank_entities of the stored retriever's whole-frame scores
+    retriever = FittedRetriever.load(out / "retriever")
+    test_pairs = read_dataset("clevr_change", dataset, "test")
+    for pair in test_pairs:
+        before, after = (np.asarray(image) for image in load_pair(pair))
+        s_bef, s_aft = retriever.frame_scores([before, after])
+        expected = [(vocabulary[i], s) for i, s in cheer_rank_entities(s_bef, s_aft, 3)]
+        assert [p for p, _ in table[pair.pair_id]] == [p for p, _ in expected]
+        assert [s for _, s in table[pair.pair_id]] == pytest.approx([s for _, s in expected])
+        # caption.py's on-the-fly retrieval from the same cache gives the same entities, without masks
+        online = OnlineEntities(out)
+        assert not online.needs_masks
+        assert [p for p, _ in online(pair.pair_id, before, after, None, 3)] == [p for p, _ in expected]
+    # the only difference between the frames of a semantic test pair is the added object: its colour
+    # word is in the best entity (the whole-frame descriptors carry colour, not the object's shape)
+    for index in TEST:
+        color = SCENES[index][1]
+        assert table[f"{index:06d}.png"][0][0].split()[0] == color
+
+    # a region-level run into the same cache is refused, naming the mode
+    code, _, err = run_cli(entities, ["--format", "clevr_change", "--root", str(dataset), "--split", "test",
+                                      "--no-progress", "--out", str(out), "--masks", "gt", "--top-k", "3"], capsys)
+    assert code == 2 and "retrieval" in err
+
+
+def test_entities_cli_masks_required_only_at_region_level(dataset, tmp_path, capsys):
+    base = ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress",
+            "--out", str(tmp_path / "x")]
+    code, _, err = run_cli(entities, base, capsys)
+    assert code == 2 and "--masks is required" in err and "--image-level" in err
+    code, _, err = run_cli(entities, [*base, "--image-level", "--masks", "gt"], capsys)
+    assert code == 2 and "uses no masks" in err
+    code, _, err = run_cli(entities, [*base, "--masks", "gt", "--image-score", "abs"], capsys)
+    assert code == 2 and "--image-score applies only with --image-level" in err
+    assert not (tmp_path / "x").exists()  # refused before anything is written
+
+
+def test_clip_frame_scores_are_cosines_of_whole_frames(tiny_clip):
+    import open_clip
+    import torch
+    from PIL import Image
+
+    name, checkpoint, config = tiny_clip
+    phrases = ["red square", "blue circle", "car"]
+    retriever = ClipRetriever(name, checkpoint, config=config, device="cpu")
+    retriever.prepare(phrases)
+    before = np.full((48, 64, 3), BACKGROUND, np.uint8)
+    after = draw_shape("circle", "blue", (40, 25), 10)[0]
+    scores = retriever.frame_scores([before, after])
+
+    model, _, preprocess = open_clip.create_model_and_transforms(name)
+    model.load_state_dict(torch.load(checkpoint, weights_only=True))
+    model.eval()
+    with torch.no_grad():
+        text = model.encode_text(open_clip.get_tokenizer(name)([f"a photo of {p}" for p in phrases])).numpy()
+        image = model.encode_image(torch.stack([preprocess(Image.fromarray(square_pad(f))) for f in (before, after)])).numpy()
+    text /= np.linalg.norm(text, axis=1, keepdims=True)
+    image /= np.linalg.norm(image, axis=1, keepdims=True)
+    np.testing.assert_allclose(scores, image @ text.T, atol=1e-5)

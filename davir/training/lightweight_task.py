@@ -329,7 +329,7 @@ class LightweightTask:
         pairs_by_split = [(data.train_split, train_pairs), (data.val_split, val_pairs)]
         for split, pairs in pairs_by_split:
             require_cached(pairs, self.entity_cache.has, what=f"retrieved entities in {data.entities}",
-                           command=source.format(cmd="entities", split=split, out=data.entities) + f" --masks MASKS --top-k {top_k}")
+                           command=source.format(cmd="entities", split=split, out=data.entities) + f" --image-level --top-k {top_k}")
             short = [p.pair_id for p in pairs if len(self.entity_cache.get(p.pair_id)) < top_k]
             if short:
                 raise DataError(f"{len(short)} pairs of {split} have fewer than {top_k} entities in {data.entities} "
