@@ -1,6 +1,7 @@
 """Pretrain the tiny InstructBLIP-class checkpoint that the demo fine-tunes with DAVIR.
 
-    python -m davir.pretrain_tiny --out assets/tiny_instructblip --data /tmp/synth5k --seed 0
+    python -m davir.data synth --out /tmp/synth_pt8k --scenes 8000 --seed 1     # not the demo's seed 0
+    python -m davir.pretrain_tiny --out assets/tiny_instructblip --data /tmp/synth_pt8k --seed 1 --desc-order canonical …
 
 A real DAVIR run starts from a pretrained InstructBLIP; the demo mirrors that with a ~2 M-parameter model
 of the same classes (``InstructBlipForConditionalGeneration`` + ``InstructBlipProcessor``), pretrained here
@@ -331,7 +332,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.data is None:
         data_root = Path(tempfile.mkdtemp(prefix="davir_pretrain_")) / "synth"
-        generate_dataset(data_root, SynthConfig(scenes=args.scenes, seed=args.seed), workers=args.workers)
+        generate_dataset(data_root, SynthConfig(scenes=args.scenes, seed=args.data_seed), workers=args.workers)
     else:
         data_root = Path(args.data)
     norm = Normaliser()
@@ -342,6 +343,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
             split_data.descriptions = [tuple(canonical_description(d) for d in views)
                                        for views in split_data.descriptions]
     truths = pair_truths(load_scenes(data_root), split="test")
+    data_config = read_json(data_root / "scenes.json").get("config", {})
     log(f"loaded {len(train.ids)} train / {len(test.ids)} test scenes in {time.time() - started:.0f}s", flush=True)
 
     if args.init is not None:  # continue from an earlier checkpoint of this command (its curve is kept)
@@ -359,6 +361,8 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     info: dict[str, Any] = {
         "command": "python -m davir.pretrain_tiny " + " ".join(shlex.quote(a) for a in args.argv),
         "seed": args.seed, "data": str(data_root), "train_scenes": len(train.ids), "eval_scenes": len(test.ids),
+        # the generator settings of the data (its seed must differ from the demo's seed 0: other scenes)
+        "data_seed": data_config.get("seed"), "data_config": data_config,
         "versions": package_versions(), "parameters": params, "describe_prompt": DESCRIBE_PROMPT,
         "change_prompt": CHANGE_PROMPT, "curve": [], "best": None,
     }
@@ -426,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--data", help="an existing synthetic set (python -m davir.data synth)")
     source.add_argument("--scenes", type=int, default=2000, help="generate a set of this many scenes (no --data)")
+    parser.add_argument("--data-seed", type=int, default=1,
+                        help="generator seed of the --scenes set (default 1: not the demo's seed 0, so no demo scene is seen)")
     parser.add_argument("--workers", type=int, default=0, help="processes for generating (0 = one per core)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", help="continue from a folder this command wrote (default: random weights)")

@@ -204,9 +204,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="override the sweep's output folder")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="key=value override applied to every run (repeatable)")
+    parser.add_argument("--variants", nargs="+",
+                        help="run only these variants (names or folder slugs), e.g. to share a sweep between machines")
     args = parser.parse_args(argv)
     try:
         sweep = load_sweep(args.sweep)
+        if args.variants:
+            wanted = {Variant(name, "").slug for name in args.variants}
+            unknown = wanted - {v.slug for v in sweep.variants}
+            if unknown:
+                raise ConfigError(f"{args.sweep}: no variants {sorted(unknown)}; it has "
+                                  f"{[v.slug for v in sweep.variants]}")
+            sweep.variants = [v for v in sweep.variants if v.slug in wanted]
         sweep.seeds = args.seeds or sweep.seeds
         sweep.out = args.out or sweep.out
         text = run_sweep(sweep, args.overrides)

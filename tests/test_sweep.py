@@ -76,3 +76,10 @@ def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_sweep(path)
+
+
+def test_variant_filter_rejects_unknown_names(tmp_path, capsys):
+    from davir.sweep import main
+
+    assert main([str(REPO / "configs" / "sweeps" / "ablation_demo.yaml"), "--variants", "no such"]) == 2
+    assert "no variants ['no_such']" in capsys.readouterr().err
