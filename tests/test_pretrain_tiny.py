@@ -218,3 +218,26 @@ def test_canonical_description_orders_by_colour_then_shape():
     assert canonical_description("small cyan rubber sphere , large gray rubber cube , small gray metal cube") == (
         "small gray metal cube , large gray rubber cube , small cyan rubber sphere"
     )
+
+
+def test_demo_config_fine_tunes_the_shipped_checkpoint():
+    """configs/demo.yaml names the shipped tiny checkpoint; it loads as an InstructBLIP folder in LoRA mode,
+    its tokenizer knows every word the generator and the entity prompt can produce, and it records the
+    command that made it. Its pretraining data must not be the demo's (seed 0) scenes."""
+    from pathlib import Path
+
+    from davir.config import load_config
+    from davir.training.config import TrainConfig
+
+    repo = Path(__file__).resolve().parents[1]
+    config = load_config(TrainConfig, repo / "configs" / "demo.yaml", [])
+    folder = repo / config.model.pretrained
+    info = json.loads((folder / INFO_FILE).read_text())
+    assert info["command"].startswith("python -m davir.pretrain_tiny") and "seed" in info
+    assert info["data_seed"] != 0, "the tiny checkpoint must be pretrained on other scenes than the demo's"
+    model = build_davir_model(config.model)
+    assert model.config.train_mode == "lora"
+    tokens = model.tokenizer(" ".join(vocabulary_texts()), add_special_tokens=False)["input_ids"]
+    assert model.tokenizer.unk_token_id not in tokens
+    trainable, total = model.trainable_parameter_summary()["all"]
+    assert 0 < trainable < 0.2 * total  # adapters + projection + query tokens, not the whole model
