@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= outputs/demo
+DEMO_RUN ?= runs/demo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -48,12 +49,13 @@ demo-data: install $(DEMO_READY)
 
 # The whole job: data → masks → entities → DAVIR fine-tune of the tiny pretrained model → evaluate → caption.
 demo: install $(DEMO_READY)
-	$(PY) train.py --config configs/demo.yaml run.overwrite=true
-	$(PY) evaluate.py --checkpoint runs/demo --split test --no-spice
+	$(PY) train.py --config configs/demo.yaml run.overwrite=true run.output_dir=$(DEMO_RUN) data.root=$(DEMO_DATA) \
+		data.masks=$(DEMO_DIR)/masks data.entities=$(DEMO_DIR)/entities
+	$(PY) evaluate.py --checkpoint $(DEMO_RUN) --split test --no-spice
 	$(PY) -m davir.data pairs --format clevr_change --root $(DEMO_DATA) --split test --num 12 --out $(DEMO_DATA)/demo_pairs.csv
-	$(PY) caption.py --checkpoint runs/demo --pairs $(DEMO_DATA)/demo_pairs.csv --out $(DEMO_DIR)/captions.jsonl \
+	$(PY) caption.py --checkpoint $(DEMO_RUN) --pairs $(DEMO_DATA)/demo_pairs.csv --out $(DEMO_DIR)/captions.jsonl \
 		--html $(DEMO_DIR)/report.html
-	@echo "demo done: metrics in runs/demo/eval/clevr_change_test/metrics.md, report in $(DEMO_DIR)/report.html"
+	@echo "demo done: metrics in $(DEMO_RUN)/eval/clevr_change_test/metrics.md, report in $(DEMO_DIR)/report.html"
 
 # The paper's Table 4 at tiny scale: FAC off/on × EPC off/on, 3 seeds, mean ± std (runs/ablation_demo/summary.md).
 ablation-demo: install $(DEMO_READY)
@@ -69,4 +71,4 @@ demo-lightweight: install $(DEMO_READY)
 	$(PY) -m davir.sweep configs/sweeps/lightweight_demo.yaml
 
 clean-demo:
-	rm -rf $(DEMO_DIR) runs/demo runs/ablation_demo runs/lightweight_demo
+	rm -rf $(DEMO_DIR) $(DEMO_RUN) runs/ablation_demo runs/lightweight_demo

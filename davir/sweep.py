@@ -152,8 +152,9 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
     """Markdown tables (overall; CIDEr per change type) and their JSON, from each variant's metrics.json files."""
     columns = [c for c in COLUMNS if any(_lookup(m, c[1]) is not None for runs in results.values() for m in runs)]
     seeds = ", ".join(map(str, sweep.seeds))
-    lines = [f"## {sweep.title}", "", f"{sweep.split} split; mean ± std over seeds {seeds}; x100 except the "
-             "attention share (share of last-layer CLS attention inside the ground-truth change mask).", "",
+    scale_note = "x100" + (" except the attention share (share of last-layer CLS attention inside the ground-truth "
+                           "change mask)" if any(c[2] == 1.0 for c in columns) else "")
+    lines = [f"## {sweep.title}", "", f"{sweep.split} split; mean ± std over seeds {seeds}; {scale_note}.", "",
              "| variant | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     summary: dict[str, Any] = {"title": sweep.title, "split": sweep.split, "seeds": sweep.seeds, "variants": {}}
     for name, runs in results.items():
