@@ -54,6 +54,7 @@ from davir.data.synthetic import (
     generate_dataset,
     image_names,
     load_scenes,
+    load_synthetic_set,
 )
 from davir.io import read_json, write_json_atomic
 from davir.losses import FacConfig, caption_cross_entropy
@@ -107,9 +108,11 @@ def _load_image(path: Path, size: int) -> np.ndarray:
     return np.asarray(resized).transpose(2, 0, 1)
 
 
-def load_split(root: Path, split: str, size: int, *, limit: int | None = None) -> SceneTensors:
-    """Decode the scenes of ``split`` once (all three views at ``size`` px) with their texts."""
-    scenes = load_scenes(root)
+def load_split(root: Path, split: str, size: int, *, limit: int | None = None,
+               scenes: dict[str, Any] | None = None) -> SceneTensors:
+    """Decode the scenes of ``split`` once (all three views at ``size`` px) with their texts; ``scenes``:
+    the set's records when the caller has read them already."""
+    scenes = load_scenes(root) if scenes is None else scenes
     no_change_file = read_json(root / "no_change_captions.json")
     ids = sorted(k for k, r in scenes.items() if r.get("split") == split)[:limit]
     if not ids:
@@ -336,14 +339,15 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     else:
         data_root = Path(args.data)
     norm = Normaliser()
-    train = load_split(data_root, "train", args.image_size, limit=args.train_limit)
-    test = load_split(data_root, "test", args.image_size, limit=args.eval_scenes)
+    synthetic_set = load_synthetic_set(data_root)  # scenes.json is read once: it is large
+    scenes, data_config = synthetic_set["scenes"], synthetic_set.get("config", {})
+    train = load_split(data_root, "train", args.image_size, limit=args.train_limit, scenes=scenes)
+    test = load_split(data_root, "test", args.image_size, limit=args.eval_scenes, scenes=scenes)
     if args.desc_order == "canonical":
         for split_data in (train, test):
             split_data.descriptions = [tuple(canonical_description(d) for d in views)
                                        for views in split_data.descriptions]
-    truths = pair_truths(load_scenes(data_root), split="test")
-    data_config = read_json(data_root / "scenes.json").get("config", {})
+    truths = pair_truths(scenes, split="test")
     log(f"loaded {len(train.ids)} train / {len(test.ids)} test scenes in {time.time() - started:.0f}s", flush=True)
 
     if args.init is not None:  # continue from an earlier checkpoint of this command (its curve is kept)

@@ -1076,6 +1076,18 @@ def generate_dataset(out: str | Path, config: SynthConfig, workers: int = 0) -> 
     return _summary(out, config, types, splits, time.perf_counter() - start, count, reused=False)
 
 
+def load_synthetic_set(root: str | Path) -> dict[str, Any]:
+    """root/scenes.json of a synthetic set, checked: {"version", "config" (the generator settings, seed
+    included), "scenes"} (see :func:`load_scenes` for the records)."""
+    path = Path(root) / "scenes.json"
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("scenes"), dict):
+        raise DataError(f"{path}: expected an object with a \"scenes\" mapping (a davir synthetic set)")
+    if data.get("version") != FORMAT_VERSION:
+        raise DataError(f"{path}: synthetic set version {data.get('version')!r}; this davir reads version {FORMAT_VERSION}")
+    return data
+
+
 def load_scenes(root: str | Path) -> dict[str, Any]:
     """The per-scene records of a synthetic set: {"%06d": record} from root/scenes.json.
 
@@ -1085,17 +1097,11 @@ def load_scenes(root: str | Path) -> dict[str, Any]:
     "description"), "distractors" (semantic / nonsemantic: None or kind + camera/illumination),
     "masks" (relative paths), "split" and "captions".
     """
-    path = Path(root) / "scenes.json"
-    data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("scenes"), dict):
-        raise DataError(f"{path}: expected an object with a \"scenes\" mapping (a davir synthetic set)")
-    if data.get("version") != FORMAT_VERSION:
-        raise DataError(f"{path}: synthetic set version {data.get('version')!r}; this davir reads version {FORMAT_VERSION}")
-    return data["scenes"]
+    return load_synthetic_set(root)["scenes"]
 
 
 __all__ = [
     "COLORS", "MATERIALS", "SHAPES", "SIZES", "NO_CHANGE_CAPTIONS", "CHANGE_TEMPLATES", "SynthConfig",
     "SceneObject", "Camera", "Illumination", "generate_dataset", "load_scenes", "render", "describe",
-    "change_captions", "make_splits", "scene_types", "build_scene",
+    "change_captions", "load_synthetic_set", "make_splits", "scene_types", "build_scene",
 ]
