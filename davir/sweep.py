@@ -162,8 +162,8 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
         for title, keys, scale in columns:
             values = [v for v in (_lookup(m, keys) for m in runs) if v is not None]
             cells.append(_cell_text(values, scale))
-            record[title] = {"values": values, "mean": mean_std(values)[0] if values else None,
-                             "std": mean_std(values)[1] if values else None}
+            mean, std = mean_std(values) if values else (None, None)
+            record[title] = {"values": values, "mean": mean, "std": std}
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         summary["variants"][name] = record
     types = [t for t in TYPE_ROWS if any(t in m.get("rows", {}) for runs in results.values() for m in runs)]
