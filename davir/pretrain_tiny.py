@@ -59,7 +59,7 @@ from davir.data.synthetic import (
 from davir.io import read_json, write_json_atomic
 from davir.losses import FacConfig, caption_cross_entropy
 from davir.metrics.synthetic import pair_truths, score_synthetic
-from davir.models.davir import DavirModel, DavirModelConfig, EpcConfig, build_davir_model
+from davir.models.davir import DavirModel, DavirModelConfig, EpcConfig, build_davir_model, entity_prompts
 
 DESCRIBE_PROMPT = "Describe the image."
 CHANGE_PROMPT = EpcConfig().prompt  # the DAVIR base prompt
@@ -86,13 +86,16 @@ def vocabulary_texts() -> list[str]:
 @dataclass
 class SceneTensors:
     """Scenes of one split: images (N, 3 views, 3, S, S) uint8 (before, after, nonsemantic), descriptions
-    per view, change captions and "no change" captions per scene, and the scene ids."""
+    per view, change captions and "no change" captions per scene, the scene ids, the changed object's phrase
+    (``subjects``, the entity an oracle retriever would return) and the phrases of the before image's objects."""
 
     ids: list[str]
     images: torch.Tensor
     descriptions: list[tuple[str, str, str]]
     captions: list[list[str]]
     no_change: list[list[str]]
+    subjects: list[str]
+    objects: list[list[str]]
 
 
 VIEWS = ("before", "after", "nonsemantic")
@@ -118,7 +121,7 @@ def load_split(root: Path, split: str, size: int, *, limit: int | None = None,
     if not ids:
         raise DataError(f"{root / 'scenes.json'}: no scenes in split {split!r}")
     images = np.empty((len(ids), 3, 3, size, size), dtype=np.uint8)
-    descriptions, captions, no_change = [], [], []
+    descriptions, captions, no_change, subjects, objects = [], [], [], [], []
     for row, scene_id in enumerate(ids):
         record = scenes[scene_id]
         for view_index, view in enumerate(VIEWS):
@@ -127,7 +130,10 @@ def load_split(root: Path, split: str, size: int, *, limit: int | None = None,
         captions.append(list(record["captions"]))
         key = Path(image_names(int(scene_id))["before"]).name
         no_change.append(list(no_change_file.get(key) or NO_CHANGE_CAPTIONS[-1:]))
-    return SceneTensors(ids, torch.from_numpy(images), descriptions, captions, no_change)
+        subjects.append(str(record["change"]["subject"]))
+        objects.append([" ".join(o[a] for a in ("size", "color", "material", "shape"))
+                        for o in record["images"]["before"]["objects"]])
+    return SceneTensors(ids, torch.from_numpy(images), descriptions, captions, no_change, subjects, objects)
 
 
 DESCRIPTION_ORDERS = ("left-to-right", "canonical")
@@ -189,8 +195,16 @@ def sample_description_batch(data: SceneTensors, batch: int, rng: random.Random,
     return pixels, [data.descriptions[r][v] for r, v in zip(rows, views)]
 
 
-def sample_change_batch(data: SceneTensors, batch: int, rng: random.Random, norm: Normaliser
-                        ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+@dataclass
+class ChangeBatch:
+    before: torch.Tensor
+    after: torch.Tensor
+    captions: list[str]
+    rows: list[int]
+    semantic: list[bool]
+
+
+def sample_change_batch(data: SceneTensors, batch: int, rng: random.Random, norm: Normaliser) -> ChangeBatch:
     """Half semantic pairs, half distractor pairs (as in the data), one reference drawn per pair."""
     rows = [rng.randrange(len(data.ids)) for _ in range(batch)]
     semantic = [rng.random() < 0.5 for _ in range(batch)]
@@ -198,7 +212,32 @@ def sample_change_batch(data: SceneTensors, batch: int, rng: random.Random, norm
     before = norm(data.images[rows, [0] * batch])
     after = norm(data.images[rows, after_views])
     captions = [rng.choice(data.captions[r] if s else data.no_change[r]) for r, s in zip(rows, semantic)]
-    return before, after, captions
+    return ChangeBatch(before, after, captions, rows, semantic)
+
+
+@dataclass(frozen=True)
+class EntityNoise:
+    """How the pretraining's entities imitate a real retriever's: ``wrong`` is the share of changed pairs
+    whose entity is another object of the scene, ``on_distractor`` the share of distractor ("no change")
+    pairs that get one of the scene's objects instead of no entity (the demo's fitted retriever: top-1 0.89
+    on changed pairs, an entity on 23% of distractor pairs)."""
+
+    wrong: float = 0.1
+    on_distractor: float = 0.25
+
+
+def noisy_entities(data: SceneTensors, rows: list[int], semantic: list[bool], rng: random.Random,
+                   noise: EntityNoise) -> list[list[str]]:
+    """One entity per pair (or none): the changed object's phrase, or with the ``noise`` shares another
+    object of the scene (changed pairs) or one of its objects (distractor pairs), as retrieval errs."""
+    entities = []
+    for row, changed in zip(rows, semantic):
+        others = [o for o in data.objects[row] if o != data.subjects[row]] or data.objects[row]
+        if changed:
+            entities.append([rng.choice(others)] if rng.random() < noise.wrong else [data.subjects[row]])
+        else:
+            entities.append([rng.choice(data.objects[row])] if rng.random() < noise.on_distractor else [])
+    return entities
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -208,8 +247,12 @@ def sample_change_batch(data: SceneTensors, batch: int, rng: random.Random, norm
 
 @torch.no_grad()
 def evaluate(model: DavirModel, data: SceneTensors, truths: dict[str, Any], norm: Normaliser, *,
-             cider: bool = False, batch: int = 50) -> dict[str, Any]:
-    """Greedy captions of both pairs of every scene in ``data``; type/object accuracy (and CIDEr)."""
+             cider: bool = False, batch: int = 50, entities: bool = False) -> dict[str, Any]:
+    """Greedy captions of both pairs of every scene in ``data``; type/object accuracy (and CIDEr).
+
+    ``entities``: prompt with EPC entity prompts, fixed per scene so that runs compare: the changed object
+    for every changed pair, one of the scene's objects for every fourth distractor pair (none otherwise)."""
+    epc = EpcConfig()
     predictions: dict[str, str] = {}
     references: dict[str, list[str]] = {}
     for start in range(0, len(data.ids), batch):
@@ -217,7 +260,13 @@ def evaluate(model: DavirModel, data: SceneTensors, truths: dict[str, Any], norm
         before = norm(data.images[rows, 0])
         for suffix, view, refs in (("", 1, data.captions), ("_n", 2, data.no_change)):
             after = norm(data.images[rows, view])
-            captions = model.generate(before, after, [CHANGE_PROMPT] * len(rows), max_new_tokens=16)
+            if entities:
+                chosen = [[data.subjects[r]] if view == 1 else ([data.objects[r][r % len(data.objects[r])]]
+                                                                if r % 4 == 0 else []) for r in rows]
+                prompts = entity_prompts(epc, chosen)
+            else:
+                prompts = [CHANGE_PROMPT] * len(rows)
+            captions = model.generate(before, after, prompts, max_new_tokens=16)
             for r, caption in zip(rows, captions):
                 key = f"{data.ids[r]}.png{suffix}"
                 predictions[key] = caption
@@ -374,6 +423,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         earlier = read_json(Path(args.init) / INFO_FILE)
         info["init"] = {"folder": str(args.init), "command": earlier.get("command"), "seed": earlier.get("seed"),
                         "curve": earlier.get("curve", [])}
+    noise = EntityNoise(wrong=args.entity_wrong, on_distractor=args.entity_on_distractor)
     best_score = -1.0
     step_total = 0
     for stage, steps in (("describe", args.desc_steps), ("change", args.change_steps)):
@@ -387,8 +437,12 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
                 pixels, captions = sample_description_batch(train, args.batch_size, rng, norm)
                 loss = description_loss(model, pixels, captions)
             else:
-                before, after, captions = sample_change_batch(train, args.batch_size, rng, norm)
-                loss = model(before, after, [CHANGE_PROMPT] * len(captions), captions).loss
+                pairs = sample_change_batch(train, args.batch_size, rng, norm)
+                if rng.random() < args.entity_share:  # EPC-style prompts with retriever-like entities
+                    prompts = entity_prompts(EpcConfig(), noisy_entities(train, pairs.rows, pairs.semantic, rng, noise))
+                else:
+                    prompts = [CHANGE_PROMPT] * len(pairs.captions)
+                loss = model(pairs.before, pairs.after, prompts, pairs.captions).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -409,9 +463,14 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
                     result = evaluate(model, test, truths, norm)
                     point.update({k: result[k] for k in ("type_accuracy", "object_accuracy", "exact_accuracy")})
                     point["examples"] = result["examples"]
+                    if args.entity_share > 0:  # what the EPC fine-tune starts from
+                        with_entities = evaluate(model, test, truths, norm, entities=True)
+                        point["with_entities"] = {k: with_entities[k] for k in
+                                                  ("type_accuracy", "object_accuracy", "exact_accuracy", "per_type")}
                 info["curve"].append(point)
                 log(json.dumps(point), flush=True)
-                score = point.get("type_accuracy", 0.0) + point.get("object_accuracy", 0.0) if stage == "change" else -0.5
+                scored = point.get("with_entities", point)
+                score = scored.get("type_accuracy", 0.0) + scored.get("object_accuracy", 0.0) if stage == "change" else -0.5
                 if stage == "describe" and step == steps or stage == "change" and score > best_score:
                     best_score = max(best_score, score)
                     info["best"] = point
@@ -423,6 +482,8 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     # The saved folder holds the best model; re-evaluate it with CIDEr for the record.
     best = build_davir_model(DavirModelConfig(pretrained=str(out), epc=EpcConfig(use_entities=False)))
     info["final_eval"] = evaluate(best, test, truths, norm, cider=args.cider)
+    if args.entity_share > 0:
+        info["final_eval_with_entities"] = evaluate(best, test, truths, norm, cider=args.cider, entities=True)
     write_json_atomic(out / INFO_FILE, info)
     log(json.dumps(info["final_eval"]), flush=True)
     return info
@@ -442,6 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--desc-steps", type=int, default=3000)
     parser.add_argument("--change-steps", type=int, default=3000)
     parser.add_argument("--desc-mix", type=float, default=0.2, help="share of description batches in stage 2")
+    parser.add_argument("--entity-share", type=float, default=0.0,
+                        help="share of change batches prompted with EPC entity prompts (Eq. 10) instead of the base prompt")
+    parser.add_argument("--entity-wrong", type=float, default=EntityNoise.wrong,
+                        help="share of changed pairs whose entity is another object of the scene")
+    parser.add_argument("--entity-on-distractor", type=float, default=EntityNoise.on_distractor,
+                        help="share of distractor pairs given one of the scene's objects as entity")
     parser.add_argument("--desc-order", choices=DESCRIPTION_ORDERS, default="left-to-right",
                         help="object order of the description targets")
     parser.add_argument("--batch-size", type=int, default=32)

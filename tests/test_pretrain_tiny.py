@@ -32,9 +32,12 @@ from davir.models.tokenizer import build_word_tokenizer
 from davir.pretrain_tiny import (
     CHANGE_PROMPT,
     INFO_FILE,
+    EntityNoise,
+    SceneTensors,
     build_tiny_model,
     description_loss,
     main,
+    noisy_entities,
     save_checkpoint,
     vocabulary_texts,
 )
@@ -202,6 +205,42 @@ def test_cli_writes_a_loadable_checkpoint(synth_root, tmp_path):
     assert info["final_eval"]["type_accuracy"] is not None
     model = build_davir_model(DavirModelConfig(pretrained=str(out)))
     assert model.image_size == 32 and model.num_query_tokens == 16
+
+
+def test_noisy_entities_imitate_a_retriever():
+    """Changed pairs get the changed object (or, at the ``wrong`` share, another object of the scene);
+    distractor pairs get none (or, at the ``on_distractor`` share, one of the scene's objects)."""
+    import random
+
+    objects = [["small red metal sphere", "large gray rubber cube", "small cyan metal cylinder"]] * 2
+    data = SceneTensors(ids=["0", "1"], images=torch.zeros(2, 3, 3, 4, 4, dtype=torch.uint8), descriptions=[],
+                        captions=[], no_change=[], subjects=["large gray rubber cube", "small red metal sphere"],
+                        objects=objects)
+    rows, semantic = [0, 1, 0, 1] * 50, [True, True, False, False] * 50
+    clean = noisy_entities(data, rows, semantic, random.Random(0), EntityNoise(wrong=0.0, on_distractor=0.0))
+    assert clean[:4] == [["large gray rubber cube"], ["small red metal sphere"], [], []]
+    noisy = noisy_entities(data, rows, semantic, random.Random(0), EntityNoise(wrong=1.0, on_distractor=1.0))
+    for row, changed, entity in zip(rows, semantic, noisy):
+        assert len(entity) == 1 and entity[0] in objects[row]
+        if changed:
+            assert entity[0] != data.subjects[row]
+    half = noisy_entities(data, rows, semantic, random.Random(0), EntityNoise(wrong=0.5, on_distractor=0.5))
+    wrong = sum(e != [data.subjects[r]] for r, c, e in zip(rows, semantic, half) if c)
+    given = sum(bool(e) for c, e in zip(semantic, half) if not c)
+    assert 30 <= wrong <= 70 and 30 <= given <= 70  # 100 draws each at p = 0.5
+
+
+def test_cli_with_entity_prompts_scores_both_prompts(synth_root, tmp_path):
+    out = tmp_path / "tiny_epc"
+    code = main(["--out", str(out), "--data", str(synth_root), "--desc-steps", "0", "--change-steps", "2",
+                 "--entity-share", "1", "--batch-size", "4", "--image-size", "32", "--eval-every", "2",
+                 "--eval-scenes", "2", "--threads", "1", "--no-cider", "--quiet"])
+    assert code == 0
+    info = json.loads((out / INFO_FILE).read_text())
+    point = info["curve"][-1]
+    assert point["stage"] == "change" and "--entity-share 1" in info["command"]
+    assert point["with_entities"]["per_type"]["none"]["pairs"] == info["eval_scenes"] >= 1  # every distractor pair
+    assert info["final_eval_with_entities"]["type_accuracy"] is not None
 
 
 def test_cli_reports_missing_data(tmp_path, capsys):
