@@ -14,9 +14,13 @@ on the built-in synthetic set with full training:
    difference between the two images." → one reference caption drawn each time, on the semantic and the
    distractor ("no change") pairs; ``--desc-mix`` of the batches stay description batches.
 
-No entity prompt and no FAC: those are what the demo's DAVIR fine-tune adds. Images are decoded once into
+No FAC: that is what the demo's DAVIR fine-tune adds. ``--entity-share`` prompts that share of the change
+batches like EPC (Eq. 10, "… Entity: small red metal sphere.") with the changed object as entity, wrong or
+missing as often as a retriever errs (``EntityNoise``), so that the checkpoint can already read an entity
+prompt; the other change batches keep the base prompt. Images are decoded once into
 a uint8 tensor at the model resolution (steps are pure compute). Every ``--eval-every`` steps the model
-captions held-out test pairs greedily; the best checkpoint (type + object accuracy) so far is written to
+captions held-out test pairs greedily (also with entity prompts under ``--entity-share``); the best checkpoint
+(type + object accuracy, with entity prompts when they were trained) so far is written to
 ``--out`` as ``InstructBlipForConditionalGeneration.save_pretrained`` (safetensors) +
 ``InstructBlipProcessor.save_pretrained`` + ``pretrain_info.json`` (command, seed, versions, curve), which
 ``build_davir_model(DavirModelConfig(pretrained=OUT))`` loads like a real InstructBLIP folder.
