@@ -201,6 +201,8 @@ def sample_description_batch(data: SceneTensors, batch: int, rng: random.Random,
 
 @dataclass
 class ChangeBatch:
+    """Sampled pairs: pixels, one reference each, their rows in the split and whether each is a changed pair."""
+
     before: torch.Tensor
     after: torch.Tensor
     captions: list[str]
@@ -228,6 +230,11 @@ class EntityNoise:
 
     wrong: float = 0.1
     on_distractor: float = 0.25
+
+    def __post_init__(self) -> None:
+        for name in ("wrong", "on_distractor"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"entity noise {name} must be a share in [0, 1], got {getattr(self, name)}")
 
 
 def noisy_entities(data: SceneTensors, rows: list[int], semantic: list[bool], rng: random.Random,
@@ -532,8 +539,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.argv = argv
+    for name in ("desc_mix", "entity_share", "entity_wrong", "entity_on_distractor"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be a share in [0, 1], got {getattr(args, name)}")
     try:
         pretrain(args)
     except DataError as err:

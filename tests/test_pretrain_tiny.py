@@ -243,6 +243,14 @@ def test_cli_with_entity_prompts_scores_both_prompts(synth_root, tmp_path):
     assert info["final_eval_with_entities"]["type_accuracy"] is not None
 
 
+def test_cli_refuses_shares_outside_0_1(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "x"), "--scenes", "2", "--entity-share", "1.5", "--quiet"])
+    assert exit_info.value.code == 2 and "--entity-share must be a share in [0, 1]" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="on_distractor"):
+        EntityNoise(on_distractor=-0.1)
+
+
 def test_cli_reports_missing_data(tmp_path, capsys):
     assert main(["--out", str(tmp_path / "x"), "--data", str(tmp_path / "absent"), "--quiet"]) == 2
     assert "scenes.json" in capsys.readouterr().err
