@@ -66,7 +66,8 @@ from davir.metrics.synthetic import pair_truths, score_synthetic
 from davir.models.davir import DavirModel, DavirModelConfig, EpcConfig, build_davir_model, entity_prompts
 
 DESCRIBE_PROMPT = "Describe the image."
-CHANGE_PROMPT = EpcConfig().prompt  # the DAVIR base prompt
+ENTITY_PROMPTS = EpcConfig()  # the DAVIR base prompt and Eq. 10 entity prompts, as the demo fine-tune builds them
+CHANGE_PROMPT = ENTITY_PROMPTS.prompt
 INFO_FILE = "pretrain_info.json"
 
 
@@ -74,7 +75,7 @@ def vocabulary_texts() -> list[str]:
     """Every word the demo can need: all template words, synonyms, colours/materials, "no change" captions,
     the description separator, both prompts, "Entity:" and punctuation (the vocabulary must not depend on
     which captions a data set happens to contain)."""
-    texts = [DESCRIBE_PROMPT, CHANGE_PROMPT, EpcConfig().entity_prefix, ", .", *NO_CHANGE_CAPTIONS]
+    texts = [DESCRIBE_PROMPT, CHANGE_PROMPT, ENTITY_PROMPTS.entity_prefix, ", .", *NO_CHANGE_CAPTIONS]
     for table in (SIZE_WORDS, COLOR_WORDS, MATERIAL_WORDS, SHAPE_WORDS):
         texts.extend(word for words in table.values() for word in words)
     for templates in CHANGE_TEMPLATES.values():
@@ -243,8 +244,8 @@ def noisy_entities(data: SceneTensors, rows: list[int], semantic: list[bool], rn
     object of the scene (changed pairs) or one of its objects (distractor pairs), as retrieval errs."""
     entities = []
     for row, changed in zip(rows, semantic):
-        others = [o for o in data.objects[row] if o != data.subjects[row]] or data.objects[row]
         if changed:
+            others = [o for o in data.objects[row] if o != data.subjects[row]] or data.objects[row]
             entities.append([rng.choice(others)] if rng.random() < noise.wrong else [data.subjects[row]])
         else:
             entities.append([rng.choice(data.objects[row])] if rng.random() < noise.on_distractor else [])
@@ -263,7 +264,6 @@ def evaluate(model: DavirModel, data: SceneTensors, truths: dict[str, Any], norm
 
     ``entities``: prompt with EPC entity prompts, fixed per scene so that runs compare: the changed object
     for every changed pair, one of the scene's objects for every fourth distractor pair (none otherwise)."""
-    epc = EpcConfig()
     predictions: dict[str, str] = {}
     references: dict[str, list[str]] = {}
     for start in range(0, len(data.ids), batch):
@@ -274,7 +274,7 @@ def evaluate(model: DavirModel, data: SceneTensors, truths: dict[str, Any], norm
             if entities:
                 chosen = [[data.subjects[r]] if view == 1 else ([data.objects[r][r % len(data.objects[r])]]
                                                                 if r % 4 == 0 else []) for r in rows]
-                prompts = entity_prompts(epc, chosen)
+                prompts = entity_prompts(ENTITY_PROMPTS, chosen)
             else:
                 prompts = [CHANGE_PROMPT] * len(rows)
             captions = model.generate(before, after, prompts, max_new_tokens=16)
@@ -450,7 +450,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 pairs = sample_change_batch(train, args.batch_size, rng, norm)
                 if rng.random() < args.entity_share:  # EPC-style prompts with retriever-like entities
-                    prompts = entity_prompts(EpcConfig(), noisy_entities(train, pairs.rows, pairs.semantic, rng, noise))
+                    prompts = entity_prompts(ENTITY_PROMPTS, noisy_entities(train, pairs.rows, pairs.semantic, rng, noise))
                 else:
                     prompts = [CHANGE_PROMPT] * len(pairs.captions)
                 loss = model(pairs.before, pairs.after, prompts, pairs.captions).loss

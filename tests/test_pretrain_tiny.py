@@ -191,11 +191,16 @@ def test_saved_folder_loads_as_instructblip_with_same_logits(tmp_path):
     assert loaded.tokenizer.decode(ids, skip_special_tokens=True).replace(" ", "") == text.lower().replace(" ", "")
 
 
+def _quick_pretrain(out, data, *args: str) -> int:
+    """A few steps of the CLI at 32 px (batch 4, one thread, no CIDEr) with ``args`` added."""
+    return main(["--out", str(out), "--data", str(data), "--batch-size", "4", "--image-size", "32",
+                 "--eval-every", "2", "--threads", "1", "--no-cider", "--quiet", *args])
+
+
 def test_cli_writes_a_loadable_checkpoint(synth_root, tmp_path):
     out = tmp_path / "tiny"
-    code = main(["--out", str(out), "--data", str(synth_root), "--desc-steps", "2", "--change-steps", "2",
-                 "--batch-size", "4", "--image-size", "32", "--eval-every", "2", "--eval-scenes", "1",
-                 "--threads", "1", "--seed", "5", "--no-cider", "--quiet"])
+    code = _quick_pretrain(out, synth_root, "--desc-steps", "2", "--change-steps", "2", "--eval-scenes", "1",
+                           "--seed", "5")
     assert code == 0
     assert {"config.json", "model.safetensors", "tokenizer.json", "processor_config.json", INFO_FILE} <= {
         p.name for p in out.iterdir()}
@@ -232,9 +237,8 @@ def test_noisy_entities_imitate_a_retriever():
 
 def test_cli_with_entity_prompts_scores_both_prompts(synth_root, tmp_path):
     out = tmp_path / "tiny_epc"
-    code = main(["--out", str(out), "--data", str(synth_root), "--desc-steps", "0", "--change-steps", "2",
-                 "--entity-share", "1", "--batch-size", "4", "--image-size", "32", "--eval-every", "2",
-                 "--eval-scenes", "2", "--threads", "1", "--no-cider", "--quiet"])
+    code = _quick_pretrain(out, synth_root, "--desc-steps", "0", "--change-steps", "2", "--entity-share", "1",
+                           "--eval-scenes", "2")
     assert code == 0
     info = json.loads((out / INFO_FILE).read_text())
     point = info["curve"][-1]
