@@ -9,7 +9,13 @@
 2. Retriever (preprocess.retrievers): `fitted` (default; no weights) is fitted on the fit split's
    masked change regions, each pair labelled with the vocabulary phrases of its references, and
    stored in CACHE/retriever/; `clip` loads open_clip from `--clip-checkpoint` (a local file).
-3. For every pair of `--split`: masked regions of both images (Eq. 8), scores over the vocabulary
+3. Entity gate (`--entity-gate fitted`, the region-level default [D]; preprocess.retrievers.EntityGate):
+   a logistic regression on the fit split's change regions that tells a region whose references name
+   an entity from one whose references name none (CLEVR-style distractors: a camera or light change
+   leaves differences along edges); stored in CACHE/gate/. Pairs it rejects get no entities, like
+   pairs without a change region. `--entity-gate none` retrieves for every region, as Eq. 9 does.
+   A fit split without such pairs (Spot-the-Diff, Image Editing Request) leaves it inactive.
+4. For every pair of `--split`: masked regions of both images (Eq. 8), scores over the vocabulary
    (Eq. 9), the `--top-k` best phrases with scores written through `EntityCache` in chunks
    (CACHE/entities/part-<split>-<position>.json). Finished pairs are skipped, so a killed run resumes.
    CACHE/entities/manifest.json records the settings; a rerun with other settings is refused.
@@ -47,11 +53,12 @@ from davir.data.records import ChangePair, DataError, DatasetIndex
 from davir.io import read_json, write_json_atomic
 from davir.text.phrases import BACKENDS, EntityVocabulary, PhraseExtractor, build_vocabulary, get_extractor
 from preprocess.retrievers import (
-    FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, FittedRetriever, PairRegions,
-    frame_pair_features, pair_features, pair_regions, retrieve_image_level, retrieve_top_k,
+    FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, EntityGate, FittedRetriever,
+    PairRegions, frame_pair_features, pair_features, pair_regions, retrieve_image_level, retrieve_top_k,
 )
 
 GT_MASKS = "gt"
+ENTITY_GATES = ("fitted", "none")
 REGION, IMAGE = "region", "image"  # settings["retrieval"]: DAVIR's masked regions (Eq. 9) or CHEER's whole frames (§4.8)
 FITTED_INPUT = {False: "regions", True: "whole_frame"}  # what a fitted retriever was fitted on; absent = regions
 
@@ -163,20 +170,22 @@ def _progress(iterable, total: int, desc: str, enabled: bool):
     return tqdm(iterable, total=total, desc=desc, file=sys.stderr)
 
 
-def fit_fitted_retriever(fit_index: DatasetIndex, masks: MaskSource | None, vocabulary: EntityVocabulary,
-                         extractor: PhraseExtractor, *, mode: str, C: float, region_options: dict,
-                         limit: int | None = None, progress: bool = True,
-                         image_level: bool = False) -> FittedRetriever:
-    """Fit the `fitted` retriever on the fit split's pairs (the first `limit`) whose references name a vocabulary phrase.
+def fit_split_descriptors(fit_index: DatasetIndex, masks: MaskSource | None, vocabulary: EntityVocabulary,
+                          extractor: PhraseExtractor, *, region_options: dict, limit: int | None = None,
+                          progress: bool = True, image_level: bool = False, named_only: bool = True
+                          ) -> tuple[list[np.ndarray], list[dict[str, float]]]:
+    """The (2, F) descriptors and reference labels of the fit split's pairs (the first `limit`).
 
     Region level: the descriptors of the masked change regions. `image_level`: of the two whole frames
-    (no masks; `masks` may be None), so `frame_scores` sees the statistics it was fitted on.
+    (no masks; `masks` may be None). `named_only` keeps only the pairs whose references name a
+    vocabulary phrase (all the fitted retriever uses); the entity gate also needs the others.
     """
     phrases = set(vocabulary.phrases)
     pairs = fit_index.pairs[:limit] if limit is not None else fit_index.pairs
     labelled = [(pair, reference_labels(pair.captions, extractor, phrases)) for pair in pairs]
-    labelled = [(pair, label) for pair, label in labelled if label]
-    if not labelled:
+    if named_only:
+        labelled = [(pair, label) for pair, label in labelled if label]
+    if not any(label for _, label in labelled):
         raise DataError(f"no pair of split {fit_index.split!r} names a vocabulary phrase in its references")
     features, labels = [], []
     what = "frames" if image_level else "regions"
@@ -185,14 +194,28 @@ def fit_fitted_retriever(fit_index: DatasetIndex, masks: MaskSource | None, voca
             before, after = load_pair(pair)
             features.append(frame_pair_features(np.asarray(before), np.asarray(after)))
         else:
-            regions = load_pair_regions(pair, masks, **region_options)
-            features.append(pair_features(regions))  # keep the descriptors, not the crops
+            features.append(pair_features(load_pair_regions(pair, masks, **region_options)))  # not the crops
         labels.append(label)
+    return features, labels
+
+
+def fit_fitted_retriever(features: list[np.ndarray], labels: list[dict[str, float]], vocabulary: EntityVocabulary, *,
+                         mode: str, C: float, fit_split: str, image_level: bool = False) -> FittedRetriever:
+    """The `fitted` retriever, fitted on `fit_split_descriptors` (pairs naming no phrase are skipped by the fit)."""
     retriever = FittedRetriever(mode=mode, C=C)
     retriever.fit_features(features, labels, vocabulary.phrases)
-    retriever.training["fit_split"] = fit_index.split
+    retriever.training["fit_split"] = fit_split
     retriever.training["input"] = FITTED_INPUT[image_level]
     return retriever
+
+
+def fit_entity_gate(features: list[np.ndarray], labels: list[dict[str, float]], *, threshold: float,
+                    fit_split: str) -> EntityGate:
+    """The entity gate, fitted on `fit_split_descriptors(…, named_only=False)`: does a pair name an entity?"""
+    gate = EntityGate(threshold=threshold)
+    gate.fit(features, [bool(label) for label in labels])
+    gate.training["fit_split"] = fit_split
+    return gate
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -234,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fitted: weight the two regions by a learned 'caption describes the before image' "
                              "probability, or take Eq. 9's max")
     parser.add_argument("--fitted-C", type=float, default=1.0, help="inverse L2 strength of the logistic regression")
+    parser.add_argument("--entity-gate", choices=ENTITY_GATES, default=None,
+                        help="region level: 'fitted' (default [D]) withholds the entities of a pair whose change "
+                             "region names nothing, by a gate fitted on --fit-split (preprocess.retrievers."
+                             "EntityGate); 'none' retrieves for every pair with a region, as Eq. 9 does")
+    parser.add_argument("--gate-threshold", type=float, default=0.5,
+                        help="keep a pair's entities when the gate's P(it names an entity) is at least this")
     parser.add_argument("--clip-model", default="ViT-L-14", help="open_clip model name")
     parser.add_argument("--clip-checkpoint", default=None, help="local open_clip state dict for --clip-model")
     parser.add_argument("--clip-config", default=None, help="JSON model config to register (custom architectures)")
@@ -248,16 +277,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_mode_arguments(args: argparse.Namespace) -> None:
     """Masks are needed exactly by region-level retrieval; --image-score only means something image-level."""
+    if not 0.0 <= args.gate_threshold <= 1.0:
+        raise DataError(f"--gate-threshold must lie in [0, 1], got {args.gate_threshold}")
     if args.image_level:
         if args.masks is not None or args.fit_masks is not None:
             raise DataError("--image-level retrieves from whole frames and uses no masks; drop --masks/--fit-masks "
                             "(or drop --image-level for DAVIR's region-level retrieval)")
+        if args.entity_gate == "fitted":
+            raise DataError("--entity-gate gates change regions; --image-level has none (CHEER gives every pair "
+                            "its top-K entities)")
     else:
         if args.masks is None:
             raise DataError("--masks is required for region-level retrieval (a MaskCache folder from `python -m "
                             "preprocess masks --out …`, or 'gt'); pass --image-level for CHEER's mask-free retrieval")
         if args.image_score is not None:
             raise DataError("--image-score applies only with --image-level")
+
+
+def entity_gate(args: argparse.Namespace) -> str:
+    """The gate in use: --entity-gate, else 'fitted' at region level and 'none' image level."""
+    return args.entity_gate or ("none" if args.image_level else "fitted")
 
 
 def run_settings(args: argparse.Namespace) -> dict:
@@ -274,13 +313,16 @@ def run_settings(args: argparse.Namespace) -> dict:
         settings.update(retrieval=IMAGE, image_score=args.image_score or "abs")
     else:
         settings.update(retrieval=REGION, masks=args.masks, mask_source=args.mask_source,
-                        mask_weighting=args.mask_weighting, pad=args.pad, empty_masks="no_entity")
+                        mask_weighting=args.mask_weighting, pad=args.pad, empty_masks="no_entity",
+                        entity_gate=entity_gate(args))
+        if settings["entity_gate"] == "fitted":
+            settings.update(gate_threshold=args.gate_threshold, fit_limit=args.fit_limit)
     if args.retriever == "fitted":
         settings.update(fitted_mode=args.fitted_mode, fitted_C=args.fitted_C, fit_limit=args.fit_limit)
-        if not args.image_level:
-            settings["fit_masks"] = args.fit_masks or args.masks
     else:
         settings.update(clip_model=args.clip_model, clip_checkpoint=args.clip_checkpoint, clip_prompt=args.clip_prompt)
+    if not args.image_level and (args.retriever == "fitted" or settings["entity_gate"] == "fitted"):
+        settings["fit_masks"] = args.fit_masks or args.masks  # what the fitted retriever and the gate see
     return settings
 
 
@@ -307,22 +349,32 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
                                                      backend=args.phrase_backend)
 
+    retriever_folder, gate_folder = out / "retriever", out / "gate"
+    fit_retriever = args.retriever == "fitted" and not FittedRetriever.exists(retriever_folder)
+    fit_gate = settings.get("entity_gate") == "fitted" and not EntityGate.exists(gate_folder)
+    if fit_retriever or fit_gate:  # one pass over the fit split serves both
+        fit_masks = None if args.image_level else (
+            masks if args.fit_masks in (None, args.masks) else open_mask_source(args.fit_masks))
+        features, labels = fit_split_descriptors(fit_index, fit_masks, vocabulary, extractor,
+                                                 region_options=region_options, limit=args.fit_limit,
+                                                 progress=progress, image_level=args.image_level,
+                                                 named_only=not fit_gate)
+        if fit_retriever:
+            fit_fitted_retriever(features, labels, vocabulary, mode=args.fitted_mode, C=args.fitted_C,
+                                 fit_split=fit_index.split, image_level=args.image_level).save(retriever_folder)
+        if fit_gate:
+            fit_entity_gate(features, labels, threshold=args.gate_threshold,
+                            fit_split=fit_index.split).save(gate_folder)
+    gate = EntityGate.load(gate_folder) if settings.get("entity_gate") == "fitted" else None
+    if gate is not None and gate.threshold != args.gate_threshold:
+        raise DataError(f"{gate_folder} holds an entity gate with threshold {gate.threshold}; use another --out")
     if args.retriever == "fitted":
-        folder = out / "retriever"
-        if FittedRetriever.exists(folder):
-            retriever = FittedRetriever.load(folder)
-            fitted_on = retriever.training.get("input", FITTED_INPUT[False])
-            if (retriever.mode, retriever.C, fitted_on) != (args.fitted_mode, args.fitted_C,
-                                                            FITTED_INPUT[args.image_level]):
-                raise DataError(f"{folder} holds a fitted retriever with mode {retriever.mode!r}, C {retriever.C}, "
-                                f"fitted on {fitted_on}; use another --out")
-        else:
-            fit_masks = None if args.image_level else (
-                masks if args.fit_masks in (None, args.masks) else open_mask_source(args.fit_masks))
-            retriever = fit_fitted_retriever(fit_index, fit_masks, vocabulary, extractor, mode=args.fitted_mode,
-                                             C=args.fitted_C, region_options=region_options, limit=args.fit_limit,
-                                             progress=progress, image_level=args.image_level)
-            retriever.save(folder)
+        retriever = FittedRetriever.load(retriever_folder)
+        fitted_on = retriever.training.get("input", FITTED_INPUT[False])
+        if (retriever.mode, retriever.C, fitted_on) != (args.fitted_mode, args.fitted_C,
+                                                        FITTED_INPUT[args.image_level]):
+            raise DataError(f"{retriever_folder} holds a fitted retriever with mode {retriever.mode!r}, C "
+                            f"{retriever.C}, fitted on {fitted_on}; use another --out")
     else:
         retriever = ClipRetriever(args.clip_model, args.clip_checkpoint, config=args.clip_config, device=args.device,
                                   prompt=args.clip_prompt, batch_size=args.batch_size)
@@ -334,6 +386,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     position = {pair.pair_id: i for i, pair in enumerate(pairs)}
     todo = [pair for pair in pairs if not cache.has(pair.pair_id)]
     started = time.time()
+    withheld = 0
     bar = None
     if progress:
         from tqdm import tqdm
@@ -347,7 +400,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                                              settings["image_score"])
         else:
             regions = [load_pair_regions(pair, masks, **region_options) for pair in chunk]
-            retrieved = retrieve_top_k(retriever, regions, vocabulary.phrases, args.top_k)
+            retrieved = retrieve_top_k(retriever, regions, vocabulary.phrases, args.top_k, gate=gate)
+            withheld += sum(1 for pair, found in zip(regions, retrieved)
+                            if not found and not (pair.before.empty and pair.after.empty))
         # Part names come from the split position of the chunk's first pair, so a resumed run never
         # overwrites a part an earlier run finished.
         cache.write_part(f"{args.split}-{position[chunk[0].pair_id]:07d}",
@@ -358,18 +413,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         bar.close()
 
     done = sum(1 for pair in pairs if cache.has(pair.pair_id))
+    table = cache.table()
+    without_entity = sum(1 for pair in pairs if pair.pair_id in table and not table[pair.pair_id])
     manifest["splits"][args.split] = {
         "root": str(target.root), "pairs": len(pairs), "with_entities": done, "written_now": len(todo),
+        "without_entity": without_entity,
         "skipped_by_reader": len(target.skipped), "status": "complete" if done == len(pairs) else "incomplete",
     }
     manifest.update({
         "command": "python -m preprocess entities " + " ".join(argv),
         "vocabulary": {"size": len(vocabulary), "extractor": vocabulary.extractor, "path": str(out / "vocab.json")},
-        "retriever": retriever.describe(), "mask_source": "none (image level)" if masks is None else masks.describe(),
+        "retriever": retriever.describe(), "entity_gate": None if gate is None else gate.describe(),
+        "mask_source": "none (image level)" if masks is None else masks.describe(),
     })
     write_json_atomic(manifest_path, manifest)
     return {"split": args.split, "pairs": len(pairs), "written": len(todo), "skipped_existing": len(pairs) - len(todo),
-            "vocabulary": len(vocabulary), "seconds": round(time.time() - started, 1), "out": str(out)}
+            "withheld_by_gate": withheld, "vocabulary": len(vocabulary), "seconds": round(time.time() - started, 1), "out": str(out)}
 
 
 def main(argv: list[str] | None = None) -> int:

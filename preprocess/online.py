@@ -45,7 +45,7 @@ class OnlineEntities:
 
     def __init__(self, cache_dir: str | Path):
         from davir.text.phrases import EntityVocabulary
-        from preprocess.retrievers import ClipRetriever, FittedRetriever
+        from preprocess.retrievers import ClipRetriever, EntityGate, FittedRetriever
 
         cache_dir = Path(cache_dir)
         manifest_path = cache_dir / "entities" / "manifest.json"
@@ -60,6 +60,7 @@ class OnlineEntities:
             self.retriever = ClipRetriever(settings["clip_model"], settings["clip_checkpoint"],
                                            prompt=settings.get("clip_prompt", "a photo of {}"))
         self.retriever.prepare(self.vocabulary.phrases)
+        self.gate = EntityGate.load(cache_dir / "gate") if settings.get("entity_gate") == "fitted" else None
         # CHEER's caches rank whole frames (§4.8) and need no masks; DAVIR's rank masked regions (Eq. 9).
         self.image_score = settings["image_score"] if settings.get("retrieval") == "image" else None
         self.region_options = None if self.image_score else {
@@ -79,4 +80,4 @@ class OnlineEntities:
         if masks is None:
             raise DataError(f"{pair_id}: region-level entity retrieval needs the pair's change masks")
         regions = pair_regions(pair_id, before, after, masks, **self.region_options)
-        return retrieve_top_k(self.retriever, [regions], self.vocabulary.phrases, k)[0]
+        return retrieve_top_k(self.retriever, [regions], self.vocabulary.phrases, k, gate=self.gate)[0]

@@ -15,8 +15,8 @@ from davir.io import read_json
 from davir.text import phrases as ph
 from preprocess import entities, entity_eval
 from preprocess.retrievers import (
-    ClipRetriever, FittedRetriever, masked_region, pair_features, pair_regions, phrase_words,
-    square_pad, top_k,
+    ClipRetriever, EntityGate, FittedRetriever, PairRegions, gate_features, masked_region, pair_features,
+    pair_regions, phrase_words, retrieve_top_k, square_pad, top_k,
 )
 
 needs_wordnet = pytest.mark.skipif(not ph.wordnet_available(), reason="WordNet (Debian wordnet-base) is not installed")
@@ -462,6 +462,138 @@ def test_pairs_without_a_change_region_get_no_entity():
     unchanged = PairRegions("b", masked_region(image, np.zeros((8, 8), bool)), masked_region(image, None))
     result = retrieve_top_k(Constant(), [changed, unchanged], ["x", "y", "z"], 2)
     assert result == [[("y", 0.9), ("z", 0.5)], []]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The entity gate: no entities for a change region where nothing the captions name changed
+# ---------------------------------------------------------------------------------------------------
+
+def gate_pairs(rng: np.random.Generator, count: int) -> tuple[list, list[bool]]:
+    """Changed pairs (an object added, or recoloured in place) and unchanged ones (the same object shifted
+    by 1-2 px, as a small camera move leaves it); the mask is the union of the object in both images."""
+    pairs, names_entity = [], []
+    colors = list(COLORS)
+    for i in range(count):
+        shape = ("square", "circle")[i % 2]
+        color, other = rng.choice(colors, size=2, replace=False)
+        center = (int(rng.integers(16, 48)), int(rng.integers(14, 34)))
+        size = int(rng.integers(6, 10))
+        after, after_mask = draw_shape(shape, color, center, size)
+        kind = i % 3
+        if kind == 0:    # add
+            before, before_mask = np.full_like(after, BACKGROUND), np.zeros_like(after_mask)
+        elif kind == 1:  # colour change
+            before, before_mask = draw_shape(shape, other, center, size)
+        else:            # no change: a shifted view of the same object
+            shift = (int(rng.choice([-2, -1, 1, 2])), int(rng.choice([-2, -1, 1, 2])))
+            before, before_mask = draw_shape(shape, color, (center[0] + shift[0], center[1] + shift[1]), size)
+        union = after_mask | before_mask
+        pairs.append(pair_regions(f"g{i}", before, after, PairMasks(union, union, {})))
+        names_entity.append(kind != 2)
+    return pairs, names_entity
+
+
+def test_gate_features_are_both_descriptors_and_their_difference():
+    rows = np.array([[1.0, -2.0, 0.5], [3.0, -2.5, 0.5]])
+    np.testing.assert_array_equal(gate_features(rows), [1.0, -2.0, 0.5, 3.0, -2.5, 0.5, 2.0, 0.5, 0.0])
+
+
+def test_entity_gate_withholds_entities_of_unchanged_regions(tmp_path):
+    rng = np.random.default_rng(0)
+    train, train_names = gate_pairs(rng, 60)
+    test, test_names = gate_pairs(rng, 30)  # new positions, sizes and colours
+    gate = EntityGate()
+    gate.fit([pair_features(p) for p in train], train_names)
+    assert gate.active and gate.training["pairs"] == 60
+    assert gate.training["naming_an_entity"] == 40 and gate.training["naming_none"] == 20
+    probability = gate.probability([pair_features(p) for p in test])
+    assert (gate.keeps(test) == np.array(test_names)).all()
+    assert probability[np.array(test_names)].min() > 0.5 > probability[~np.array(test_names)].max()
+
+    class Constant:
+        def score(self, pairs):
+            return np.tile(np.array([0.2, 0.9, 0.5]), (len(pairs), 1))
+
+    retrieved = retrieve_top_k(Constant(), test, ["x", "y", "z"], 1, gate=gate)
+    assert retrieved == [[("y", 0.9)] if names else [] for names in test_names]
+    assert all(retrieve_top_k(Constant(), test, ["x", "y", "z"], 1))  # without the gate every region gets one
+
+    # JSON + npz, rebuilt without pickle, same probabilities
+    gate.save(tmp_path / "gate")
+    assert sorted(p.name for p in (tmp_path / "gate").iterdir()) == ["gate.json", "gate.npz"]
+    loaded = EntityGate.load(tmp_path / "gate")
+    np.testing.assert_allclose(loaded.probability([pair_features(p) for p in test]), probability)
+    (tmp_path / "gate" / "gate.npz").write_bytes(b"truncated")
+    with pytest.raises(DataError, match="unreadable entity gate"):
+        EntityGate.load(tmp_path / "gate")
+
+
+def test_entity_gate_stays_inactive_without_pairs_naming_none(tmp_path):
+    """Spot-the-Diff-like fit splits: every pair with a region names an entity → the gate keeps all."""
+    pairs, names = gate_pairs(np.random.default_rng(1), 30)
+    changed = [p for p, n in zip(pairs, names) if n]
+    empty = PairRegions("e", masked_region(np.zeros((8, 8, 3), np.uint8), None),
+                        masked_region(np.zeros((8, 8, 3), np.uint8), None))
+    gate = EntityGate()
+    gate.fit([pair_features(p) for p in [*changed, empty]], [True] * len(changed) + [False])
+    assert not gate.active and "keeps every pair" in gate.training["inactive"]
+    assert gate.training["without_region"] == 1 and gate.training["naming_none"] == 0  # the empty pair is left out
+    assert gate.keeps(pairs).all()
+    gate.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gate.json"]
+    assert not EntityGate.load(tmp_path).active
+    with pytest.raises(DataError, match="threshold"):
+        EntityGate(threshold=1.5)
+
+
+def test_entities_cli_gate_on_distractor_regions(dataset, tmp_path, capsys):
+    """Masks that also cover part of each distractor pair: the fitted gate (default) withholds their
+    entities, on the CLI and in caption.py's on-the-fly retrieval; --entity-gate none does not."""
+    from davir.data import read_dataset
+    from davir.data.images import load_pair
+    from preprocess.online import OnlineEntities
+
+    mask_cache = MaskCache(tmp_path / "masks")
+    for split in ("train", "test"):
+        for pair in read_dataset("clevr_change", dataset, split):
+            masks = entities.GroundTruthMasks().read(pair)
+            if pair.pair_id.endswith("_n"):  # a spurious region: the distractor only dims the image
+                spurious = np.zeros((48, 64), bool)
+                spurious[10:24, 20:36] = True
+                masks = PairMasks(spurious, spurious, {})
+            mask_cache.write(pair.pair_id, masks.before, masks.after, {})
+    base = ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress",
+            "--masks", str(tmp_path / "masks")]
+    code, stdout, err = run_cli(entities, [*base, "--out", str(tmp_path / "gated")], capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["withheld_by_gate"] == 4
+    table = EntityCache(tmp_path / "gated").table()
+    distractors = [k for k in table if k.endswith("_n")]
+    assert len(distractors) == 4 and all(table[k] == [] for k in distractors)
+    assert all(len(table[k]) == 5 for k in table if k not in distractors)
+    manifest = read_json(tmp_path / "gated" / "entities" / "manifest.json")
+    assert manifest["settings"]["entity_gate"] == "fitted" and manifest["settings"]["gate_threshold"] == 0.5
+    assert manifest["splits"]["test"]["without_entity"] == 4
+    assert manifest["entity_gate"]["active"] and manifest["entity_gate"]["training"]["naming_none"] == len(TRAIN)
+    online = OnlineEntities(tmp_path / "gated")
+    for pair in read_dataset("clevr_change", dataset, "test"):
+        before, after = (np.asarray(image) for image in load_pair(pair))
+        found = online(pair.pair_id, before, after, mask_cache.read(pair.pair_id), 5)
+        assert [p for p, _ in found] == [p for p, _ in table[pair.pair_id]]
+
+    code, stdout, err = run_cli(entities, [*base, "--out", str(tmp_path / "ungated"), "--entity-gate", "none"], capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["withheld_by_gate"] == 0
+    assert all(len(items) == 5 for items in EntityCache(tmp_path / "ungated").table().values())
+    assert not (tmp_path / "ungated" / "gate").exists()
+    # a rerun with another threshold is refused; bad thresholds and a gate without regions are errors
+    code, _, err = run_cli(entities, [*base, "--out", str(tmp_path / "gated"), "--gate-threshold", "0.7"], capsys)
+    assert code == 2 and "gate_threshold" in err
+    code, _, err = run_cli(entities, [*base, "--out", str(tmp_path / "x"), "--gate-threshold", "1.5"], capsys)
+    assert code == 2 and "--gate-threshold must lie in [0, 1]" in err
+    code, _, err = run_cli(entities, [*base[:-2], "--out", str(tmp_path / "y"), "--image-level",
+                                      "--entity-gate", "fitted"], capsys)
+    assert code == 2 and "--image-level has none" in err
 
 
 # ---------------------------------------------------------------------------------------------------
