@@ -52,9 +52,11 @@ def evaluate_entities(pairs: Sequence[ChangePair], table: dict[str, list[tuple[s
     totals: dict[str, int] = defaultdict(int)
     by_type: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     skipped = {"distractor": 0, "no_reference_entity": 0}
+    distractors_with_entity = 0  # what the entity gate should keep at zero
     for pair in pairs:
         if pair.change_type == DISTRACTOR:
             skipped["distractor"] += 1
+            distractors_with_entity += bool(table[pair.pair_id])
             continue
         references = {phrase for caption in pair.captions for phrase in extractor.phrases(caption)}
         if not references:
@@ -63,15 +65,17 @@ def evaluate_entities(pairs: Sequence[ChangePair], table: dict[str, list[tuple[s
         hits = pair_hits([phrase for phrase, _ in table[pair.pair_id]], references, k)
         for group in (totals, by_type[pair.change_type or "all"]):
             group["pairs"] += 1
+            group["without_entity"] += int(not table[pair.pair_id])
             for name, hit in hits.items():
                 group[name] += int(hit)
 
     def rates(counts: dict[str, int]) -> dict:
         n = counts.get("pairs", 0)
-        return {"pairs": n, **{name: (counts.get(name, 0) / n if n else None)
+        return {"pairs": n, "without_entity": counts.get("without_entity", 0), **{name: (counts.get(name, 0) / n if n else None)
                                for name in ("top1", "topk", "top1_contained", "topk_contained")}}
 
     return {"k": k, "total_pairs": len(pairs), "evaluated": totals.get("pairs", 0), "skipped": skipped,
+            "distractors_with_entity": distractors_with_entity,
             **rates(totals), "by_change_type": {name: rates(c) for name, c in sorted(by_type.items())}}
 
 
@@ -88,7 +92,9 @@ def format_table(result: dict) -> str:
     rows.append(line("all", result))
     if len(result["by_change_type"]) > 1:
         rows += [line(name, values) for name, values in result["by_change_type"].items()]
-    rows.append(f"skipped: {result['skipped']['distractor']} distractor/no-change pairs, "
+    rows.append(f"pairs evaluated without any entity (counted as misses): {result['without_entity']}")
+    rows.append(f"skipped: {result['skipped']['distractor']} distractor/no-change pairs "
+                f"({result['distractors_with_entity']} of them given an entity), "
                 f"{result['skipped']['no_reference_entity']} pairs whose references name no entity")
     return "\n".join(rows)
 

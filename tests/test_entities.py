@@ -411,7 +411,7 @@ def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys):
     assert code == 0 and "top-2" in stdout
     result = read_json(out / "entity_eval_test.json")
     assert result["evaluated"] == 4 and result["skipped"] == {"distractor": 4, "no_reference_entity": 0}
-    assert result["top1"] == 1.0
+    assert result["top1"] == 1.0 and result["distractors_with_entity"] == 0
 
 
 def test_entities_cli_clear_errors(dataset, tmp_path, capsys):
@@ -442,7 +442,11 @@ def test_entity_eval_numbers_on_a_hand_made_case(wordnet):
     assert result["topk"] == pytest.approx(2 / 3)
     assert result["top1_contained"] == pytest.approx(2 / 3)
     assert result["topk_contained"] == pytest.approx(1.0)
-    assert "skipped: 1 distractor" in entity_eval.format_table(result)
+    assert result["distractors_with_entity"] == 1 and result["without_entity"] == 0
+    assert "skipped: 1 distractor/no-change pairs (1 of them given an entity)" in entity_eval.format_table(result)
+    gated = entity_eval.evaluate_entities(pairs, {**table, "3": [], "4": []}, wordnet, k=2)
+    assert gated["distractors_with_entity"] == 0 and gated["without_entity"] == 1
+    assert gated["top1_contained"] == pytest.approx(1 / 3)  # pair 3 without an entity is a miss
     with pytest.raises(DataError, match="no retrieved entities"):
         entity_eval.evaluate_entities(pairs, {"1": []}, wordnet)
 
