@@ -6,8 +6,9 @@ For each pair, the reference entities are the noun phrases extracted (with the e
 CACHE/vocab.json) from all its reference captions. A retrieved phrase is a hit when it *equals* one
 of them; the "contained" variant also counts a retrieved phrase that occurs, as whole words, inside a
 reference phrase ("car" inside "white car"). top-1 looks at the best retrieved phrase, top-k at the
-first k. Distractor / no-change pairs and pairs whose references name no entity are skipped and
-counted. Writes JSON (default CACHE/entity_eval_<split>.json) and prints a table.
+first k; an evaluated pair left without entities (the entity gate withheld them) is a miss, and
+counted. Distractor / no-change pairs and pairs whose references name no entity are skipped and
+counted, with the distractors that were given an entity (which the gate should prevent). Writes JSON (default CACHE/entity_eval_<split>.json) and prints a table.
 """
 
 from __future__ import annotations
