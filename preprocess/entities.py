@@ -428,7 +428,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     })
     write_json_atomic(manifest_path, manifest)
     return {"split": args.split, "pairs": len(pairs), "written": len(todo), "skipped_existing": len(pairs) - len(todo),
-            "withheld_by_gate": withheld, "vocabulary": len(vocabulary), "seconds": round(time.time() - started, 1), "out": str(out)}
+            "withheld_by_gate": withheld, "vocabulary": len(vocabulary), "seconds": round(time.time() - started, 1),
+            "out": str(out)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,8 @@ of them; the "contained" variant also counts a retrieved phrase that occurs, as 
 reference phrase ("car" inside "white car"). top-1 looks at the best retrieved phrase, top-k at the
 first k; an evaluated pair left without entities (the entity gate withheld them) is a miss, and
 counted. Distractor / no-change pairs and pairs whose references name no entity are skipped and
-counted, with the distractors that were given an entity (which the gate should prevent). Writes JSON (default CACHE/entity_eval_<split>.json) and prints a table.
+counted, with the distractors that were given an entity (which the gate should prevent). Writes JSON
+(default CACHE/entity_eval_<split>.json) and prints a table.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ def evaluate_entities(pairs: Sequence[ChangePair], table: dict[str, list[tuple[s
 
     def rates(counts: dict[str, int]) -> dict:
         n = counts.get("pairs", 0)
-        return {"pairs": n, "without_entity": counts.get("without_entity", 0), **{name: (counts.get(name, 0) / n if n else None)
-                               for name in ("top1", "topk", "top1_contained", "topk_contained")}}
+        hit_rates = {name: (counts.get(name, 0) / n if n else None)
+                     for name in ("top1", "topk", "top1_contained", "topk_contained")}
+        return {"pairs": n, "without_entity": counts.get("without_entity", 0), **hit_rates}
 
     return {"k": k, "total_pairs": len(pairs), "evaluated": totals.get("pairs", 0), "skipped": skipped,
             "distractors_with_entity": distractors_with_entity,
