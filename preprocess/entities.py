@@ -349,6 +349,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
                                                      backend=args.phrase_backend)
 
+    if args.retriever == "clip":  # first, so a missing checkpoint is reported before any fitting
+        retriever = ClipRetriever(args.clip_model, args.clip_checkpoint, config=args.clip_config, device=args.device,
+                                  prompt=args.clip_prompt, batch_size=args.batch_size)
     retriever_folder, gate_folder = out / "retriever", out / "gate"
     fit_retriever = args.retriever == "fitted" and not FittedRetriever.exists(retriever_folder)
     fit_gate = settings.get("entity_gate") == "fitted" and not EntityGate.exists(gate_folder)
@@ -375,9 +378,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                                                         FITTED_INPUT[args.image_level]):
             raise DataError(f"{retriever_folder} holds a fitted retriever with mode {retriever.mode!r}, C "
                             f"{retriever.C}, fitted on {fitted_on}; use another --out")
-    else:
-        retriever = ClipRetriever(args.clip_model, args.clip_checkpoint, config=args.clip_config, device=args.device,
-                                  prompt=args.clip_prompt, batch_size=args.batch_size)
     retriever.prepare(vocabulary.phrases)
     write_json_atomic(manifest_path, manifest)  # pin the settings before the first part is written
 

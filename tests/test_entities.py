@@ -421,6 +421,7 @@ def test_entities_cli_clear_errors(dataset, tmp_path, capsys):
     code, _, err = run_cli(entities, [*base, "--masks", "gt", "--out", str(tmp_path / "b"), "--retriever", "clip",
                                       "--clip-checkpoint", str(tmp_path / "missing.pt")], capsys)
     assert code == 2 and "CLIP checkpoint file is missing" in err
+    assert not (tmp_path / "b" / "gate").exists()  # reported before the entity gate is fitted
 
 
 def test_entity_eval_numbers_on_a_hand_made_case(wordnet):
