@@ -30,6 +30,7 @@ whole frames (`frame_scores(images)` → S ∈ R^{n×M}), and `cheer_rank_entiti
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
@@ -59,6 +60,11 @@ class Region:
     box: tuple[int, int, int, int]  # x0, y0, x1, y1 of the crop in the full image (x1, y1 exclusive)
     image_size: tuple[int, int]     # full image (width, height)
     empty: bool               # no mask pixel: the region is the whole image
+
+    @cached_property
+    def descriptor(self) -> np.ndarray:
+        """`region_descriptor(self)`, computed once: the fitted retriever and the entity gate both read it."""
+        return region_descriptor(self)
 
 
 @dataclass
@@ -336,7 +342,7 @@ def frame_pair_features(before: np.ndarray, after: np.ndarray) -> np.ndarray:
 
 def pair_features(pair: PairRegions) -> np.ndarray:
     """The descriptors of both regions as a (2, F) array: row 0 before, row 1 after."""
-    return np.stack([region_descriptor(pair.before), region_descriptor(pair.after)])
+    return np.stack([pair.before.descriptor, pair.after.descriptor])
 
 
 # ---------------------------------------------------------------------------------------------------
