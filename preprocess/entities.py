@@ -316,13 +316,15 @@ def run_settings(args: argparse.Namespace) -> dict:
                         mask_weighting=args.mask_weighting, pad=args.pad, empty_masks="no_entity",
                         entity_gate=entity_gate(args))
         if settings["entity_gate"] == "fitted":
-            settings.update(gate_threshold=args.gate_threshold, fit_limit=args.fit_limit)
+            settings["gate_threshold"] = args.gate_threshold
     if args.retriever == "fitted":
-        settings.update(fitted_mode=args.fitted_mode, fitted_C=args.fitted_C, fit_limit=args.fit_limit)
+        settings.update(fitted_mode=args.fitted_mode, fitted_C=args.fitted_C)
     else:
         settings.update(clip_model=args.clip_model, clip_checkpoint=args.clip_checkpoint, clip_prompt=args.clip_prompt)
-    if not args.image_level and (args.retriever == "fitted" or settings["entity_gate"] == "fitted"):
-        settings["fit_masks"] = args.fit_masks or args.masks  # what the fitted retriever and the gate see
+    if args.retriever == "fitted" or settings.get("entity_gate") == "fitted":  # what the fitted parts see
+        settings["fit_limit"] = args.fit_limit
+        if not args.image_level:
+            settings["fit_masks"] = args.fit_masks or args.masks
     return settings
 
 
