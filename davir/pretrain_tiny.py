@@ -59,6 +59,7 @@ from davir.data.synthetic import (
     image_names,
     load_scenes,
     load_synthetic_set,
+    object_phrase,
 )
 from davir.io import read_json, write_json_atomic
 from davir.losses import FacConfig, caption_cross_entropy
@@ -136,8 +137,7 @@ def load_split(root: Path, split: str, size: int, *, limit: int | None = None,
         key = Path(image_names(int(scene_id))["before"]).name
         no_change.append(list(no_change_file.get(key) or NO_CHANGE_CAPTIONS[-1:]))
         subjects.append(str(record["change"]["subject"]))
-        objects.append([" ".join(o[a] for a in ("size", "color", "material", "shape"))
-                        for o in record["images"]["before"]["objects"]])
+        objects.append([object_phrase(o) for o in record["images"]["before"]["objects"]])
     return SceneTensors(ids, torch.from_numpy(images), descriptions, captions, no_change, subjects, objects)
 
 
@@ -257,13 +257,21 @@ def noisy_entities(data: SceneTensors, rows: list[int], semantic: list[bool], rn
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def evaluation_entities(data: SceneTensors, rows: list[int], *, changed: bool) -> list[list[str]]:
+    """The fixed entities `evaluate` prompts with: the changed object for a changed pair; for a distractor
+    pair, one of the scene's objects on every fourth row (a retriever's false entity), else none."""
+    if changed:
+        return [[data.subjects[r]] for r in rows]
+    return [[data.objects[r][r % len(data.objects[r])]] if r % 4 == 0 else [] for r in rows]
+
+
 @torch.no_grad()
 def evaluate(model: DavirModel, data: SceneTensors, truths: dict[str, Any], norm: Normaliser, *,
              cider: bool = False, batch: int = 50, entities: bool = False) -> dict[str, Any]:
     """Greedy captions of both pairs of every scene in ``data``; type/object accuracy (and CIDEr).
 
-    ``entities``: prompt with EPC entity prompts, fixed per scene so that runs compare: the changed object
-    for every changed pair, one of the scene's objects for every fourth distractor pair (none otherwise)."""
+    ``entities``: prompt with EPC entity prompts, fixed per scene so that runs compare
+    (`evaluation_entities`)."""
     predictions: dict[str, str] = {}
     references: dict[str, list[str]] = {}
     for start in range(0, len(data.ids), batch):
@@ -272,9 +280,7 @@ def evaluate(model: DavirModel, data: SceneTensors, truths: dict[str, Any], norm
         for suffix, view, refs in (("", 1, data.captions), ("_n", 2, data.no_change)):
             after = norm(data.images[rows, view])
             if entities:
-                chosen = [[data.subjects[r]] if view == 1 else ([data.objects[r][r % len(data.objects[r])]]
-                                                                if r % 4 == 0 else []) for r in rows]
-                prompts = entity_prompts(ENTITY_PROMPTS, chosen)
+                prompts = entity_prompts(ENTITY_PROMPTS, evaluation_entities(data, rows, changed=view == 1))
             else:
                 prompts = [CHANGE_PROMPT] * len(rows)
             captions = model.generate(before, after, prompts, max_new_tokens=16)

@@ -862,10 +862,15 @@ def no_change_captions(rng: np.random.Generator) -> list[str]:
     return [NO_CHANGE_CAPTIONS[i] for i in order]
 
 
+def object_phrase(record: dict[str, Any]) -> str:
+    """Canonical attribute phrase of a stored object record, as `SceneObject.phrase`: "small red metal sphere"."""
+    return f"{record['size']} {record['color']} {record['material']} {record['shape']}"
+
+
 def describe(objects: list[dict[str, Any]]) -> str:
     """Single-image description: canonical phrases left to right by box centre, joined by " , "."""
     ordered = sorted(objects, key=lambda o: ((o["box"][0] + o["box"][2]) / 2.0, o["id"]))
-    return " , ".join(f"{o['size']} {o['color']} {o['material']} {o['shape']}" for o in ordered)
+    return " , ".join(object_phrase(o) for o in ordered)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1103,5 +1108,5 @@ def load_scenes(root: str | Path) -> dict[str, Any]:
 __all__ = [
     "COLORS", "MATERIALS", "SHAPES", "SIZES", "NO_CHANGE_CAPTIONS", "CHANGE_TEMPLATES", "SynthConfig",
     "SceneObject", "Camera", "Illumination", "generate_dataset", "load_scenes", "render", "describe",
-    "change_captions", "load_synthetic_set", "make_splits", "scene_types", "build_scene",
+    "change_captions", "load_synthetic_set", "make_splits", "object_phrase", "scene_types", "build_scene",
 ]
