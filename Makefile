@@ -9,10 +9,12 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install system-deps test demo demo-data ablation-demo demo-lightweight clean-demo
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -r requirements.txt
+	# the toolkit itself, editable: `import davir` from any folder and the davir-* commands
+	$(PY) -m pip install --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(VENV)/.installed system-deps

@@ -24,9 +24,9 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from preprocess.features import (  # noqa: E402
-    FEATURE_SHAPE, IMAGENET_STD, build_backbone, extract_images, pick_device,
-)
+from davir.data.feature_cache import FEATURE_SHAPE  # noqa: E402
+from davir.preprocessing.backbone import IMAGENET_STD, build_backbone  # noqa: E402
+from preprocess.features import extract_images, pick_device  # noqa: E402
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "clevr_change"
 

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from davir.data import read_dataset  # noqa: E402
 from davir.data.caches import MaskCache  # noqa: E402
 from davir.data.images import load_rgb  # noqa: E402
-from preprocess.change_regions import RegionSettings  # noqa: E402
-from preprocess.masks import finish_pair, prepare_pair, segment_requests  # noqa: E402
-from preprocess.segmenters import build_segmenter  # noqa: E402
+from davir.preprocessing.change_regions import RegionSettings  # noqa: E402
+from davir.preprocessing.mask_pipeline import finish_pair, prepare_pair, segment_requests  # noqa: E402
+from davir.preprocessing.segmenters import build_segmenter  # noqa: E402
 
 
 def synthetic_root(folder: Path, scenes: int) -> Path:

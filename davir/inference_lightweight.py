@@ -77,7 +77,7 @@ class OnlineFeatures:
     """ResNet-101 layer3 features computed on the fly with the recipe of `preprocess features`."""
 
     def __init__(self, weights: str | Path | None, *, trained_with: str | None = None, device: str | torch.device = "cpu"):
-        from preprocess.features import IMAGENET_STD, build_backbone, file_sha256
+        from davir.preprocessing.backbone import IMAGENET_STD, build_backbone, file_sha256
 
         match = _RANDOM_INIT.match(str(trained_with or ""))
         if weights is None and match is None:
@@ -92,7 +92,7 @@ class OnlineFeatures:
 
     @torch.no_grad()
     def __call__(self, paths: Sequence[Path]) -> torch.Tensor:
-        from preprocess.features import load_resized, normalize_batch
+        from davir.preprocessing.backbone import load_resized, normalize_batch
 
         images = torch.stack([torch.from_numpy(load_resized(Path(p), record=str(p))).permute(2, 0, 1) for p in paths])
         features = self.backbone(normalize_batch(images.to(self.device), self.std))
@@ -189,7 +189,7 @@ def run_captioner(model_dir: Path, run_data: dict, *, root: Path, entities: Path
     by `root`) or, without one, are computed online; CHEER's entities come from `entities` or the run's
     `data.entities` (that cache must cover the evaluated split).
     """
-    from preprocess.features import FeatureCache
+    from davir.data.feature_cache import FeatureCache
 
     bundle = load_lightweight(model_dir, device=device)
     cache_dir = run_data.get("features")

@@ -5,8 +5,8 @@
     python -m davir.sweep SWEEP.yaml --seeds 0 --set optim.max_steps=50   # quicker, fewer seeds
 
 A sweep file names the variants (a training config + key=value overrides each), the seeds and the output
-folder. Every (variant, seed) is one ordinary run folder, trained by ``train.py`` and scored by
-``evaluate.py --checkpoint`` exactly as a user would run them, so any cell can be inspected or re-scored on
+folder. Every (variant, seed) is one ordinary run folder, trained and scored through the functions behind
+``train.py`` and ``evaluate.py --checkpoint`` (davir.cli) exactly as a user would run them, so any cell can be inspected or re-scored on
 its own. A cell whose evaluation exists is not redone: an interrupted sweep continues where it stopped.
 The summary (``OUT/summary.md`` and ``OUT/summary.json``) holds the caption metrics, the built-in set's
 type/object accuracy and, for DAVIR, the attention share inside the ground-truth change mask.
@@ -106,8 +106,7 @@ def metrics_path(run: Path, split: str) -> Path | None:
 
 def run_cell(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> Path:
     """Train (from scratch; a finished training is kept) and score one cell; returns its metrics.json."""
-    import evaluate
-    import train
+    from davir.cli import evaluate, train  # the same entry points as train.py and evaluate.py
 
     run = cell_dir(sweep, variant, seed)
     done = metrics_path(run, sweep.split)

@@ -6,10 +6,10 @@
 
 1. Entity vocabulary (methods.md §5.8): the noun phrases of the `--fit-split` captions (davir.text),
    kept when ≥ `--vocab-min-count` captions name them; saved as CACHE/vocab.json and reused.
-2. Retriever (preprocess.retrievers): `fitted` (default; no weights) is fitted on the fit split's
+2. Retriever (davir.preprocessing.retrievers): `fitted` (default; no weights) is fitted on the fit split's
    masked change regions, each pair labelled with the vocabulary phrases of its references, and
    stored in CACHE/retriever/; `clip` loads open_clip from `--clip-checkpoint` (a local file).
-3. Entity gate (`--entity-gate fitted`, the region-level default [D]; preprocess.retrievers.EntityGate):
+3. Entity gate (`--entity-gate fitted`, the region-level default [D]; davir.preprocessing.retrievers.EntityGate):
    a logistic regression on the fit split's change regions that tells a region whose references name
    an entity from one whose references name none (CLEVR-style distractors: a camera or light change
    leaves differences along edges); stored in CACHE/gate/. Pairs it rejects get no entities, like
@@ -30,7 +30,7 @@ the before and after frames are scored whole against all M entities (S_bef, S_af
 the global CLIP embedding, ViT-L/14 in the paper; `fitted`: the word model on whole-frame descriptors,
 fitted on the fit split's whole frames — see FittedRetriever.frame_scores), ranked by |S_bef − S_aft|
 (`--image-score abs`, default [D]) or S_bef − S_aft (`bef_minus_aft`, Eq. 1 as written) among the
-entities above their image's mean similarity (preprocess.retrievers.cheer_rank_entities); every pair,
+entities above their image's mean similarity (davir.preprocessing.retrievers.cheer_rank_entities); every pair,
 distractors included, gets `--top-k` entries (CHEER: 3). The settings record `retrieval: image`, so a
 cache is never mixed with region-level entities.
 """
@@ -52,7 +52,7 @@ from davir.data.images import load_mask, load_pair
 from davir.data.records import ChangePair, DataError, DatasetIndex
 from davir.io import read_json, write_json_atomic
 from davir.text.phrases import BACKENDS, EntityVocabulary, PhraseExtractor, build_vocabulary, get_extractor
-from preprocess.retrievers import (
+from davir.preprocessing.retrievers import (
     FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, EntityGate, FittedRetriever,
     PairRegions, frame_pair_features, pair_features, pair_regions, retrieve_image_level, retrieve_top_k,
 )
@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fitted-C", type=float, default=1.0, help="inverse L2 strength of the logistic regression")
     parser.add_argument("--entity-gate", choices=ENTITY_GATES, default=None,
                         help="region level: 'fitted' (default [D]) withholds the entities of a pair whose change "
-                             "region names nothing, by a gate fitted on --fit-split (preprocess.retrievers."
+                             "region names nothing, by a gate fitted on --fit-split (davir.preprocessing.retrievers."
                              "EntityGate); 'none' retrieves for every pair with a region, as Eq. 9 does")
     parser.add_argument("--gate-threshold", type=float, default=0.5,
                         help="keep a pair's entities when the gate's P(it names an entity) is at least this")

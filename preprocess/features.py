@@ -29,68 +29,27 @@ An image key is the image path relative to the dataset root (POSIX separators). 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import cv2
-import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
+from davir.data.feature_cache import (
+    FEATURE_SHAPE, FORMAT_VERSION, image_key, next_chunk_number, scan_index, write_chunk, write_index,
+)
 from davir.data.formats import FORMATS, read_dataset
-from davir.data.images import load_rgb
 from davir.data.records import DataError
 from davir.io import read_json, write_json_atomic
-
-IMAGE_SIZE = 224
-FEATURE_SHAPE = (1024, 14, 14)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-AUTHORS_STD = (0.229, 0.224, 0.224)  # the reference script's typo for the last channel
-FEATURE_TENSOR = "features"
-KEYS_METADATA = "keys"
-FORMAT_VERSION = 1
-MISSING_EXAMPLES = 20
-NO_WEIGHTS = (
-    "ResNet-101 weights are needed: pass --weights PATH to a local torchvision resnet101 state dict "
-    "(e.g. resnet101-63fe2227.pth); nothing is downloaded. --random-init is for tests and demos only."
+from davir.preprocessing.backbone import (
+    AUTHORS_STD, IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD, NO_WEIGHTS, build_backbone, file_sha256, load_resized,
+    normalize_batch,
 )
 
-
-# --- images → network input -------------------------------------------------------------------------
-def image_key(path: str | Path, dataset_root: str | Path) -> str:
-    """Cache key of an image: its path relative to the dataset root (POSIX), else its real absolute path.
-
-    Relative paths count from the current folder, like the reader's paths when `--root` is relative.
-    Lexical first (no file-system calls: a split lists ~10^5 paths), symlinks resolved only if needed.
-    """
-    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(dataset_root))
-    if relative.startswith(os.pardir):
-        real = os.path.realpath(path)
-        relative = os.path.relpath(real, os.path.realpath(dataset_root))
-        if relative.startswith(os.pardir):
-            return Path(real).as_posix()
-    return Path(relative).as_posix()
-
-
-def load_resized(path: Path, *, record: str = "?") -> np.ndarray:
-    """RGB uint8 (224, 224, 3): the image resized with OpenCV's bicubic interpolation, as the reference."""
-    rgb = np.asarray(load_rgb(path, record=record))
-    return cv2.resize(rgb, (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_CUBIC)
-
-
-def normalize_batch(images: torch.Tensor, std: Sequence[float]) -> torch.Tensor:
-    """uint8 (B, 3, H, W) → float32 ``(x / 255 − mean) / std`` with the ImageNet mean."""
-    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1)
-    scale = torch.tensor(std, device=images.device).view(1, 3, 1, 1)
-    return (images.float() / 255.0 - mean) / scale
+MISSING_EXAMPLES = 20
 
 
 class _ImageList(torch.utils.data.Dataset):
@@ -105,100 +64,6 @@ class _ImageList(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         key, path = self.items[index]
         return index, torch.from_numpy(load_resized(path, record=key)).permute(2, 0, 1).contiguous()
-
-
-# --- the backbone -----------------------------------------------------------------------------------
-def build_backbone(weights: str | Path | None, *, random_init: bool = False, seed: int = 0) -> torch.nn.Module:
-    """torchvision ResNet-101 truncated after layer3 (conv1, bn1, relu, maxpool, layer1-3), in eval mode."""
-    import torchvision
-
-    if random_init:
-        torch.manual_seed(seed)
-        net = torchvision.models.resnet101(weights=None, zero_init_residual=True)
-    else:
-        if weights is None:
-            raise DataError(NO_WEIGHTS)
-        weights = Path(weights)
-        if not weights.is_file():
-            raise DataError(f"ResNet-101 weights file is missing: {weights}")
-        try:
-            state = torch.load(weights, map_location="cpu", weights_only=True)
-        except Exception as error:  # a corrupt or non-PyTorch file: say which file
-            raise DataError(f"{weights}: cannot be read as a PyTorch state dict ({error})") from error
-        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-            state = state["state_dict"]
-        net = torchvision.models.resnet101(weights=None)
-        if not isinstance(state, dict):
-            raise DataError(f"{weights}: expected a state dict, got {type(state).__name__}")
-        try:
-            result = net.load_state_dict(state, strict=False)
-        except RuntimeError as error:  # shape mismatches
-            raise DataError(f"{weights}: not a torchvision ResNet-101 state dict ({str(error)[:300]})") from error
-        needed = [k for k in result.missing_keys if not k.startswith(("fc.", "layer4."))]
-        if needed or result.unexpected_keys:
-            raise DataError(
-                f"{weights}: not a torchvision ResNet-101 state dict (missing {needed[:5]}, "
-                f"unexpected {result.unexpected_keys[:5]})"
-            )
-    backbone = torch.nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool, net.layer1, net.layer2, net.layer3)
-    return backbone.eval().requires_grad_(False)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-# --- cache layout ------------------------------------------------------------------------------------
-def _read_chunk_keys(path: Path) -> list[str]:
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
-    if KEYS_METADATA not in metadata:
-        raise DataError(f"feature chunk {path} has no {KEYS_METADATA!r} metadata; not written by preprocess features")
-    return json.loads(metadata[KEYS_METADATA])
-
-
-def scan_index(cache: Path) -> dict[str, tuple[str, int]]:
-    """key → (chunk file name, row) for every complete chunk in `cache` (index.json + unlisted chunks)."""
-    folder = cache / "features"
-    on_disk = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
-    entries: dict[str, tuple[str, int]] = {}
-    listed: set[str] = set()
-    index_path = cache / "index.json"
-    if index_path.is_file():
-        index = read_json(index_path)
-        listed = set(index.get("chunks", [])) & set(on_disk)
-        entries = {k: (v[0], int(v[1])) for k, v in index.get("entries", {}).items() if v[0] in listed}
-    for name in on_disk:
-        if name not in listed:
-            for row, key in enumerate(_read_chunk_keys(folder / name)):
-                entries[key] = (name, row)
-    return entries
-
-
-def write_index(cache: Path) -> dict[str, tuple[str, int]]:
-    entries = scan_index(cache)
-    chunks = sorted({name for name, _ in entries.values()})
-    write_json_atomic(cache / "index.json", {"chunks": chunks, "entries": {k: list(v) for k, v in entries.items()}},
-                      indent=None)
-    return entries
-
-
-def _next_chunk_number(cache: Path, prefix: str) -> int:
-    numbers = [int(p.stem.rsplit("-", 1)[1]) for p in (cache / "features").glob(f"{prefix}-*.safetensors")]
-    return max(numbers, default=-1) + 1
-
-
-def write_chunk(path: Path, features: torch.Tensor, keys: list[str]) -> None:
-    """One fp16 chunk file, written to a temporary name and renamed (never half a file under `path`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({FEATURE_TENSOR: features.contiguous()}, str(tmp), metadata={KEYS_METADATA: json.dumps(keys)})
-    os.chmod(tmp, 0o644)  # safetensors creates 0600 files; caches are shared read-only data
-    tmp.replace(path)
 
 
 @dataclass
@@ -271,7 +136,7 @@ def extract_images(
         _ImageList(items), batch_size=batch_size, num_workers=workers, pin_memory=cuda,
         persistent_workers=False,
     )
-    number = _next_chunk_number(cache, chunk_prefix)
+    number = next_chunk_number(cache, chunk_prefix)
     pending: list[torch.Tensor] = []
     pending_keys: list[str] = []
     written = 0
@@ -403,66 +268,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(record, indent=2))
     return 0
-
-
-# --- reading the cache -------------------------------------------------------------------------------
-class FeatureCache:
-    """Read features written by `preprocess features`: ``FeatureCache(cache).get(image_path) → (1024, 14, 14)``.
-
-    `image_path` is a path under the dataset root recorded in the manifest (or `dataset_root`, if the
-    dataset moved), or a key. Tensors come back as `dtype` (float32 by default; fp16 is what is stored).
-    Chunk files are memory-mapped lazily, per process (safe in DataLoader workers).
-    """
-
-    def __init__(self, root: str | Path, *, dataset_root: str | Path | None = None, dtype: torch.dtype = torch.float32):
-        self.root = Path(root)
-        manifest_path = self.root / "manifest.json"
-        if not manifest_path.is_file():
-            raise DataError(
-                f"{self.root} is not a feature cache (no manifest.json); run "
-                f"`python -m preprocess features --out {self.root} …` first"
-            )
-        self.manifest = read_json(manifest_path)
-        self.dataset_root = Path(dataset_root or self.manifest["dataset_root"])
-        self.dtype = dtype
-        self._entries: dict[str, tuple[str, int]] | None = None
-        self._handles: dict[str, object] = {}
-        self._pid = os.getpid()
-
-    @property
-    def entries(self) -> dict[str, tuple[str, int]]:
-        if self._entries is None:
-            self._entries = scan_index(self.root)
-        return self._entries
-
-    def key(self, image_path: str | Path) -> str:
-        """The cache key of a path under the dataset root; a string that is already a key is returned as is."""
-        if isinstance(image_path, str) and image_path in self.entries:
-            return image_path
-        return image_key(image_path, self.dataset_root)
-
-    def __contains__(self, image_path: str | Path) -> bool:
-        return self.key(image_path) in self.entries
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def _handle(self, name: str):
-        if os.getpid() != self._pid:  # forked worker: do not share the parent's open files
-            self._handles, self._pid = {}, os.getpid()
-        if name not in self._handles:
-            self._handles[name] = safe_open(str(self.root / "features" / name), framework="pt")
-        return self._handles[name]
-
-    def get(self, image_path: str | Path) -> torch.Tensor:
-        key = self.key(image_path)
-        if key not in self.entries:
-            raise DataError(
-                f"image {image_path} (key {key!r}) has no features in {self.root}; run "
-                f"`python -m preprocess features --out {self.root} …` for its dataset split"
-            )
-        name, row = self.entries[key]
-        return self._handle(name).get_slice(FEATURE_TENSOR)[row:row + 1][0].to(self.dtype)
 
 
 if __name__ == "__main__":

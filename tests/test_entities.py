@@ -14,7 +14,7 @@ from davir.data.records import DISTRACTOR, ChangePair, DataError
 from davir.io import read_json
 from davir.text import phrases as ph
 from preprocess import entities, entity_eval
-from preprocess.retrievers import (
+from davir.preprocessing.retrievers import (
     ClipRetriever, EntityGate, FittedRetriever, PairRegions, gate_features, masked_region, pair_features,
     pair_regions, phrase_words, retrieve_top_k, square_pad, top_k,
 )
@@ -454,7 +454,7 @@ def test_entity_eval_numbers_on_a_hand_made_case(wordnet):
 
 def test_pairs_without_a_change_region_get_no_entity():
     """Both masks empty → no entity (the prompt then has none), instead of the whole image's best phrase."""
-    from preprocess.retrievers import masked_region, PairRegions, retrieve_top_k
+    from davir.preprocessing.retrievers import masked_region, PairRegions, retrieve_top_k
 
     class Constant:
         def score(self, pairs):
@@ -556,7 +556,7 @@ def test_entities_cli_gate_on_distractor_regions(dataset, tmp_path, capsys):
     entities, on the CLI and in caption.py's on-the-fly retrieval; --entity-gate none does not."""
     from davir.data import read_dataset
     from davir.data.images import load_pair
-    from preprocess.online import OnlineEntities
+    from davir.preprocessing.online import OnlineEntities
 
     mask_cache = MaskCache(tmp_path / "masks")
     for split in ("train", "test"):
@@ -617,7 +617,7 @@ def ranked(result):
 
 
 def test_cheer_ranking_abs_and_mean_constraint():
-    from preprocess.retrievers import cheer_rank_entities
+    from davir.preprocessing.retrievers import cheer_rank_entities
 
     # |S_bef − S_aft| = [0, 0.4, 0.25, 0.45, 0.05]; unconstrained the order would be 3, 1, 2, 4, 0
     indices, scores = ranked(cheer_rank_entities(S_BEF, S_AFT, 3))
@@ -629,7 +629,7 @@ def test_cheer_ranking_abs_and_mean_constraint():
 
 
 def test_cheer_ranking_bef_minus_aft_is_eq1_as_written():
-    from preprocess.retrievers import cheer_rank_entities
+    from davir.preprocessing.retrievers import cheer_rank_entities
 
     # S_bef − S_aft = [0, −0.4, 0.25, 0.45, 0.05]: the constraint again drops entity 3 (the argmax of
     # Eq. 1 without it), and the "added" entity 1 falls to last among the eligible ones
@@ -641,7 +641,7 @@ def test_cheer_ranking_bef_minus_aft_is_eq1_as_written():
 
 
 def test_cheer_ranking_pads_with_the_best_ineligible_entities():
-    from preprocess.retrievers import cheer_rank_entities
+    from davir.preprocessing.retrievers import cheer_rank_entities
 
     # 3 eligible entities, k = 4 and 5: padded with entity 3 (0.45), then 4 (0.05), after all eligible ones
     assert ranked(cheer_rank_entities(S_BEF, S_AFT, 4))[0] == [1, 2, 0, 3]
@@ -662,8 +662,8 @@ def image_level_argv(dataset: Path, out: Path, *extra: str) -> list[str]:
 def test_entities_cli_image_level_fitted(dataset, tmp_path, capsys):
     from davir.data import read_dataset
     from davir.data.images import load_pair
-    from preprocess.online import OnlineEntities
-    from preprocess.retrievers import cheer_rank_entities
+    from davir.preprocessing.online import OnlineEntities
+    from davir.preprocessing.retrievers import cheer_rank_entities
 
     out = tmp_path / "cheer"
     code, stdout, err = run_cli(entities, image_level_argv(dataset, out), capsys)

@@ -16,9 +16,11 @@ from PIL import Image
 from safetensors import safe_open
 
 from davir.data.records import DataError
-from preprocess.features import (
-    AUTHORS_STD, IMAGENET_MEAN, IMAGENET_STD, FeatureCache, build_backbone, load_resized, main, normalize_batch,
+from davir.data.feature_cache import FeatureCache
+from davir.preprocessing.backbone import (
+    AUTHORS_STD, IMAGENET_MEAN, IMAGENET_STD, build_backbone, load_resized, normalize_batch,
 )
+from preprocess.features import main
 
 VAL_IMAGES = {f"{folder}/CLEVR_{kind}_{scene:06d}.png" for scene in (19, 35)
               for folder, kind in (("images", "default"), ("sc_images", "semantic"), ("nsc_images", "nonsemantic"))}

@@ -16,9 +16,9 @@ from davir.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import caption as caption_script  # noqa: E402
-import evaluate as evaluate_script  # noqa: E402
-import train as train_script  # noqa: E402
+from davir.cli import caption as caption_script  # noqa: E402
+from davir.cli import evaluate as evaluate_script  # noqa: E402
+from davir.training import loop as train_script  # noqa: E402
 
 
 def test_attention_localisation_by_hand():

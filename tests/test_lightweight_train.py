@@ -82,8 +82,8 @@ def run_config(tiny_data: dict, method: str, tmp_path: Path, *extra: str) -> Tra
 @pytest.mark.parametrize("method", ["subtraction", "scorer", "dirl", "rdd", "cheer"])
 def test_train_save_load_caption(method, tiny_data, tmp_path, capsys):
     from davir.inference_lightweight import caption_pairs_lightweight, load_lightweight
-    from preprocess.features import FeatureCache
-    from train import train
+    from davir.data.feature_cache import FeatureCache
+    from davir.training.loop import train
 
     extra = ["data.acr_prompts=learned"] if method == "rdd" else []
     run = train(run_config(tiny_data, method, tmp_path, *extra))
@@ -130,7 +130,7 @@ def test_scene_batches_pair_semantic_and_distractor(tiny_data, tmp_path):
     distractor = train_index.by_id()[pair.pair_id + "_n"]
     assert example["feat_distractor"].shape == (1024, 14, 14)
     assert example["caption"] in pair.captions and example["no_change_caption"] in distractor.captions
-    from preprocess.features import FeatureCache
+    from davir.data.feature_cache import FeatureCache
 
     assert torch.equal(example["feat_distractor"], FeatureCache(tiny_data["features"]).get(distractor.after))
 
@@ -149,7 +149,7 @@ def test_missing_caches_are_named(tiny_data, tmp_path):
 def test_one_step_on_the_real_clevr_change_images(shared_datasets, tmp_path):
     """The shared CLEVR-Change scenes (real images) with faked captions: one training step end to end."""
     from preprocess.features import main as features_main
-    from train import train
+    from davir.training.loop import train
 
     source = shared_datasets / "clevr_change"
     root = tmp_path / "clevr"

@@ -13,12 +13,13 @@ import pytest
 from davir.data import read_dataset
 from davir.data.caches import MaskCache, cache_key
 from davir.data.images import load_mask
+from davir.preprocessing import mask_pipeline
 from preprocess import mask_eval, masks
-from preprocess.change_regions import (
+from davir.preprocessing.change_regions import (
     RegionSettings, change_mask_union, cluster_changed_pixels, cluster_region, difference_map,
     find_change_regions, iou_filter, mask_iou, threshold_difference, tolerant_difference_map, union_of_masks,
 )
-from preprocess.segmenters import SAM_BUILDERS, ClassicalSegmenter, build_segmenter
+from davir.preprocessing.segmenters import SAM_BUILDERS, ClassicalSegmenter, SegmentRequest, build_segmenter
 
 # Eq. 2 exactly as written: no registration, photometric matching, tolerance, blur or opening.
 LITERAL = dict(register="none", photometric="none", tolerance_px=0, blur_sigma=0.0, open_px=0)
@@ -165,7 +166,7 @@ def test_classical_segmenter_recovers_the_changed_object_in_the_right_frame(synt
     assert {p.change_type for p in pairs} == {"color", "add", "drop"}
     segmenter = build_segmenter("classical")
     for pair in pairs:
-        _, result = masks.compute_pair(pair, RegionSettings(), segmenter)
+        _, result = mask_pipeline.compute_pair(pair, RegionSettings(), segmenter)
         gt_before = load_mask(pair.gt_mask_before)
         gt_after = load_mask(pair.gt_mask_after)
         assert mask_eval.iou(result.before | result.after, gt_before | gt_after) > 0.7, pair.pair_id
@@ -179,7 +180,7 @@ def test_other_classical_methods_run():
     before, after = two_square_pair()
     regions = find_change_regions(before, after, RegionSettings(**LITERAL, cluster_stride=1))
     for method in ("grabcut", "region"):
-        (answers,) = ClassicalSegmenter(method).segment([masks.SegmentRequest(after, regions.prompts_after,
+        (answers,) = ClassicalSegmenter(method).segment([SegmentRequest(after, regions.prompts_after,
                                                                               regions.regions_after)])
         assert len(answers) == 2 and answers[0].masks.shape == (1, 40, 60)
     with pytest.raises(ValueError, match="classical method"):
@@ -235,7 +236,7 @@ def test_shards_partition_the_pairs_and_keep_separate_manifests(synth_root, tmp_
         done.append(json.loads((out / f"manifest-shard-{shard}.json").read_text())["counts"]["computed"])
     assert not (out / "manifest.json").exists()
     assert done == [6, 5, 5]  # 16 pairs: i % 3
-    merged = masks.read_manifest(out)
+    merged = mask_pipeline.read_manifest(out)
     assert merged["counts"]["pairs"] == merged["counts"]["computed"] == 16 and merged["status"] == "complete"
     cache = MaskCache(out)
     assert all(cache.has(p.pair_id) for p in read_dataset("clevr_change", synth_root, "train"))
@@ -339,8 +340,8 @@ def test_sam_batched_path_matches_the_official_predictor(tiny_sam_checkpoint):
     segmenter = build_segmenter("sam", checkpoint=tiny_sam_checkpoint, model_type="tiny_test", device="cpu")
     assert segmenter.bf16 is False  # fp32 on the CPU
     regions = find_change_regions(before, after, RegionSettings(**LITERAL, cluster_stride=1))
-    requests = [masks.SegmentRequest(after, regions.prompts_after, regions.regions_after),
-                masks.SegmentRequest(before, regions.prompts_before, regions.regions_before)]
+    requests = [SegmentRequest(after, regions.prompts_after, regions.regions_after),
+                SegmentRequest(before, regions.prompts_before, regions.regions_before)]
     batched = segmenter.segment(requests)
     official = SamPredictor(segmenter.sam)
     for request, answers in zip(requests, batched):

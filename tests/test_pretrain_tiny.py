@@ -128,7 +128,7 @@ def test_score_synthetic_counts_by_hand():
 
 
 def test_evaluate_prints_synthetic_accuracy(synth_root, tmp_path, capsys):
-    import evaluate
+    from davir.cli import evaluate
 
     scenes = load_scenes(synth_root)
     test_ids = [k for k, r in scenes.items() if r["split"] == "test"]

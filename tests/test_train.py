@@ -18,7 +18,7 @@ from davir.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import train as train_script  # noqa: E402
+from davir.training import loop as train_script  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_existing_run_is_not_overwritten(synth_root, tmp_path):
 
 
 def test_non_finite_loss_stops_with_a_clear_message(synth_root, tmp_path, monkeypatch):
-    from davir.training import tasks
+    from davir.training import davir_task as tasks
 
     original = tasks.DavirTask.training_losses
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from davir.data.records import ChangePair, DataError
-from preprocess.features import FeatureCache
+from davir.data.feature_cache import FeatureCache
 
 
 @dataclass

@@ -65,7 +65,8 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    method: Literal["davir", "subtraction", "scorer", "dirl", "rdd", "cheer"] = "davir"
+    # a method with a registered task (davir.training.tasks): davir, subtraction, scorer, dirl, rdd, cheer, …
+    method: str = "davir"
     data: DataConfig = field(default_factory=DataConfig)
     model: DavirModelConfig = field(default_factory=DavirModelConfig)
     lightweight: LightweightConfig = field(default_factory=LightweightConfig)

@@ -1,6 +1,6 @@
 """The lightweight methods (subtraction, SCORER, DIRL, RDD, CHEER) as a Task of the one training loop.
 
-`train.py`'s `build_task` builds a `LightweightTask` for every `config.method != "davir"`. The task
+`build_task` (davir.training.tasks) builds a `LightweightTask` for every lightweight `config.method`. The task
 offers the same interface as `DavirTask` (model, train/val datasets, losses, generation, saving):
 
 * inputs: cached ResNet-101 layer3 features (`data.features`, `python -m preprocess features`) through
@@ -39,11 +39,11 @@ from davir.data.formats import read_dataset
 from davir.data.records import DISTRACTOR, ChangePair, DataError
 from davir.io import write_json_atomic
 from davir.models.lightweight import (
-    LightweightCaptioner, LightweightConfig, build_lightweight_model, clevr_pair_loss, prompt_texts,
+    METHOD_NAMES, LightweightCaptioner, LightweightConfig, build_lightweight_model, clevr_pair_loss, prompt_texts,
     save_lightweight_model,
 )
 from davir.text.vocab import Vocabulary, tokenize
-from davir.training.tasks import flat_scalars, move_to_device, require_cached
+from davir.training.tasks import flat_scalars, move_to_device, register_task, require_cached
 
 LIGHTWEIGHT_CONFIG = "lightweight_config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -113,7 +113,7 @@ def load_text_encoder(model_name: str, checkpoint: str | None, *, config: str | 
     except ImportError as error:
         raise DataError("CHEER entities and RDD attributes need open_clip (`pip install open_clip_torch`)") from error
     if checkpoint is not None:
-        from preprocess.retrievers import load_open_clip
+        from davir.models.clip_loader import load_open_clip
 
         model, _, tokenizer = load_open_clip(model_name, checkpoint, config=config)
         return TextEncoder(model.requires_grad_(False).eval(), tokenizer, model_name, str(checkpoint))
@@ -197,11 +197,12 @@ def rdd_segments(caption: str) -> tuple[str, str]:
 
 
 # --- the task --------------------------------------------------------------------------------------------
+@register_task(*METHOD_NAMES)
 class LightweightTask:
     """One lightweight change captioner on cached grid features (see the module docstring)."""
 
     def __init__(self, config, accelerator: Accelerator):
-        from preprocess.features import FeatureCache
+        from davir.data.feature_cache import FeatureCache
 
         self.config = config
         self.accelerator = accelerator

@@ -1,21 +1,60 @@
 """What differs between methods inside the one training loop: model, batch fields, loss, generation, saving.
 
-A task owns the model and the datasets; `train.py` owns the loop. `build_task(config, accelerator)`
-picks DAVIR or a lightweight method by `config.method`.
+A task owns the model and the datasets; the loop (davir.training.loop) owns the optimisation. Tasks
+register themselves under the `config.method` names they serve, as segment-anything's
+`sam_model_registry` does for architectures:
+
+    @register_task("davir")
+    class DavirTask: ...
+
+    task = build_task(config, accelerator)      # TASKS[config.method](config, accelerator)
+
+A new method is one module (model + a task, or a lightweight model registered in
+davir.models.lightweight) plus one config; list its module in TASK_MODULES so it is imported on demand.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import importlib
+from typing import Any, Callable
 
 import torch
 from accelerate import Accelerator
 
-from davir.data.caches import EntityCache, MaskCache
-from davir.data.dataset import ChangeCaptionDataset, EntityField, ImageField, MaskField
-from davir.data.formats import read_dataset
 from davir.data.records import ChangePair, DataError
+
+# method name → task class; filled by @register_task when a task module is imported.
+TASKS: dict[str, Callable[..., Any]] = {}
+# Where the tasks live (imported lazily, so `import davir.training` stays light).
+TASK_MODULES = ("davir.training.davir_task", "davir.training.lightweight_task")
+
+
+def register_task(*methods: str):
+    """Class decorator: `build_task` builds this task for every `config.method` in `methods`."""
+
+    def decorate(cls):
+        for method in methods:
+            if method in TASKS and TASKS[method] is not cls:
+                raise ValueError(f"method {method!r} is registered twice ({TASKS[method].__name__}, {cls.__name__})")
+            TASKS[method] = cls
+        return cls
+
+    return decorate
+
+
+def registered_methods() -> list[str]:
+    for module in TASK_MODULES:
+        importlib.import_module(module)
+    return sorted(TASKS)
+
+
+def build_task(config, accelerator: Accelerator):
+    """The task registered for `config.method`, built on `config`."""
+    methods = registered_methods()
+    if config.method not in TASKS:
+        raise DataError(f"method: no task is registered for {config.method!r}; choose from {', '.join(methods)}")
+    return TASKS[config.method](config, accelerator)
 
 
 def flat_scalars(obj: Any, prefix: str = "") -> dict[str, int | float | str | bool]:
@@ -42,93 +81,3 @@ def require_cached(pairs: list[ChangePair], has, *, what: str, command: str) -> 
     missing = [p.pair_id for p in pairs if not has(p.pair_id)]
     if missing:
         raise DataError(f"{len(missing)} of {len(pairs)} pairs have no {what}, e.g. {missing[:3]}; run `{command}` first")
-
-
-class DavirTask:
-    """InstructBLIP + LoRA with FAC (change masks → attention KL) and EPC (entities in the prompt)."""
-
-    def __init__(self, config, accelerator: Accelerator):
-        from davir.models.davir import build_davir_model
-
-        self.config = config
-        self.accelerator = accelerator
-        data, model_config = config.data, config.model
-        train_pairs = read_dataset(data.format, data.root, data.train_split).pairs
-        if data.max_train_pairs:
-            train_pairs = train_pairs[: data.max_train_pairs]
-        val_pairs = read_dataset(data.format, data.root, data.val_split).pairs[: config.run.val_max_pairs]
-        self.model = build_davir_model(
-            model_config, captions_for_tokenizer=[c for p in train_pairs for c in p.captions],
-            device=accelerator.device)
-        fields: list = [ImageField(self.model.image_processor, size_policy=data.size_policy)]
-        source = f"python -m preprocess {{cmd}} --format {data.format} --root {data.root} --split {{split}} --out {{out}}"
-        self.uses_fac = model_config.fac.lambda_attn > 0
-        self.uses_entities = model_config.epc.use_entities
-        if self.uses_fac:
-            if data.masks is None:
-                raise DataError("FAC is on (model.fac.lambda_attn > 0) but data.masks is not set: run "
-                                f"`{source.format(cmd='masks', split=data.train_split, out='CACHE')}` (and for "
-                                f"{data.val_split}), then set data.masks=CACHE — or model.fac.lambda_attn=0")
-            masks = MaskCache(data.masks)
-            for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
-                require_cached(pairs, masks.has, what=f"change mask in {data.masks}",
-                               command=source.format(cmd="masks", split=split, out=data.masks))
-            fields.append(MaskField(masks, size=self.model.image_size, source=model_config.fac.mask_source))
-        if self.uses_entities:
-            if data.entities is None:
-                raise DataError("EPC is on (model.epc.use_entities) but data.entities is not set: run "
-                                f"`{source.format(cmd='entities', split=data.train_split, out='CACHE')} --masks MASKS`, "
-                                "then set data.entities=CACHE — or model.epc.use_entities=false")
-            entities = EntityCache(data.entities)
-            for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
-                require_cached(pairs, entities.has, what=f"retrieved entities in {data.entities}",
-                               command=source.format(cmd="entities", split=split, out=data.entities) + f" --masks {data.masks}")
-            fields.append(EntityField(entities, top_k=model_config.epc.num_entities))
-        self.train_dataset = ChangeCaptionDataset(train_pairs, fields, caption_mode=data.caption_mode,
-                                                  seed=config.run.seed, require_captions=True)
-        self.val_dataset = ChangeCaptionDataset(val_pairs, fields, seed=config.run.seed)
-
-    def unwrapped(self):
-        return self.accelerator.unwrap_model(self.model)
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def to_device(self, batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-        return move_to_device(batch, device)
-
-    def after_optimizer_step(self) -> None:
-        """Nothing to do for DAVIR (the lightweight methods clamp their logit scales here)."""
-
-    def prompts(self, batch: dict[str, Any]) -> list[str]:
-        return self.unwrapped().build_prompts(batch.get("entities"), batch_size=len(batch["pair_id"]))
-
-    def training_losses(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        output = self.model(
-            pixel_before=batch["pixel_before"], pixel_after=batch["pixel_after"], prompts=self.prompts(batch),
-            captions=batch["caption"], masks_before=batch.get("mask_before"), masks_after=batch.get("mask_after"),
-            mask_valid=batch.get("mask_valid"),
-        )
-        losses = {"loss": output.loss, "caption_loss": output.caption_loss}
-        if output.attn_loss is not None:
-            losses["attn_loss"] = output.attn_loss
-        return losses
-
-    @torch.no_grad()
-    def generate(self, batch: dict[str, Any], *, max_new_tokens: int = 30, num_beams: int = 1) -> list[str]:
-        return self.unwrapped().generate(batch["pixel_before"], batch["pixel_after"], self.prompts(batch),
-                                         max_new_tokens=max_new_tokens, num_beams=num_beams)
-
-    def save_pretrained(self, directory) -> None:
-        self.unwrapped().save_pretrained(directory)
-
-    def tracker_config(self) -> dict:
-        return flat_scalars(self.config)
-
-
-def build_task(config, accelerator: Accelerator):
-    if config.method == "davir":
-        return DavirTask(config, accelerator)
-    from davir.training.lightweight_task import LightweightTask
-
-    return LightweightTask(config, accelerator)

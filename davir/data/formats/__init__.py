@@ -9,26 +9,8 @@ out, and never opens an image (images are checked lazily or by `davir.data stats
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
-
 from davir.data.records import DataError, DatasetIndex
-
-Reader = Callable[[Path, str], DatasetIndex]
-
-# name -> reader(root, split); filled by the @register_format decorators of the modules below.
-FORMATS: dict[str, Reader] = {}
-# name -> the split names the reader accepts (canonical names first).
-FORMAT_SPLITS: dict[str, tuple[str, ...]] = {}
-
-
-def register_format(name: str, splits: tuple[str, ...] = ("train", "val", "test")):
-    def decorator(reader: Reader) -> Reader:
-        FORMATS[name] = reader
-        FORMAT_SPLITS[name] = splits
-        return reader
-
-    return decorator
-
+from davir.data.formats.registry import FORMAT_SPLITS, FORMATS, Reader, register_format
 
 def read_dataset(format: str, root: str | Path, split: str) -> DatasetIndex:
     """Read one split of a dataset in the named on-disk format."""
@@ -44,3 +26,5 @@ def read_dataset(format: str, root: str | Path, split: str) -> DatasetIndex:
 
 # Importing the modules registers the readers.
 from davir.data.formats import clevr_change, clevr_dc, folder, ier, levir_cc, spot_the_diff  # noqa: E402,F401
+
+__all__ = ["FORMATS", "FORMAT_SPLITS", "Reader", "read_dataset", "register_format"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from davir.data.formats import register_format
+from davir.data.formats.registry import register_format
 from davir.data.formats._common import clean_captions
 from davir.data.records import DISTRACTOR, ChangePair, DataError, DatasetIndex, SkippedRecord
 from davir.io import read_json

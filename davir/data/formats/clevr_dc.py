@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from davir.data.formats import register_format
+from davir.data.formats.registry import register_format
 from davir.data.formats._common import clean_captions
 from davir.data.formats.clevr_change import ABSENT_CAPTIONS, read_caption_file, read_split_ids
 from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord

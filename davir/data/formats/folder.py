@@ -18,7 +18,7 @@ import csv
 import re
 from pathlib import Path, PurePosixPath
 
-from davir.data.formats import register_format
+from davir.data.formats.registry import register_format
 from davir.data.formats._common import PairMerger, require_id
 from davir.data.images import resolve_in_root
 from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord

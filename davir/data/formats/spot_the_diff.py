@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from davir.data.formats import register_format
+from davir.data.formats.registry import register_format
 from davir.data.formats._common import (
     PairMerger, clean_captions, plain_file_name, read_record_list, require_id, require_keys,
 )

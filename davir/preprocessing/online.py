@@ -13,9 +13,9 @@ import numpy as np
 from davir.data.caches import PairMasks
 from davir.data.records import ChangePair, DataError
 from davir.io import read_json
-from preprocess.change_regions import RegionSettings
-from preprocess.masks import compute_pair, read_manifest
-from preprocess.segmenters import build_segmenter
+from davir.preprocessing.change_regions import RegionSettings
+from davir.preprocessing.mask_pipeline import compute_pair, read_manifest
+from davir.preprocessing.segmenters import build_segmenter
 
 
 class OnlineMasks:
@@ -45,7 +45,7 @@ class OnlineEntities:
 
     def __init__(self, cache_dir: str | Path):
         from davir.text.phrases import EntityVocabulary
-        from preprocess.retrievers import ClipRetriever, EntityGate, FittedRetriever
+        from davir.preprocessing.retrievers import ClipRetriever, EntityGate, FittedRetriever
 
         cache_dir = Path(cache_dir)
         manifest_path = cache_dir / "entities" / "manifest.json"
@@ -72,7 +72,7 @@ class OnlineEntities:
 
     def __call__(self, pair_id: str, before: np.ndarray, after: np.ndarray, masks: PairMasks | None, k: int
                  ) -> list[tuple[str, float]]:
-        from preprocess.retrievers import pair_regions, retrieve_image_level, retrieve_top_k
+        from davir.preprocessing.retrievers import pair_regions, retrieve_image_level, retrieve_top_k
 
         if self.image_score is not None:
             return retrieve_image_level(self.retriever, [(before, after)], self.vocabulary.phrases, k,

@@ -1,0 +1,41 @@
+"""`train.py` / `davir-train`: train DAVIR or a lightweight method from a YAML config with overrides.
+
+    accelerate launch train.py --config configs/demo.yaml [key.sub=value …] [--resume]
+    python train.py                      # the built-in demo config
+
+The loop itself is davir.training.loop.train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from davir.config import ConfigError, load_config
+from davir.data.records import DataError
+from davir.training.config import DEFAULT_CONFIG, TrainConfig
+from davir.training.loop import NonFiniteLoss, train
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in run.output_dir from its last checkpoint")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the YAML config")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = load_config(TrainConfig, args.config, args.overrides)
+        run_dir = train(config, resume=args.resume)
+    except (ConfigError, DataError, NonFiniteLoss) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"run folder: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

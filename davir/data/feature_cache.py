@@ -1,0 +1,151 @@
+"""The grid-feature cache written by `python -m preprocess features` and read by the lightweight methods.
+
+    CACHE/manifest.json                         extraction settings (identical for every run into CACHE)
+    CACHE/features/s{I}of{K}-{n}.safetensors    tensor "features" (N, 1024, 14, 14) fp16; metadata "keys"
+                                                = JSON list of the N image keys, row order
+    CACHE/index.json                            {"chunks": [...], "entries": {key: [chunk file, row]}}
+
+An image key is the image path relative to the dataset root (POSIX separators). `FeatureCache(CACHE)
+.get(image_path)` returns the stored (1024, 14, 14) tensor for a path under the dataset root or a key.
+Chunks are written to a temporary name and renamed, so a chunk file is whole or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from davir.data.records import DataError
+from davir.io import read_json, write_json_atomic
+
+FEATURE_SHAPE = (1024, 14, 14)
+FEATURE_TENSOR = "features"
+KEYS_METADATA = "keys"
+FORMAT_VERSION = 1
+
+
+def image_key(path: str | Path, dataset_root: str | Path) -> str:
+    """Cache key of an image: its path relative to the dataset root (POSIX), else its real absolute path.
+
+    Relative paths count from the current folder, like the reader's paths when `--root` is relative.
+    Lexical first (no file-system calls: a split lists ~10^5 paths), symlinks resolved only if needed.
+    """
+    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(dataset_root))
+    if relative.startswith(os.pardir):
+        real = os.path.realpath(path)
+        relative = os.path.relpath(real, os.path.realpath(dataset_root))
+        if relative.startswith(os.pardir):
+            return Path(real).as_posix()
+    return Path(relative).as_posix()
+
+
+def _read_chunk_keys(path: Path) -> list[str]:
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    if KEYS_METADATA not in metadata:
+        raise DataError(f"feature chunk {path} has no {KEYS_METADATA!r} metadata; not written by preprocess features")
+    return json.loads(metadata[KEYS_METADATA])
+
+
+def scan_index(cache: Path) -> dict[str, tuple[str, int]]:
+    """key → (chunk file name, row) for every complete chunk in `cache` (index.json + unlisted chunks)."""
+    folder = cache / "features"
+    on_disk = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
+    entries: dict[str, tuple[str, int]] = {}
+    listed: set[str] = set()
+    index_path = cache / "index.json"
+    if index_path.is_file():
+        index = read_json(index_path)
+        listed = set(index.get("chunks", [])) & set(on_disk)
+        entries = {k: (v[0], int(v[1])) for k, v in index.get("entries", {}).items() if v[0] in listed}
+    for name in on_disk:
+        if name not in listed:
+            for row, key in enumerate(_read_chunk_keys(folder / name)):
+                entries[key] = (name, row)
+    return entries
+
+
+def write_index(cache: Path) -> dict[str, tuple[str, int]]:
+    entries = scan_index(cache)
+    chunks = sorted({name for name, _ in entries.values()})
+    write_json_atomic(cache / "index.json", {"chunks": chunks, "entries": {k: list(v) for k, v in entries.items()}},
+                      indent=None)
+    return entries
+
+
+def next_chunk_number(cache: Path, prefix: str) -> int:
+    numbers = [int(p.stem.rsplit("-", 1)[1]) for p in (cache / "features").glob(f"{prefix}-*.safetensors")]
+    return max(numbers, default=-1) + 1
+
+
+def write_chunk(path: Path, features: torch.Tensor, keys: list[str]) -> None:
+    """One fp16 chunk file, written to a temporary name and renamed (never half a file under `path`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file({FEATURE_TENSOR: features.contiguous()}, str(tmp), metadata={KEYS_METADATA: json.dumps(keys)})
+    os.chmod(tmp, 0o644)  # safetensors creates 0600 files; caches are shared read-only data
+    tmp.replace(path)
+
+
+class FeatureCache:
+    """Read features written by `preprocess features`: ``FeatureCache(cache).get(image_path) → (1024, 14, 14)``.
+
+    `image_path` is a path under the dataset root recorded in the manifest (or `dataset_root`, if the
+    dataset moved), or a key. Tensors come back as `dtype` (float32 by default; fp16 is what is stored).
+    Chunk files are memory-mapped lazily, per process (safe in DataLoader workers).
+    """
+
+    def __init__(self, root: str | Path, *, dataset_root: str | Path | None = None, dtype: torch.dtype = torch.float32):
+        self.root = Path(root)
+        manifest_path = self.root / "manifest.json"
+        if not manifest_path.is_file():
+            raise DataError(
+                f"{self.root} is not a feature cache (no manifest.json); run "
+                f"`python -m preprocess features --out {self.root} …` first"
+            )
+        self.manifest = read_json(manifest_path)
+        self.dataset_root = Path(dataset_root or self.manifest["dataset_root"])
+        self.dtype = dtype
+        self._entries: dict[str, tuple[str, int]] | None = None
+        self._handles: dict[str, object] = {}
+        self._pid = os.getpid()
+
+    @property
+    def entries(self) -> dict[str, tuple[str, int]]:
+        if self._entries is None:
+            self._entries = scan_index(self.root)
+        return self._entries
+
+    def key(self, image_path: str | Path) -> str:
+        """The cache key of a path under the dataset root; a string that is already a key is returned as is."""
+        if isinstance(image_path, str) and image_path in self.entries:
+            return image_path
+        return image_key(image_path, self.dataset_root)
+
+    def __contains__(self, image_path: str | Path) -> bool:
+        return self.key(image_path) in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _handle(self, name: str):
+        if os.getpid() != self._pid:  # forked worker: do not share the parent's open files
+            self._handles, self._pid = {}, os.getpid()
+        if name not in self._handles:
+            self._handles[name] = safe_open(str(self.root / "features" / name), framework="pt")
+        return self._handles[name]
+
+    def get(self, image_path: str | Path) -> torch.Tensor:
+        key = self.key(image_path)
+        if key not in self.entries:
+            raise DataError(
+                f"image {image_path} (key {key!r}) has no features in {self.root}; run "
+                f"`python -m preprocess features --out {self.root} …` for its dataset split"
+            )
+        name, row = self.entries[key]
+        return self._handle(name).get_slice(FEATURE_TENSOR)[row:row + 1][0].to(self.dtype)

@@ -1,0 +1,180 @@
+"""Scoring and generate-then-score, the library side of `evaluate.py` / `davir-evaluate`.
+
+    report_scores(predictions, options, predictions_source="preds.json")   # score, print tables, write outputs
+    generate_and_score(options)                                            # caption a split with a model, then score
+
+`options` holds the options of davir.cli.evaluate (an argparse namespace, or any object with the same
+attributes): the reference source (`references`, or `format`/`root`/`split`), the metrics, the outputs
+and, for generation, the checkpoint and decoding settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from davir.data.records import DataError
+from davir.io import write_text_atomic
+from davir.metrics import (
+    TOTAL, format_group_table, format_table, load_references, load_references_from_dataset, score_by_group,
+    score_captions, write_results_json,
+)
+from davir.metrics.io import MAX_EXAMPLES
+
+
+def load_reference_source(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str, str], dict, list[str]]:
+    """(references, groups, description for the JSON, notes) from --references or the data layer."""
+    if args.references is not None:
+        return load_references(args.references), {}, {"file": str(args.references)}, []
+    references, groups, without = load_references_from_dataset(args.format, args.root, args.split)
+    notes = []
+    if without:
+        examples = ", ".join(map(repr, without[:MAX_EXAMPLES]))
+        notes.append(f"{len(without)} pair(s) of {args.format} {args.split} have no reference caption and are not scored (e.g. {examples})")
+    description = {"format": args.format, "root": str(args.root), "split": args.split,
+                   "pairs_without_references": {"count": len(without), "examples": without[:MAX_EXAMPLES]}}
+    return references, groups, description, notes
+
+
+def report_scores(predictions: dict[str, str], args: argparse.Namespace, *, predictions_source: str) -> int:
+    """Score `predictions` against the references the arguments name, print the table(s), write the outputs.
+
+    Shared by every way of obtaining predictions (a file today; generation from a checkpoint later).
+    """
+    references, groups, reference_source, notes = load_reference_source(args)
+    metrics = [name.strip() for name in args.metrics.split(",") if name.strip()]
+    spice = False if args.no_spice else (args.spice_corenlp if args.spice_corenlp is not None else True)
+    if groups:
+        rows = score_by_group(predictions, references, groups, metrics=metrics, spice=spice, strict=args.strict)
+    else:
+        rows = {TOTAL: score_captions(predictions, references, metrics=metrics, spice=spice, strict=args.strict)}
+    total = rows[TOTAL]
+
+    text = format_table({TOTAL: total}, digits=args.digits)
+    if len(rows) > 1:
+        text += "\n" + format_group_table(rows, digits=args.digits)
+    print(text, end="")
+    for line in notes + total.mismatch.lines():
+        print(f"note: {line}", file=sys.stderr)
+
+    synthetic = synthetic_accuracy(predictions, args)
+    if synthetic is not None:
+        from davir.metrics.synthetic import format_synthetic_table
+
+        synthetic_text = "\nBuilt-in synthetic set: does each caption name the right change and object?\n\n"
+        synthetic_text += format_synthetic_table(synthetic)
+        print(synthetic_text, end="")
+        text += synthetic_text
+    if args.markdown is not None:
+        write_text_atomic(args.markdown, text)
+    if args.out is not None:
+        extra = {"predictions": predictions_source, "references": reference_source}
+        if synthetic is not None:
+            extra["synthetic"] = synthetic.to_dict()
+        write_results_json(args.out, rows, per_image=[TOTAL], extra=extra)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def synthetic_accuracy(predictions: dict[str, str], args: argparse.Namespace):
+    """Type/object/exact accuracy (davir.metrics.synthetic) when the references are a davir synthetic set
+    (clevr_change layout with the generator's scenes.json); None for every other data set."""
+    if args.format != "clevr_change" or args.root is None or not (Path(args.root) / "scenes.json").is_file():
+        return None
+    from davir.data.synthetic import load_scenes
+    from davir.metrics.synthetic import pair_truths, score_synthetic
+
+    truths = pair_truths(load_scenes(args.root), split=args.split)
+    return score_synthetic({k: v for k, v in predictions.items() if k in truths}, truths)
+
+
+def generate_and_score(args: argparse.Namespace) -> int:
+    """--checkpoint: caption the split with the model (sharded over processes), write and score the predictions."""
+    import yaml
+    from accelerate import Accelerator
+    from accelerate.utils import gather_object
+
+    from davir.data.caches import EntityCache, MaskCache
+    from davir.data.formats import read_dataset
+    from davir.data.images import load_mask
+    from davir.inference import caption_pairs, load_davir, localisation_summary, resolve_model_dir, run_dir_of
+    from davir.metrics.io import write_predictions
+
+    model_dir = resolve_model_dir(args.checkpoint)
+    run_dir = run_dir_of(model_dir)
+    run_data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"] if run_dir else {}
+    args.format = args.format or run_data.get("format")
+    args.root = args.root or (Path(run_data["root"]) if run_data.get("root") else None)
+    if args.format is None or args.root is None:
+        raise DataError(f"{model_dir} has no run config naming its data: pass --format and --root")
+    accelerator = Accelerator()
+    index = read_dataset(args.format, args.root, args.split)
+    pairs = index.pairs[: args.limit] if args.limit else index.pairs
+    lightweight = (model_dir / "lightweight_config.json").is_file()
+    if lightweight:  # subtraction / SCORER / DIRL / RDD / CHEER on cached (or online) ResNet features
+        from davir.inference_lightweight import run_captioner
+
+        caption_lightweight = run_captioner(model_dir, run_data, root=args.root, entities=args.entities,
+                                            device=accelerator.device, batch_size=args.batch_size,
+                                            num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+    else:
+        model = load_davir(model_dir, device=accelerator.device)
+    entity_source = None
+    if not lightweight and model.config.epc.use_entities:
+        cache_dir = args.entities or run_data.get("entities")
+        if cache_dir is None:
+            raise DataError("this model was trained with entity prompts: pass --entities CACHE "
+                            f"(python -m preprocess entities --format {args.format} --root {args.root} --split {args.split} …)")
+        cache = EntityCache(cache_dir)
+        k = model.config.epc.num_entities
+        missing = [p.pair_id for p in pairs if not cache.has(p.pair_id)]
+        if missing:
+            raise DataError(f"{len(missing)} pairs of {args.split} have no entities in {cache_dir} (e.g. {missing[:3]}); run "
+                            f"`python -m preprocess entities --format {args.format} --root {args.root} --split {args.split} --out {cache_dir} …`")
+        entity_source = lambda pair, before, after: [e for e, _ in cache.get(pair.pair_id)[:k]]
+    with accelerator.split_between_processes(pairs) as shard:
+        shard_predictions = caption_lightweight(shard, progress=accelerator.is_local_main_process) if lightweight else caption_pairs(model, shard, batch_size=args.batch_size, num_beams=args.num_beams,
+                                          max_new_tokens=args.max_new_tokens, entity_source=entity_source,
+                                          progress=accelerator.is_local_main_process)
+    all_predictions = gather_object(shard_predictions)
+    if not accelerator.is_main_process:
+        return 0
+    failed = [p for p in all_predictions if p.error]
+    for prediction in failed[:5]:
+        print(f"note: not captioned: {prediction.error}", file=sys.stderr)
+    predictions = {p.pair_id: p.caption for p in all_predictions if not p.error}
+    out_dir = (run_dir or model_dir) / "eval" / f"{args.format}_{args.split}"
+    write_predictions(out_dir / "predictions.json", predictions)
+    args.out = args.out or out_dir / "metrics.json"
+    args.markdown = args.markdown or out_dir / "metrics.md"
+
+    masks: dict = {}
+    mask_cache = MaskCache(args.masks) if args.masks else None
+    for pair in pairs:
+        if pair.has_gt_mask:
+            masks[pair.pair_id] = (load_mask(pair.gt_mask_before, record=pair.pair_id),
+                                   load_mask(pair.gt_mask_after, record=pair.pair_id))
+        elif mask_cache is not None and mask_cache.has(pair.pair_id):
+            entry = mask_cache.read(pair.pair_id)
+            union = entry.union
+            masks[pair.pair_id] = (entry.before if entry.before is not None else union,
+                                   entry.after if entry.after is not None else union)
+    localisation = localisation_summary(all_predictions, masks) if masks else {"images": 0}
+    status = report_scores(predictions, args, predictions_source=str(out_dir / "predictions.json"))
+    if localisation.get("images"):
+        line = (f"localisation ({'ground-truth' if any(p.has_gt_mask for p in pairs) else 'preprocessed'} masks, "
+                f"{localisation['images']} images): attention share in mask {localisation['attention_share_in_mask']:.3f} "
+                f"(uniform {localisation['uniform_share']:.3f}, x{localisation['share_over_uniform']:.2f}), "
+                f"pointing accuracy {localisation['pointing_accuracy']:.3f}")
+        print(line)
+        with open(args.markdown, "a", encoding="utf-8") as handle:
+            handle.write("\n" + line + "\n")
+    from davir.io import read_json, write_json_atomic
+
+    metrics = read_json(args.out)
+    metrics.update({"localisation": localisation, "not_captioned": [{"pair_id": p.pair_id, "error": p.error} for p in failed],
+                    "checkpoint": str(model_dir)})
+    write_json_atomic(args.out, metrics)
+    print(f"predictions, metrics and table in {out_dir}", file=sys.stderr)
+    return status

@@ -1,0 +1,63 @@
+"""Entity retrievers for DAVIR's entity prompt (davir.txt §3.3, Eqs. 8-9; methods.md §5.2(d)).
+
+    regions = pair_regions(before, after, masks)          # Eq. 8: masked, cropped change regions
+    retriever = build_retriever("fitted") / ("clip", model_name=…, checkpoint=…)
+    scores = retriever.score(regions_of_many_pairs)        # (pairs, vocabulary) scores, Eq. 9
+    top = top_k(scores[i], vocabulary.phrases, k)
+
+Two retrievers share one interface (`prepare(phrases)`, `score(pairs)`, `save/load`):
+
+* ``clip``   — open_clip with a local checkpoint file (never a hub tag): score(e) = max over the before
+  and after region of cos(CLIP_img(region), CLIP_text("a photo of {e}")), the paper's Eq. 9.
+* ``fitted`` — no weights at all: hand-made region descriptors (colour, shape, size, highlights)
+  and logistic regressions fitted on the training split, each training pair labelled with the
+  vocabulary phrases its reference captions name (one regression per vocabulary word, composed into
+  phrase scores). By default (`mode="mixture"`) the two regions are weighted by a learned
+  probability that the caption describes the before image, instead of Eq. 9's max: the max cannot
+  tell which image the caption names for an attribute change ("the red sphere changed to blue" names
+  the before object; "someone added a cube" the after one). See FittedRetriever. The fitted model is
+  stored as JSON + npz (plain arrays, loaded with allow_pickle=False) and rebuilt, never unpickled.
+
+The entity gate (EntityGate, [D]) withholds the entities of a pair whose change region shows nothing
+the captions would name (a camera or light change): a logistic regression on both regions'
+descriptors and their difference, fitted on the fit split; `retrieve_top_k(…, gate=gate)` applies it.
+
+CHEER's image-level retrieval (methods.md §4.8, CHEER Eq. 1) uses no masks: both retrievers also score
+whole frames (`frame_scores(images)` → S ∈ R^{n×M}), and `cheer_rank_entities` ranks the vocabulary by
+|S_bef − S_aft| (or S_bef − S_aft) under the paper's mean constraint; `retrieve_image_level` applies it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from davir.data.records import DataError
+from davir.preprocessing.retrievers.clip import DEFAULT_PROMPT, ClipRetriever, square_pad
+from davir.preprocessing.retrievers.fitted import FITTED_MODES, FittedRetriever, fit_soft_logistic, phrase_words, word_targets
+from davir.preprocessing.retrievers.gate import EntityGate, gate_features
+from davir.preprocessing.retrievers.regions import (
+    DESCRIPTOR_NAMES, EMPTY_FLAG, MASK_SOURCES, MASK_WEIGHTINGS, PairRegions, Region, frame_pair_features,
+    masked_region, pair_features, pair_regions, padded_box, region_descriptor, resize_mask, soft_patch_mask,
+    whole_frame_region,
+)
+from davir.preprocessing.retrievers.retrieval import (
+    IMAGE_SCORES, Retriever, cheer_rank_entities, retrieve_image_level, retrieve_top_k, top_k,
+)
+
+__all__ = [
+    "DEFAULT_PROMPT", "DESCRIPTOR_NAMES", "EMPTY_FLAG", "FITTED_MODES", "IMAGE_SCORES", "MASK_SOURCES",
+    "MASK_WEIGHTINGS", "RETRIEVERS", "ClipRetriever", "EntityGate", "FittedRetriever", "PairRegions", "Region",
+    "Retriever", "build_retriever", "cheer_rank_entities", "fit_soft_logistic", "frame_pair_features",
+    "gate_features", "masked_region", "padded_box", "pair_features", "pair_regions", "phrase_words",
+    "region_descriptor", "resize_mask", "retrieve_image_level", "retrieve_top_k", "soft_patch_mask",
+    "square_pad", "top_k", "whole_frame_region", "word_targets",
+]
+
+RETRIEVERS: dict[str, Callable[..., Retriever]] = {"fitted": FittedRetriever, "clip": ClipRetriever}
+
+
+def build_retriever(name: str, **options) -> Retriever:
+    """A retriever by registry name with its options (see FittedRetriever / ClipRetriever)."""
+    if name not in RETRIEVERS:
+        raise DataError(f"unknown retriever {name!r}; choose from {', '.join(sorted(RETRIEVERS))}")
+    return RETRIEVERS[name](**options)

@@ -1,0 +1,127 @@
+"""Segment Anything with a local checkpoint: batched image encoder, the official `predict_torch` decoder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from davir.data.records import DataError
+from davir.preprocessing.change_regions import Prompt
+from davir.preprocessing.segmenters.base import Candidates, SegmentRequest
+
+
+
+def _sam_builders() -> dict[str, Callable]:
+    from segment_anything import sam_model_registry
+
+    return {name: builder for name, builder in sam_model_registry.items() if name != "default"}
+
+
+# name -> builder(checkpoint=None) -> Sam; extra architectures (e.g. a tiny test model) can be added.
+SAM_BUILDERS: dict[str, Callable] = {}
+
+
+def load_sam(checkpoint: str | Path | None, model_type: str = "vit_h", device: str | None = None):
+    """Build SAM of `model_type` and load a local checkpoint (a state dict, loaded with weights_only=True)."""
+    import torch
+
+    builders = {**_sam_builders(), **SAM_BUILDERS}
+    if model_type not in builders:
+        raise DataError(f"unknown SAM type {model_type!r}; choose from {', '.join(sorted(builders))}")
+    if checkpoint is None:
+        raise DataError("--segmenter sam needs --sam-checkpoint PATH (a local SAM .pth; weights are never downloaded)")
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise DataError(
+            f"SAM checkpoint not found: {checkpoint} (download sam_{model_type}_*.pth from the segment-anything "
+            f"release page on a machine with internet and pass its local path with --sam-checkpoint)"
+        )
+    sam = builders[model_type](checkpoint=None)
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except Exception as error:  # pickle/zip errors: name the file
+        raise DataError(f"SAM checkpoint {checkpoint} could not be read as a state dict: {error}") from error
+    try:
+        sam.load_state_dict(state)
+    except RuntimeError as error:
+        raise DataError(f"SAM checkpoint {checkpoint} does not fit SAM type {model_type!r}: {str(error)[:300]}") from error
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return sam.to(device).eval()
+
+
+class SamSegmenter:
+    """S = Segment Anything: box + positive centre point per prompt, three candidate masks each."""
+
+    name = "sam"
+
+    def __init__(self, checkpoint: str | Path | None, model_type: str = "vit_h", device: str | None = None,
+                 batch_size: int = 8, bf16: bool | None = None, model=None):
+        """Load SAM from `checkpoint` — or use an already built `model` (benchmarks with random weights)."""
+        import torch
+        from segment_anything import SamPredictor
+
+        self.sam = load_sam(checkpoint, model_type, device) if model is None else model.eval()
+        self.device = next(self.sam.parameters()).device
+        self.predictor = SamPredictor(self.sam)
+        self.model_type = model_type
+        self.checkpoint = str(checkpoint)
+        self.batch_size = batch_size
+        # bf16 autocast for the image encoder on a GPU only; CPU bf16 is slow and loses accuracy.
+        self.bf16 = (self.device.type == "cuda") if bf16 is None else bf16
+        self._torch = torch
+
+    def settings(self) -> dict:
+        return {"segmenter": self.name, "sam_type": self.model_type, "sam_checkpoint": self.checkpoint,
+                "device": str(self.device), "bf16_encoder": self.bf16, "batch_size": self.batch_size,
+                "multimask_output": True}
+
+    def encode(self, images: list[np.ndarray]):
+        """Image embeddings (B, 256, 64, 64) of a batch: ResizeLongestSide, normalise+pad, one encoder pass."""
+        torch = self._torch
+        transform = self.predictor.transform
+        batch = []
+        for image in images:
+            resized = transform.apply_image(image)
+            tensor = torch.as_tensor(resized, device=self.device).permute(2, 0, 1).contiguous()[None]
+            batch.append(self.sam.preprocess(tensor.float()))
+        batch = torch.cat(batch)
+        with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            features = self.sam.image_encoder(batch)
+        return features.float()
+
+    def _decode(self, features, image: np.ndarray, prompts: list[Prompt]) -> list[Candidates]:
+        """All prompts of one image through the official `SamPredictor.predict_torch`."""
+        torch = self._torch
+        if not prompts:
+            return []
+        predictor = self.predictor
+        original = image.shape[:2]
+        predictor.reset_image()
+        predictor.features = features
+        predictor.original_size = original
+        predictor.input_size = tuple(predictor.transform.get_preprocess_shape(*original, predictor.transform.target_length))
+        predictor.is_image_set = True
+        boxes = torch.tensor([p.box for p in prompts], dtype=torch.float32, device=self.device)
+        points = torch.tensor([[p.point] for p in prompts], dtype=torch.float32, device=self.device)
+        labels = torch.ones(points.shape[:2], dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            masks, scores, _ = predictor.predict_torch(
+                predictor.transform.apply_coords_torch(points, original), labels,
+                boxes=predictor.transform.apply_boxes_torch(boxes, original), multimask_output=True)
+        masks, scores = masks.cpu().numpy(), scores.float().cpu().numpy()
+        return [Candidates(masks[i], scores[i]) for i in range(len(prompts))]
+
+    def segment(self, requests: list[SegmentRequest]) -> list[list[Candidates]]:
+        results: list[list[Candidates]] = []
+        for start in range(0, len(requests), self.batch_size):
+            chunk = requests[start:start + self.batch_size]
+            # Images without a prompt are not encoded at all.
+            needed = [i for i, r in enumerate(chunk) if r.prompts]
+            features = self.encode([chunk[i].image for i in needed]) if needed else None
+            answers: list[list[Candidates]] = [[] for _ in chunk]
+            for row, i in enumerate(needed):
+                answers[i] = self._decode(features[row:row + 1], chunk[i].image, chunk[i].prompts)
+            results.extend(answers)
+        return results

@@ -1,0 +1,158 @@
+"""The training loop: one explicit Accelerate loop for every method, as in HF's run_*_no_trainer.py examples.
+
+    run_dir = train(load_config(TrainConfig, "configs/demo.yaml", ["optim.max_steps=50"]))
+
+The loop is written out in full on purpose: read it, change it. What differs between methods (model,
+batch fields, loss, generation, saving) lives in a task (davir.training.tasks); the run folder's
+checkpoints, logs and selection of `best/` in davir.training.run and davir.training.validation.
+`train.py` / `davir-train` parse the command line and call `train`.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from davir.config import ConfigError, save_config
+from davir.data.dataset import collate_examples
+from davir.data.records import DataError
+from davir.io import append_jsonl
+from davir.training.config import TrainConfig
+from davir.training.run import (latest_checkpoint, mark_complete, prune_checkpoints, read_checkpoint_state,
+                                write_run_info)
+from davir.training.tasks import build_task
+from davir.training.validation import Validator
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def train(config: TrainConfig, *, resume: bool = False) -> Path:
+    run_dir = Path(config.run.output_dir)
+    accelerator = Accelerator(
+        mixed_precision=config.run.mixed_precision,
+        gradient_accumulation_steps=config.optim.gradient_accumulation_steps,
+        log_with="tensorboard" if config.run.tensorboard else None,
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
+        # the data order is a function of (seed, epoch) only, so a resumed run sees the same batches
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    set_seed(config.run.seed)
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None:
+        accelerator.print(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; starting from scratch")
+    if accelerator.is_main_process:
+        if (run_dir / "config.yaml").exists() and not resume:
+            if not config.run.overwrite:
+                raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
+            shutil.rmtree(run_dir)  # a fresh run: no stale checkpoints, logs or best/ from the old one
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(config, run_dir / "config.yaml")
+        write_run_info(run_dir, seed=config.run.seed, extra={"resumed_from": str(checkpoint) if checkpoint else None})
+
+    task = build_task(config, accelerator)
+    train_loader = torch.utils.data.DataLoader(
+        task.train_dataset, batch_size=config.optim.batch_size, shuffle=True, drop_last=True,
+        collate_fn=collate_examples, num_workers=config.data.num_workers,
+        generator=torch.Generator().manual_seed(config.run.seed),
+    )
+    steps_per_epoch = math.ceil(len(train_loader) / config.optim.gradient_accumulation_steps)
+    if steps_per_epoch == 0:
+        raise DataError(f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
+                        f"of {config.optim.batch_size}")
+    max_steps = config.optim.max_steps or config.optim.epochs * steps_per_epoch
+    epochs = math.ceil(max_steps / steps_per_epoch)
+
+    optimizer = torch.optim.AdamW(task.trainable_parameters(), lr=config.optim.lr,
+                                  weight_decay=config.optim.weight_decay, betas=tuple(config.optim.betas))
+    scheduler = get_scheduler(config.optim.schedule, optimizer,
+                              num_warmup_steps=round(config.optim.warmup_ratio * max_steps),
+                              num_training_steps=max_steps)
+    model, optimizer, train_loader, scheduler = accelerator.prepare(task.model, optimizer, train_loader, scheduler)
+    task.model = model
+
+    step, start_epoch, skip_batches = 0, 0, 0
+    if checkpoint is not None:
+        accelerator.load_state(str(checkpoint))
+        state = read_checkpoint_state(checkpoint)
+        step = state["step"]
+        start_epoch, skip_batches = divmod(step * config.optim.gradient_accumulation_steps, len(train_loader))
+        accelerator.print(f"resumed from {checkpoint} at step {step}")
+
+    if config.run.tensorboard:
+        accelerator.init_trackers("train", config=task.tracker_config())
+    validator = Validator(config, task, accelerator, run_dir)
+    validator.restore(checkpoint)
+    progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
+    window_start, window_pairs = time.perf_counter(), 0
+
+    for epoch in range(start_epoch, epochs):
+        model.train()
+        task.train_dataset.set_epoch(epoch)  # which reference caption each pair gets this epoch
+        train_loader.set_epoch(epoch)
+        loader = accelerator.skip_first_batches(train_loader, skip_batches) if epoch == start_epoch and skip_batches else train_loader
+        for batch in loader:
+            with accelerator.accumulate(model):
+                losses = task.training_losses(batch)
+                loss = losses["loss"]
+                if not torch.isfinite(loss.detach()).item():
+                    last = latest_checkpoint(run_dir)
+                    raise NonFiniteLoss(
+                        f"loss became {loss.item()} at step {step + 1} (terms: "
+                        f"{ {k: float(v.detach()) for k, v in losses.items()} }); the last good checkpoint "
+                        f"is {last or 'none (no checkpoint saved yet)'}. Lower optim.lr or check the inputs.")
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and config.optim.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(task.trainable_parameters(), config.optim.max_grad_norm)
+                optimizer.step()
+                task.after_optimizer_step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            window_pairs += len(batch["pair_id"]) * accelerator.num_processes
+            if not accelerator.sync_gradients:
+                continue
+            step += 1
+            progress.update(1)
+            if step % config.run.log_every == 0 or step == max_steps:
+                elapsed = time.perf_counter() - window_start
+                logs = {f"train/{k}": float(accelerator.reduce(v.detach(), "mean")) for k, v in losses.items()}
+                logs.update({"train/lr": scheduler.get_last_lr()[0], "train/pairs_per_s": window_pairs / max(elapsed, 1e-9),
+                             "train/epoch": epoch})
+                accelerator.log(logs, step=step)
+                if accelerator.is_main_process:
+                    append_jsonl(run_dir / "train_log.jsonl", {"step": step, **logs})
+                progress.set_postfix(loss=f"{logs['train/loss']:.4f}", lr=f"{logs['train/lr']:.2e}")
+                window_start, window_pairs = time.perf_counter(), 0
+            if config.run.eval_every and (step % config.run.eval_every == 0 or step == max_steps):
+                validator.run(step)
+                model.train()
+            if config.run.save_every and (step % config.run.save_every == 0 or step == max_steps):
+                save_checkpoint(accelerator, run_dir, step, validator)
+                prune_checkpoints(run_dir, config.run.keep_checkpoints)
+            if step >= max_steps:
+                break
+        if step >= max_steps:
+            break
+
+    progress.close()
+    validator.save_last(step)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return run_dir
+
+
+def save_checkpoint(accelerator: Accelerator, run_dir: Path, step: int, validator: Validator) -> None:
+    checkpoint = run_dir / "checkpoints" / f"step_{step}"
+    accelerator.save_state(str(checkpoint))
+    if accelerator.is_main_process:
+        mark_complete(checkpoint, {"step": step, **validator.state()})
+    accelerator.wait_for_everyone()
