@@ -1,4 +1,4 @@
-"""The built-in synthetic change dataset (davir/data/synthetic.py) and the picture grid (davir/data/show.py)."""
+"""The built-in synthetic change dataset (davir/data/synthetic/) and the picture grid (davir/data/show.py)."""
 
 from __future__ import annotations
 
