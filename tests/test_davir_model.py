@@ -14,16 +14,11 @@ from transformers import InstructBlipProcessor
 
 from davir.errors import DataError
 from davir.losses import fac_attention_loss
-from davir.models.davir import (
-    DavirModel,
-    DavirModelConfig,
-    EpcConfig,
-    LoraSettings,
-    _clip_image_processor,
-    _random_core,
-    build_davir_model,
-    entity_prompts,
-)
+from davir.models.davir import DavirModel, build_davir_model
+from davir.models.davir_config import DavirModelConfig
+from davir.models.davir_core import clip_image_processor, random_core
+from davir.models.davir_lora import LoraSettings
+from davir.models.epc import EpcConfig, entity_prompts
 from davir.models.presets import build_preset_config, preset_registry
 from davir.models.tokenizer import build_word_tokenizer
 
@@ -320,13 +315,13 @@ def test_pretrained_folder_saves_only_adapters_and_reloads_identically(tmp_path)
     # A stand-in for a local instructblip-vicuna-7b folder: tiny weights + processor written the HF way.
     tokenizer = build_word_tokenizer(CAPTIONS + [PROMPT, "Entity:"])
     processor = InstructBlipProcessor(
-        image_processor=_clip_image_processor(64), tokenizer=tokenizer, qformer_tokenizer=tokenizer, num_query_tokens=16
+        image_processor=clip_image_processor(64), tokenizer=tokenizer, qformer_tokenizer=tokenizer, num_query_tokens=16
     )
     architecture = build_preset_config(
         "tiny", vocab_size=len(tokenizer), pad_token_id=0, bos_token_id=2, eos_token_id=3
     )
     base = tmp_path / "instructblip"
-    _random_core(architecture, DavirModelConfig(seed=3), torch.device("cpu")).save_pretrained(base)
+    random_core(architecture, DavirModelConfig(seed=3), torch.device("cpu")).save_pretrained(base)
     processor.save_pretrained(base)
 
     config = DavirModelConfig(pretrained=str(base), extra_trainable=("language_projection",))

@@ -11,11 +11,12 @@ from typing import Any
 
 _LAZY = {
     "DavirModel": "davir.models.davir",
-    "DavirModelConfig": "davir.models.davir",
+    "DavirModelConfig": "davir.models.davir_config",
     "DavirOutput": "davir.models.davir",
-    "EpcConfig": "davir.models.davir",
-    "LoraSettings": "davir.models.davir",
+    "EpcConfig": "davir.models.epc",
+    "LoraSettings": "davir.models.davir_lora",
     "build_davir_model": "davir.models.davir",
+    "entity_prompts": "davir.models.epc",
     "preset_registry": "davir.models.presets",
     "build_preset_config": "davir.models.presets",
     "build_word_tokenizer": "davir.models.tokenizer",

@@ -13,248 +13,32 @@ Data flow of one batch (paper §3, Eqs. 4-12)::
 
 ``inputs_embeds`` is built explicitly (no image-placeholder scatter), so the same code runs on a real
 ``instructblip-vicuna-7b`` folder and on the random-weight presets of ``davir.models.presets``.
+
+This module holds the model and its builder; its parts live beside it: ``davir_config`` (the typed
+config), ``davir_lora`` (LoRA targets, App. B), ``epc`` (Eq. 10 prompts), ``davir_core`` (the InstructBLIP
+inside, pretrained or preset) and ``davir_checkpoint`` (the saved folder).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from PIL import Image
-from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
-from safetensors.torch import load_file, load_model, save_file, save_model
+from peft import PeftModel, get_peft_model
 from torch import nn
-from transformers import (
-    BlipImageProcessor,
-    InstructBlipConfig,
-    InstructBlipForConditionalGeneration,
-    InstructBlipProcessor,
-)
-from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
+from transformers import InstructBlipForConditionalGeneration, InstructBlipProcessor
 
-from davir.errors import DataError
-from davir.io import read_json, write_json_atomic
 from davir.losses import IGNORE_INDEX, FacConfig, caption_cross_entropy, davir_total_loss, fac_attention_loss
 from davir.models.attention import ClsAttentionHook, cls_to_patch_map, last_layer_attention_module
-from davir.models.presets import build_preset_config
-from davir.models.tokenizer import build_word_tokenizer
-
-CONFIG_FILE = "davir_config.json"
-PROCESSOR_DIR = "processor"
-ARCHITECTURE_DIR = "architecture"  # InstructBlipConfig of a random-weight preset
-ADAPTER_DIR = "adapter"  # PEFT adapter (adapter_config.json + adapter_model.safetensors)
-FULL_WEIGHTS_FILE = "model.safetensors"  # every weight of the DavirModel
-EXTRA_WEIGHTS_FILE = "trainable_extra.safetensors"  # LoRA mode: trained parts that are not LoRA
-FORMAT_VERSION = 1
-
-EXTRA_TRAINABLE_PARTS = ("language_projection", "query_tokens")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-# PEFT target regexes (module names inside InstructBlipForConditionalGeneration, transformers 5.x).
-VISION_QKV_PATTERN = r"vision_model\.encoder\.layers\.\d+\.self_attn\.qkv"
-QFORMER_QKV_PATTERN = r"qformer\.encoder\.layer\.\d+\.(?:attention|crossattention)\.attention\.(?:query|key|value)"
-LLM_ATTENTION_PATTERN = r"language_model\.(?:model\.)?layers\.\d+\.self_attn\.(?:{targets})"
-LLM_ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Configuration
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoraSettings:
-    """LoRA as in App. B: r=4 on the ViT's fused qkv and the Q-Former's query/key/value (self- and
-    cross-attention), r=8 on the LLM attention projections; alpha = ``alpha_ratio`` · r, dropout 0.05 [D].
-    A rank of 0 leaves that part without LoRA (frozen)."""
-
-    vision_rank: int = 4
-    qformer_rank: int = 4
-    llm_rank: int = 8
-    alpha_ratio: float = 2.0
-    dropout: float = 0.05
-    llm_targets: tuple[str, ...] = LLM_ATTENTION_PROJECTIONS
-
-    def __post_init__(self) -> None:
-        self.llm_targets = tuple(self.llm_targets)
-        if min(self.vision_rank, self.qformer_rank, self.llm_rank) < 0:
-            raise ValueError("LoRA ranks must be >= 0")
-        unknown = sorted(set(self.llm_targets) - set(LLM_ATTENTION_PROJECTIONS))
-        if unknown:
-            raise ValueError(f"lora.llm_targets {unknown} are not LLM projections {LLM_ATTENTION_PROJECTIONS}")
-
-
-@dataclass
-class EpcConfig:
-    """Entity prompt construction, Eq. 10: P = [Prompt] + "Entity:" + the top-k entities (k = 1 [P, Table 5]).
-
-    The base prompt is not given in the paper [D]. With ``use_entities`` False, or for a pair without
-    entities, the prompt is the base prompt alone."""
-
-    use_entities: bool = True
-    num_entities: int = 1
-    prompt: str = "Describe the difference between the two images."
-    entity_prefix: str = "Entity:"
-
-    def __post_init__(self) -> None:
-        if self.num_entities < 1:
-            raise ValueError(f"epc.num_entities must be >= 1, got {self.num_entities}")
-        if not self.prompt.strip():
-            raise ValueError("epc.prompt must not be empty")
-
-
-@dataclass
-class DavirModelConfig:
-    """Everything needed to rebuild a DavirModel (saved as JSON next to its weights).
-
-    * ``preset``/``pretrained``: a random-weight architecture from ``presets.preset_registry``, or a local
-      InstructBLIP folder (``config.json``, weights, ``InstructBlipProcessor`` files); never the hub.
-    * ``image_size``/``patch_size``: preset input size (None: the preset's, 64/8 tiny, 224/14 vicuna7b);
-      ``preset_overrides``: keyword overrides of the preset builder (e.g. ``{"vision_layers": 2}``).
-    * ``train_mode``: ``lora`` (App. B: LoRA trained, everything else frozen) or ``full`` (train every
-      weight, no LoRA: for the tiny preset from random weights, where LoRA on random weights learns nothing).
-    * ``extra_trainable``: in LoRA mode, small parts trained in full too (``language_projection``,
-      ``query_tokens``); the segment embeddings are always trained when enabled.
-    * ``segment_embeddings``: learned "before"/"after" vectors added to each image's visual tokens (default
-      off: the position of the two token blocks already tells them apart for the causal LLM).
-    * ``dtype``: weights' dtype (``bfloat16`` for the 7B model); ``gradient_checkpointing``: on the LLM.
-    * ``seed``: random initialisation of presets and LoRA (built under a forked RNG).
-    """
-
-    preset: str = "tiny"
-    pretrained: str | None = None
-    image_size: int | None = None
-    patch_size: int | None = None
-    preset_overrides: dict[str, Any] = field(default_factory=dict)
-    train_mode: Literal["lora", "full"] = "lora"
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    extra_trainable: tuple[str, ...] = ()
-    segment_embeddings: bool = False
-    fac: FacConfig = field(default_factory=FacConfig)
-    epc: EpcConfig = field(default_factory=EpcConfig)
-    max_prompt_tokens: int = 64
-    max_caption_tokens: int = 48
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    gradient_checkpointing: bool = False
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.extra_trainable = tuple(self.extra_trainable)
-        if self.train_mode not in ("lora", "full"):
-            raise ValueError(f"train_mode={self.train_mode!r}; choose 'lora' or 'full'")
-        unknown = sorted(set(self.extra_trainable) - set(EXTRA_TRAINABLE_PARTS))
-        if unknown:
-            raise ValueError(f"extra_trainable {unknown} unknown; choose from {EXTRA_TRAINABLE_PARTS}")
-        if self.attn_implementation not in ("sdpa", "eager"):
-            raise ValueError(f"attn_implementation={self.attn_implementation!r}; choose 'sdpa' or 'eager'")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r}; choose one of {sorted(DTYPES)}")
-        if self.max_prompt_tokens < 1 or self.max_caption_tokens < 2:
-            raise ValueError("max_prompt_tokens must be >= 1 and max_caption_tokens >= 2 (a word and the EOS)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "DavirModelConfig") -> "DavirModelConfig":
-        """Strict inverse of ``to_dict`` (unknown keys and wrong types are errors naming the key)."""
-        from davir.config import from_dict
-
-        return from_dict(cls, data, where=where)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Building blocks
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def make_lora_config(settings: LoraSettings) -> LoraConfig:
-    """One PEFT ``LoraConfig``: a full-match regex over the three parts, per-part ranks via ``rank_pattern``."""
-    parts = []
-    if settings.vision_rank > 0:
-        parts.append((VISION_QKV_PATTERN, settings.vision_rank))
-    if settings.qformer_rank > 0:
-        parts.append((QFORMER_QKV_PATTERN, settings.qformer_rank))
-    if settings.llm_rank > 0 and settings.llm_targets:
-        parts.append((LLM_ATTENTION_PATTERN.format(targets="|".join(settings.llm_targets)), settings.llm_rank))
-    if not parts:
-        raise ValueError("LoRA mode with every rank 0 trains nothing; set a rank or use train_mode='full'")
-    default_rank = parts[-1][1]
-    return LoraConfig(
-        r=default_rank,
-        lora_alpha=settings.alpha_ratio * default_rank,
-        lora_dropout=settings.dropout,
-        target_modules="|".join(f"(?:{pattern})" for pattern, _ in parts),
-        rank_pattern={pattern: rank for pattern, rank in parts},
-        alpha_pattern={pattern: settings.alpha_ratio * rank for pattern, rank in parts},
-        bias="none",
-    )
-
-
-def entity_prompts(
-    epc: EpcConfig, entities: Sequence[Sequence[str]] | None, *, batch_size: int | None = None
-) -> list[str]:
-    """Eq. 10, P = [Prompt] + "Entity:" + Concat(T), per pair: ``"<prompt> Entity: e1, e2."`` with the first
-    ``epc.num_entities`` entities (retrieval order, best first).
-
-    ``entities`` None (or ``epc.use_entities`` False) gives the base prompt; with None, ``batch_size`` says
-    how many. A pair with an empty entity list gets the base prompt.
-    """
-    base = epc.prompt.strip()
-    if entities is None:
-        if batch_size is None:
-            raise ValueError("entity prompts without entities need batch_size")
-        return [base] * batch_size
-    prompts = []
-    for pair_entities in entities:
-        chosen = [e.strip() for e in pair_entities if e and e.strip()][: epc.num_entities]
-        if not epc.use_entities or not chosen:
-            prompts.append(base)
-        else:
-            prompts.append(f"{base} {epc.entity_prefix} {', '.join(chosen)}.")
-    return prompts
-
-
-def _clip_image_processor(image_size: int) -> BlipImageProcessor:
-    # InstructBLIP's own preprocessing: bicubic resize to S×S, rescale to [0, 1], CLIP mean/std.
-    return BlipImageProcessor(
-        do_resize=True,
-        size={"height": image_size, "width": image_size},
-        resample=PILImageResampling.BICUBIC,
-        do_rescale=True,
-        do_normalize=True,
-        image_mean=OPENAI_CLIP_MEAN,
-        image_std=OPENAI_CLIP_STD,
-        do_convert_rgb=True,
-    )
-
-
-def _check_pretrained_folder(path: Path) -> None:
-    """A clear error, before transformers' own, when ``path`` is not a local InstructBLIP model + processor."""
-    if not path.is_dir():
-        raise DataError(
-            f"pretrained InstructBLIP folder not found: {path} (models are never downloaded; give a local folder)"
-        )
-    missing = []
-    if not (path / "config.json").is_file():
-        missing.append("config.json (model)")
-    if not any((path / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
-        missing.append("preprocessor_config.json or processor_config.json (image processor)")
-    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
-        missing.append("tokenizer.json or tokenizer.model (LLM tokenizer)")
-    if missing:
-        raise DataError(
-            f"{path} is not a saved InstructBLIP model + processor: missing {', '.join(missing)} "
-            "(expected the files of InstructBlipForConditionalGeneration.save_pretrained and "
-            "InstructBlipProcessor.save_pretrained, "
-            "e.g. a local copy of Salesforce/instructblip-vicuna-7b)"
-        )
+from davir.models.davir_checkpoint import DavirCheckpointMixin
+from davir.models.davir_config import DavirModelConfig
+from davir.models.davir_core import build_core
+from davir.models.davir_lora import LoraSettings, make_lora_config
+from davir.models.epc import EpcConfig, entity_prompts
 
 
 @dataclass
@@ -276,7 +60,7 @@ class DavirOutput:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class DavirModel(nn.Module):
+class DavirModel(DavirCheckpointMixin, nn.Module):
     """InstructBLIP with two images, an entity prompt and FAC. Build with :func:`build_davir_model` or
     :meth:`from_pretrained`; ``self.blip`` is the InstructBLIP (wrapped by PEFT in LoRA mode) and
     ``self.core`` the bare ``InstructBlipForConditionalGeneration`` inside it."""
@@ -562,81 +346,6 @@ class DavirModel(nn.Module):
         result["all"] = (total[0], total[1])
         return result
 
-    # ------------------------------------------------------------------------------------------- persistence
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write a folder :meth:`from_pretrained` reads (safetensors only, no pickles):
-
-        * ``davir_config.json`` (this config) and ``processor/`` (tokenizers + image processor);
-        * random-weight presets: ``architecture/config.json`` and ``model.safetensors`` (every weight — the
-          random base cannot be re-created otherwise), plus ``adapter/`` in LoRA mode;
-        * a pretrained base: full mode ``model.safetensors``; LoRA mode only the PEFT ``adapter/`` and
-          ``trainable_extra.safetensors`` (segment embeddings, ``extra_trainable`` parts), the base weights
-          being re-read from ``config.pretrained``.
-        """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.processor.save_pretrained(str(directory / PROCESSOR_DIR))
-        if self.config.pretrained is None:
-            self.core.config.save_pretrained(str(directory / ARCHITECTURE_DIR))
-        if isinstance(self.blip, PeftModel):
-            self.blip.save_pretrained(str(directory / ADAPTER_DIR), safe_serialization=True)
-        if self.config.train_mode == "full" or self.config.pretrained is None:
-            save_model(self, str(directory / FULL_WEIGHTS_FILE))
-        else:
-            extra = {
-                name: parameter.detach().contiguous().cpu()
-                for name, parameter in self.named_parameters()
-                if parameter.requires_grad and "lora_" not in name
-            }
-            if extra:
-                save_file(extra, str(directory / EXTRA_WEIGHTS_FILE))
-        write_json_atomic(directory / CONFIG_FILE, {"format_version": FORMAT_VERSION, "config": self.config.to_dict()})
-
-    @classmethod
-    def from_pretrained(
-        cls, directory: str | Path, *, device: str | torch.device | None = None, pretrained: str | Path | None = None
-    ) -> "DavirModel":
-        """Load a folder written by :meth:`save_pretrained`. ``pretrained`` replaces the base-model folder
-        recorded in the config (e.g. the run moved to another machine)."""
-        directory = Path(directory)
-        meta = read_json(directory / CONFIG_FILE)
-        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION or "config" not in meta:
-            raise DataError(f"{directory / CONFIG_FILE}: not a DAVIR model config of format version {FORMAT_VERSION}")
-        config = DavirModelConfig.from_dict(meta["config"], where=str(directory / CONFIG_FILE))
-        if pretrained is not None:
-            config.pretrained = str(pretrained)
-        processor_dir = directory / PROCESSOR_DIR
-        if not processor_dir.is_dir():
-            raise DataError(f"{directory}: missing {PROCESSOR_DIR}/ (tokenizers and image processor)")
-        processor = InstructBlipProcessor.from_pretrained(str(processor_dir), local_files_only=True)
-        target = torch.device(device) if device is not None else torch.device("cpu")
-        if config.pretrained is not None:
-            core = _load_pretrained_core(config, target)
-        else:
-            architecture = InstructBlipConfig.from_pretrained(str(directory / ARCHITECTURE_DIR), local_files_only=True)
-            core = _random_core(architecture, config, target)
-        with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
-            torch.manual_seed(config.seed)
-            model = cls(config, core, processor).to(target)
-        full = directory / FULL_WEIGHTS_FILE
-        if full.is_file():
-            load_model(model, str(full), strict=True, device=str(target))
-            return model
-        adapter = directory / ADAPTER_DIR / "adapter_model.safetensors"
-        if config.train_mode != "lora" or not adapter.is_file():
-            raise DataError(
-                f"{directory}: neither {FULL_WEIGHTS_FILE} nor {ADAPTER_DIR}/adapter_model.safetensors found"
-            )
-        result = set_peft_model_state_dict(model.blip, load_file(str(adapter), device=str(target)))
-        if getattr(result, "unexpected_keys", None):
-            raise DataError(f"{adapter}: weights that fit no LoRA layer of this model: {result.unexpected_keys[:5]}")
-        extra = directory / EXTRA_WEIGHTS_FILE
-        if extra.is_file():
-            unexpected = model.load_state_dict(load_file(str(extra), device=str(target)), strict=False).unexpected_keys
-            if unexpected:
-                raise DataError(f"{extra}: weights that fit no parameter of this model: {unexpected[:5]}")
-        return model
-
 
 def _part_of(name: str) -> str:
     for prefix in ("blip.base_model.model.", "blip."):
@@ -650,38 +359,6 @@ def _part_of(name: str) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # Factory
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _random_core(
-    architecture: InstructBlipConfig, config: DavirModelConfig, device: torch.device
-) -> InstructBlipForConditionalGeneration:
-    """Random-weight InstructBLIP, reproducible from ``config.seed``, built directly on ``device``."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
-        torch.manual_seed(config.seed)
-        core = InstructBlipForConditionalGeneration._from_config(
-            architecture, attn_implementation=config.attn_implementation, dtype=DTYPES[config.dtype]
-        )
-        # HF initialises the query tokens to zeros (they come from a checkpoint); identical queries would stay
-        # identical under training, so draw them like LAVIS does (normal, std = Q-Former initializer_range).
-        with torch.no_grad():
-            core.query_tokens.normal_(mean=0.0, std=architecture.qformer_config.initializer_range)
-    return core
-
-
-def _load_pretrained_core(config: DavirModelConfig, device: torch.device) -> InstructBlipForConditionalGeneration:
-    path = Path(config.pretrained)
-    _check_pretrained_folder(path)
-    core = InstructBlipForConditionalGeneration.from_pretrained(
-        str(path), local_files_only=True, dtype=DTYPES[config.dtype], attn_implementation=config.attn_implementation
-    )
-    vision = core.config.vision_config
-    for name, wanted, actual in (
-        ("image_size", config.image_size, vision.image_size),
-        ("patch_size", config.patch_size, vision.patch_size),
-    ):
-        if wanted is not None and wanted != actual:
-            raise ValueError(f"{name}={wanted} but the pretrained model at {path} was built for {actual}")
-    return core.to(device)
 
 
 def build_davir_model(
@@ -699,38 +376,7 @@ def build_davir_model(
     ``device``: where to build (default CPU); large presets are created directly on it.
     """
     target = torch.device(device) if device is not None else torch.device("cpu")
-    if config.pretrained is not None:
-        path = Path(config.pretrained)
-        _check_pretrained_folder(path)
-        processor = InstructBlipProcessor.from_pretrained(str(path), local_files_only=True)
-        core = _load_pretrained_core(config, target)
-    else:
-        if not captions_for_tokenizer:
-            raise ValueError(
-                f"preset {config.preset!r} has random weights and needs captions_for_tokenizer "
-                "(the training captions) to learn its word-level vocabulary"
-            )
-        epc = config.epc
-        tokenizer = build_word_tokenizer([*captions_for_tokenizer, epc.prompt, epc.entity_prefix])
-        processor = InstructBlipProcessor(
-            image_processor=_clip_image_processor(64),  # replaced below once the image size is known
-            tokenizer=tokenizer,
-            qformer_tokenizer=tokenizer,
-            num_query_tokens=None,
-        )
-        architecture = build_preset_config(
-            config.preset,
-            vocab_size=len(tokenizer),  # after the processor added its "<image>" token
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            image_size=config.image_size,
-            patch_size=config.patch_size,
-            **config.preset_overrides,
-        )
-        processor.image_processor = _clip_image_processor(architecture.vision_config.image_size)
-        processor.num_query_tokens = architecture.num_query_tokens
-        core = _random_core(architecture, config, target)
+    core, processor = build_core(config, captions_for_tokenizer, target)
     with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
         torch.manual_seed(config.seed)  # LoRA's random A matrices
         model = DavirModel(config, core, processor)

@@ -1,0 +1,105 @@
+"""How a DavirModel is saved and loaded: one folder, safetensors only (a mixin of `DavirModel`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from peft import PeftModel, set_peft_model_state_dict
+from safetensors.torch import load_file, load_model, save_file, save_model
+from transformers import InstructBlipConfig, InstructBlipProcessor
+
+from davir.errors import DataError
+from davir.io import read_json, write_json_atomic
+from davir.models.davir_config import DavirModelConfig
+from davir.models.davir_core import load_pretrained_core, random_core
+
+CONFIG_FILE = "davir_config.json"
+PROCESSOR_DIR = "processor"
+ARCHITECTURE_DIR = "architecture"  # InstructBlipConfig of a random-weight preset
+ADAPTER_DIR = "adapter"  # PEFT adapter (adapter_config.json + adapter_model.safetensors)
+FULL_WEIGHTS_FILE = "model.safetensors"  # every weight of the DavirModel
+EXTRA_WEIGHTS_FILE = "trainable_extra.safetensors"  # LoRA mode: trained parts that are not LoRA
+FORMAT_VERSION = 1
+
+_Model = TypeVar("_Model", bound="DavirCheckpointMixin")
+
+
+class DavirCheckpointMixin:
+    """`save_pretrained` / `from_pretrained` of :class:`davir.models.davir.DavirModel`."""
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write a folder :meth:`from_pretrained` reads (safetensors only, no pickles):
+
+        * ``davir_config.json`` (this config) and ``processor/`` (tokenizers + image processor);
+        * random-weight presets: ``architecture/config.json`` and ``model.safetensors`` (every weight — the
+          random base cannot be re-created otherwise), plus ``adapter/`` in LoRA mode;
+        * a pretrained base: full mode ``model.safetensors``; LoRA mode only the PEFT ``adapter/`` and
+          ``trainable_extra.safetensors`` (segment embeddings, ``extra_trainable`` parts), the base weights
+          being re-read from ``config.pretrained``.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.processor.save_pretrained(str(directory / PROCESSOR_DIR))
+        if self.config.pretrained is None:
+            self.core.config.save_pretrained(str(directory / ARCHITECTURE_DIR))
+        if isinstance(self.blip, PeftModel):
+            self.blip.save_pretrained(str(directory / ADAPTER_DIR), safe_serialization=True)
+        if self.config.train_mode == "full" or self.config.pretrained is None:
+            save_model(self, str(directory / FULL_WEIGHTS_FILE))
+        else:
+            extra = {
+                name: parameter.detach().contiguous().cpu()
+                for name, parameter in self.named_parameters()
+                if parameter.requires_grad and "lora_" not in name
+            }
+            if extra:
+                save_file(extra, str(directory / EXTRA_WEIGHTS_FILE))
+        write_json_atomic(directory / CONFIG_FILE, {"format_version": FORMAT_VERSION, "config": self.config.to_dict()})
+
+    @classmethod
+    def from_pretrained(
+        cls: type[_Model], directory: str | Path, *, device: str | torch.device | None = None,
+        pretrained: str | Path | None = None,
+    ) -> _Model:
+        """Load a folder written by :meth:`save_pretrained`. ``pretrained`` replaces the base-model folder
+        recorded in the config (e.g. the run moved to another machine)."""
+        directory = Path(directory)
+        meta = read_json(directory / CONFIG_FILE)
+        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION or "config" not in meta:
+            raise DataError(f"{directory / CONFIG_FILE}: not a DAVIR model config of format version {FORMAT_VERSION}")
+        config = DavirModelConfig.from_dict(meta["config"], where=str(directory / CONFIG_FILE))
+        if pretrained is not None:
+            config.pretrained = str(pretrained)
+        processor_dir = directory / PROCESSOR_DIR
+        if not processor_dir.is_dir():
+            raise DataError(f"{directory}: missing {PROCESSOR_DIR}/ (tokenizers and image processor)")
+        processor = InstructBlipProcessor.from_pretrained(str(processor_dir), local_files_only=True)
+        target = torch.device(device) if device is not None else torch.device("cpu")
+        if config.pretrained is not None:
+            core = load_pretrained_core(config, target)
+        else:
+            architecture = InstructBlipConfig.from_pretrained(str(directory / ARCHITECTURE_DIR), local_files_only=True)
+            core = random_core(architecture, config, target)
+        with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
+            torch.manual_seed(config.seed)
+            model = cls(config, core, processor).to(target)
+        full = directory / FULL_WEIGHTS_FILE
+        if full.is_file():
+            load_model(model, str(full), strict=True, device=str(target))
+            return model
+        adapter = directory / ADAPTER_DIR / "adapter_model.safetensors"
+        if config.train_mode != "lora" or not adapter.is_file():
+            raise DataError(
+                f"{directory}: neither {FULL_WEIGHTS_FILE} nor {ADAPTER_DIR}/adapter_model.safetensors found"
+            )
+        result = set_peft_model_state_dict(model.blip, load_file(str(adapter), device=str(target)))
+        if getattr(result, "unexpected_keys", None):
+            raise DataError(f"{adapter}: weights that fit no LoRA layer of this model: {result.unexpected_keys[:5]}")
+        extra = directory / EXTRA_WEIGHTS_FILE
+        if extra.is_file():
+            unexpected = model.load_state_dict(load_file(str(extra), device=str(target)), strict=False).unexpected_keys
+            if unexpected:
+                raise DataError(f"{extra}: weights that fit no parameter of this model: {unexpected[:5]}")
+        return model

@@ -1,0 +1,59 @@
+"""LoRA on InstructBLIP as in App. B: which modules are adapted (PEFT target regexes) and with which rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peft import LoraConfig
+
+# PEFT target regexes (module names inside InstructBlipForConditionalGeneration, transformers 5.x).
+VISION_QKV_PATTERN = r"vision_model\.encoder\.layers\.\d+\.self_attn\.qkv"
+QFORMER_QKV_PATTERN = r"qformer\.encoder\.layer\.\d+\.(?:attention|crossattention)\.attention\.(?:query|key|value)"
+LLM_ATTENTION_PATTERN = r"language_model\.(?:model\.)?layers\.\d+\.self_attn\.(?:{targets})"
+LLM_ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass
+class LoraSettings:
+    """LoRA as in App. B: r=4 on the ViT's fused qkv and the Q-Former's query/key/value (self- and
+    cross-attention), r=8 on the LLM attention projections; alpha = ``alpha_ratio`` · r, dropout 0.05 [D].
+    A rank of 0 leaves that part without LoRA (frozen)."""
+
+    vision_rank: int = 4
+    qformer_rank: int = 4
+    llm_rank: int = 8
+    alpha_ratio: float = 2.0
+    dropout: float = 0.05
+    llm_targets: tuple[str, ...] = LLM_ATTENTION_PROJECTIONS
+
+    def __post_init__(self) -> None:
+        self.llm_targets = tuple(self.llm_targets)
+        if min(self.vision_rank, self.qformer_rank, self.llm_rank) < 0:
+            raise ValueError("LoRA ranks must be >= 0")
+        unknown = sorted(set(self.llm_targets) - set(LLM_ATTENTION_PROJECTIONS))
+        if unknown:
+            raise ValueError(f"lora.llm_targets {unknown} are not LLM projections {LLM_ATTENTION_PROJECTIONS}")
+
+
+
+def make_lora_config(settings: LoraSettings) -> LoraConfig:
+    """One PEFT ``LoraConfig``: a full-match regex over the three parts, per-part ranks via ``rank_pattern``."""
+    parts = []
+    if settings.vision_rank > 0:
+        parts.append((VISION_QKV_PATTERN, settings.vision_rank))
+    if settings.qformer_rank > 0:
+        parts.append((QFORMER_QKV_PATTERN, settings.qformer_rank))
+    if settings.llm_rank > 0 and settings.llm_targets:
+        parts.append((LLM_ATTENTION_PATTERN.format(targets="|".join(settings.llm_targets)), settings.llm_rank))
+    if not parts:
+        raise ValueError("LoRA mode with every rank 0 trains nothing; set a rank or use train_mode='full'")
+    default_rank = parts[-1][1]
+    return LoraConfig(
+        r=default_rank,
+        lora_alpha=settings.alpha_ratio * default_rank,
+        lora_dropout=settings.dropout,
+        target_modules="|".join(f"(?:{pattern})" for pattern, _ in parts),
+        rank_pattern={pattern: rank for pattern, rank in parts},
+        alpha_pattern={pattern: settings.alpha_ratio * rank for pattern, rank in parts},
+        bias="none",
+    )
