@@ -1,0 +1,173 @@
+"""The two-stage pretraining loop (description, then change captioning) with its learning-rate schedule."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shlex
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from davir.data.synthetic import (
+    SynthConfig,
+    generate_dataset,
+    load_synthetic_set,
+)
+from davir.io import read_json, write_json_atomic
+from davir.losses import FacConfig
+from davir.metrics.synthetic import pair_truths
+from davir.models.davir import build_davir_model
+from davir.models.davir_config import DavirModelConfig
+from davir.models.epc import EpcConfig, entity_prompts
+from davir.pretrain_tiny.batches import (
+    EntityNoise,
+    description_loss,
+    noisy_entities,
+    sample_change_batch,
+    sample_description_batch,
+)
+from davir.pretrain_tiny.checkpoint import INFO_FILE, package_versions, save_checkpoint
+from davir.pretrain_tiny.data import Normaliser, canonical_description, load_split
+from davir.pretrain_tiny.evaluation import description_accuracy, evaluate
+from davir.pretrain_tiny.model import (
+    CHANGE_PROMPT,
+    DESCRIBE_PROMPT,
+    ENTITY_PROMPTS,
+    build_tiny_model,
+)
+
+
+def _schedule(optimizer: torch.optim.Optimizer, steps: int, warmup: float = 0.05) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then cosine decay to 2% (one per stage)."""
+    warm = max(1, int(steps * warmup))
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = min(1.0, (step - warm) / max(1, steps - warm))
+        return 0.02 + 0.98 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+
+def pretrain(args: argparse.Namespace) -> dict[str, Any]:
+    """Run both stages; returns the final info (also written to ``args.out``)."""
+    started = time.time()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    out = Path(args.out)
+    log = print if not args.quiet else (lambda *a, **k: None)
+
+    if args.data is None:
+        data_root = Path(tempfile.mkdtemp(prefix="davir_pretrain_")) / "synth"
+        generate_dataset(data_root, SynthConfig(scenes=args.scenes, seed=args.data_seed), workers=args.workers)
+    else:
+        data_root = Path(args.data)
+    norm = Normaliser()
+    synthetic_set = load_synthetic_set(data_root)  # scenes.json is read once: it is large
+    scenes, data_config = synthetic_set["scenes"], synthetic_set.get("config", {})
+    train = load_split(data_root, "train", args.image_size, limit=args.train_limit, scenes=scenes)
+    test = load_split(data_root, "test", args.image_size, limit=args.eval_scenes, scenes=scenes)
+    if args.desc_order == "canonical":
+        for split_data in (train, test):
+            split_data.descriptions = [tuple(canonical_description(d) for d in views)
+                                       for views in split_data.descriptions]
+    truths = pair_truths(scenes, split="test")
+    log(f"loaded {len(train.ids)} train / {len(test.ids)} test scenes in {time.time() - started:.0f}s", flush=True)
+
+    if args.init is not None:  # continue from an earlier checkpoint of this command (its curve is kept)
+        model = build_davir_model(DavirModelConfig(
+            pretrained=str(args.init), image_size=args.image_size, patch_size=args.patch_size, train_mode="full",
+            fac=FacConfig(lambda_attn=0.0), epc=EpcConfig(use_entities=False), seed=args.seed,
+        ))
+    else:
+        model = build_tiny_model(image_size=args.image_size, patch_size=args.patch_size, seed=args.seed,
+                                 query_tokens=args.query_tokens)
+    model.train()
+    params = sum(p.numel() for p in model.parameters())
+    log(f"model: {params / 1e6:.2f} M parameters, vocabulary {len(model.tokenizer)}", flush=True)
+
+    info: dict[str, Any] = {
+        "command": "python -m davir.pretrain_tiny " + " ".join(shlex.quote(a) for a in args.argv),
+        "seed": args.seed, "data": str(data_root), "train_scenes": len(train.ids), "eval_scenes": len(test.ids),
+        # the generator settings of the data (its seed must differ from the demo's seed 0: other scenes)
+        "data_seed": data_config.get("seed"), "data_config": data_config,
+        "versions": package_versions(), "parameters": params, "describe_prompt": DESCRIBE_PROMPT,
+        "change_prompt": CHANGE_PROMPT, "curve": [], "best": None,
+    }
+    if args.init is not None:
+        earlier = read_json(Path(args.init) / INFO_FILE)
+        info["init"] = {"folder": str(args.init), "command": earlier.get("command"), "seed": earlier.get("seed"),
+                        "curve": earlier.get("curve", [])}
+    noise = EntityNoise(wrong=args.entity_wrong, on_distractor=args.entity_on_distractor)
+    best_score = -1.0
+    step_total = 0
+    for stage, steps in (("describe", args.desc_steps), ("change", args.change_steps)):
+        if steps <= 0:
+            continue
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+        scheduler = _schedule(optimizer, steps)
+        running, stage_start = [], time.time()
+        for step in range(1, steps + 1):
+            if stage == "describe" or rng.random() < args.desc_mix:
+                pixels, captions = sample_description_batch(train, args.batch_size, rng, norm)
+                loss = description_loss(model, pixels, captions)
+            else:
+                pairs = sample_change_batch(train, args.batch_size, rng, norm)
+                if rng.random() < args.entity_share:  # EPC-style prompts with retriever-like entities
+                    prompts = entity_prompts(ENTITY_PROMPTS, noisy_entities(train, pairs.rows, pairs.semantic, rng, noise))
+                else:
+                    prompts = [CHANGE_PROMPT] * len(pairs.captions)
+                loss = model(pairs.before, pairs.after, prompts, pairs.captions).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            running.append(loss.item())
+            step_total += 1
+            if step % args.eval_every == 0 or step == steps:
+                point: dict[str, Any] = {
+                    "stage": stage, "step": step, "total_step": step_total,
+                    "minutes": round((time.time() - started) / 60, 2),
+                    "loss": round(sum(running) / len(running), 4),
+                }
+                running = []
+                if stage == "describe":
+                    point["description_exact"] = description_accuracy(model, test, norm)
+                else:
+                    result = evaluate(model, test, truths, norm)
+                    point.update({k: result[k] for k in ("type_accuracy", "object_accuracy", "exact_accuracy")})
+                    point["examples"] = result["examples"]
+                    if args.entity_share > 0:  # what the EPC fine-tune starts from
+                        with_entities = evaluate(model, test, truths, norm, entities=True)
+                        point["with_entities"] = {k: with_entities[k] for k in
+                                                  ("type_accuracy", "object_accuracy", "exact_accuracy", "per_type")}
+                info["curve"].append(point)
+                log(json.dumps(point), flush=True)
+                scored = point.get("with_entities", point)
+                score = scored.get("type_accuracy", 0.0) + scored.get("object_accuracy", 0.0) if stage == "change" else -0.5
+                if stage == "describe" and step == steps or stage == "change" and score > best_score:
+                    best_score = max(best_score, score)
+                    info["best"] = point
+                    info["minutes"] = round((time.time() - started) / 60, 2)
+                    save_checkpoint(model, out, info)
+        log(f"stage {stage}: {steps} steps in {(time.time() - stage_start) / 60:.1f} min", flush=True)
+
+    info["minutes"] = round((time.time() - started) / 60, 2)
+    # The saved folder holds the best model; re-evaluate it with CIDEr for the record.
+    best = build_davir_model(DavirModelConfig(pretrained=str(out), epc=EpcConfig(use_entities=False)))
+    info["final_eval"] = evaluate(best, test, truths, norm, cider=args.cider)
+    if args.entity_share > 0:
+        info["final_eval_with_entities"] = evaluate(best, test, truths, norm, cider=args.cider, entities=True)
+    write_json_atomic(out / INFO_FILE, info)
+    log(json.dumps(info["final_eval"]), flush=True)
+    return info

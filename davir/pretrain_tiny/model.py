@@ -1,0 +1,44 @@
+"""The tiny model: its two prompts, the words it must know, and its random-weight build."""
+
+from __future__ import annotations
+
+from davir.data.synthetic import (
+    CHANGE_TEMPLATES,
+    COLOR_WORDS,
+    MATERIAL_WORDS,
+    NO_CHANGE_CAPTIONS,
+    SHAPE_WORDS,
+    SIZE_WORDS,
+)
+from davir.losses import FacConfig
+from davir.models.davir import DavirModel, build_davir_model
+from davir.models.davir_config import DavirModelConfig
+from davir.models.epc import EpcConfig
+
+DESCRIBE_PROMPT = "Describe the image."
+ENTITY_PROMPTS = EpcConfig()  # the DAVIR base prompt and Eq. 10 entity prompts, as the demo fine-tune builds them
+CHANGE_PROMPT = ENTITY_PROMPTS.prompt
+
+
+def vocabulary_texts() -> list[str]:
+    """Every word the demo can need: all template words, synonyms, colours/materials, "no change" captions,
+    the description separator, both prompts, "Entity:" and punctuation (the vocabulary must not depend on
+    which captions a data set happens to contain)."""
+    texts = [DESCRIBE_PROMPT, CHANGE_PROMPT, ENTITY_PROMPTS.entity_prefix, ", .", *NO_CHANGE_CAPTIONS]
+    for table in (SIZE_WORDS, COLOR_WORDS, MATERIAL_WORDS, SHAPE_WORDS):
+        texts.extend(word for words in table.values() for word in words)
+    for templates in CHANGE_TEMPLATES.values():
+        texts.extend(t.replace("{obj}", "").replace("{new}", "") for t in templates)
+    return texts
+
+
+def build_tiny_model(*, image_size: int = 64, patch_size: int = 8, seed: int = 0, query_tokens: int = 0
+                     ) -> DavirModel:
+    """The random-weight tiny preset in full-training mode (no FAC, no entity prompt), with the word-level
+    tokenizer of :func:`vocabulary_texts` for both the LLM and the Q-Former."""
+    config = DavirModelConfig(
+        preset="tiny", image_size=image_size, patch_size=patch_size, train_mode="full",
+        fac=FacConfig(lambda_attn=0.0), epc=EpcConfig(use_entities=False), seed=seed,
+        preset_overrides=({"num_query_tokens": query_tokens} if query_tokens else {}),
+    )
+    return build_davir_model(config, captions_for_tokenizer=vocabulary_texts())
