@@ -1,4 +1,4 @@
-"""Entity vocabulary (davir.text.phrases), retrievers (Eqs. 8-9) and `preprocess entities` / `entity-eval`."""
+"""Entity vocabulary (davir.text.entity_vocabulary, davir.text.extractors), retrievers (Eqs. 8-9) and `preprocess entities` / `entity-eval`."""
 
 from __future__ import annotations
 
@@ -12,21 +12,24 @@ import pytest
 from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.records import DISTRACTOR, ChangePair, DataError
 from davir.io import read_json
-from davir.text import phrases as ph
+from davir.text.entity_vocabulary import build_vocabulary
+from davir.text.extractors import PhraseExtractor, extract_attributes, extract_phrases, get_extractor, subject_phrase
+from davir.text.lexicon import wordnet_available
+from davir.text.words import CLOSED_CLASS, GENERIC_HEADS
 from preprocess import entities, entity_eval
 from davir.preprocessing.retrievers import (
     ClipRetriever, EntityGate, FittedRetriever, PairRegions, gate_features, masked_region, pair_features,
     pair_regions, phrase_words, retrieve_top_k, square_pad, top_k,
 )
 
-needs_wordnet = pytest.mark.skipif(not ph.wordnet_available(), reason="WordNet (Debian wordnet-base) is not installed")
+needs_wordnet = pytest.mark.skipif(not wordnet_available(), reason="WordNet (Debian wordnet-base) is not installed")
 
 
 @pytest.fixture(scope="module")
-def wordnet() -> ph.PhraseExtractor:
-    if not ph.wordnet_available():
+def wordnet() -> PhraseExtractor:
+    if not wordnet_available():
         pytest.skip("WordNet (Debian wordnet-base) is not installed")
-    return ph.get_extractor("wordnet")
+    return get_extractor("wordnet")
 
 
 def real_captions(path: Path, field: str) -> list[str]:
@@ -80,18 +83,18 @@ def test_chunker_keeps_full_clevr_object_phrases(wordnet):
     assert wordnet.subject("someone added a large green rubber cube") == "large green rubber cube"
     assert wordnet.attributes("the big gray metal block has been moved")["verbs"] == ["has been moved"]
     # module-level helpers use the same default extractor
-    assert "umbrella" in ph.extract_phrases("person with umbrella is gone")
-    assert ph.extract_phrases("person with umbrella is gone", backend="wordnet") == ["person", "umbrella"]
-    assert ph.extract_attributes("person with umbrella is gone", backend="wordnet")["verbs"] == ["is gone"]
-    assert ph.subject_phrase("nothing has changed", backend="wordnet") is None
+    assert "umbrella" in extract_phrases("person with umbrella is gone")
+    assert extract_phrases("person with umbrella is gone", backend="wordnet") == ["person", "umbrella"]
+    assert extract_attributes("person with umbrella is gone", backend="wordnet")["verbs"] == ["is gone"]
+    assert subject_phrase("nothing has changed", backend="wordnet") is None
 
 
 @needs_wordnet
 def test_vocabulary_on_real_spot_the_diff_val(shared_datasets, wordnet):
     captions = real_captions(shared_datasets / "spot_the_diff" / "annotations" / "val.json", "sentences")
     assert len(captions) == 3310
-    vocab2 = ph.build_vocabulary(captions, min_count=2, extractor=wordnet)
-    vocab1 = ph.build_vocabulary(captions, min_count=1, extractor=wordnet)
+    vocab2 = build_vocabulary(captions, min_count=2, extractor=wordnet)
+    vocab1 = build_vocabulary(captions, min_count=1, extractor=wordnet)
     assert set(vocab2.phrases) < set(vocab1.phrases)
     assert all(vocab2.counts[p] >= 2 for p in vocab2.phrases)
     assert any(vocab1.counts[p] == 1 for p in vocab1.phrases)
@@ -100,8 +103,8 @@ def test_vocabulary_on_real_spot_the_diff_val(shared_datasets, wordnet):
     counts = [vocab2.counts[p] for p in vocab2.phrases]
     assert counts == sorted(counts, reverse=True)
     for phrase in vocab2.phrases:
-        assert phrase.split()[-1] not in ph.GENERIC_HEADS
-        assert phrase.split()[0] not in ph.CLOSED_CLASS
+        assert phrase.split()[-1] not in GENERIC_HEADS
+        assert phrase.split()[0] not in CLOSED_CLASS
         assert phrase == phrase.lower()
     # the count is the number of captions naming the phrase (a caption naming it twice counts once)
     naming_car = sum(1 for c in captions if "car" in wordnet.phrases(c))
@@ -113,29 +116,29 @@ def test_vocabulary_min_count_generic_heads_and_bare_attributes(wordnet):
                 "a large blue rubber cube has appeared", "the large blue rubber cube changed to metal",
                 "the small red metal sphere moved", "there is a difference in the picture",
                 "the picture changed", "a green cylinder appeared"]
-    vocab = ph.build_vocabulary(captions, min_count=2, extractor=wordnet)
+    vocab = build_vocabulary(captions, min_count=2, extractor=wordnet)
     # "picture"/"difference" are generic heads; "rubber"/"metal" head 1 phrase each but modify 5
     assert vocab.phrases == ["small red metal sphere", "large blue rubber cube"]
     assert vocab.counts == {"small red metal sphere": 3, "large blue rubber cube": 2}
     assert vocab.source["bare_attributes_dropped"] == []  # they also fail min_count here
-    vocab1 = ph.build_vocabulary(captions, min_count=1, extractor=wordnet)
+    vocab1 = build_vocabulary(captions, min_count=1, extractor=wordnet)
     assert set(vocab1.phrases) == {"small red metal sphere", "large blue rubber cube", "green cylinder"}
     assert set(vocab1.source["bare_attributes_dropped"]) == {"metal", "rubber"}
     with pytest.raises(ValueError):
-        ph.build_vocabulary(captions, min_count=0, extractor=wordnet)
+        build_vocabulary(captions, min_count=0, extractor=wordnet)
 
 
 def test_rules_backend_without_wordnet(tmp_path, monkeypatch):
     monkeypatch.setenv("DAVIR_WORDNET_DIR", str(tmp_path))
-    assert not ph.wordnet_available()
+    assert not wordnet_available()
     with pytest.raises(DataError, match="WordNet is not installed"):
-        ph.get_extractor("wordnet")
+        get_extractor("wordnet")
     corpus = ["the red car is parked near the tree", "a person walked past the red car", "the tree is gone"]
-    rules = ph.get_extractor("rules", corpus=corpus)
+    rules = get_extractor("rules", corpus=corpus)
     assert rules.backend == "rules"
     assert rules.phrases("the red car is parked near the tree") == ["red car", "tree"]
     assert rules.phrases("two trees were removed") == ["tree"]
-    vocab = ph.build_vocabulary(corpus, min_count=2, extractor=rules)
+    vocab = build_vocabulary(corpus, min_count=2, extractor=rules)
     assert vocab.phrases == ["red car", "tree"] and vocab.extractor == {"backend": "rules"}
 
 

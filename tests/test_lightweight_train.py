@@ -18,7 +18,7 @@ from davir.data.caches import EntityCache
 from davir.data.formats import read_dataset
 from davir.data.records import DataError
 from davir.io import read_json
-from davir.text.phrases import EntityVocabulary
+from davir.text.entity_vocabulary import EntityVocabulary
 from davir.training.config import TrainConfig
 
 TINY_TEXT = "tiny-text-test"  # an open_clip model config registered from tmp (1 layer, width 16)

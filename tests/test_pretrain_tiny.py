@@ -27,7 +27,8 @@ from davir.metrics.synthetic import (
     pair_truths,
     score_synthetic,
 )
-from davir.models.davir import DavirModelConfig, build_davir_model
+from davir.models.davir import build_davir_model
+from davir.models.davir_config import DavirModelConfig
 from davir.models.tokenizer import build_word_tokenizer
 from davir.pretrain_tiny import (
     CHANGE_PROMPT,
