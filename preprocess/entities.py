@@ -51,7 +51,8 @@ from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.images import load_mask, load_pair
 from davir.data.records import ChangePair, DataError, DatasetIndex
 from davir.io import read_json, write_json_atomic
-from davir.text.phrases import BACKENDS, EntityVocabulary, PhraseExtractor, build_vocabulary, get_extractor
+from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary
+from davir.text.extractors import BACKENDS, PhraseExtractor, get_extractor
 from davir.preprocessing.retrievers import (
     FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, EntityGate, FittedRetriever,
     PairRegions, frame_pair_features, pair_features, pair_regions, retrieve_image_level, retrieve_top_k,

@@ -25,7 +25,8 @@ from davir.data import read_dataset
 from davir.data.caches import EntityCache
 from davir.data.records import DISTRACTOR, ChangePair, DataError
 from davir.io import write_json_atomic
-from davir.text.phrases import EntityVocabulary, PhraseExtractor, get_extractor
+from davir.text.entity_vocabulary import EntityVocabulary
+from davir.text.extractors import PhraseExtractor, get_extractor
 
 
 def contained(phrase: str, reference: str) -> bool:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from davir.models.davir import DavirModelConfig
+from davir.models.davir_config import DavirModelConfig
 from davir.models.lightweight.config import LightweightConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
