@@ -100,9 +100,15 @@ def generate_and_score(args: argparse.Namespace) -> int:
     from davir.data.images import load_mask
     from davir.inference import caption_pairs, load_davir, localisation_summary, resolve_model_dir, run_dir_of
     from davir.metrics.io import write_predictions
+    from davir.training.run import run_decoding
 
     model_dir = resolve_model_dir(args.checkpoint)
     run_dir = run_dir_of(model_dir)
+    # Test decoding = the decoding best/ was selected with, unless flags say otherwise (recorded in metrics.json).
+    decoding = run_decoding(run_dir, num_beams=getattr(args, "num_beams", None),
+                            max_new_tokens=getattr(args, "max_new_tokens", None))
+    args.num_beams, args.max_new_tokens = decoding["num_beams"], decoding["max_new_tokens"]
+    print(f"decoding: num_beams={args.num_beams}, max_new_tokens={args.max_new_tokens} ({decoding['source']})", file=sys.stderr)
     run_data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"] if run_dir else {}
     args.format = args.format or run_data.get("format")
     args.root = args.root or (Path(run_data["root"]) if run_data.get("root") else None)
@@ -174,7 +180,7 @@ def generate_and_score(args: argparse.Namespace) -> int:
 
     metrics = read_json(args.out)
     metrics.update({"localisation": localisation, "not_captioned": [{"pair_id": p.pair_id, "error": p.error} for p in failed],
-                    "checkpoint": str(model_dir)})
+                    "checkpoint": str(model_dir), "decoding": decoding})
     write_json_atomic(args.out, metrics)
     print(f"predictions, metrics and table in {out_dir}", file=sys.stderr)
     return status

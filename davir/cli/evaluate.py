@@ -34,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--masks", type=Path,
                         help="mask cache for the localisation score when the data has no ground-truth masks")
     source.add_argument("--batch-size", type=int, default=16)
-    source.add_argument("--num-beams", type=int, default=1, help="1 = greedy (default), >1 = beam search")
-    source.add_argument("--max-new-tokens", type=int, default=30)
+    source.add_argument("--num-beams", type=int, default=None,
+                        help="1 = greedy, >1 = beam search (default: the run's run.num_beams, the decoding its "
+                             "best/ was selected with)")
+    source.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
     source.add_argument("--limit", type=int, help="caption only the first N pairs of the split")
     refs = parser.add_argument_group("references (a file, or a dataset split through the data layer)")
     refs.add_argument("--references", type=Path, help="COCO captions file or {id: [captions]} JSON")

@@ -98,3 +98,45 @@ def replace_dir_atomic(source: Path, target: Path) -> None:
     Path(source).rename(target)
     if old.exists():
         shutil.rmtree(old)
+
+
+def run_decoding(run_dir: str | Path | None, *, num_beams: int | None = None,
+                 max_new_tokens: int | None = None) -> dict:
+    """The decoding a run selected its `best/` with (its config's `run.num_beams` / `run.max_new_tokens`),
+    overridden by any value given here; what `evaluate.py --checkpoint` and `caption.py` use by default.
+
+    ``run_dir`` is a run folder (holding config.yaml) or a model folder inside one (best/, last/); None or a
+    folder without a run config gives the TrainConfig defaults. Returns ``{"num_beams", "max_new_tokens",
+    "source"}``, source naming where each value came from (for metrics.json)."""
+    import yaml
+
+    from davir.training.config import RunConfig
+
+    defaults = RunConfig()
+    settings: dict = {}
+    config_file = None
+    for candidate in ((Path(run_dir), Path(run_dir).parent) if run_dir is not None else ()):
+        if (candidate / "config.yaml").is_file():
+            config_file = candidate / "config.yaml"
+            break
+    if config_file is not None:
+        try:
+            raw = yaml.safe_load(config_file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as error:
+            from davir.errors import DataError
+
+            raise DataError(f"{config_file}: cannot read the run config ({error})") from error
+        settings = raw.get("run") or {} if isinstance(raw, dict) else {}
+    decoding, source = {}, {}
+    for key, given in (("num_beams", num_beams), ("max_new_tokens", max_new_tokens)):
+        if given is not None:
+            decoding[key], source[key] = int(given), "command line"
+        elif key in settings:
+            decoding[key], source[key] = int(settings[key]), str(config_file)
+        else:
+            decoding[key], source[key] = getattr(defaults, key), "TrainConfig default"
+        if decoding[key] < 1:
+            from davir.errors import DataError
+
+            raise DataError(f"{key} must be >= 1, got {decoding[key]} (from {source[key]})")
+    return {**decoding, "source": source}
