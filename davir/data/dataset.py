@@ -149,6 +149,12 @@ class ChangeCaptionDataset(torch.utils.data.Dataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def describe(self) -> str:
+        """How an epoch is made, for the start-of-training summary."""
+        if self.caption_mode == "expand":
+            return f"caption_mode expand: every reference sentence of {len(self.pairs)} pairs"
+        return f"caption_mode sample: {len(self.pairs)} pairs, one reference caption each per epoch"
+
     def __len__(self) -> int:
         return len(self.items)
 

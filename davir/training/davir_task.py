@@ -86,9 +86,10 @@ class DavirTask:
         return losses
 
     @torch.no_grad()
-    def generate(self, batch: dict[str, Any], *, max_new_tokens: int = 30, num_beams: int = 1) -> list[str]:
+    def generate(self, batch: dict[str, Any], *, max_new_tokens: int = 30, num_beams: int = 1,
+                 **generate_kwargs: Any) -> list[str]:
         return self.unwrapped().generate(batch["pixel_before"], batch["pixel_after"], self.prompts(batch),
-                                         max_new_tokens=max_new_tokens, num_beams=num_beams)
+                                         max_new_tokens=max_new_tokens, num_beams=num_beams, **generate_kwargs)
 
     def save_pretrained(self, directory) -> None:
         self.unwrapped().save_pretrained(directory)

@@ -26,8 +26,9 @@ from davir.data.dataset import collate_examples
 from davir.data.records import DataError
 from davir.io import append_jsonl
 from davir.training.config import TrainConfig
-from davir.training.run import (latest_checkpoint, mark_complete, prune_checkpoints, read_checkpoint_state,
-                                write_run_info)
+from davir.training.checkpoints import (install_trainable_state_hooks, load_checkpoint, save_checkpoint,
+                                        usable_checkpoint)
+from davir.training.run import latest_checkpoint, prune_checkpoints, write_run_info
 from davir.training.tasks import build_task
 from davir.training.validation import Validator
 
@@ -47,7 +48,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
     set_seed(config.run.seed)
-    checkpoint = latest_checkpoint(run_dir) if resume else None
+    checkpoint = usable_checkpoint(run_dir, process_index=accelerator.process_index,
+                                   warn=accelerator.print) if resume else None
     if resume and checkpoint is None:
         accelerator.print(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; starting from scratch")
     if accelerator.is_main_process:
@@ -65,25 +67,40 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
         collate_fn=collate_examples, num_workers=config.data.num_workers,
         generator=torch.Generator().manual_seed(config.run.seed),
     )
+    if len(train_loader) == 0:
+        raise DataError(f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
+                        f"of {config.optim.batch_size}")
+    # The step count comes from the loader as each process sees it (sharded by prepare), not the whole split.
+    train_loader = accelerator.prepare(train_loader)
     steps_per_epoch = math.ceil(len(train_loader) / config.optim.gradient_accumulation_steps)
     if steps_per_epoch == 0:
         raise DataError(f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
-                        f"of {config.optim.batch_size}")
+                        f"of {config.optim.batch_size} on each of {accelerator.num_processes} processes")
     max_steps = config.optim.max_steps or config.optim.epochs * steps_per_epoch
     epochs = math.ceil(max_steps / steps_per_epoch)
+    describe = getattr(task.train_dataset, "describe", None)
+    accelerator.print(
+        f"training: {len(task.train_dataset)} examples per epoch"
+        + (f" ({describe()})" if describe else "")
+        + f"; batch {config.optim.batch_size} x {accelerator.num_processes} process(es) x "
+        f"{config.optim.gradient_accumulation_steps} accumulation -> {steps_per_epoch} steps per epoch; "
+        + (f"max_steps {max_steps} (= {max_steps / steps_per_epoch:.2f} epochs)" if config.optim.max_steps
+           else f"{config.optim.epochs} epochs") + f" = {max_steps} optimizer steps in total")
 
     optimizer = torch.optim.AdamW(task.trainable_parameters(), lr=config.optim.lr,
                                   weight_decay=config.optim.weight_decay, betas=tuple(config.optim.betas))
+    # accelerate steps a prepared scheduler once per process at every optimizer step (split_batches=False),
+    # as HF's no_trainer examples count it: the schedule spans max_steps x num_processes scheduler steps.
     scheduler = get_scheduler(config.optim.schedule, optimizer,
-                              num_warmup_steps=round(config.optim.warmup_ratio * max_steps),
-                              num_training_steps=max_steps)
-    model, optimizer, train_loader, scheduler = accelerator.prepare(task.model, optimizer, train_loader, scheduler)
+                              num_warmup_steps=round(config.optim.warmup_ratio * max_steps) * accelerator.num_processes,
+                              num_training_steps=max_steps * accelerator.num_processes)
+    model, optimizer, scheduler = accelerator.prepare(task.model, optimizer, scheduler)
     task.model = model
+    install_trainable_state_hooks(accelerator)
 
     step, start_epoch, skip_batches = 0, 0, 0
     if checkpoint is not None:
-        accelerator.load_state(str(checkpoint))
-        state = read_checkpoint_state(checkpoint)
+        state = load_checkpoint(accelerator, checkpoint)
         step = state["step"]
         start_epoch, skip_batches = divmod(step * config.optim.gradient_accumulation_steps, len(train_loader))
         accelerator.print(f"resumed from {checkpoint} at step {step}")
@@ -136,7 +153,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
                 validator.run(step)
                 model.train()
             if config.run.save_every and (step % config.run.save_every == 0 or step == max_steps):
-                save_checkpoint(accelerator, run_dir, step, validator)
+                save_checkpoint(accelerator, run_dir, step, validator.state())
                 prune_checkpoints(run_dir, config.run.keep_checkpoints)
             if step >= max_steps:
                 break
@@ -149,10 +166,3 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     accelerator.end_training()
     return run_dir
 
-
-def save_checkpoint(accelerator: Accelerator, run_dir: Path, step: int, validator: Validator) -> None:
-    checkpoint = run_dir / "checkpoints" / f"step_{step}"
-    accelerator.save_state(str(checkpoint))
-    if accelerator.is_main_process:
-        mark_complete(checkpoint, {"step": step, **validator.state()})
-    accelerator.wait_for_everyone()

@@ -37,35 +37,58 @@ class Validator:
         if state.get("best_score") is not None:
             self.best_score, self.best_step = state["best_score"], state.get("best_step")
 
-    def _batches(self):
+    def _batches(self, indices):
         dataset = self.task.val_dataset
         size = self.config.optim.batch_size
-        for start in range(0, len(dataset), size):
-            yield collate_examples([dataset[i] for i in range(start, min(start + size, len(dataset)))])
+        for start in range(0, len(indices), size):
+            yield collate_examples([dataset[i] for i in indices[start:start + size]])
+
+    def generate_kwargs(self) -> dict:
+        """FSDP shards the weights: every rank must take part in every forward, so generation keeps all
+        ranks stepping until the longest caption of any rank ends (HF's synced_gpus)."""
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type == DistributedType.FSDP and self.accelerator.num_processes > 1:
+            return {"synced_gpus": True}
+        return {}
 
     @torch.no_grad()
     def run(self, step: int) -> dict | None:
-        """Score the val split on the main process; returns the metrics there (None elsewhere)."""
+        """Caption the val split on every process (a shard each), score it on the main process; returns the
+        metrics there (None elsewhere). Under FSDP the shards are padded to equal length, as every rank must
+        run the same forwards (the padded repeats of the last pair are dropped before scoring)."""
+        from accelerate.utils import DistributedType, gather_object
+
         from davir.metrics import score_captions
 
         self.accelerator.wait_for_everyone()
-        result = None
-        if self.accelerator.is_main_process and len(self.task.val_dataset):
-            model = self.task.model
-            model.eval()
-            losses, predictions, references = [], {}, {}
-            for batch in self._batches():
+        count = len(self.task.val_dataset)
+        if not count:
+            return None
+        model = self.task.model
+        model.eval()
+        padded = self.accelerator.distributed_type == DistributedType.FSDP
+        local_losses, local_rows = [], []
+        with self.accelerator.split_between_processes(list(range(count)), apply_padding=padded) as shard:
+            for batch in self._batches(list(shard)):
                 batch = self.task.to_device(batch, self.accelerator.device)
                 with self.accelerator.autocast():
-                    losses.append(float(self.task.training_losses(batch)["loss"]))
+                    local_losses.append((float(self.task.training_losses(batch)["loss"]), len(batch["pair_id"])))
                     captions = self.task.generate(batch, max_new_tokens=self.config.run.max_new_tokens,
-                                                  num_beams=self.config.run.num_beams)
-                for pair_id, caption, refs in zip(batch["pair_id"], captions, batch["captions"]):
-                    predictions[pair_id] = caption
-                    references[pair_id] = refs
+                                                  num_beams=self.config.run.num_beams, **self.generate_kwargs())
+                local_rows += list(zip(batch["pair_id"], captions, batch["captions"]))
+        all_losses, all_rows = gather_object(local_losses), gather_object(local_rows)
+        result = None
+        if self.accelerator.is_main_process:
+            predictions, references = {}, {}
+            for pair_id, caption, refs in all_rows:
+                predictions.setdefault(pair_id, caption)
+                references.setdefault(pair_id, refs)
+            losses = [loss for loss, _ in all_losses]
+            weights = [n for _, n in all_losses]
             # METEOR's Java start-up (~10 s) and SPICE would dominate frequent validations; the final evaluate.py has them.
             scores = score_captions(predictions, references, metrics=("BLEU", "ROUGE_L", "CIDEr"), spice=False).metrics
-            val_loss = sum(losses) / len(losses)
+            val_loss = sum(loss * n for loss, n in zip(losses, weights)) / sum(weights)
             logs = {"val/loss": val_loss, **{f"val/{k}": v for k, v in scores.items() if v is not None}}
             self.accelerator.log(logs, step=step)
             shown = list(predictions.items())[: self.config.run.val_show]
