@@ -39,6 +39,18 @@ def caption_folder(args: argparse.Namespace) -> int:
     html_path = args.html or out.with_name("report.html")
     size_policy = "resize_before_to_after" if args.resize_mismatched else "error"
 
+    from davir.preprocessing.profiles import check_cache_profiles
+    from davir.training.run import run_decoding
+
+    # Decode as the run selected best/ (flags override); preprocess as it trained (profile checked).
+    decoding = run_decoding(run_dir, num_beams=getattr(args, "num_beams", None),
+                            max_new_tokens=getattr(args, "max_new_tokens", None))
+    args.num_beams, args.max_new_tokens = decoding["num_beams"], decoding["max_new_tokens"]
+    check_cache_profiles(run_data.get("preprocessing_profile"), masks=args.masks_from or run_data.get("masks"),
+                         entities=args.entities_from or run_data.get("entities"),
+                         allow_mismatch=bool(getattr(args, "allow_profile_mismatch", False)),
+                         where=f"the run {run_dir} (data.preprocessing_profile)", override="--allow-profile-mismatch",
+                         warn=lambda m: print(m, file=sys.stderr))
     model = load_davir(model_dir)
     masks_maker = OnlineMasks.from_cache(args.masks_from or run_data.get("masks"))
     entity_maker = None

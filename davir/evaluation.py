@@ -132,6 +132,15 @@ def generate_and_score(args: argparse.Namespace) -> int:
         if cache_dir is None:
             raise DataError("this model was trained with entity prompts: pass --entities CACHE "
                             f"(python -m preprocess entities --format {args.format} --root {args.root} --split {args.split} …)")
+        from davir.preprocessing.profiles import check_cache_profiles
+
+        # The entities must come from the preprocessing profile the run trained on (its data.preprocessing_profile).
+        same_cache = str(cache_dir) == str(run_data.get("entities"))
+        check_cache_profiles(run_data.get("preprocessing_profile"), entities=cache_dir,
+                             allow_mismatch=bool(getattr(args, "allow_profile_mismatch", False)
+                                                 or (same_cache and run_data.get("allow_profile_mismatch"))),
+                             where=f"the run {run_dir} (data.preprocessing_profile)",
+                             override="--allow-profile-mismatch", warn=lambda m: print(m, file=sys.stderr))
         cache = EntityCache(cache_dir)
         k = model.config.epc.num_entities
         missing = [p.pair_id for p in pairs if not cache.has(p.pair_id)]

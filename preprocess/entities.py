@@ -53,6 +53,7 @@ from davir.data.records import ChangePair, DataError, DatasetIndex
 from davir.io import read_json, write_json_atomic
 from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary
 from davir.text.extractors import BACKENDS, PhraseExtractor, get_extractor
+from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, entity_options, entity_profile, profile_deviations
 from davir.preprocessing.retrievers import (
     FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, EntityGate, FittedRetriever,
     PairRegions, frame_pair_features, pair_features, pair_regions, retrieve_image_level, retrieve_top_k,
@@ -237,7 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fit-limit", type=int, default=None,
                         help="fit the fitted retriever on the first N pairs of --fit-split only (the vocabulary "
                              "still uses all its captions)")
-    parser.add_argument("--retriever", choices=("fitted", "clip"), default="fitted")
+    parser.add_argument("--profile", choices=PROFILE_NAMES, default=TOOLKIT,
+                        help="paper: CLIP scores the crops of both images by the one after-image mask M^ (soft, "
+                             "Eq. 8), no entity gate — DAVIR as written; toolkit (default): the fitted retriever, "
+                             "each image's own binary mask, the entity gate [D]. Explicit flags override single "
+                             "settings (the cache then records profile 'custom').")
+    parser.add_argument("--retriever", choices=("fitted", "clip"), default=None, help="default: the profile's")
     parser.add_argument("--fit-split", default="train", help="split whose captions (and regions) fit the vocabulary/retriever")
     parser.add_argument("--top-k", type=int, default=5,
                         help="entities stored per pair (DAVIR uses the first k=1; CHEER K=3: --top-k 3)")
@@ -249,9 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(CHEER Eq. 1 as written)")
     parser.add_argument("--vocab-min-count", type=int, default=2)
     parser.add_argument("--phrase-backend", choices=BACKENDS, default="auto")
-    parser.add_argument("--mask-source", choices=MASK_SOURCES, default="per_image",
+    parser.add_argument("--mask-source", choices=MASK_SOURCES, default=None,
                         help="per_image: each image's own mask (union where missing/empty); union: one mask for both")
-    parser.add_argument("--mask-weighting", choices=MASK_WEIGHTINGS, default="binary",
+    parser.add_argument("--mask-weighting", choices=MASK_WEIGHTINGS, default=None,
                         help="binary: I ⊙ M at full resolution; soft: I ⊙ upsampled M^ of Eq. 6")
     parser.add_argument("--pad", type=float, default=0.1, help="crop box padding, share of the mask box")
     parser.add_argument("--fitted-mode", choices=FITTED_MODES, default="mixture",
@@ -264,7 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "EntityGate); 'none' retrieves for every pair with a region, as Eq. 9 does")
     parser.add_argument("--gate-threshold", type=float, default=0.5,
                         help="keep a pair's entities when the gate's P(it names an entity) is at least this")
-    parser.add_argument("--clip-model", default="ViT-L-14", help="open_clip model name")
+    parser.add_argument("--clip-model", default=None,
+                        help="open_clip model name (default ViT-L-14-quickgelu: OpenAI's CLIP weights were trained "
+                             "with QuickGELU; plain ViT-L-14 is the LAION/DataComp variant and silently degrades "
+                             "OpenAI embeddings)")
     parser.add_argument("--clip-checkpoint", default=None, help="local open_clip state dict for --clip-model")
     parser.add_argument("--clip-config", default=None, help="JSON model config to register (custom architectures)")
     parser.add_argument("--clip-prompt", default="a photo of {phrase}")
@@ -274,6 +283,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of --split")
     parser.add_argument("--no-progress", action="store_true")
     return parser
+
+
+def apply_profile(args: argparse.Namespace) -> dict:
+    """Fill the options left unset from --profile; returns the explicit deviations from it (region level;
+    CHEER's image-level retrieval takes only the retriever and CLIP model from the profile)."""
+    options = entity_options(args.profile)
+    keys = ("retriever", "clip_model") if args.image_level else tuple(options)
+    chosen = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+    for key in keys:
+        if getattr(args, key) is None:
+            setattr(args, key, options[key])
+    if args.image_level:
+        args.mask_source = args.mask_source or "per_image"
+        args.mask_weighting = args.mask_weighting or "binary"
+        return {}
+    return profile_deviations("entities", args.profile, {**chosen, "retriever": args.retriever})
 
 
 def check_mode_arguments(args: argparse.Namespace) -> None:
@@ -333,6 +358,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     if args.top_k < 1 or args.chunk_size < 1 or args.vocab_min_count < 1:
         raise DataError("--top-k, --chunk-size and --vocab-min-count must be at least 1")
     check_mode_arguments(args)
+    deviations = apply_profile(args)
     out = Path(args.out)
     manifest_path = out / "entities" / "manifest.json"
     settings = run_settings(args)
@@ -428,6 +454,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "vocabulary": {"size": len(vocabulary), "extractor": vocabulary.extractor, "path": str(out / "vocab.json")},
         "retriever": retriever.describe(), "entity_gate": None if gate is None else gate.describe(),
         "mask_source": "none (image level)" if masks is None else masks.describe(),
+        # derived from the settings (davir.preprocessing.profiles), recorded for the reader
+        "profile": entity_profile(settings), "profile_requested": None if args.image_level else args.profile,
+        "profile_deviations": {k: {"profile": a, "chosen": b} for k, (a, b) in deviations.items()},
     })
     write_json_atomic(manifest_path, manifest)
     return {"split": args.split, "pairs": len(pairs), "written": len(todo), "skipped_existing": len(pairs) - len(todo),

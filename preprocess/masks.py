@@ -10,10 +10,11 @@ prompts (Eq. 2, davir.preprocessing.change_regions) → segmenter in the before 
 masks and a JSON of boxes, scores and kept clusters (davir.data.caches.MaskCache).
 
 Masks are at image resolution, each in its own image's frame (before-frame = the before image after
-`load_pair`'s size policy, i.e. resized to the after size when the two differ, as for IER). Defaults
-beyond the paper (tuned on the synthetic train split): ECC registration, photometric matching, a
-2-px misalignment tolerance, both images segmented. The paper's literal pipeline is
-`--register none --photometric none --tolerance-px 0 --cluster-stride 1 --after-only`.
+`load_pair`'s size policy, i.e. resized to the after size when the two differ, as for IER).
+`--profile paper` is the paper's literal pipeline (SAM on the after image, `--register none --photometric
+none --tolerance-px 0 --cluster-stride 1 --after-only`); `--profile toolkit` (default) the toolkit's
+deviations [D] (tuned on the synthetic train split): classical segmenter, ECC registration, photometric
+matching, a 2-px misalignment tolerance, both images segmented. The manifest records the profile.
 
 Resumable: a pair is done once its JSON exists (written last, atomically), so a rerun skips finished
 pairs and a killed run picks up where it stopped; temporary files of unfinished pairs are removed
@@ -44,6 +45,7 @@ from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, Regio
 from davir.preprocessing.mask_pipeline import (
     PairResult, Prepared, compute_pair, finish_pair, manifest_path, prepare_pair, segment_requests,
 )
+from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, mask_options, mask_profile, profile_deviations
 from davir.preprocessing.segmenters import CLASSICAL_METHODS, SEGMENTERS, build_segmenter
 
 MANIFEST_VERSION = 1
@@ -187,8 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--out", required=True, help="cache folder (MaskCache layout)")
     data.add_argument("--limit", type=int, default=None, help="only the first N pairs of the split (after sharding)")
 
+    profile = parser.add_argument_group("profile (davir.preprocessing.profiles)")
+    profile.add_argument("--profile", choices=PROFILE_NAMES, default=TOOLKIT,
+                         help="paper: SAM on the after image, plain difference map (no registration, photometric "
+                              "matching or tolerance), every pixel clustered — DAVIR as written; toolkit (default): "
+                              "classical segmenter, ECC registration, photometric matching, 2-px tolerance, both "
+                              "images [D]. Explicit flags below override single settings (the cache then records "
+                              "profile 'custom').")
+
     seg = parser.add_argument_group("segmenter")
-    seg.add_argument("--segmenter", choices=sorted(SEGMENTERS), default="classical")
+    seg.add_argument("--segmenter", choices=sorted(SEGMENTERS), default=None, help="default: the profile's")
     seg.add_argument("--classical-method", choices=CLASSICAL_METHODS, default="contrast")
     seg.add_argument("--contrast-threshold", type=float, default=0.1,
                      help="classical/contrast: mean-RGB difference from the inpainted background that counts as object")
@@ -197,10 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     seg.add_argument("--sam-batch-size", type=int, default=8, help="images per image-encoder batch")
     seg.add_argument("--device", default=None, help="SAM device (default: cuda when available)")
     both = seg.add_mutually_exclusive_group()
-    both.add_argument("--segment-both", dest="segment_both", action="store_true", default=True,
-                      help="segment the before and the after image (default; finds removed objects)")
+    both.add_argument("--segment-both", dest="segment_both", action="store_true", default=None,
+                      help="segment the before and the after image (toolkit profile; finds removed objects)")
     both.add_argument("--after-only", dest="segment_both", action="store_false",
-                      help="segment only the after image, as the paper does")
+                      help="segment only the after image, as the paper does (paper profile)")
 
     eq = parser.add_argument_group("Eqs. 2-3 (pixel sizes at the working resolution)")
     eq.add_argument("--work-size", type=int, default=defaults.work_size, help="long side of the working resolution")
@@ -211,9 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     eq.add_argument("--min-samples", type=int, default=defaults.min_samples, help="DBSCAN min_samples")
     eq.add_argument("--min-area", type=float, default=defaults.min_area, help="drop clusters under this image share")
     eq.add_argument("--max-points", type=int, default=defaults.max_points)
-    eq.add_argument("--cluster-stride", type=int, default=defaults.cluster_stride,
+    eq.add_argument("--cluster-stride", type=int, default=None,
                     help="DBSCAN on s×s blocks of changed pixels (1 = every pixel; eps/min-samples count blocks)")
-    eq.add_argument("--tolerance-px", type=int, default=defaults.tolerance_px,
+    eq.add_argument("--tolerance-px", type=int, default=None,
                     help="misalignment tolerance of the difference map (0 = plain mean-RGB |I_s − I_t|, the paper)")
     eq.add_argument("--close-px", type=int, default=defaults.close_px)
     hull = eq.add_mutually_exclusive_group()
@@ -223,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="R_c = the cluster's pixels, closed and hole-filled")
     eq.add_argument("--dilate-px", type=int, default=defaults.dilate_px, help="dilation of R_c for the IoU filter")
     eq.add_argument("--tau", type=float, default=defaults.tau, help="τ of Eq. 3")
-    eq.add_argument("--register", choices=REGISTRATIONS, default=defaults.register)
-    eq.add_argument("--photometric", choices=PHOTOMETRIC, default=defaults.photometric)
+    eq.add_argument("--register", choices=REGISTRATIONS, default=None, help="default: the profile's")
+    eq.add_argument("--photometric", choices=PHOTOMETRIC, default=None, help="default: the profile's")
 
     run = parser.add_argument_group("run")
     run.add_argument("--workers", type=int, default=1, help="processes for the CPU stages (0 = one per core)")
@@ -235,6 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--overwrite", action="store_true", help="recompute every pair, replacing a cache made with other settings")
     run.add_argument("--no-progress", action="store_true")
     return parser
+
+
+def apply_profile(args: argparse.Namespace) -> dict:
+    """Fill the options left unset from --profile; returns the explicit deviations from it."""
+    options = mask_options(args.profile)
+    chosen = {key: getattr(args, key) for key in options}
+    for key, value in options.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return profile_deviations("masks", args.profile, {k: v for k, v in chosen.items() if v is not None})
 
 
 def region_settings(args: argparse.Namespace) -> RegionSettings:
@@ -249,6 +269,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     from davir.data import read_dataset
 
     started = time.time()
+    deviations = apply_profile(args)
     settings = region_settings(args)
     if args.segmenter == "sam":
         segmenter_options = {"checkpoint": args.sam_checkpoint, "model_type": args.sam_type, "device": args.device,
@@ -280,6 +301,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "format": args.format, "root": str(Path(args.root).resolve()), "split": args.split,
         "shard": {"count": args.num_shards, "index": args.shard_index},
         "settings": all_settings, "comparable_settings": comparable, "status": "running",
+        # derived from the settings (davir.preprocessing.profiles), recorded for the reader
+        "profile": mask_profile(all_settings), "profile_requested": args.profile,
+        "profile_deviations": {k: {"profile": a, "chosen": b} for k, (a, b) in deviations.items()},
         "counts": {"pairs": len(pairs), "reused": len(pairs) - len(todo), "computed": 0, "failed": 0,
                    "empty_masks": 0, "clusters": 0, "kept_after": 0, "kept_before": 0,
                    "stale_temporaries_removed": removed, "reader_skipped": len(index.skipped)},

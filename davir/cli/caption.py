@@ -27,8 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="JSONL output (default: PAIRS/captions.jsonl)")
     parser.add_argument("--html", type=Path, help="HTML report (default: next to --out, report.html)")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--num-beams", type=int, default=1)
-    parser.add_argument("--max-new-tokens", type=int, default=30)
+    parser.add_argument("--num-beams", type=int, default=None,
+                        help="default: the run's run.num_beams (the decoding its best/ was selected with)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
+    parser.add_argument("--allow-profile-mismatch", action="store_true",
+                        help="accept mask/entity caches of another preprocessing profile than the run trained on")
     parser.add_argument("--resize-mismatched", action="store_true",
                         help="resize the before image to the after image's size instead of reporting the pair")
     parser.add_argument("--masks-from", type=Path, help="mask cache whose settings to reuse (default: the run's data.masks)")

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="generate the predictions with a trained model: a run folder (uses best/, else last/) "
                              "or a saved model folder; --format/--root default to the run's training data")
     source.add_argument("--entities", type=Path, help="entity cache for the split (EPC; default: the run's data.entities)")
+    source.add_argument("--allow-profile-mismatch", action="store_true",
+                        help="accept an entity cache of another preprocessing profile than the run trained on")
     source.add_argument("--masks", type=Path,
                         help="mask cache for the localisation score when the data has no ground-truth masks")
     source.add_argument("--batch-size", type=int, default=16)

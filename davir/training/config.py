@@ -25,6 +25,12 @@ class DataConfig:
     text_encoder_model: str | None = None  # open_clip model name (default: ViT-L-14 for CHEER, ViT-B-32 for RDD)
     text_encoder_config: str | None = None  # JSON open_clip model config to register (custom or tiny towers)
     acr_prompts: Literal["learned", "fixed"] = "learned"  # RDD ACR: CoOp prompts through the tower, or fixed features
+    # The preprocessing profile the caches must come from (davir.preprocessing.profiles: paper, toolkit); None = no
+    # check. A cache of another profile is refused unless allow_profile_mismatch is set.
+    preprocessing_profile: Literal["paper", "toolkit"] | None = None
+    allow_profile_mismatch: bool = False
+    # sample: one reference caption per pair per epoch (an epoch = one pass over the pairs, as FINER-MLLM and the
+    # usual step counts); expand: one example per reference sentence (an epoch = 2-5x more steps).
     caption_mode: Literal["sample", "expand"] = "sample"
     max_train_pairs: int | None = None  # a prefix of the split, for quick runs
     num_workers: int = 0

@@ -11,6 +11,7 @@ from davir.data.caches import EntityCache, MaskCache
 from davir.data.dataset import ChangeCaptionDataset, EntityField, ImageField, MaskField
 from davir.data.formats import read_dataset
 from davir.data.records import DataError
+from davir.preprocessing.profiles import check_cache_profiles
 from davir.training.tasks import flat_scalars, move_to_device, register_task, require_cached
 
 
@@ -24,6 +25,12 @@ class DavirTask:
         self.config = config
         self.accelerator = accelerator
         data, model_config = config.data, config.model
+        # Before the (7B) model is built: caches of another preprocessing profile are refused.
+        check_cache_profiles(data.preprocessing_profile,
+                             masks=data.masks if model_config.fac.lambda_attn > 0 else None,
+                             entities=data.entities if model_config.epc.use_entities else None,
+                             allow_mismatch=data.allow_profile_mismatch, warn=accelerator.print,
+                             where="data.preprocessing_profile of this config")
         train_pairs = read_dataset(data.format, data.root, data.train_split).pairs
         if data.max_train_pairs:
             train_pairs = train_pairs[: data.max_train_pairs]

@@ -1,0 +1,153 @@
+"""Named preprocessing profiles: which change masks and entities a DAVIR run was trained on.
+
+    python -m preprocess masks    --profile paper …     # SAM on the after image; no registration/photometric/tolerance
+    python -m preprocess entities --profile paper …     # CLIP on the masked regions (Eqs. 8-9), no entity gate
+
+* ``paper`` — DAVIR as written (§3.1, §3.3, App. B): Eq. 2 on the plain difference map (no registration,
+  no photometric matching, no misalignment tolerance, every changed pixel clustered), SAM prompted in the
+  after image I_t only (M_c = S(I_t, P_c)); the one mask M̂ (soft, Eq. 6) crops both images (Eq. 8) and CLIP
+  scores the crops (Eq. 9); every pair with a region gets its entities.
+* ``toolkit`` — the toolkit's defaults, each a documented deviation [D] (docs/results.md, "Preprocessing
+  profiles", has their measured effect on the built-in set): the classical segmenter (no SAM weights
+  needed), ECC registration, photometric matching, a 2-px misalignment tolerance, both images segmented
+  (finds removed objects); the fitted retriever (no CLIP weights needed) and the entity gate (distractor
+  pairs get no entity).
+
+A cache's profile is derived from the settings its manifest records (so caches made before profiles
+existed have one too), and recorded beside them: the profile whose every setting it matches, else
+``custom``. A training config names the profile it expects (``data.preprocessing_profile``); `train.py`,
+`evaluate.py` and `caption.py` refuse a cache of another profile (naming both) unless
+``data.allow_profile_mismatch=true`` / ``--allow-profile-mismatch``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from davir.errors import DataError
+
+PAPER, TOOLKIT, CUSTOM = "paper", "toolkit", "custom"
+PROFILE_NAMES = (PAPER, TOOLKIT)
+
+# Each profile as the `preprocess` options it fixes (argparse dest → value); the cache settings are
+# compared through the keys of MASK_KEYS / ENTITY_KEYS below.
+MASK_OPTIONS: dict[str, dict[str, Any]] = {
+    PAPER: {"segmenter": "sam", "segment_both": False, "register": "none", "photometric": "none",
+            "tolerance_px": 0, "cluster_stride": 1},
+    TOOLKIT: {"segmenter": "classical", "segment_both": True, "register": "ecc", "photometric": "affine",
+              "tolerance_px": 2, "cluster_stride": 2},
+}
+ENTITY_OPTIONS: dict[str, dict[str, Any]] = {
+    PAPER: {"retriever": "clip", "entity_gate": "none", "mask_source": "union", "mask_weighting": "soft",
+            "clip_model": "ViT-L-14-quickgelu"},
+    TOOLKIT: {"retriever": "fitted", "entity_gate": "fitted", "mask_source": "per_image", "mask_weighting": "binary",
+              "clip_model": "ViT-L-14-quickgelu"},
+}
+# Options that only matter to the profile check when they are in use (clip_model with the clip retriever).
+ENTITY_PROFILE_KEYS = ("retriever", "entity_gate", "mask_source", "mask_weighting")
+
+
+def mask_options(profile: str) -> dict[str, Any]:
+    if profile not in MASK_OPTIONS:
+        raise DataError(f"unknown preprocessing profile {profile!r}; choose one of {PROFILE_NAMES}")
+    return dict(MASK_OPTIONS[profile])
+
+
+def entity_options(profile: str) -> dict[str, Any]:
+    if profile not in ENTITY_OPTIONS:
+        raise DataError(f"unknown preprocessing profile {profile!r}; choose one of {PROFILE_NAMES}")
+    return dict(ENTITY_OPTIONS[profile])
+
+
+def _mask_view(settings: dict) -> dict[str, Any]:
+    regions = settings.get("regions") or {}
+    segmenter = settings.get("segmenter") or {}
+    return {"segmenter": segmenter.get("name", segmenter.get("segmenter")), "segment_both": settings.get("segment_both"),
+            "register": regions.get("register"), "photometric": regions.get("photometric"),
+            "tolerance_px": regions.get("tolerance_px"), "cluster_stride": regions.get("cluster_stride")}
+
+
+def mask_profile(settings: dict) -> str:
+    """The profile a mask cache's recorded settings match, else ``custom``."""
+    view = _mask_view(settings)
+    for name, options in MASK_OPTIONS.items():
+        if all(view.get(key) == value for key, value in options.items()):
+            return name
+    return CUSTOM
+
+
+def entity_profile(settings: dict) -> str:
+    """The profile an entity cache's recorded settings match, else ``custom`` (CHEER's image-level
+    entities are never a DAVIR profile)."""
+    if settings.get("retrieval", "region") != "region":
+        return CUSTOM
+    for name, options in ENTITY_OPTIONS.items():
+        if all(settings.get(key) == options[key] for key in ENTITY_PROFILE_KEYS):
+            return name
+    return CUSTOM
+
+
+def profile_deviations(kind: str, profile: str, chosen: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{option: (profile's value, chosen value)} where explicit flags moved away from ``profile``."""
+    options = mask_options(profile) if kind == "masks" else entity_options(profile)
+    keys = options if kind == "masks" else [*ENTITY_PROFILE_KEYS, *(("clip_model",) if chosen.get("retriever") == "clip" else ())]
+    return {key: (options[key], chosen.get(key)) for key in keys if key in chosen and chosen[key] != options[key]}
+
+
+def _read_json(path: Path) -> dict | None:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def mask_cache_profile(folder: str | Path) -> tuple[str | None, Path]:
+    """(profile, manifest file) of a MaskCache folder; None when it has no readable manifest."""
+    folder = Path(folder)
+    for path in [folder / "manifest.json", *sorted(folder.glob("manifest-shard-*.json"))]:
+        manifest = _read_json(path) if path.is_file() else None
+        if isinstance(manifest, dict) and isinstance(manifest.get("settings"), dict):
+            return mask_profile(manifest["settings"]), path
+    return None, folder / "manifest.json"
+
+
+def entity_cache_profile(folder: str | Path) -> tuple[str | None, Path]:
+    """(profile, manifest file) of an EntityCache folder; None when it has no readable manifest."""
+    path = Path(folder) / "entities" / "manifest.json"
+    manifest = _read_json(path) if path.is_file() else None
+    if isinstance(manifest, dict) and isinstance(manifest.get("settings"), dict):
+        return entity_profile(manifest["settings"]), path
+    return None, path
+
+
+def check_cache_profiles(expected: str | None, *, masks: str | Path | None = None,
+                         entities: str | Path | None = None, allow_mismatch: bool = False,
+                         where: str = "the config", override: str = "data.allow_profile_mismatch=true",
+                         warn=None) -> dict[str, str | None]:
+    """Refuse caches made with another preprocessing profile than ``expected`` (None: no check).
+
+    Returns {"masks": profile, "entities": profile} of the caches given. A mismatch is a DataError naming the
+    cache, its profile and the expected one, and how to fix it; with ``allow_mismatch`` it is reported
+    through ``warn`` instead."""
+    found: dict[str, str | None] = {}
+    problems = []
+    for kind, folder, reader in (("masks", masks, mask_cache_profile), ("entities", entities, entity_cache_profile)):
+        if folder is None or not Path(folder).is_dir():
+            continue  # no cache at all: the caller's "run preprocess … first" error says more
+        profile, manifest = reader(folder)
+        found[kind] = profile
+        if expected is None or profile == expected:
+            continue
+        what = "no manifest recording its settings" if profile is None else f"preprocessing profile {profile!r}"
+        problems.append(f"the {kind} cache {folder} was made with {what} ({manifest}), but {where} expects "
+                        f"profile {expected!r}: recompute it with `python -m preprocess {kind} --profile {expected} …`")
+    if problems:
+        message = "; ".join(problems) + f" — or accept the mismatch explicitly with {override}"
+        if not allow_mismatch:
+            raise DataError(message)
+        if warn is not None:
+            warn(f"warning: {message} (accepted)")
+    return found
