@@ -76,6 +76,10 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
         if self.tokenizer.pad_token_id is None:  # LLaMA tokenizers may ship without one; pads are masked anyway
             self.tokenizer.pad_token = self.tokenizer.unk_token or self.tokenizer.eos_token
         self.qformer_tokenizer.padding_side = "right"
+        # The HF InstructBLIP folders ship truncation_side="left": an over-long caption would lose its beginning
+        # (the words that name the change) and an over-long prompt its instruction. Cut at the end, as LAVIS does.
+        self.tokenizer.truncation_side = "right"
+        self.qformer_tokenizer.truncation_side = "right"
 
         vision = core.config.vision_config
         self.patch_grid = (vision.image_size // vision.patch_size, vision.image_size // vision.patch_size)

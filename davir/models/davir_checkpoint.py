@@ -87,19 +87,46 @@ class DavirCheckpointMixin:
             model = cls(config, core, processor).to(target)
         full = directory / FULL_WEIGHTS_FILE
         if full.is_file():
-            load_model(model, str(full), strict=True, device=str(target))
+            _load_weights(full, lambda: load_model(model, str(full), strict=True, device=str(target)))
             return model
         adapter = directory / ADAPTER_DIR / "adapter_model.safetensors"
         if config.train_mode != "lora" or not adapter.is_file():
             raise DataError(
                 f"{directory}: neither {FULL_WEIGHTS_FILE} nor {ADAPTER_DIR}/adapter_model.safetensors found"
             )
-        result = set_peft_model_state_dict(model.blip, load_file(str(adapter), device=str(target)))
+        state = _load_weights(adapter, lambda: load_file(str(adapter), device=str(target)))
+        result = _load_weights(adapter, lambda: set_peft_model_state_dict(model.blip, state))
         if getattr(result, "unexpected_keys", None):
             raise DataError(f"{adapter}: weights that fit no LoRA layer of this model: {result.unexpected_keys[:5]}")
+        # The trained parts that are not LoRA (extra_trainable, segment embeddings) must all come back: without
+        # them the model would silently run with the base model's language_projection / query_tokens.
+        wanted = {name for name, parameter in model.named_parameters()
+                  if parameter.requires_grad and "lora_" not in name}
         extra = directory / EXTRA_WEIGHTS_FILE
+        if wanted and not extra.is_file():
+            raise DataError(f"{extra}: missing — {directory} is a LoRA model whose config trains "
+                            f"{sorted(wanted)[:3]} in full, and they are saved in {EXTRA_WEIGHTS_FILE}")
         if extra.is_file():
-            unexpected = model.load_state_dict(load_file(str(extra), device=str(target)), strict=False).unexpected_keys
+            weights = _load_weights(extra, lambda: load_file(str(extra), device=str(target)))
+            missing = sorted(wanted - set(weights))
+            if missing:
+                raise DataError(f"{extra}: lacks trained weights this model needs: {missing[:5]}")
+            unexpected = _load_weights(extra, lambda: model.load_state_dict(weights, strict=False)).unexpected_keys
             if unexpected:
                 raise DataError(f"{extra}: weights that fit no parameter of this model: {unexpected[:5]}")
         return model
+
+
+def _load_weights(path: Path, load):
+    """Run `load` (reading or applying the weights of `path`); a corrupt, empty, truncated or wrong-shape
+    file becomes a DataError naming it."""
+    try:
+        return load()
+    except DataError:
+        raise
+    except Exception as error:  # noqa: BLE001 - safetensors/torch raise SafetensorError, RuntimeError, OSError …
+        if isinstance(error, MemoryError):
+            raise
+        detail = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        raise DataError(f"{path}: cannot load these weights ({type(error).__name__}: {detail}); the file is "
+                        "corrupt, truncated or from another model — save or copy it again") from error
