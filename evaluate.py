@@ -20,10 +20,9 @@ from pathlib import Path
 from davir.data.records import DataError
 from davir.io import write_text_atomic
 from davir.metrics import (
-    METRICS, TOTAL, MetricsError, format_group_table, format_table, load_predictions, load_references,
-    load_references_from_dataset, score_by_group, score_captions, write_results_json,
+    METRICS, TOTAL, MetricsError, format_group_table, format_table, load_predictions,
+    score_by_group, score_captions, write_results_json,
 )
-from davir.metrics.io import MAX_EXAMPLES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     refs.add_argument("--format", help="dataset format name (python -m davir.data stats lists the readers)")
     refs.add_argument("--root", type=Path, help="dataset root folder (with --format)")
     refs.add_argument("--split", default="test", help="dataset split (with --format; default: test)")
+    refs.add_argument("--empty-references", choices=("auto", "keep", "skip"), default="auto",
+                      help="empty sentences of a --references file: auto (default) keeps them in an official "
+                           "reference file, as its published numbers do, and skips them (with the pairs left without "
+                           "any) in any other file; always counted and reported (docs/results.md, Protocols)")
     scoring = parser.add_argument_group("scoring")
     scoring.add_argument("--metrics", default=",".join(METRICS),
                          help=f"comma-separated subset of {','.join(METRICS)} (default: all; SPICE is separate)")
@@ -73,17 +76,18 @@ def check_reference_args(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 
 def load_reference_source(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str, str], dict, list[str]]:
-    """(references, groups, description for the JSON, notes) from --references or the data layer."""
+    """(references, groups, description for the JSON, notes) from --references or the data layer.
+
+    Which pairs and sentences count (official protocols, empty references): davir.metrics.protocols.
+    """
+    from davir.data.formats import read_dataset
+    from davir.metrics.protocols import load_reference_file, references_for_evaluation
+
     if args.references is not None:
-        return load_references(args.references), {}, {"file": str(args.references)}, []
-    references, groups, without = load_references_from_dataset(args.format, args.root, args.split)
-    notes = []
-    if without:
-        examples = ", ".join(map(repr, without[:MAX_EXAMPLES]))
-        notes.append(f"{len(without)} pair(s) of {args.format} {args.split} have no reference caption and are not scored (e.g. {examples})")
-    description = {"format": args.format, "root": str(args.root), "split": args.split,
-                   "pairs_without_references": {"count": len(without), "examples": without[:MAX_EXAMPLES]}}
-    return references, groups, description, notes
+        chosen = load_reference_file(args.references, empty=args.empty_references)
+    else:
+        chosen = references_for_evaluation(read_dataset(args.format, args.root, args.split))
+    return chosen.references, chosen.groups, chosen.source, chosen.notes
 
 
 def report_scores(predictions: dict[str, str], args: argparse.Namespace, *, predictions_source: str) -> int:

@@ -201,12 +201,13 @@ def groups_from_index(index: DatasetIndex) -> dict[str, str]:
 
 
 def load_references_from_dataset(format: str, root: str | Path, split: str) -> tuple[dict[str, list[str]], dict[str, str], list[str]]:
-    """(references, groups, ids without captions) of one split through the data layer's reader."""
+    """(references, groups, ids not scored) of one split through the data layer's reader, under the
+    split's official protocol where it has one (`davir.metrics.protocols.references_for_evaluation`)."""
     from davir.data.formats import read_dataset  # the readers import a lot; only load them when asked
+    from davir.metrics.protocols import references_for_evaluation
 
-    index = read_dataset(format, root, split)
-    references, without = references_from_index(index)
-    return references, groups_from_index(index), without
+    chosen = references_for_evaluation(read_dataset(format, root, split))
+    return chosen.references, chosen.groups, chosen.without
 
 
 @dataclass
