@@ -8,6 +8,8 @@
 Predictions: a COCO results list, an {id: caption} JSON or a JSONL file. References: a COCO captions
 file or an {id: [captions]} JSON (--references), or a dataset split through the data layer
 (--format/--root/--split); when that dataset has change types (CLEVR-Change) a per-type table follows.
+A split with an official reference file (Spot-the-Diff, IER) is scored on exactly that file's pairs and
+sentences; empty references: see --empty-references and docs/results.md ("Protocols").
 Tables print x100 as papers do; the JSON keeps the toolkit scale. Exit status 2 on bad input.
 """
 
