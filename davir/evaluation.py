@@ -17,24 +17,24 @@ from pathlib import Path
 from davir.data.records import DataError
 from davir.io import write_text_atomic
 from davir.metrics import (
-    TOTAL, format_group_table, format_table, load_references, load_references_from_dataset, score_by_group,
+    TOTAL, format_group_table, format_table, score_by_group,
     score_captions, write_results_json,
 )
-from davir.metrics.io import MAX_EXAMPLES
 
 
 def load_reference_source(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str, str], dict, list[str]]:
-    """(references, groups, description for the JSON, notes) from --references or the data layer."""
+    """(references, groups, description for the JSON, notes) from --references or the data layer.
+
+    Which pairs and sentences count (official protocols, empty references): davir.metrics.protocols.
+    """
+    from davir.data.formats import read_dataset
+    from davir.metrics.protocols import load_reference_file, references_for_evaluation
+
     if args.references is not None:
-        return load_references(args.references), {}, {"file": str(args.references)}, []
-    references, groups, without = load_references_from_dataset(args.format, args.root, args.split)
-    notes = []
-    if without:
-        examples = ", ".join(map(repr, without[:MAX_EXAMPLES]))
-        notes.append(f"{len(without)} pair(s) of {args.format} {args.split} have no reference caption and are not scored (e.g. {examples})")
-    description = {"format": args.format, "root": str(args.root), "split": args.split,
-                   "pairs_without_references": {"count": len(without), "examples": without[:MAX_EXAMPLES]}}
-    return references, groups, description, notes
+        chosen = load_reference_file(args.references, empty=args.empty_references)
+    else:
+        chosen = references_for_evaluation(read_dataset(args.format, args.root, args.split))
+    return chosen.references, chosen.groups, chosen.source, chosen.notes
 
 
 def report_scores(predictions: dict[str, str], args: argparse.Namespace, *, predictions_source: str) -> int:

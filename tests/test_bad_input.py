@@ -38,7 +38,7 @@ def test_missing_image_is_counted_by_stats_and_named_by_load_pair(tmp_path):
     solid(root / "images" / "b.jpg", (0, 0, 255))
     val = dataset_stats("ier", root, ["val"])["splits"]["val"]
     assert (val["pairs"], val["pairs_with_missing_images"], val["image_files_checked"], val["image_files_missing"]) == (2, 1, 3, 1)
-    assert val["missing_image_examples"] == [f"u2: {(root / 'images' / 'gone.jpg').resolve()}"]
+    assert val["missing_image_examples"] == [f"u2: {root / 'images' / 'gone.jpg'}"]
 
     index = read_dataset("ier", root, "val")
     load_pair(index.pairs[0])

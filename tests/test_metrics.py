@@ -346,7 +346,8 @@ def test_evaluate_cli_on_the_shared_example(tmp_path):
     assert total["metrics"]["SPICE"] is None and "METEOR" not in total["metrics"]
     assert total["notes"] == ["SPICE not computed (disabled)"] and total["bleu_stats"]["correct"] == [5283, 2030, 746, 226]
     assert total["num_pairs"] == 1489 and len(total["per_image"]["CIDEr"]) == 1489
-    assert document["predictions"] == str(SPOT_PREDICTIONS) and document["references"] == {"file": str(SPOT_REFERENCES)}
+    assert document["predictions"] == str(SPOT_PREDICTIONS) and document["references"]["file"] == str(SPOT_REFERENCES)
+    assert document["references"]["official_protocol"]["name"] == "spot_the_diff val"
 
 
 def load_evaluate_module():

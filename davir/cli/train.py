@@ -30,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(TrainConfig, args.config, args.overrides)
         run_dir = train(config, resume=args.resume)
-    except (ConfigError, DataError, NonFiniteLoss) as error:
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    except (DataError, NonFiniteLoss) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"run folder: {run_dir}")

@@ -23,6 +23,11 @@ class ChangePair:
     reference sentence (possibly none, e.g. a user's folder of pairs). `distractor` is CLEVR-Change's
     non-semantic image of the same scene; `gt_mask_before`/`gt_mask_after` are ground-truth change
     masks in each image's own frame (the synthetic set has them; an all-zero mask means "no change").
+
+    `captions` are cleaned for training (empty sentences skipped and counted, blanks stripped);
+    `source_captions` are the sentences exactly as the annotation file has them, empty ones included,
+    for readers whose benchmark is scored against its raw sentences (`davir.metrics.protocols`);
+    None where the reader does not keep them.
     """
 
     pair_id: str
@@ -35,6 +40,7 @@ class ChangePair:
     gt_mask_before: Path | None = None
     gt_mask_after: Path | None = None
     scene_id: str | None = None
+    source_captions: tuple[str, ...] | None = field(default=None, compare=False)
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property

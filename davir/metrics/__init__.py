@@ -11,8 +11,9 @@ from davir.metrics.captions import (
 )
 from davir.metrics.io import (
     AlignedCaptions, IdMismatch, align_ids, canonical_id, groups_from_index, load_predictions, load_references,
-    load_references_from_dataset, references_from_index, write_predictions,
+    references_from_index, write_predictions,
 )
+from davir.metrics.protocols import load_references_from_dataset
 from davir.metrics.tables import SCALE_NOTE, format_group_table, format_table, results_to_json, write_results_json
 
 __all__ = [

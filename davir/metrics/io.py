@@ -8,7 +8,8 @@ Predictions (one caption per id), any of:
 References (one or more captions per id), any of:
     {"images": [...], "annotations": [{"image_id", "caption"}, ...]}   COCO captions file (FINER, RCC)
     {"256.png": ["...", "..."], ...}                                    {id: [captions]} JSON
-    a `DatasetIndex` of the data layer (`references_from_index`, `load_references_from_dataset`)
+    a `DatasetIndex` of the data layer (`references_from_index`; a split under its official protocol:
+    `davir.metrics.protocols.load_references_from_dataset`)
 
 Ids are matched the way the community's files need (`canonical_id`): 256, "256", "256.png" and
 "000256.png" are one pair; CLEVR-Change's distractor id "000256.png_n" stays a different pair.
@@ -198,15 +199,6 @@ def references_from_index(index: DatasetIndex) -> tuple[dict[str, list[str]], li
 def groups_from_index(index: DatasetIndex) -> dict[str, str]:
     """{pair_id: change_type} for the pairs that have one (CLEVR-style data); empty otherwise."""
     return {pair.pair_id: pair.change_type for pair in index if pair.change_type is not None}
-
-
-def load_references_from_dataset(format: str, root: str | Path, split: str) -> tuple[dict[str, list[str]], dict[str, str], list[str]]:
-    """(references, groups, ids without captions) of one split through the data layer's reader."""
-    from davir.data.formats import read_dataset  # the readers import a lot; only load them when asked
-
-    index = read_dataset(format, root, split)
-    references, without = references_from_index(index)
-    return references, groups_from_index(index), without
 
 
 @dataclass

@@ -1,4 +1,9 @@
-"""The typed config of `train.py` (YAML + `key.sub=value` overrides; see davir/config.py)."""
+"""The typed config of `train.py` (YAML + `key.sub=value` overrides; see davir/config.py).
+
+Numeric fields with an obvious range are checked when the config is built (`__post_init__` ->
+`davir.config.require`), so `optim.batch_size=0` is "optim.batch_size: must be ≥ 1, got 0" at load
+time, not a traceback from the data loader (or, for `optim.max_steps=-3`, a run of 0 steps).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from davir.config import FieldError, require
 from davir.models.davir_config import DavirModelConfig
 from davir.models.lightweight.config import LightweightConfig
 
@@ -36,6 +42,10 @@ class DataConfig:
     num_workers: int = 0
     size_policy: Literal["resize_before_to_after", "error"] = "resize_before_to_after"
 
+    def __post_init__(self) -> None:
+        require("max_train_pairs", self.max_train_pairs, at_least=1)
+        require("num_workers", self.num_workers, at_least=0)
+
 
 @dataclass
 class OptimConfig:
@@ -48,7 +58,21 @@ class OptimConfig:
     max_steps: int | None = None  # overrides epochs when set
     schedule: Literal["cosine", "linear", "constant_with_warmup", "constant"] = "cosine"
     warmup_ratio: float = 0.01
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # 0: no clipping
+
+    def __post_init__(self) -> None:
+        require("lr", self.lr, above=0)
+        require("weight_decay", self.weight_decay, at_least=0)
+        if len(self.betas) != 2:
+            raise FieldError("betas", f"must be two numbers [beta1, beta2], got {self.betas}")
+        for k, beta in enumerate(self.betas):
+            require(f"betas[{k}]", beta, at_least=0, below=1)
+        require("batch_size", self.batch_size, at_least=1)
+        require("gradient_accumulation_steps", self.gradient_accumulation_steps, at_least=1)
+        require("epochs", self.epochs, at_least=1)
+        require("max_steps", self.max_steps, at_least=1)
+        require("warmup_ratio", self.warmup_ratio, at_least=0, at_most=1)
+        require("max_grad_norm", self.max_grad_norm, at_least=0)
 
 
 @dataclass
@@ -67,6 +91,15 @@ class RunConfig:
     best_metric: str = "CIDEr"
     max_new_tokens: int = 30
     num_beams: int = 1
+
+    def __post_init__(self) -> None:
+        require("seed", self.seed, at_least=0, below=2**32)  # numpy's seed range
+        require("log_every", self.log_every, at_least=1)
+        require("val_max_pairs", self.val_max_pairs, at_least=1)
+        for name in ("eval_every", "save_every", "keep_checkpoints", "val_show"):  # 0: never / keep all / none
+            require(name, getattr(self, name), at_least=0)
+        require("max_new_tokens", self.max_new_tokens, at_least=1)
+        require("num_beams", self.num_beams, at_least=1)
 
 
 @dataclass

@@ -92,7 +92,10 @@ class PairMerger:
                     f"{self.source}: {self._first_record[pair.pair_id]} and {record} share the id {pair.pair_id!r} "
                     f"but have different {name} images: {old} vs {new}"
                 )
-        self._pairs[pair.pair_id] = replace(previous, captions=previous.captions + pair.captions)
+        source = None
+        if previous.source_captions is not None and pair.source_captions is not None:
+            source = previous.source_captions + pair.source_captions
+        self._pairs[pair.pair_id] = replace(previous, captions=previous.captions + pair.captions, source_captions=source)
 
     def pairs(self) -> list[ChangePair]:
         return list(self._pairs.values())

@@ -44,5 +44,6 @@ def read_ier(root: Path, split: str) -> DatasetIndex:
             after=resolve_in_root(images, entry["img1"], source=str(path), record=uid),
             captions=captions,
             split=split,
+            source_captions=tuple(entry["sents"]),
         ), record)
     return DatasetIndex("ier", root, split, merger.pairs(), skipped)

@@ -11,7 +11,8 @@ sentences concatenated in file order, as every downstream repository does (val 1
 Empty sentences are a documented, counted skip (SkippedRecord): the raw files hold 6 in val and 53
 in train. A pair whose every sentence is empty is kept without references (val ids 8069, 13818,
 13882, 14542), so the pair count stays the official one; FINER-MLLM's "filtered" val refs drop
-exactly those 4 ids (1,489).
+exactly those 4 ids (1,489). The sentences as the file has them (empty ones too) stay in
+`ChangePair.source_captions`: the official test references keep them (davir.metrics.protocols).
 """
 
 from __future__ import annotations
@@ -52,5 +53,6 @@ def read_spot_the_diff(root: Path, split: str) -> DatasetIndex:
             captions=captions,
             split=split,
             scene_id=img_id,
+            source_captions=tuple(entry["sentences"]),
         ), record)
     return DatasetIndex("spot_the_diff", root, split, merger.pairs(), skipped)
