@@ -1,0 +1,198 @@
+"""Training checkpoints hold only what training changes, are checked on --resume (fallback past a damaged one),
+and model folders with missing or damaged weight files fail with an error naming the file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from davir.data.synthetic import SynthConfig, generate_dataset
+from davir.io import read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TINY = "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}"
+
+
+@pytest.fixture(scope="module")
+def synth_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synth")
+    generate_dataset(root, SynthConfig(scenes=30, seed=0, width=96, height=72), workers=1)
+    return root
+
+
+def _argv(root, out, *extra):
+    return ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={root}", "data.masks=null",
+            "data.entities=null", "model.fac.lambda_attn=0", "model.epc.use_entities=false", TINY,
+            "optim.batch_size=4", "optim.max_steps=4", "run.log_every=1", "run.save_every=2", "run.eval_every=0",
+            "run.val_max_pairs=4", "run.tensorboard=false", f"run.output_dir={out}", *extra]
+
+
+def _losses(run_dir):
+    rows = {row["step"]: row["train/loss"] for row in read_jsonl(run_dir / "train_log.jsonl")}
+    return [rows[s] for s in sorted(rows)]
+
+
+def _kill_after_step_2(run_dir):
+    log = (run_dir / "train_log.jsonl").read_text().splitlines()
+    (run_dir / "train_log.jsonl").write_text("\n".join(log[:2]) + "\n")
+
+
+@pytest.fixture(scope="module")
+def finished_run(synth_root, tmp_path_factory):
+    """A 4-step LoRA run of the tiny preset with complete checkpoints at steps 2 and 4."""
+    from davir.cli import train
+
+    torch.set_num_threads(1)
+    run_dir = tmp_path_factory.mktemp("ckpt") / "run"
+    assert train.main(_argv(synth_root, run_dir)) == 0
+    return run_dir
+
+
+def _copy(run_dir, tmp_path):
+    target = tmp_path / "run"
+    shutil.copytree(run_dir, target)
+    return target
+
+
+def test_lora_checkpoint_holds_only_the_trainable_weights(finished_run):
+    from davir.models.davir import DavirModel
+
+    model = DavirModel.from_pretrained(finished_run / "last")
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    with safe_open(str(finished_run / "checkpoints" / "step_2" / "model.safetensors"), "pt") as handle:
+        keys = set(handle.keys())
+        stored = sum(handle.get_tensor(k).numel() for k in keys)
+    assert trainable <= keys and not (keys & frozen)
+    assert keys - trainable == keys & {n for n, _ in model.named_buffers()}  # the rest are buffers
+    assert stored < 0.5 * sum(p.numel() for p in model.parameters())
+    manifest = json.loads((finished_run / "checkpoints" / "step_2" / "COMPLETE").read_text())["files"]
+    assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"} <= set(manifest)
+
+
+@pytest.mark.parametrize("damage", ["truncated_weights", "truncated_optimizer", "corrupt_rng"])
+def test_resume_falls_back_past_a_damaged_checkpoint(finished_run, synth_root, tmp_path, capsys, damage):
+    from davir.cli import train
+
+    run_dir = _copy(finished_run, tmp_path)
+    full = _losses(finished_run)
+    name = {"truncated_weights": "model.safetensors", "truncated_optimizer": "optimizer.bin",
+            "corrupt_rng": "random_states_0.pkl"}[damage]
+    path = run_dir / "checkpoints" / "step_4" / name
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage.startswith("truncated") else b"\x80\x04garbage" + data[12:])
+    _kill_after_step_2(run_dir)
+    capsys.readouterr()
+    assert train.main([*_argv(synth_root, run_dir), "--resume"]) == 0
+    out = capsys.readouterr().out
+    warning = next(line for line in out.splitlines() if line.startswith("warning:"))
+    assert "falls back to" in warning and str(run_dir / "checkpoints" / "step_2") in warning and str(path) in warning
+    assert "resumed from" in out and "step_2 at step 2" in out
+    assert _losses(run_dir) == pytest.approx(full, rel=1e-5, abs=1e-6)
+
+
+def test_resume_refuses_when_every_checkpoint_is_damaged(finished_run, synth_root, tmp_path, capsys):
+    from davir.cli import train
+
+    run_dir = _copy(finished_run, tmp_path)
+    for step in (2, 4):
+        (run_dir / "checkpoints" / f"step_{step}" / "random_states_0.pkl").write_bytes(b"not a pickle")
+    capsys.readouterr()
+    assert train.main([*_argv(synth_root, run_dir), "--resume"]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("error: --resume: every complete checkpoint")
+    assert str(run_dir / "checkpoints" / "step_4" / "random_states_0.pkl") in first
+
+
+def test_unreadable_rng_state_of_an_old_checkpoint_is_refused(finished_run, tmp_path):
+    """A checkpoint without a manifest (older version) still gets its RNG state read before resuming."""
+    from davir.training.checkpoints import checkpoint_problems
+
+    run_dir = _copy(finished_run, tmp_path)
+    checkpoint = run_dir / "checkpoints" / "step_4"
+    state = json.loads((checkpoint / "COMPLETE").read_text())
+    state.pop("files")
+    (checkpoint / "COMPLETE").write_text(json.dumps(state))
+    assert checkpoint_problems(checkpoint) == []
+    (checkpoint / "random_states_0.pkl").write_bytes(b"garbage")
+    (problem,) = checkpoint_problems(checkpoint)
+    assert problem.startswith(f"{checkpoint / 'random_states_0.pkl'}: unreadable")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model folders (evaluate.py / caption.py / from_pretrained)
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lora_on_pretrained(tmp_path_factory, synth_root):
+    """A LoRA model over a local 'pretrained' InstructBLIP folder, with language_projection trained in full."""
+    from davir.data.formats import read_dataset
+    from davir.models.davir import build_davir_model
+    from davir.models.davir_config import DavirModelConfig
+
+    base = tmp_path_factory.mktemp("pretrained")
+    captions = [c for p in read_dataset("clevr_change", synth_root, "train").pairs for c in p.captions]
+    preset = build_davir_model(DavirModelConfig(train_mode="full", preset_overrides={
+        "vision_layers": 1, "qformer_layers": 1, "text_layers": 1}), captions_for_tokenizer=captions)
+    preset.core.save_pretrained(str(base / "blip"))
+    preset.processor.save_pretrained(str(base / "blip"))
+    model = build_davir_model(DavirModelConfig(pretrained=str(base / "blip"), train_mode="lora",
+                                               extra_trainable=("language_projection",)))
+    with torch.no_grad():
+        model.core.language_projection.weight.add_(1.0)  # "trained": differs from the base folder
+    model.save_pretrained(base / "model")
+    return base / "model"
+
+
+def _evaluate(model_dir, root, capsys):
+    from davir.cli import evaluate
+
+    capsys.readouterr()
+    status = evaluate.main(["--checkpoint", str(model_dir), "--format", "clevr_change", "--root", str(root),
+                            "--split", "test", "--limit", "2", "--no-spice", "--metrics", "BLEU"])
+    return status, capsys.readouterr().err.splitlines()
+
+
+def test_lora_folder_without_its_trained_extras_is_refused(lora_on_pretrained, synth_root, tmp_path, capsys):
+    from davir.models.davir import DavirModel
+
+    loaded = DavirModel.from_pretrained(lora_on_pretrained)
+    assert loaded.core.language_projection.weight.sum() != 0  # the intact folder loads its extras
+    folder = tmp_path / "model"
+    shutil.copytree(lora_on_pretrained, folder)
+    (folder / "trainable_extra.safetensors").unlink()
+    status, err = _evaluate(folder, synth_root, capsys)
+    assert status == 2
+    line = next(e for e in err if e.startswith("error:"))
+    assert line.startswith(f"error: {folder / 'trainable_extra.safetensors'}: missing") and str(folder) in line
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbage", "truncated", "wrong_shape"])
+def test_damaged_weight_files_name_the_file(lora_on_pretrained, synth_root, tmp_path, capsys, damage):
+    folder = tmp_path / "model"
+    shutil.copytree(lora_on_pretrained, folder)
+    target = folder / ("adapter/adapter_model.safetensors" if damage != "wrong_shape" else "trainable_extra.safetensors")
+    data = target.read_bytes()
+    if damage == "empty":
+        target.write_bytes(b"")
+    elif damage == "garbage":
+        target.write_bytes(b"\x00" * 64)
+    elif damage == "truncated":
+        target.write_bytes(data[: len(data) // 2])
+    else:
+        with safe_open(str(target), "pt") as handle:
+            tensors = {k: torch.zeros(handle.get_tensor(k).shape[0] + 1, 3) for k in handle.keys()}
+        save_file(tensors, str(target))
+    status, err = _evaluate(folder, synth_root, capsys)
+    assert status == 2
+    line = next(e for e in err if e.startswith("error:"))
+    assert line.startswith(f"error: {target}:"), line
