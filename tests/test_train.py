@@ -95,17 +95,27 @@ def test_missing_mask_cache_names_the_command(synth_root, tmp_path):
 def test_two_cpu_processes(synth_root, tmp_path):
     """`accelerate launch` with two gloo processes trains a few steps and leaves one run folder."""
     launcher = Path(sys.executable).parent / "accelerate"
-    command = [str(launcher), "launch", "--config_file", str(REPO / "accelerate_configs" / "cpu.yaml"),
-               "--num_processes", "2", str(REPO / "train.py"), f"data.root={synth_root}", "data.masks=null",
+    # accelerate launch's MULTI_CPU path starts one process without MPI; torchrun-style launch + ACCELERATE_USE_CPU
+    # gives two gloo processes (the earlier `--config_file cpu.yaml --num_processes 2` ran one).
+    command = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "train.py"), f"data.root={synth_root}", "data.masks=null",
                "data.entities=null", "model.fac.lambda_attn=0", "model.epc.use_entities=false",
                "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}", "optim.batch_size=2",
-               "optim.max_steps=2", "run.log_every=1", "run.save_every=2", "run.val_max_pairs=2", "run.tensorboard=false",
-               f"run.output_dir={tmp_path / 'ddp'}"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+               # 1 epoch of 8 pairs: 2 steps per process (the count comes from the sharded loader, not 4)
+               "optim.max_steps=null", "optim.epochs=1", "data.max_train_pairs=8", "optim.warmup_ratio=0",
+               "run.log_every=1", "run.save_every=2", "run.eval_every=2", "run.val_max_pairs=3",
+               "run.tensorboard=false", f"run.output_dir={tmp_path / 'ddp'}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "ddp" / "checkpoints" / "step_2" / "COMPLETE").is_file()
-    assert len(_losses(tmp_path / "ddp")) == 2
+    assert "batch 2 x 2 process(es)" in result.stdout and "= 2 optimizer steps in total" in result.stdout
+    rows = read_jsonl(tmp_path / "ddp" / "train_log.jsonl")
+    assert [row["step"] for row in rows] == [1, 2]
+    # accelerate steps the scheduler once per process: the cosine spans 2 steps x 2 processes (half-way after 1)
+    assert [row["train/lr"] for row in rows] == pytest.approx([0.5e-3, 0.0], abs=1e-9)
+    # validation captions its pairs on both processes; every val pair comes back once
+    assert len(json.loads((tmp_path / "ddp" / "val" / "step_2.json").read_text())["predictions"]) == 3
 
 
 def test_overwrite_starts_a_clean_run_folder(synth_root, tmp_path):

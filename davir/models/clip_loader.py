@@ -20,6 +20,7 @@ def load_open_clip(model_name: str, checkpoint: str | Path, *, config: str | Pat
         if not Path(config).is_file():
             raise DataError(f"open_clip model config file is missing: {config}")
         open_clip.add_model_config(Path(config))
+    check_quickgelu(model_name, checkpoint)
     if model_name not in open_clip.list_models():
         raise DataError(f"unknown open_clip model {model_name!r} (pass --clip-config with its JSON config)")
     try:
@@ -29,3 +30,17 @@ def load_open_clip(model_name: str, checkpoint: str | Path, *, config: str | Pat
         raise DataError(f"{checkpoint}: not an open_clip {model_name} checkpoint ({error})") from error
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(model_name)
+
+
+# OpenAI trained its CLIPs with QuickGELU; open_clip's plain names use nn.GELU (the LAION/DataComp weights). OpenAI
+# weights under a plain name load without complaint and give silently degraded embeddings.
+OPENAI_ARCHITECTURES = ("RN50", "RN101", "RN50x4", "RN50x16", "RN50x64", "ViT-B-32", "ViT-B-16", "ViT-L-14",
+                        "ViT-L-14-336")
+
+
+def check_quickgelu(model_name: str, checkpoint: str | Path) -> None:
+    """Refuse an OpenAI checkpoint (its file name says so) under a model name without QuickGELU."""
+    if model_name in OPENAI_ARCHITECTURES and "openai" in Path(checkpoint).name.lower():
+        raise DataError(f"{checkpoint}: OpenAI CLIP weights need the QuickGELU variant of the model: pass "
+                        f"--clip-model {model_name}-quickgelu (with {model_name} the activations differ and the "
+                        "embeddings are silently degraded)")

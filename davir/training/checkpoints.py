@@ -109,7 +109,10 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, step: int, state: d
     accelerator.save_state(str(checkpoint))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        mark_complete(checkpoint, {"step": step, **state, "files": file_manifest(checkpoint)})
+        files = file_manifest(checkpoint)
+        mark_complete(checkpoint, {"step": step, **state, "files": files})
+        size = sum(entry["bytes"] for entry in files.values())
+        accelerator.print(f"checkpoint {checkpoint}: {size / 1e6:.1f} MB in {len(files)} files")
     accelerator.wait_for_everyone()
     return checkpoint
 

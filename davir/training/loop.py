@@ -52,16 +52,18 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
                                    warn=accelerator.print) if resume else None
     if resume and checkpoint is None:
         accelerator.print(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; starting from scratch")
+    fresh_over_old = (run_dir / "config.yaml").exists() and not resume
+    if fresh_over_old and not config.run.overwrite:
+        raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
+
+    # The task checks the data, caches and profiles first: a refused run leaves no run folder behind.
+    task = build_task(config, accelerator)
     if accelerator.is_main_process:
-        if (run_dir / "config.yaml").exists() and not resume:
-            if not config.run.overwrite:
-                raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
+        if fresh_over_old:
             shutil.rmtree(run_dir)  # a fresh run: no stale checkpoints, logs or best/ from the old one
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(config, run_dir / "config.yaml")
         write_run_info(run_dir, seed=config.run.seed, extra={"resumed_from": str(checkpoint) if checkpoint else None})
-
-    task = build_task(config, accelerator)
     train_loader = torch.utils.data.DataLoader(
         task.train_dataset, batch_size=config.optim.batch_size, shuffle=True, drop_last=True,
         collate_fn=collate_examples, num_workers=config.data.num_workers,
