@@ -39,6 +39,21 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {row["step"]: row["train/loss"] for row in read_jsonl(run_dir / "train_log.jsonl")}
 
 
+def _reset_accelerate_state():
+    # The paper config trains in bf16: a process-wide AcceleratorState left by an earlier test (mixed precision
+    # "no") would refuse it, and ours would refuse theirs, as two trainings in one Python process would.
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_accelerate_state():
+    _reset_accelerate_state()
+    yield
+    _reset_accelerate_state()
+
+
 @pytest.fixture(scope="module")
 def paper_world(tmp_path_factory):
     """Data, weights and the paper-profile caches, as files on disk (module scope: built once)."""
