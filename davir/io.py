@@ -15,11 +15,15 @@ def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except BaseException:  # a failed rename (a folder at `path`, a full disk) leaves no stray temporary
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:

@@ -50,6 +50,7 @@ from davir.data import read_dataset
 from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.images import load_mask, load_pair
 from davir.data.records import ChangePair, DataError, DatasetIndex
+from davir.errors import check_output_dir
 from davir.io import read_json, write_json_atomic
 from davir.text.phrases import BACKENDS, EntityVocabulary, PhraseExtractor, build_vocabulary, get_extractor
 from davir.preprocessing.retrievers import (
@@ -332,7 +333,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     if args.top_k < 1 or args.chunk_size < 1 or args.vocab_min_count < 1:
         raise DataError("--top-k, --chunk-size and --vocab-min-count must be at least 1")
     check_mode_arguments(args)
-    out = Path(args.out)
+    out = check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
     manifest_path = out / "entities" / "manifest.json"
     settings = run_settings(args)
     manifest = read_json(manifest_path) if manifest_path.is_file() else {"settings": settings, "splits": {}}
@@ -418,7 +419,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     table = cache.table()
     without_entity = sum(1 for pair in pairs if pair.pair_id in table and not table[pair.pair_id])
     manifest["splits"][args.split] = {
-        "root": str(target.root), "pairs": len(pairs), "with_entities": done, "written_now": len(todo),
+        "root": str(Path(target.root).resolve()), "pairs": len(pairs), "with_entities": done, "written_now": len(todo),
         "without_entity": without_entity,
         "skipped_by_reader": len(target.skipped), "status": "complete" if done == len(pairs) else "incomplete",
     }

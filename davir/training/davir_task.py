@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from davir.data.caches import EntityCache, MaskCache
+from davir.data.caches import EntityCache, MaskCache, check_cache_root
 from davir.data.dataset import ChangeCaptionDataset, EntityField, ImageField, MaskField
 from davir.data.formats import read_dataset
 from davir.data.records import DataError
@@ -40,6 +40,7 @@ class DavirTask:
                 raise DataError("FAC is on (model.fac.lambda_attn > 0) but data.masks is not set: run "
                                 f"`{source.format(cmd='masks', split=data.train_split, out='CACHE')}` (and for "
                                 f"{data.val_split}), then set data.masks=CACHE — or model.fac.lambda_attn=0")
+            check_cache_root(data.masks, data.root, key="data.masks", moved_from=data.moved_from)
             masks = MaskCache(data.masks)
             for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
                 require_cached(pairs, masks.has, what=f"change mask in {data.masks}",
@@ -50,6 +51,7 @@ class DavirTask:
                 raise DataError("EPC is on (model.epc.use_entities) but data.entities is not set: run "
                                 f"`{source.format(cmd='entities', split=data.train_split, out='CACHE')} --masks MASKS`, "
                                 "then set data.entities=CACHE — or model.epc.use_entities=false")
+            check_cache_root(data.entities, data.root, key="data.entities", moved_from=data.moved_from)
             entities = EntityCache(data.entities)
             for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
                 require_cached(pairs, entities.has, what=f"retrieved entities in {data.entities}",
