@@ -36,16 +36,25 @@ def _can_write(folder: Path) -> bool:
     return True
 
 
+def _folder_problem(folder: Path) -> str | None:
+    """Why `folder` cannot become a writable folder, or None; nothing is created."""
+    if folder.exists() and not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    ancestor = _existing_ancestor(folder)
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file, not a folder"
+    if not _can_write(ancestor):
+        return f"permission denied in {ancestor}"
+    return None
+
+
 def check_output_dir(path: str | Path, *, what: str = "output folder") -> Path:
     """Stop before any work when `path` cannot become a writable folder; nothing is created here."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"{what} {path} is a file, not a folder; choose another path")
-    ancestor = _existing_ancestor(path)
-    if not ancestor.is_dir():
-        raise OutputError(f"{what} {path} cannot be created: {ancestor} is a file, not a folder")
-    if not _can_write(ancestor):
-        raise OutputError(f"{what} {path} is not writable: permission denied in {ancestor}")
+    problem = _folder_problem(path)
+    if problem is not None:
+        verb = "is not writable" if problem.startswith("permission") else "cannot be used"
+        raise OutputError(f"{what} {path} {verb}: {problem}")
     return path
 
 
@@ -54,7 +63,10 @@ def check_output_file(path: str | Path, *, what: str = "output file") -> Path:
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{what} {path} is a folder; give a file path (e.g. {path / 'metrics.json'})")
-    check_output_dir(path.parent, what=f"{what} {path}: its folder")
+    problem = _folder_problem(path.parent)
+    if problem is not None:
+        verb = "is not writable" if problem.startswith("permission") else "cannot be written"
+        raise OutputError(f"{what} {path} {verb}: {problem}")
     return path
 
 

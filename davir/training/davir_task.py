@@ -28,6 +28,10 @@ class DavirTask:
         if data.max_train_pairs:
             train_pairs = train_pairs[: data.max_train_pairs]
         val_pairs = read_dataset(data.format, data.root, data.val_split).pairs[: config.run.val_max_pairs]
+        for key, cache in (("data.masks", data.masks if model_config.fac.lambda_attn > 0 else None),
+                           ("data.entities", data.entities if model_config.epc.use_entities else None)):
+            if cache is not None:  # before the model is built: a wrong cache stops the run at once
+                check_cache_root(cache, data.root, key=key, moved_from=data.moved_from)
         self.model = build_davir_model(
             model_config, captions_for_tokenizer=[c for p in train_pairs for c in p.captions],
             device=accelerator.device)
@@ -40,7 +44,6 @@ class DavirTask:
                 raise DataError("FAC is on (model.fac.lambda_attn > 0) but data.masks is not set: run "
                                 f"`{source.format(cmd='masks', split=data.train_split, out='CACHE')}` (and for "
                                 f"{data.val_split}), then set data.masks=CACHE — or model.fac.lambda_attn=0")
-            check_cache_root(data.masks, data.root, key="data.masks", moved_from=data.moved_from)
             masks = MaskCache(data.masks)
             for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
                 require_cached(pairs, masks.has, what=f"change mask in {data.masks}",
@@ -51,7 +54,6 @@ class DavirTask:
                 raise DataError("EPC is on (model.epc.use_entities) but data.entities is not set: run "
                                 f"`{source.format(cmd='entities', split=data.train_split, out='CACHE')} --masks MASKS`, "
                                 "then set data.entities=CACHE — or model.epc.use_entities=false")
-            check_cache_root(data.entities, data.root, key="data.entities", moved_from=data.moved_from)
             entities = EntityCache(data.entities)
             for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
                 require_cached(pairs, entities.has, what=f"retrieved entities in {data.entities}",
