@@ -60,11 +60,15 @@ def read_jsonl(path: Path) -> list[Any]:
         raise DataError(f"file is missing: {path}")
     rows = []
     with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}: malformed JSON on line {number}: {error.msg}") from error
+        number = 0
+        try:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise DataError(f"{path}: malformed JSON on line {number}: {error.msg}") from error
+        except UnicodeDecodeError as error:
+            raise DataError(f"{path}: not UTF-8 text after line {number} ({error})") from error
     return rows
