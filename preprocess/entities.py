@@ -385,6 +385,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     write_json_atomic(manifest_path, manifest)  # pin the settings before the first part is written
 
     cache = EntityCache(out)
+    # A killed run may leave the temporary file of the part it was writing: remove this split's (issue 18).
+    for stale in cache.folder.glob(f".part-{args.split}-*.tmp") if cache.folder.is_dir() else []:
+        stale.unlink(missing_ok=True)
     pairs = target.pairs[: args.limit] if args.limit is not None else target.pairs
     position = {pair.pair_id: i for i, pair in enumerate(pairs)}
     todo = [pair for pair in pairs if not cache.has(pair.pair_id)]
