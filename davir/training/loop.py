@@ -50,14 +50,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
         accelerator.print(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; starting from scratch")
-    if accelerator.is_main_process:
-        if (run_dir / "config.yaml").exists() and not resume:
-            if not config.run.overwrite:
-                raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
-            shutil.rmtree(run_dir)  # a fresh run: no stale checkpoints, logs or best/ from the old one
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, run_dir / "config.yaml")
-        write_run_info(run_dir, seed=config.run.seed, extra={"resumed_from": str(checkpoint) if checkpoint else None})
+    if (run_dir / "config.yaml").exists() and not resume and not config.run.overwrite:
+        raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
 
     task = build_task(config, accelerator)
     train_loader = torch.utils.data.DataLoader(
@@ -69,6 +63,15 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     if steps_per_epoch == 0:
         raise DataError(f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
                         f"of {config.optim.batch_size}")
+    # The run folder is claimed only once start-up succeeded: a run that fails before (missing cache, bad
+    # data) leaves nothing behind, so the corrected rerun is not refused as "already holds a run".
+    if accelerator.is_main_process:
+        if (run_dir / "config.yaml").exists() and not resume:
+            shutil.rmtree(run_dir)  # run.overwrite: no stale checkpoints, logs or best/ from the old run
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(config, run_dir / "config.yaml")
+        write_run_info(run_dir, seed=config.run.seed, extra={"resumed_from": str(checkpoint) if checkpoint else None})
+    accelerator.wait_for_everyone()
     max_steps = config.optim.max_steps or config.optim.epochs * steps_per_epoch
     epochs = math.ceil(max_steps / steps_per_epoch)
 

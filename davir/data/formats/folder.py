@@ -84,16 +84,19 @@ def _read_side_by_side(root: Path) -> DatasetIndex:
 def _manifest_rows(path: Path) -> list[tuple[str, dict]]:
     """(record name, row) of a pairs.csv or pairs.jsonl."""
     if path.suffix.lower() == ".csv":
-        with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: Excel writes a BOM
-            reader = csv.DictReader(handle)
-            columns = [name.strip() for name in (reader.fieldnames or [])]
-            if "before" not in columns or "after" not in columns:
-                raise DataError(f"{path}: the header must name the columns before,after[,id]; got {reader.fieldnames}")
-            # Row numbers count the header as line 1, as a spreadsheet shows them.
-            return [
-                (f"line {number}", {key.strip(): value for key, value in row.items() if key is not None})
-                for number, row in enumerate(reader, start=2)
-            ]
+        try:
+            with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: Excel writes a BOM
+                reader = csv.DictReader(handle)
+                columns = [name.strip() for name in (reader.fieldnames or [])]
+                if "before" not in columns or "after" not in columns:
+                    raise DataError(f"{path}: the header must name the columns before,after[,id]; got {reader.fieldnames}")
+                # Row numbers count the header as line 1, as a spreadsheet shows them.
+                return [
+                    (f"line {number}", {key.strip(): value for key, value in row.items() if key is not None})
+                    for number, row in enumerate(reader, start=2)
+                ]
+        except (UnicodeDecodeError, csv.Error) as error:  # a binary or mis-encoded file (issue 18)
+            raise DataError(f"{path}: not a UTF-8 CSV file ({error})") from error
     if path.suffix.lower() == ".jsonl":
         return [(f"row {number}", row) for number, row in enumerate(read_jsonl(path), start=1)]
     raise DataError(f"{path}: a pair manifest must be a .csv or .jsonl file")
