@@ -8,7 +8,6 @@ returns a DatasetIndex or raises the toolkit's own DataError (never KeyError, Ty
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
