@@ -9,27 +9,6 @@ import sys
 from davir.data.records import DataError
 
 
-def write_pairs_manifest(format: str, root: str, split: str, out: str, *, num: int) -> str:
-    """A `before,after,id` CSV of the first `num` pairs of a split, paths relative to the CSV's folder."""
-    import csv
-    import io
-    import os
-    from pathlib import Path
-
-    from davir.data.formats import read_dataset
-    from davir.io import write_text_atomic
-
-    folder = Path(out).resolve().parent
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["before", "after", "id"])
-    for pair in read_dataset(format, root, split).pairs[:num]:
-        writer.writerow([os.path.relpath(Path(pair.before).resolve(), folder),
-                         os.path.relpath(Path(pair.after).resolve(), folder), pair.pair_id])
-    write_text_atomic(Path(out), buffer.getvalue())
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m davir.data", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -56,11 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--out", required=True)
     show.add_argument("--num", type=int, default=12)
 
-    pairs = commands.add_parser("pairs", help="write a pairs.csv manifest of some pairs of a split (input for caption.py)")
+    pairs = commands.add_parser("pairs", help="write a folder-format pairs.csv (captions, splits, masks) of some "
+                                "pairs of a dataset: input for caption.py, or a folder to train on")
     pairs.add_argument("--format", required=True)
     pairs.add_argument("--root", required=True)
-    pairs.add_argument("--split", default="test")
-    pairs.add_argument("--num", type=int, default=8)
+    pairs.add_argument("--split", action="append", help="split(s) to write (repeatable; default: test)")
+    pairs.add_argument("--num", type=int, default=8, help="pairs per split (0 = all)")
+    pairs.add_argument("--copy-images", action="store_true",
+                       help="copy the images into before/, after/, masks/ beside the CSV (a stand-alone folder)")
     pairs.add_argument("--out", required=True, help="the .csv to write; image paths are written relative to its folder")
 
     args = parser.parse_args(argv)
@@ -79,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             summary = generate_dataset(args.out, config, workers=args.workers)
             print(json.dumps(summary, indent=2))
         elif args.command == "pairs":
-            print(write_pairs_manifest(args.format, args.root, args.split, args.out, num=args.num))
+            from davir.data.export import write_pairs_manifest
+
+            print(write_pairs_manifest(args.format, args.root, args.split or ["test"], args.out, num=args.num,
+                                       copy_images=args.copy_images))
         elif args.command == "show":
             from davir.data.show import draw_grid
 
