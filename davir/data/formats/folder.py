@@ -75,6 +75,7 @@ class FolderContents:
     pairs: list[FolderPair]
     skipped: list[SkippedRecord]
     notes: list[str]
+    has_captions: bool = False  # a caption column or captions.json: the user meant to give captions
 
 
 def _images_in(folder: Path) -> list[Path]:
@@ -118,7 +119,8 @@ def _match(root: Path, befores: dict[str, Path], afters: dict[str, Path], proble
         if (root / MASK_FOLDER).is_dir() else {}
     rows = [FolderRow(record=befores[name].name, pair_id=name, before=befores[name], after=afters[name],
                       captions=captions.get(name, []), mask=masks.get(name)) for name in names]
-    return FolderContents(root, source, merge_rows(rows, problems), skipped, notes)
+    return FolderContents(root, source, merge_rows(rows, problems), skipped, notes,
+                          has_captions=(root / CAPTION_FILE).is_file())
 
 
 def _subfolders(root: Path, problems: Problems) -> FolderContents:
@@ -140,11 +142,12 @@ def _side_by_side(root: Path, problems: Problems) -> FolderContents:
 def _manifest(path: Path, problems: Problems) -> FolderContents:
     if not path.is_file():
         raise DataError(f"pair manifest is missing: {path}")
-    rows, unused = manifest_rows(path, problems)
+    rows, unused, columns = manifest_rows(path, problems)
     notes = [f"{path}: column(s) {', '.join(map(repr, unused))} are not davir columns "
              f"({', '.join(COLUMNS)}); "
              "their values are kept in ChangePair.meta and otherwise unused"] if unused else []
-    return FolderContents(path.parent, str(path), merge_rows(rows, problems), [], notes)
+    return FolderContents(path.parent, str(path), merge_rows(rows, problems), [], notes,
+                          has_captions="caption" in columns or "captions" in columns)
 
 
 def folder_contents(path: str | Path, problems: Problems | None = None) -> FolderContents:

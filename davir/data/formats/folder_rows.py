@@ -68,6 +68,7 @@ class FolderPair:
     records: list[str]
     captions: list[str]
     split: str | None
+    empty_caption_records: list[str] = field(default_factory=list)  # rows whose caption cell was blank
 
     @property
     def pair_id(self) -> str:
@@ -153,8 +154,8 @@ def _jsonl_rows(path: Path, problems: Problems) -> tuple[list[tuple[str, dict]],
     return rows, columns
 
 
-def manifest_rows(path: Path, problems: Problems) -> tuple[list[FolderRow], list[str]]:
-    """The rows of a pairs.csv / pairs.jsonl, and the names of the columns davir does not use."""
+def manifest_rows(path: Path, problems: Problems) -> tuple[list[FolderRow], list[str], list[str]]:
+    """The rows of a pairs.csv / pairs.jsonl, the columns davir does not use, and all columns."""
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".jsonl"):
         raise DataError(f"{path}: a pair manifest must be a .csv or .jsonl file")
@@ -169,7 +170,7 @@ def manifest_rows(path: Path, problems: Problems) -> tuple[list[FolderRow], list
         if parsed is not None:
             parsed.meta = {name: row[name] for name in unused if row.get(name) not in (None, "")}
             rows.append(parsed)
-    return rows, unused
+    return rows, unused, columns
 
 
 def _manifest_row(row: dict, record: str, base: Path, source: str, problems: Problems) -> FolderRow | None:
@@ -230,7 +231,8 @@ def merge_rows(rows: list[FolderRow], problems: Problems) -> list[FolderPair]:
     for row in rows:
         pair = merged.get(row.pair_id)
         if pair is None:
-            merged[row.pair_id] = FolderPair(row, [row.record], list(row.captions), row.split)
+            merged[row.pair_id] = FolderPair(row, [row.record], list(row.captions), row.split,
+                                             [row.record] if row.empty_caption else [])
             continue
         first = pair.first
         for name in ("before", "after", "mask", "mask_before"):
@@ -245,4 +247,6 @@ def merge_rows(rows: list[FolderRow], problems: Problems) -> list[FolderPair]:
             pair.split = pair.split or row.split
             pair.captions.extend(row.captions)
             pair.records.append(row.record)
+            if row.empty_caption:
+                pair.empty_caption_records.append(row.record)
     return list(merged.values())
