@@ -97,15 +97,15 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
         bad = len(problems.items)
         split = split_of[pair.pair_id]
         empty_rows = pair.empty_caption_records
-        for row in empty_rows:
-            if not allow_uncaptioned or pair.captions:
-                problems.add(row, "empty caption")
         if not pair.captions:
             uncaptioned += 1
-            if pair.split in ("train", "val"):
-                problems.add(record, f"is in split {pair.split!r} but has no caption (a pair without one can only be captioned)")
-            elif not allow_uncaptioned and not empty_rows and contents.has_captions:
-                problems.add(record, "has no caption (pass --allow-uncaptioned to keep it for captioning only)")
+        if empty_rows and (pair.captions or not allow_uncaptioned):
+            for row in empty_rows:
+                problems.add(row, "empty caption")
+        elif not pair.captions and pair.split in ("train", "val"):
+            problems.add(record, f"is in split {pair.split!r} but has no caption (a pair without one can only be captioned)")
+        elif not pair.captions and not allow_uncaptioned and contents.has_captions:
+            problems.add(record, "has no caption (pass --allow-uncaptioned to keep it for captioning only)")
         before_size, before_hash = image(pair.first.before, record, "before")
         after_size, after_hash = image(pair.first.after, record, "after")
         if before_size and after_size and before_size != after_size and not allow_size_mismatch:
@@ -116,7 +116,7 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
                 size, _ = image(path, record, role)
                 if size and frame and size != frame:
                     problems.add(record, f"{role} is {size[0]}x{size[1]} but its image is {frame[0]}x{frame[1]}")
-        if pair.captions:
+        if pair.captions and len(problems.items) == bad:  # leakage among otherwise good pairs
             for digest in (before_hash, after_hash):
                 if digest is not None:
                     holders[digest].setdefault(split, record)
