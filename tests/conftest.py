@@ -19,3 +19,7 @@ def shared_datasets() -> Path:
     if not SHARED_DATASETS.is_dir():
         pytest.skip(f"real dataset fixtures not found at {SHARED_DATASETS} (expected ../shared/datasets next to the repo)")
     return SHARED_DATASETS
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a test of a whole pipeline of commands (deselect with -m 'not slow')")
