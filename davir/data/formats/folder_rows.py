@@ -159,7 +159,10 @@ def manifest_rows(path: Path, problems: Problems) -> tuple[list[FolderRow], list
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".jsonl"):
         raise DataError(f"{path}: a pair manifest must be a .csv or .jsonl file")
-    raw, columns = (_csv_rows if suffix == ".csv" else _jsonl_rows)(path, problems)
+    try:
+        raw, columns = (_csv_rows if suffix == ".csv" else _jsonl_rows)(path, problems)
+    except (UnicodeDecodeError, csv.Error) as error:  # a binary or mis-encoded file
+        raise DataError(f"{path}: not a UTF-8 {'CSV' if suffix == '.csv' else 'JSON-lines'} file ({error})") from error
     if not raw and not problems.items:
         raise DataError(f"{path}: the manifest lists no pairs (a header and no rows); add one row per pair")
     unused = [name for name in columns if name not in COLUMNS]
@@ -190,7 +193,10 @@ def _manifest_row(row: dict, record: str, base: Path, source: str, problems: Pro
         problems.add(record, "'mask_before' is given without 'mask' (the change mask in the after image)")
     raw_id = row.get("id")
     if raw_id in (None, ""):
-        pair_id, explicit = Path(str(row["before"])).stem, False
+        pair_id, explicit = Path(str(row["before"]).strip()).stem, False
+        if not pair_id:
+            problems.add(record, f"no id, and the before path {row['before']!r} has no file name to take one from")
+            return None
     elif isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or not str(raw_id).strip():
         problems.add(record, f"'id' must be a non-empty string, got {raw_id!r}")
         return None
