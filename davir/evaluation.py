@@ -82,12 +82,15 @@ def report_scores(predictions: dict[str, str], args: argparse.Namespace, *, pred
 def synthetic_accuracy(predictions: dict[str, str], args: argparse.Namespace):
     """Type/object/exact accuracy (davir.metrics.synthetic) when the references are a davir synthetic set
     (clevr_change layout with the generator's scenes.json); None for every other data set."""
-    if args.format != "clevr_change" or args.root is None or not (Path(args.root) / "scenes.json").is_file():
-        return None
+    scenes_root = getattr(args, "synthetic_scenes", None)  # a copy of the set in another format (folder) keeps its ids
+    if scenes_root is None:
+        if args.format != "clevr_change" or args.root is None or not (Path(args.root) / "scenes.json").is_file():
+            return None
+        scenes_root = args.root
     from davir.data.synthetic import load_scenes
     from davir.metrics.synthetic import pair_truths, score_synthetic
 
-    truths = pair_truths(load_scenes(args.root), split=args.split)
+    truths = pair_truths(load_scenes(scenes_root), split=args.split)
     return score_synthetic({k: v for k, v in predictions.items() if k in truths}, truths)
 
 

@@ -207,7 +207,9 @@ def test_folder_subfolders_with_unmatched_file(tmp_path):
         ("lonely.png", "before image has no matching after image (expected name 'lonely')")]
     assert all(pair.captions == () and pair.split == "test" for pair in index)
     stats = dataset_stats("folder", tmp_path)
-    assert list(stats["splits"]) == ["test"] and stats["splits"]["test"]["skipped"] == 1
+    # Pairs without captions are captionable only: all in "test", none in train or val.
+    assert list(stats["splits"]) == ["train", "val", "test"] and stats["splits"]["test"]["skipped"] == 1
+    assert [stats["splits"][split]["pairs"] for split in ("train", "val", "test")] == [0, 0, 2]
 
 
 def test_folder_side_by_side(tmp_path):
@@ -233,11 +235,12 @@ def test_folder_manifests(tmp_path):
 
     jsonl = tmp_path / "sub" / "pairs.jsonl"
     jsonl.parent.mkdir()
-    jsonl.write_text('{"before": "../imgs/a1.png", "after": "x.png"}\n')
-    with pytest.raises(DataError, match=r"pairs\.jsonl: record 'row 1': image path '\.\./imgs/a1\.png' escapes"):
-        read_folder(jsonl)
+    # The user's own list may point anywhere: relative to the manifest's folder (climbing out) or absolute.
+    jsonl.write_text('{"before": "../imgs/a1.png", "after": "%s"}\n' % (tmp_path / "imgs" / "a2.png"))
+    (pair,) = read_folder(jsonl).pairs
+    assert pair.before == tmp_path / "imgs" / "a1.png" and pair.after == tmp_path / "imgs" / "a2.png"
     jsonl.write_text('{"before": "b.png", "after": "c.png", "id": "p"}\n\n{"before": "d.png"}\n')
-    with pytest.raises(DataError, match=r"pairs\.jsonl: row 2: the 'after' path is missing or empty"):
+    with pytest.raises(DataError, match=r"pairs\.jsonl: line 3: the 'after' path is missing or empty"):
         read_folder(tmp_path / "sub")
     (tmp_path / "bad.csv").write_text("left,right\na.png,b.png\n")
     with pytest.raises(DataError, match=r"bad\.csv: the header must name the columns before,after"):

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="folder with stanford-corenlp-3.6.0.jar and -models.jar, enabling SPICE "
                               "(default: $DAVIR_SPICE_CORENLP or jars already installed)")
     scoring.add_argument("--no-spice", action="store_true", help="do not compute SPICE even if it is available")
+    scoring.add_argument("--synthetic-scenes", type=Path, default=None,
+                         help="the folder of a davir synthetic set (holding scenes.json) whose pairs these are, e.g. "
+                              "exported to the folder format with their ids kept: adds type/object accuracy")
     scoring.add_argument("--strict", action="store_true",
                          help="fail when predictions and references do not cover the same pairs")
     output = parser.add_argument_group("output")
