@@ -31,10 +31,10 @@ def caption_folder(args: argparse.Namespace) -> int:
     """Caption every pair of `args.pairs` with `args.checkpoint`: JSONL + HTML report; 0 when done."""
     from davir.preprocessing.online import OnlineEntities, OnlineMasks  # SAM/CLIP imports only when captioning
 
+    index = read_folder(args.pairs)  # first: a bad list of pairs is reported before a model is loaded
     model_dir = resolve_model_dir(args.checkpoint)
     run_dir = run_dir_of(model_dir)
     run_data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"] if run_dir else {}
-    index = read_folder(args.pairs)
     out = args.out or (args.pairs if args.pairs.is_dir() else args.pairs.parent) / "captions.jsonl"
     html_path = args.html or out.with_name("report.html")
     size_policy = "resize_before_to_after" if args.resize_mismatched else "error"

@@ -1,5 +1,81 @@
-"""Exceptions shared across the toolkit (a leaf module: it imports nothing from davir)."""
+"""Exceptions shared across the toolkit, and the output checks every command makes before its work
+(a leaf module: it imports nothing from davir). The policy they serve is docs/errors.md."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
 
 
 class DataError(ValueError):
     """Bad input: the message names the file and record and says what is wrong."""
+
+
+class OutputError(DataError):
+    """An output path the command cannot write: a file where a folder is needed (or the reverse), no permission."""
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """`path` itself when it exists, else its nearest existing parent (a file there is reported by the caller)."""
+    path = Path(os.path.abspath(path))
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _can_write(folder: Path) -> bool:
+    """Whether a file can be created in `folder`: a real probe, since os.access is wrong for root and ACLs."""
+    try:
+        handle, name = tempfile.mkstemp(prefix=".davir-write-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(handle)
+    os.unlink(name)
+    return True
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why `folder` cannot become a writable folder, or None; nothing is created."""
+    if folder.exists() and not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    ancestor = _existing_ancestor(folder)
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file, not a folder"
+    if not _can_write(ancestor):
+        return f"permission denied in {ancestor}"
+    return None
+
+
+def check_output_dir(path: str | Path, *, what: str = "output folder") -> Path:
+    """Stop before any work when `path` cannot become a writable folder; nothing is created here."""
+    path = Path(path)
+    problem = _folder_problem(path)
+    if problem is not None:
+        verb = "is not writable" if problem.startswith("permission") else "cannot be used"
+        raise OutputError(f"{what} {path} {verb}: {problem}")
+    return path
+
+
+def check_output_file(path: str | Path, *, what: str = "output file") -> Path:
+    """Stop before any work when a file cannot be (atomically re)written at `path`."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{what} {path} is a folder; give a file path (e.g. {path / 'metrics.json'})")
+    problem = _folder_problem(path.parent)
+    if problem is not None:
+        verb = "is not writable" if problem.startswith("permission") else "cannot be written"
+        raise OutputError(f"{what} {path} {verb}: {problem}")
+    return path
+
+
+def describe_os_error(error: OSError) -> str:
+    """One line for an OSError a user can cause (permissions, a full disk, a file where a folder should be)."""
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
+    hint = {errno.EACCES: "check the folder's permissions", errno.EPERM: "check the folder's permissions",
+            errno.EROFS: "the file system is read-only", errno.ENOSPC: "free some disk space",
+            errno.ENOTDIR: "a path component is a file, not a folder",
+            errno.EISDIR: "a folder is in the way of a file"}.get(error.errno)
+    return f"{reason.lower()}: {where or '(no file named)'}" + (f" ({hint})" if hint else "")

@@ -11,10 +11,12 @@ and, for generation, the checkpoint and decoding settings.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 from pathlib import Path
 
 from davir.data.records import DataError
+from davir.errors import check_output_dir, check_output_file
 from davir.io import write_text_atomic
 from davir.metrics import (
     TOTAL, format_group_table, format_table, score_by_group,
@@ -80,13 +82,39 @@ def report_scores(predictions: dict[str, str], args: argparse.Namespace, *, pred
 def synthetic_accuracy(predictions: dict[str, str], args: argparse.Namespace):
     """Type/object/exact accuracy (davir.metrics.synthetic) when the references are a davir synthetic set
     (clevr_change layout with the generator's scenes.json); None for every other data set."""
-    if args.format != "clevr_change" or args.root is None or not (Path(args.root) / "scenes.json").is_file():
-        return None
+    scenes_root = getattr(args, "synthetic_scenes", None)  # a copy of the set in another format (folder) keeps its ids
+    if scenes_root is None:
+        if args.format != "clevr_change" or args.root is None or not (Path(args.root) / "scenes.json").is_file():
+            return None
+        scenes_root = args.root
     from davir.data.synthetic import load_scenes
     from davir.metrics.synthetic import pair_truths, score_synthetic
 
-    truths = pair_truths(load_scenes(args.root), split=args.split)
+    truths = pair_truths(load_scenes(scenes_root), split=args.split)
     return score_synthetic({k: v for k, v in predictions.items() if k in truths}, truths)
+
+
+def check_outputs(args: argparse.Namespace, out_dir: Path | None = None) -> None:
+    """Stop before scoring or captioning when an output cannot be written (docs/errors.md)."""
+    if out_dir is not None:
+        check_output_dir(out_dir, what="evaluation folder")
+    if args.out is not None:
+        check_output_file(args.out, what="--out")
+    if args.markdown is not None:
+        check_output_file(args.markdown, what="--markdown")
+
+
+def eval_folder_name(args: argparse.Namespace, run_data: dict) -> str:
+    """`<format>_<split>` for the run's own data and the whole split; another dataset root or a --limit
+    gets its own folder (`…-<root name>-<hash>`, `…-limit<N>`), so it never replaces the full result."""
+    name = f"{args.format}_{args.split}"
+    root = Path(args.root).resolve()
+    own_root = run_data.get("root") and Path(run_data["root"]).resolve() == root and run_data.get("format") == args.format
+    if not own_root:
+        name += f"-{root.name}-{hashlib.sha1(str(root).encode()).hexdigest()[:8]}"
+    if args.limit:
+        name += f"-limit{args.limit}"
+    return name
 
 
 def generate_and_score(args: argparse.Namespace) -> int:
@@ -114,6 +142,8 @@ def generate_and_score(args: argparse.Namespace) -> int:
     args.root = args.root or (Path(run_data["root"]) if run_data.get("root") else None)
     if args.format is None or args.root is None:
         raise DataError(f"{model_dir} has no run config naming its data: pass --format and --root")
+    out_dir = (run_dir or model_dir) / "eval" / eval_folder_name(args, run_data)
+    check_outputs(args, out_dir)  # before any captioning: a read-only run folder fails now, not after the work
     accelerator = Accelerator()
     index = read_dataset(args.format, args.root, args.split)
     pairs = index.pairs[: args.limit] if args.limit else index.pairs
@@ -159,7 +189,6 @@ def generate_and_score(args: argparse.Namespace) -> int:
     for prediction in failed[:5]:
         print(f"note: not captioned: {prediction.error}", file=sys.stderr)
     predictions = {p.pair_id: p.caption for p in all_predictions if not p.error}
-    out_dir = (run_dir or model_dir) / "eval" / f"{args.format}_{args.split}"
     write_predictions(out_dir / "predictions.json", predictions)
     args.out = args.out or out_dir / "metrics.json"
     args.markdown = args.markdown or out_dir / "metrics.md"
@@ -189,7 +218,7 @@ def generate_and_score(args: argparse.Namespace) -> int:
 
     metrics = read_json(args.out)
     metrics.update({"localisation": localisation, "not_captioned": [{"pair_id": p.pair_id, "error": p.error} for p in failed],
-                    "checkpoint": str(model_dir), "decoding": decoding})
+                    "checkpoint": str(model_dir), "limit": args.limit, "decoding": decoding})
     write_json_atomic(args.out, metrics)
     print(f"predictions, metrics and table in {out_dir}", file=sys.stderr)
     return status

@@ -15,11 +15,15 @@ def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except BaseException:  # a failed rename (a folder at `path`, a full disk) leaves no stray temporary
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:
@@ -56,11 +60,15 @@ def read_jsonl(path: Path) -> list[Any]:
         raise DataError(f"file is missing: {path}")
     rows = []
     with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}: malformed JSON on line {number}: {error.msg}") from error
+        number = 0
+        try:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise DataError(f"{path}: malformed JSON on line {number}: {error.msg}") from error
+        except UnicodeDecodeError as error:
+            raise DataError(f"{path}: not UTF-8 text after line {number} ({error})") from error
     return rows

@@ -29,7 +29,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, function = COMMANDS[argv[0]]
     module = importlib.import_module(module_name)
-    return int(getattr(module, function)(argv[1:]) or 0)
+    try:
+        return int(getattr(module, function)(argv[1:]) or 0)
+    except OSError as error:  # permissions, a full disk: one line, never a traceback (docs/errors.md)
+        from davir.errors import describe_os_error
+
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

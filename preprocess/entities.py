@@ -50,6 +50,7 @@ from davir.data import read_dataset
 from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.images import load_mask, load_pair
 from davir.data.records import ChangePair, DataError, DatasetIndex
+from davir.errors import check_output_dir
 from davir.io import read_json, write_json_atomic
 from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary
 from davir.text.extractors import BACKENDS, PhraseExtractor, get_extractor
@@ -359,7 +360,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         raise DataError("--top-k, --chunk-size and --vocab-min-count must be at least 1")
     check_mode_arguments(args)
     deviations = apply_profile(args)
-    out = Path(args.out)
+    out = check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
     manifest_path = out / "entities" / "manifest.json"
     settings = run_settings(args)
     manifest = read_json(manifest_path) if manifest_path.is_file() else {"settings": settings, "splits": {}}
@@ -411,6 +412,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     write_json_atomic(manifest_path, manifest)  # pin the settings before the first part is written
 
     cache = EntityCache(out)
+    # A killed run may leave the temporary file of the part it was writing: remove this split's (issue 18).
+    for stale in cache.folder.glob(f".part-{args.split}-*.tmp") if cache.folder.is_dir() else []:
+        stale.unlink(missing_ok=True)
     pairs = target.pairs[: args.limit] if args.limit is not None else target.pairs
     position = {pair.pair_id: i for i, pair in enumerate(pairs)}
     todo = [pair for pair in pairs if not cache.has(pair.pair_id)]
@@ -445,7 +449,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     table = cache.table()
     without_entity = sum(1 for pair in pairs if pair.pair_id in table and not table[pair.pair_id])
     manifest["splits"][args.split] = {
-        "root": str(target.root), "pairs": len(pairs), "with_entities": done, "written_now": len(todo),
+        "root": str(Path(target.root).resolve()), "pairs": len(pairs), "with_entities": done, "written_now": len(todo),
         "without_entity": without_entity,
         "skipped_by_reader": len(target.skipped), "status": "complete" if done == len(pairs) else "incomplete",
     }

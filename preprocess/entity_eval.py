@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 from davir.data import read_dataset
 from davir.data.caches import EntityCache
 from davir.data.records import DISTRACTOR, ChangePair, DataError
+from davir.errors import check_output_file
 from davir.io import write_json_atomic
 from davir.text.entity_vocabulary import EntityVocabulary
 from davir.text.extractors import PhraseExtractor, get_extractor
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict:
     root = Path(args.entities)
+    check_output_file(Path(args.out) if args.out else root / f"entity_eval_{args.split}.json", what="--out")
     vocabulary = EntityVocabulary.load(root / "vocab.json")
     index = read_dataset(args.format, args.root, args.split)
     corpus = None

@@ -43,6 +43,7 @@ from davir.data.feature_cache import (
 )
 from davir.data.formats import FORMATS, read_dataset
 from davir.data.records import DataError
+from davir.errors import check_output_dir
 from davir.io import read_json, write_json_atomic
 from davir.preprocessing.backbone import (
     AUTHORS_STD, IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD, NO_WEIGHTS, build_backbone, file_sha256, load_resized,
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.random_init and args.weights:
         raise DataError("--weights and --random-init exclude each other")
     started = time.perf_counter()
-    root, cache = Path(args.root), Path(args.out)
+    root, cache = Path(args.root), check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
     index = read_dataset(args.format, root, args.split)
     images = split_images(index, root)
     mine = images[args.shard_index::args.num_shards]

@@ -26,6 +26,7 @@ import numpy as np
 from davir.data.caches import MaskCache
 from davir.data.images import load_mask
 from davir.data.records import DataError
+from davir.errors import check_output_file
 from davir.io import write_json_atomic
 
 
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of the split")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if args.out:
+            check_output_file(args.out, what="--out")  # before any work (docs/errors.md)
         result = evaluate(args.format, args.root, args.split, args.masks, args.limit)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)

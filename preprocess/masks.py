@@ -40,6 +40,7 @@ import numpy as np
 
 from davir.data.caches import MaskCache, cache_key
 from davir.data.records import ChangePair, DataError
+from davir.errors import check_output_dir
 from davir.io import read_json, write_json_atomic
 from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, RegionSettings
 from davir.preprocessing.mask_pipeline import (
@@ -269,6 +270,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     from davir.data import read_dataset
 
     started = time.time()
+    check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
+    if args.viz:
+        check_output_dir(args.viz, what="--viz")
     deviations = apply_profile(args)
     settings = region_settings(args)
     if args.segmenter == "sam":

@@ -207,7 +207,9 @@ def test_folder_subfolders_with_unmatched_file(tmp_path):
         ("lonely.png", "before image has no matching after image (expected name 'lonely')")]
     assert all(pair.captions == () and pair.split == "test" for pair in index)
     stats = dataset_stats("folder", tmp_path)
-    assert list(stats["splits"]) == ["test"] and stats["splits"]["test"]["skipped"] == 1
+    # Pairs without captions are captionable only: all in "test", none in train or val.
+    assert list(stats["splits"]) == ["train", "val", "test"] and stats["splits"]["test"]["skipped"] == 1
+    assert [stats["splits"][split]["pairs"] for split in ("train", "val", "test")] == [0, 0, 2]
 
 
 def test_folder_side_by_side(tmp_path):
@@ -233,11 +235,12 @@ def test_folder_manifests(tmp_path):
 
     jsonl = tmp_path / "sub" / "pairs.jsonl"
     jsonl.parent.mkdir()
-    jsonl.write_text('{"before": "../imgs/a1.png", "after": "x.png"}\n')
-    with pytest.raises(DataError, match=r"pairs\.jsonl: record 'row 1': image path '\.\./imgs/a1\.png' escapes"):
-        read_folder(jsonl)
+    # The user's own list may point anywhere: relative to the manifest's folder (climbing out) or absolute.
+    jsonl.write_text('{"before": "../imgs/a1.png", "after": "%s"}\n' % (tmp_path / "imgs" / "a2.png"))
+    (pair,) = read_folder(jsonl).pairs
+    assert pair.before == tmp_path / "imgs" / "a1.png" and pair.after == tmp_path / "imgs" / "a2.png"
     jsonl.write_text('{"before": "b.png", "after": "c.png", "id": "p"}\n\n{"before": "d.png"}\n')
-    with pytest.raises(DataError, match=r"pairs\.jsonl: row 2: the 'after' path is missing or empty"):
+    with pytest.raises(DataError, match=r"pairs\.jsonl: line 3: the 'after' path is missing or empty"):
         read_folder(tmp_path / "sub")
     (tmp_path / "bad.csv").write_text("left,right\na.png,b.png\n")
     with pytest.raises(DataError, match=r"bad\.csv: the header must name the columns before,after"):
@@ -248,3 +251,155 @@ def test_folder_without_pairs_is_an_error(tmp_path):
     (tmp_path / "readme.txt").write_text("nothing here")
     with pytest.raises(DataError, match="found no image pairs"):
         read_folder(tmp_path)
+
+
+# --- outputs and caches, through the commands a user runs (issue 18; policy in docs/errors.md) ------
+
+import os  # noqa: E402
+
+import davir.errors as errors_module  # noqa: E402
+from davir.cli import evaluate as evaluate_cli  # noqa: E402
+from davir.cli import train as train_cli  # noqa: E402
+from davir.data.caches import EntityCache  # noqa: E402
+from preprocess.__main__ import main as preprocess_main  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = ["model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}", "optim.max_steps=1",
+              "optim.batch_size=2", "run.val_max_pairs=2", "run.tensorboard=false"]
+
+
+def first_error_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    return next(line for line in lines if line.startswith("error:"))
+
+
+@pytest.fixture(scope="module")
+def tiny_synth(tmp_path_factory):
+    from davir.data.synthetic import SynthConfig, generate_dataset
+
+    root = tmp_path_factory.mktemp("synth") / "data"
+    generate_dataset(root, SynthConfig(scenes=16, seed=5, width=64, height=48), workers=1)
+    return root
+
+
+@pytest.fixture
+def read_only_dir(tmp_path, monkeypatch):
+    """A folder the user cannot write to, holding earlier work that must survive."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    (folder / "earlier.json").write_text('{"kept": true}\n')
+    folder.chmod(0o555)
+    if os.geteuid() == 0:  # root writes through permissions: make the write probe see what a user sees
+        real = errors_module._can_write
+        monkeypatch.setattr(errors_module, "_can_write",
+                            lambda f: False if Path(f).resolve().is_relative_to(folder.resolve()) else real(f))
+    yield folder
+    folder.chmod(0o755)
+    assert sorted(p.name for p in folder.iterdir()) == ["earlier.json"]  # nothing written, nothing lost
+
+
+def write_scoring_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    predictions, references = tmp_path / "preds.json", tmp_path / "refs.json"
+    predictions.write_text(json.dumps({"1": "the red cube moved", "2": "nothing changed"}))
+    references.write_text(json.dumps({"1": ["the red cube moved"], "2": ["nothing has changed"]}))
+    return predictions, references
+
+
+def test_read_only_outputs_stop_every_command_before_the_work(read_only_dir, tiny_synth, capsys):
+    predictions, references = write_scoring_inputs(read_only_dir.parent)
+    status = evaluate_cli.main(["--predictions", str(predictions), "--references", str(references),
+                                "--metrics", "BLEU", "--no-spice", "--out", str(read_only_dir / "m.json")])
+    assert status == 2
+    assert first_error_line(capsys) == (f"error: --out {read_only_dir / 'm.json'} is not writable: "
+                                        f"permission denied in {read_only_dir}")
+    assert "BLEU" not in capsys.readouterr().out  # failed before scoring, not after
+
+    status = train_cli.main(["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={tiny_synth}",
+                             f"run.output_dir={read_only_dir / 'run'}", *TINY_MODEL])
+    assert status == 2
+    assert first_error_line(capsys) == (f"error: run folder (run.output_dir) {read_only_dir / 'run'} is not writable: "
+                                        f"permission denied in {read_only_dir}")
+
+    for command in (["masks"], ["entities", "--image-level"], ["features", "--random-init"]):
+        status = preprocess_main([*command, "--format", "clevr_change", "--root", str(tiny_synth), "--split", "test",
+                                  "--out", str(read_only_dir / "cache"), "--no-progress"][: None if command[0] != "features" else -1])
+        assert status == 2, command
+        assert first_error_line(capsys) == (f"error: --out {read_only_dir / 'cache'} is not writable: "
+                                            f"permission denied in {read_only_dir}"), command
+
+
+def test_out_on_a_file_or_a_folder_is_one_line_and_leaves_nothing(tmp_path, tiny_synth, capsys):
+    predictions, references = write_scoring_inputs(tmp_path)
+    a_file = tmp_path / "plain.txt"
+    a_file.write_text("keep me\n")
+    a_folder = tmp_path / "results"
+    a_folder.mkdir()
+    score = ["--predictions", str(predictions), "--references", str(references), "--metrics", "BLEU", "--no-spice"]
+
+    assert evaluate_cli.main([*score, "--out", str(a_file / "m.json")]) == 2
+    assert first_error_line(capsys) == f"error: --out {a_file / 'm.json'} cannot be written: {a_file} is a file, not a folder"
+    assert evaluate_cli.main([*score, "--out", str(a_folder)]) == 2
+    assert first_error_line(capsys) == (f"error: --out {a_folder} is a folder; give a file path "
+                                        f"(e.g. {a_folder / 'metrics.json'})")
+    assert evaluate_cli.main([*score, "--markdown", str(a_file / "sub" / "t.md")]) == 2
+    assert first_error_line(capsys) == f"error: --markdown {a_file / 'sub' / 't.md'} cannot be written: {a_file} is a file, not a folder"
+    for command in ("masks", "entities"):
+        extra = ["--image-level"] if command == "entities" else []
+        args = [command, "--format", "clevr_change", "--root", str(tiny_synth), "--split", "test", "--no-progress", *extra]
+        assert preprocess_main([*args, "--out", str(a_file)]) == 2
+        assert first_error_line(capsys) == f"error: --out {a_file} cannot be used: {a_file} is a file, not a folder"
+        assert preprocess_main([*args, "--out", str(a_file / "cache")]) == 2
+        assert first_error_line(capsys) == f"error: --out {a_file / 'cache'} cannot be used: {a_file} is a file, not a folder"
+    assert a_file.read_text() == "keep me\n" and list(a_folder.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.txt", "preds.json", "refs.json", "results"]
+
+
+def test_atomic_write_onto_a_folder_leaves_no_temporary(tmp_path):
+    from davir.io import write_json_atomic
+
+    (tmp_path / "metrics.json").mkdir()
+    with pytest.raises(IsADirectoryError):
+        write_json_atomic(tmp_path / "metrics.json", {"a": 1})
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+@pytest.mark.parametrize("part,message", [
+    ([["a", 1.0]], r"part-x\.json: an entity part must be a JSON object .*got list"),
+    ({"p1": [["red cube", 0.9]], "p2": "red cube"}, r"part-x\.json: pair 'p2': expected a list of \[entity, score\], got str"),
+    ({"p1": [["red cube", 0.9, 3]]}, r"part-x\.json: pair 'p1' entry 0: expected \[entity, score\], got \['red cube', 0\.9, 3\]"),
+    ({"p1": [["red cube", "high"]]}, r"part-x\.json: pair 'p1' entry 0: expected \[entity, score\]"),
+])
+def test_entity_part_of_the_wrong_shape_names_the_file(tmp_path, part, message):
+    (tmp_path / "entities").mkdir()
+    (tmp_path / "entities" / "part-x.json").write_text(json.dumps(part))
+    with pytest.raises(DataError, match=message):
+        EntityCache(tmp_path).has("p1")
+
+
+def test_caches_built_for_other_data_are_refused_and_a_failed_start_leaves_no_run(tiny_synth, tmp_path, capsys):
+    elsewhere = tmp_path / "old_place" / "data"
+    masks, entities = tmp_path / "masks", tmp_path / "entities"
+    masks.mkdir()
+    (masks / "manifest.json").write_text(json.dumps({"root": str(elsewhere), "split": "train"}))
+    (entities / "entities").mkdir(parents=True)
+    (entities / "entities" / "manifest.json").write_text(json.dumps({"splits": {"train": {"root": str(elsewhere)}}}))
+    (entities / "entities" / "part-train-0000000.json").write_text(json.dumps({"0": [["red cube", 0.9, "x"]]}))
+    run = tmp_path / "run"
+    common = ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={tiny_synth}", f"run.output_dir={run}",
+              *TINY_MODEL]
+
+    status = train_cli.main([*common, f"data.masks={masks}", "model.fac.lambda_attn=0.1", "model.epc.use_entities=false"])
+    assert status == 2
+    assert first_error_line(capsys) == (
+        f"error: data.masks={masks} was built from dataset root {elsewhere} ({masks / 'manifest.json'}), but data.root "
+        f"is {tiny_synth.resolve()}: rebuild the cache for this dataset, or, if the dataset only moved, set "
+        f"data.moved_from={elsewhere}")
+    assert not run.exists()  # a failed start claims no run folder: the corrected rerun is not refused
+
+    # The dataset moved: the override accepts the old root, and the next problem (a bad entity part) is named.
+    status = train_cli.main([*common, f"data.entities={entities}", "model.fac.lambda_attn=0",
+                             "model.epc.use_entities=true", f"data.moved_from={elsewhere}"])
+    assert status == 2
+    assert first_error_line(capsys).startswith(
+        f"error: {entities / 'entities' / 'part-train-0000000.json'}: pair '0' entry 0: expected [entity, score]")
+    assert not (run / "config.yaml").exists() and not (run / "run_info.json").exists()

@@ -57,7 +57,7 @@ def test_evaluate_checkpoint_writes_predictions_metrics_and_types(trained_run):
     status = evaluate_script.main(["--checkpoint", str(run_dir), "--split", "test", "--limit", "6",
                                    "--metrics", "BLEU,CIDEr", "--no-spice", "--batch-size", "4"])
     assert status == 0
-    out = run_dir / "eval" / "clevr_change_test"
+    out = run_dir / "eval" / "clevr_change_test-limit6"  # a --limit never replaces the full split's result
     predictions = json.loads((out / "predictions.json").read_text())
     assert len(predictions) == 6
     metrics = json.loads((out / "metrics.json").read_text())
@@ -65,6 +65,27 @@ def test_evaluate_checkpoint_writes_predictions_metrics_and_types(trained_run):
     assert metrics["localisation"]["images"] > 0  # ground-truth masks of the synthetic set
     assert 0.0 <= metrics["localisation"]["attention_share_in_mask"] <= 1.0
     assert (out / "metrics.md").read_text().count("|") > 10
+
+
+def test_evaluate_on_another_root_keeps_the_runs_own_results(trained_run, tmp_path):
+    """Issue 18 case 20: another --root (or a --limit) gets its own eval folder; the earlier result stays."""
+    import hashlib
+    import shutil
+
+    run_dir, root = trained_run
+    own = run_dir / "eval" / "clevr_change_test"
+    own.mkdir(parents=True, exist_ok=True)
+    (own / "metrics.json").write_text('{"earlier": "300 pairs"}\n')
+    other = shutil.copytree(root, tmp_path / "moved_copy")
+    status = evaluate_script.main(["--checkpoint", str(run_dir), "--root", str(other), "--split", "test",
+                                   "--limit", "2", "--metrics", "BLEU", "--no-spice", "--batch-size", "2"])
+    assert status == 0
+    digest = hashlib.sha1(str(other.resolve()).encode()).hexdigest()[:8]
+    out = run_dir / "eval" / f"clevr_change_test-moved_copy-{digest}-limit2"
+    assert len(json.loads((out / "predictions.json").read_text())) == 2
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["limit"] == 2 and metrics["references"]["root"] == str(other)
+    assert (own / "metrics.json").read_text() == '{"earlier": "300 pairs"}\n'
 
 
 def test_caption_folder_reports_bad_pairs_and_captions_the_rest(trained_run, tmp_path):

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from davir.data.records import DataError
-from davir.evaluation import generate_and_score, report_scores
+from davir.errors import describe_os_error
+from davir.evaluation import check_outputs, generate_and_score, report_scores
 from davir.metrics import METRICS, MetricsError, load_predictions
 
 
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="folder with stanford-corenlp-3.6.0.jar and -models.jar, enabling SPICE "
                               "(default: $DAVIR_SPICE_CORENLP or jars already installed)")
     scoring.add_argument("--no-spice", action="store_true", help="do not compute SPICE even if it is available")
+    scoring.add_argument("--synthetic-scenes", type=Path, default=None,
+                         help="the folder of a davir synthetic set (holding scenes.json) whose pairs these are, e.g. "
+                              "exported to the folder format with their ids kept: adds type/object accuracy")
     scoring.add_argument("--strict", action="store_true",
                          help="fail when predictions and references do not cover the same pairs")
     output = parser.add_argument_group("output")
@@ -89,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("--checkpoint scores against the dataset split (--format/--root/--split), not --references")
             return generate_and_score(args)
         check_reference_args(parser, args)
+        check_outputs(args)
         predictions = load_predictions(args.predictions)
         return report_scores(predictions, args, predictions_source=str(args.predictions))
     except (DataError, MetricsError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # permissions, a full disk: one line, never a traceback (docs/errors.md)
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
         return 2
 
 

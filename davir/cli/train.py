@@ -13,6 +13,7 @@ import sys
 
 from davir.config import ConfigError, load_config
 from davir.data.records import DataError
+from davir.errors import check_output_dir, describe_os_error
 from davir.training.config import DEFAULT_CONFIG, TrainConfig
 from davir.training.loop import NonFiniteLoss, train
 
@@ -29,12 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = load_config(TrainConfig, args.config, args.overrides)
+        check_output_dir(config.run.output_dir, what="run folder (run.output_dir)")
         run_dir = train(config, resume=args.resume)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
     except (DataError, NonFiniteLoss) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # permissions, a full disk: one line, never a traceback (docs/errors.md)
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
         return 2
     print(f"run folder: {run_dir}")
     return 0

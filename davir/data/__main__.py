@@ -1,4 +1,5 @@
-"""`python -m davir.data {stats,synth,show} …` — dataset statistics, the built-in synthetic set, a picture grid."""
+"""`python -m davir.data {stats,verify,import,pairs,synth,show} …` — dataset statistics, download check, checking
+and importing your own labelled pairs, manifests, the built-in synthetic set, a picture grid."""
 
 from __future__ import annotations
 
@@ -9,25 +10,47 @@ import sys
 from davir.data.records import DataError
 
 
-def write_pairs_manifest(format: str, root: str, split: str, out: str, *, num: int) -> str:
-    """A `before,after,id` CSV of the first `num` pairs of a split, paths relative to the CSV's folder."""
-    import csv
-    import io
-    import os
-    from pathlib import Path
+def _verify(args) -> int:
+    from davir.data.verify import format_checks, verify_dataset
+    from davir.io import write_json_atomic
 
-    from davir.data.formats import read_dataset
-    from davir.io import write_text_atomic
+    checks = verify_dataset(args.format, args.root, args.split, decode=not args.quick)
+    summary, problems = format_checks(args.format, checks)
+    print("\n".join(summary))
+    for line in problems:
+        print(line, file=sys.stderr)
+    if args.out:
+        write_json_atomic(args.out, {"format": args.format, "root": args.root, "decoded": not args.quick,
+                                     "splits": [check.to_dict() for check in checks]})
+    incomplete = [check.split for check in checks if not check.complete]
+    if incomplete:
+        print(f"error: {args.format} at {args.root} is incomplete in {', '.join(incomplete)}", file=sys.stderr)
+        return 1
+    return 0
 
-    folder = Path(out).resolve().parent
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["before", "after", "id"])
-    for pair in read_dataset(format, root, split).pairs[:num]:
-        writer.writerow([os.path.relpath(Path(pair.before).resolve(), folder),
-                         os.path.relpath(Path(pair.after).resolve(), folder), pair.pair_id])
-    write_text_atomic(Path(out), buffer.getvalue())
-    return out
+
+def _import(args) -> int:
+    from davir.data.formats.folder import SplitOptions
+    from davir.data.importer import import_pairs
+
+    options = SplitOptions(seed=args.split_seed, val_fraction=args.val_fraction, test_fraction=args.test_fraction)
+    status, report = import_pairs(args.source, args.out, options=options, allow_uncaptioned=args.allow_uncaptioned,
+                                  allow_size_mismatch=args.allow_size_mismatch)
+    problems = report["problems"]
+    if problems:
+        print(f"error: {len(problems)} problem(s) in {report['source']}; nothing imported "
+              f"(report: {args.out}/report.json, {args.out}/summary.html)", file=sys.stderr)
+        for line in problems:
+            print(line, file=sys.stderr)
+        return status
+    for note in report["notes"]:
+        print(f"note: {note}", file=sys.stderr)
+    splits = ", ".join(f"{k} {v}" for k, v in report["pairs_by_split"].items())
+    captions = report["captions"]
+    print(f"imported {report['pairs']} pair(s) ({splits}; {report['pairs_without_captions']} without captions) "
+          f"with {captions['captions']} caption(s), vocabulary {captions.get('vocabulary', 0)}: {args.out}/pairs.jsonl; "
+          f"summary {args.out}/summary.html")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +61,26 @@ def main(argv: list[str] | None = None) -> int:
     stats.add_argument("--format", required=True)
     stats.add_argument("--root", required=True)
     stats.add_argument("--split", action="append", help="split(s) to count (default: all of the format's)")
+
+    verify = commands.add_parser("verify", help="is my download complete? official pair/image counts per split, "
+                                 "every missing, empty or undecodable image with its record; exit 1 when short")
+    verify.add_argument("--format", required=True)
+    verify.add_argument("--root", required=True)
+    verify.add_argument("--split", action="append", help="split(s) to check (default: all of the format's)")
+    verify.add_argument("--quick", action="store_true", help="check existence and size only, do not decode images")
+    verify.add_argument("--out", help="write every split's counts and problems to this JSON file")
+
+    importer = commands.add_parser("import", help="check your own pairs (a pairs.csv/.jsonl or a folder) end to end; "
+                                   "write a normalised pairs.jsonl, report.json and summary.html; exit 2 on problems")
+    importer.add_argument("source", help="a pairs.csv / pairs.jsonl manifest, or a folder of pairs")
+    importer.add_argument("--out", required=True, help="folder for pairs.jsonl, report.json and summary.html")
+    importer.add_argument("--val-fraction", type=float, default=0.1, help="seeded split of pairs without a split")
+    importer.add_argument("--test-fraction", type=float, default=0.1)
+    importer.add_argument("--split-seed", type=int, default=0)
+    importer.add_argument("--allow-uncaptioned", action="store_true",
+                          help="keep pairs without captions (captionable only, never trained on)")
+    importer.add_argument("--allow-size-mismatch", action="store_true",
+                          help="accept before/after of different sizes (before is resized to after)")
 
     synth = commands.add_parser("synth", help="render the built-in synthetic change dataset (CLEVR-Change layout)")
     synth.add_argument("--out", required=True)
@@ -56,19 +99,36 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--out", required=True)
     show.add_argument("--num", type=int, default=12)
 
-    pairs = commands.add_parser("pairs", help="write a pairs.csv manifest of some pairs of a split (input for caption.py)")
+    pairs = commands.add_parser("pairs", help="write a folder-format pairs.csv (captions, splits, masks) of some "
+                                "pairs of a dataset: input for caption.py, or a folder to train on")
     pairs.add_argument("--format", required=True)
     pairs.add_argument("--root", required=True)
-    pairs.add_argument("--split", default="test")
-    pairs.add_argument("--num", type=int, default=8)
+    pairs.add_argument("--split", action="append", help="split(s) to write (repeatable; default: test)")
+    pairs.add_argument("--num", type=int, default=8, help="pairs per split (0 = all)")
+    pairs.add_argument("--copy-images", action="store_true",
+                       help="copy the images into before/, after/, masks/ beside the CSV (a stand-alone folder)")
     pairs.add_argument("--out", required=True, help="the .csv to write; image paths are written relative to its folder")
 
     args = parser.parse_args(argv)
     try:
         if args.command == "stats":
-            from davir.data.stats import dataset_stats
+            from davir.data.stats import dataset_stats, unreadable_splits
 
-            print(json.dumps(dataset_stats(args.format, args.root, args.split), indent=2))
+            result = dataset_stats(args.format, args.root, args.split)
+            print(json.dumps(result, indent=2))
+            failed = unreadable_splits(result)
+            # A split the user asked for, or every split, unreadable: a failure, not a JSON detail.
+            if failed and (args.split or len(failed) == len(result["splits"])):
+                split, message = next(iter(failed.items()))
+                more = f" (and {len(failed) - 1} more split(s))" if len(failed) > 1 else ""
+                print(f"error: {args.format} split {split!r} cannot be read: {message}{more}", file=sys.stderr)
+                return 2
+            for split, message in failed.items():
+                print(f"note: {args.format} split {split!r} cannot be read: {message}", file=sys.stderr)
+        elif args.command == "verify":
+            return _verify(args)
+        elif args.command == "import":
+            return _import(args)
         elif args.command == "synth":
             from davir.data.synthetic import SynthConfig, generate_dataset
 
@@ -79,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             summary = generate_dataset(args.out, config, workers=args.workers)
             print(json.dumps(summary, indent=2))
         elif args.command == "pairs":
-            print(write_pairs_manifest(args.format, args.root, args.split, args.out, num=args.num))
+            from davir.data.export import write_pairs_manifest
+
+            print(write_pairs_manifest(args.format, args.root, args.split or ["test"], args.out, num=args.num,
+                                       copy_images=args.copy_images))
         elif args.command == "show":
             from davir.data.show import draw_grid
 

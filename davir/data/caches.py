@@ -100,6 +100,59 @@ class MaskCache:
         return read_json(self.root / "manifest.json")
 
 
+def read_entity_part(path: Path) -> dict[str, list[tuple[str, float]]]:
+    """One `part-*.json`: {pair_id: [[entity, score], ...]}; any other shape is a DataError naming the file."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: an entity part must be a JSON object {{pair_id: [[entity, score], ...]}}, "
+                        f"got {type(data).__name__}; rerun `python -m preprocess entities` into a new --out")
+    part: dict[str, list[tuple[str, float]]] = {}
+    for pair_id, items in data.items():
+        if not isinstance(items, list):
+            raise DataError(f"{path}: pair {pair_id!r}: expected a list of [entity, score], got {type(items).__name__}")
+        entries = []
+        for number, item in enumerate(items):
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], (int, float)) and not isinstance(item[1], bool)):
+                raise DataError(f"{path}: pair {pair_id!r} entry {number}: expected [entity, score], got {item!r}")
+            entries.append((item[0], float(item[1])))
+        part[pair_id] = entries
+    return part
+
+
+def recorded_roots(cache: str | Path) -> list[tuple[Path, str]]:
+    """(manifest, dataset root) for every manifest in a cache folder that records the root it was built from:
+    masks (`manifest.json`, `manifest-shard-I.json`: "root"), entities (`entities/manifest.json`: each
+    split's "root"), features (`manifest.json`: "dataset_root")."""
+    cache = Path(cache)
+    found = []
+    for path in [cache / "manifest.json", *sorted(cache.glob("manifest-shard-*.json"))]:
+        if path.is_file():
+            manifest = read_json(path)
+            for key in ("root", "dataset_root"):
+                if isinstance(manifest, dict) and isinstance(manifest.get(key), str):
+                    found.append((path, manifest[key]))
+    entities = cache / "entities" / "manifest.json"
+    if entities.is_file():
+        manifest = read_json(entities)
+        splits = (manifest.get("splits") if isinstance(manifest, dict) else None) or {}
+        found += [(entities, s["root"]) for s in splits.values() if isinstance(s, dict) and isinstance(s.get("root"), str)]
+    return found
+
+
+def check_cache_root(cache: str | Path, data_root: str | Path, *, key: str, moved_from: str | Path | None = None) -> None:
+    """Refuse a cache built from another dataset: pair ids repeat across datasets (000123.png …), so a
+    cache for other data would be used silently. `moved_from` accepts caches that recorded the dataset's
+    old location (the data moved, the caches did not). `key` is the config key naming the cache."""
+    accepted = {Path(data_root).resolve()} | ({Path(moved_from).resolve()} if moved_from else set())
+    for manifest, root in recorded_roots(cache):
+        if Path(root).resolve() not in accepted:
+            raise DataError(
+                f"{key}={cache} was built from dataset root {root} ({manifest}), but data.root is "
+                f"{Path(data_root).resolve()}: rebuild the cache for this dataset, or, if the dataset only moved, "
+                f"set data.moved_from={root}")
+
+
 class EntityCache:
     """Retrieved change entities per pair: a list of (entity, score), best first."""
 
@@ -117,8 +170,7 @@ class EntityCache:
         if self._table is None:
             table: dict[str, list[tuple[str, float]]] = {}
             for part in sorted(self.folder.glob("part-*.json")):
-                for pair_id, items in read_json(part).items():
-                    table[pair_id] = [(str(e), float(s)) for e, s in items]
+                table.update(read_entity_part(part))
             self._table = table
         return self._table
 

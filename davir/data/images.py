@@ -16,16 +16,48 @@ SIZE_POLICIES = ("resize_before_to_after", "error")
 
 
 def resolve_in_root(root: Path, relative: str, *, source: str, record: str) -> Path:
-    """Join an annotation-supplied path to the dataset root, refusing absolute or escaping paths."""
+    """Join a path taken from a downloaded dataset's annotation file to the folder it must stay in.
+
+    Refused (DataError naming the file and record): absolute paths, paths that climb out with "..",
+    and paths that leave the folder through a symlink inside it (a planted `x.jpg -> /etc/passwd`).
+    The folder itself may be a symlink (datasets often keep `images/` on another disk): containment is
+    checked against its resolved location. Missing files are not an error here (readers never open images).
+    """
     if not isinstance(relative, str) or not relative.strip():
         raise DataError(f"{source}: record {record!r}: image path is empty or not a string: {relative!r}")
     if PurePosixPath(relative).is_absolute() or PureWindowsPath(relative).is_absolute():
         raise DataError(f"{source}: record {record!r}: image path {relative!r} is absolute; paths must be relative to {root}")
-    # A textual check (no symlink resolution): a dataset may keep image folders behind symlinks.
     normalised = os.path.normpath(relative)
     if normalised == ".." or normalised.startswith(".." + os.sep):
         raise DataError(f"{source}: record {record!r}: image path {relative!r} escapes the dataset root {root}")
-    return Path(root) / normalised
+    joined = Path(root) / normalised
+    if joined.is_symlink() or any(parent.is_symlink() for parent in _parents_below(joined, Path(root))):
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(joined)
+        if os.path.commonpath([real_root, real]) != real_root:
+            raise DataError(f"{source}: record {record!r}: image path {relative!r} is a symlink that leads out of "
+                            f"the dataset folder {root} (to {real})")
+    return joined
+
+
+def _parents_below(path: Path, root: Path):
+    """The folders between `root` (excluded) and `path` (excluded)."""
+    for parent in path.parents:
+        if parent == root or len(parent.parts) <= len(root.parts):
+            return
+        yield parent
+
+
+def resolve_user_path(base: Path, value: str, *, source: str, record: str) -> Path:
+    """A path from the user's own list of pairs: absolute, `~/…`, or relative to `base` (the list's folder).
+
+    Unlike `resolve_in_root`, anywhere on disk is fine: a user's manifest naming images on other disks,
+    or written by `python -m davir.data pairs` next to a dataset, is the normal case.
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{source}: {record}: image path is empty or not a string: {value!r}")
+    path = Path(os.path.expanduser(value.strip()))
+    return Path(os.path.normpath(path if path.is_absolute() else Path(base) / path))
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -81,6 +81,8 @@ class DatasetIndex:
     split: str
     pairs: list[ChangePair]
     skipped: list[SkippedRecord] = field(default_factory=list)
+    # What the user should know that is no skipped record (e.g. manifest columns davir does not read).
+    notes: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.pairs)

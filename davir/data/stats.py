@@ -50,9 +50,19 @@ def split_stats(index: DatasetIndex, exists=os.path.isfile) -> dict:
         "skipped": len(index.skipped),
         "skipped_examples": [f"{skip.source}: {skip.record}: {skip.reason}" for skip in index.skipped[:MAX_EXAMPLES]],
     }
+    reasons = Counter(skip.reason for skip in index.skipped)
+    if reasons:
+        result["skipped_by_reason"] = dict(reasons.most_common())
     if types:
         result["change_types"] = dict(sorted(types.items()))
+    if index.notes:
+        result["notes"] = list(index.notes)
     return result
+
+
+def unreadable_splits(stats: dict) -> dict[str, str]:
+    """split -> error message, for the splits of a `dataset_stats` result that could not be read."""
+    return {split: counts["error"] for split, counts in stats["splits"].items() if "error" in counts}
 
 
 def dataset_stats(format: str, root: str | Path, splits: Iterable[str] | None = None) -> dict:

@@ -27,6 +27,9 @@ class DataConfig:
     masks: str | None = None  # MaskCache folder from `python -m preprocess masks` (FAC)
     entities: str | None = None  # EntityCache folder from `python -m preprocess entities` (EPC)
     features: str | None = None  # FeatureCache folder from `python -m preprocess features` (lightweight)
+    # The caches record the dataset root they were built from and must match data.root; when the dataset
+    # has moved since, name its old root here to accept them (docs/errors.md).
+    moved_from: str | None = None
     text_encoder: str | None = None  # local open_clip checkpoint (CHEER entities, RDD attributes); unset: random-init tower
     text_encoder_model: str | None = None  # open_clip model name (default: ViT-L-14 for CHEER, ViT-B-32 for RDD)
     text_encoder_config: str | None = None  # JSON open_clip model config to register (custom or tiny towers)

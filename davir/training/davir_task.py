@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from davir.data.caches import EntityCache, MaskCache
+from davir.data.caches import EntityCache, MaskCache, check_cache_root
 from davir.data.dataset import ChangeCaptionDataset, EntityField, ImageField, MaskField
 from davir.data.formats import read_dataset
 from davir.data.records import DataError
@@ -35,6 +35,10 @@ class DavirTask:
         if data.max_train_pairs:
             train_pairs = train_pairs[: data.max_train_pairs]
         val_pairs = read_dataset(data.format, data.root, data.val_split).pairs[: config.run.val_max_pairs]
+        for key, cache in (("data.masks", data.masks if model_config.fac.lambda_attn > 0 else None),
+                           ("data.entities", data.entities if model_config.epc.use_entities else None)):
+            if cache is not None:  # before the model is built: a wrong cache stops the run at once
+                check_cache_root(cache, data.root, key=key, moved_from=data.moved_from)
         self.model = build_davir_model(
             model_config, captions_for_tokenizer=[c for p in train_pairs for c in p.captions],
             device=accelerator.device)

@@ -32,7 +32,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from davir.data.caches import EntityCache
+from davir.data.caches import EntityCache, check_cache_root
 from davir.data.dataset import ChangeCaptionDataset, EntityField, stable_index
 from davir.data.feature_field import FeatureField
 from davir.data.formats import read_dataset
@@ -217,6 +217,7 @@ class LightweightTask:
         if not (Path(data.features) / "manifest.json").is_file():
             raise DataError(f"data.features={data.features} is not a feature cache; run `python -m preprocess features "
                             f"--format {data.format} --root {data.root} --split {data.train_split} --out {data.features} …`")
+        check_cache_root(data.features, data.root, key="data.features", moved_from=data.moved_from)
         self.features = FeatureCache(data.features, dataset_root=data.root)
         train_index = read_dataset(data.format, data.root, data.train_split)
         train_pairs = train_index.pairs[: data.max_train_pairs] if data.max_train_pairs else train_index.pairs
@@ -324,6 +325,7 @@ class LightweightTask:
         vocab_path = Path(data.entities) / "vocab.json"
         if not vocab_path.is_file():
             raise DataError(f"{data.entities} has no entity vocabulary ({vocab_path}); run `{command}`")
+        check_cache_root(data.entities, data.root, key="data.entities", moved_from=data.moved_from)
         self.entity_cache = EntityCache(data.entities)
         self.entity_phrases = EntityVocabulary.load(vocab_path).phrases
         self.entity_index = {phrase: i for i, phrase in enumerate(self.entity_phrases)}

@@ -52,18 +52,10 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
                                    warn=accelerator.print) if resume else None
     if resume and checkpoint is None:
         accelerator.print(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; starting from scratch")
-    fresh_over_old = (run_dir / "config.yaml").exists() and not resume
-    if fresh_over_old and not config.run.overwrite:
+    if (run_dir / "config.yaml").exists() and not resume and not config.run.overwrite:
         raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
 
-    # The task checks the data, caches and profiles first: a refused run leaves no run folder behind.
     task = build_task(config, accelerator)
-    if accelerator.is_main_process:
-        if fresh_over_old:
-            shutil.rmtree(run_dir)  # a fresh run: no stale checkpoints, logs or best/ from the old one
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, run_dir / "config.yaml")
-        write_run_info(run_dir, seed=config.run.seed, extra={"resumed_from": str(checkpoint) if checkpoint else None})
     train_loader = torch.utils.data.DataLoader(
         task.train_dataset, batch_size=config.optim.batch_size, shuffle=True, drop_last=True,
         collate_fn=collate_examples, num_workers=config.data.num_workers,
@@ -78,6 +70,15 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     if steps_per_epoch == 0:
         raise DataError(f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
                         f"of {config.optim.batch_size} on each of {accelerator.num_processes} processes")
+    # The run folder is claimed only once start-up succeeded: a run that fails before (missing cache, bad
+    # data) leaves nothing behind, so the corrected rerun is not refused as "already holds a run".
+    if accelerator.is_main_process:
+        if (run_dir / "config.yaml").exists() and not resume:
+            shutil.rmtree(run_dir)  # run.overwrite: no stale checkpoints, logs or best/ from the old run
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(config, run_dir / "config.yaml")
+        write_run_info(run_dir, seed=config.run.seed, extra={"resumed_from": str(checkpoint) if checkpoint else None})
+    accelerator.wait_for_everyone()
     max_steps = config.optim.max_steps or config.optim.epochs * steps_per_epoch
     epochs = math.ceil(max_steps / steps_per_epoch)
     describe = getattr(task.train_dataset, "describe", None)

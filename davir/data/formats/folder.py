@@ -1,33 +1,81 @@
-"""A user's own folder of before/after pairs, for inference (no references).
+"""A user's own folder of before/after pairs: for captioning, and with captions for training and scoring.
 
-Three layouts, tried in this order:
-    1. a manifest `pairs.csv` (columns before,after[,id]) or `pairs.jsonl` ({"before", "after"[, "id"]}
-       per line); paths are relative to the manifest's folder and may not escape it;
-    2. `before/` and `after/` sub-folders whose files match by name (extension may differ);
-    3. `NAME_before.EXT` next to `NAME_after.EXT`.
-A before with no after (or the reverse) is a counted skip (SkippedRecord) with the reason; files that
-are not images are ignored. pair_id is the manifest id, else the shared name. The split argument is
-accepted for the registry but ignored: every pair gets split "test".
+Three layouts, tried in this order (docs/own_pairs.md has the full reference):
+    1. a manifest `pairs.csv` or `pairs.jsonl`, one row per pair (or per caption):
+           before,after[,id][,caption | captions][,split][,mask[,mask_before]]
+       Paths are absolute or relative to the manifest's folder, anywhere on disk (this is the user's own
+       list, not a downloaded annotation file). Several references: repeat the row with the same id, or
+       give a JSON list in `captions`. `split` is train/val/test (valid/validation/dev = val). `mask` is a
+       ground-truth change mask in the after image's frame (`mask_before` optionally in the before's);
+       nonzero pixels are change. Columns davir does not know are kept in `ChangePair.meta` and named
+       once in `DatasetIndex.notes`; a CSV row with more values than the header is an error (usually a
+       caption with an unquoted comma).
+    2. `before/` and `after/` sub-folders whose files match by name (extension may differ), with an
+       optional `captions.json` ({name: [captions]}) and `masks/` folder (NAME.png) beside them;
+    3. `NAME_before.EXT` next to `NAME_after.EXT` (same optional captions.json and masks/).
+pair_id is the manifest id, else the before file's name without extension.
 
-    index = read_folder("my_pairs/")          # or read_folder("my_pairs/pairs.csv")
+Splits: a pair with a `split` keeps it. Otherwise a pair with captions gets a seeded split
+(`SplitOptions`: seed 0, 10 % val, 10 % test by default) drawn once per *group of pairs sharing an
+image*, so no image is in two splits; a pair without captions is "test". A pair without captions is
+captionable but never trainable: reading train or val leaves it out as a counted skip. Split "all"
+is every pair (what caption.py reads).
+
+    index = read_folder("my_pairs/", "train")          # or read_folder("my_pairs/pairs.csv", "all")
 """
 
 from __future__ import annotations
 
-import csv
+import hashlib
 import re
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass
+from pathlib import Path
 
+from davir.data.formats.folder_rows import (
+    COLUMNS, SPLITS, FolderPair, FolderRow, Problems, manifest_rows, merge_rows, read_caption_file,
+)
 from davir.data.formats.registry import register_format
-from davir.data.formats._common import PairMerger, require_id
-from davir.data.images import resolve_in_root
 from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
-from davir.io import read_jsonl
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif"})
 MANIFEST_NAMES = ("pairs.csv", "pairs.jsonl")
+CAPTION_FILE = "captions.json"
+MASK_FOLDER = "masks"
 SIDE_BY_SIDE = re.compile(r"^(?P<name>.+)_(?P<side>before|after)$", re.IGNORECASE)
-SPLIT = "test"
+ALL = "all"
+NOT_TRAINABLE = "no reference caption: captionable, never trainable (left out of train and val)"
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """The seeded split of pairs that have captions but no `split`: a fraction of image groups each."""
+
+    seed: int = 0
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+
+    def __post_init__(self):
+        if not (0 <= self.val_fraction and 0 <= self.test_fraction and self.val_fraction + self.test_fraction < 1):
+            raise DataError(f"split fractions must be >= 0 and leave some pairs for train; got val "
+                            f"{self.val_fraction}, test {self.test_fraction}")
+
+    def assign(self, key: str) -> str:
+        """The split of a group, fixed by (seed, key): the same on every read, whatever else the folder holds."""
+        digest = hashlib.blake2b(f"{self.seed}:{key}".encode(), digest_size=8).digest()
+        u = int.from_bytes(digest, "little") / 2.0 ** 64
+        return "test" if u < self.test_fraction else "val" if u < self.test_fraction + self.val_fraction else "train"
+
+
+@dataclass
+class FolderContents:
+    """Everything a folder holds, before one split is chosen (also what `davir.data import` checks)."""
+
+    root: Path
+    source: str
+    pairs: list[FolderPair]
+    skipped: list[SkippedRecord]
+    notes: list[str]
+    has_captions: bool = False  # a caption column or captions.json: the user meant to give captions
 
 
 def _images_in(folder: Path) -> list[Path]:
@@ -48,11 +96,10 @@ def _by_name(paths: list[Path], key, folder: Path) -> dict[str, Path]:
     return found
 
 
-def _match(befores: dict[str, Path], afters: dict[str, Path], source: str) -> tuple[list[ChangePair], list[SkippedRecord]]:
-    pairs = [
-        ChangePair(pair_id=name, before=befores[name], after=afters[name], split=SPLIT)
-        for name in sorted(befores.keys() & afters.keys())
-    ]
+def _match(root: Path, befores: dict[str, Path], afters: dict[str, Path], problems: Problems) -> FolderContents:
+    """Pairs of files matched by name, with the optional captions.json and masks/ beside them."""
+    source = str(root)
+    names = sorted(befores.keys() & afters.keys())
     skipped = [
         SkippedRecord(source, befores[name].name, f"before image has no matching after image (expected name {name!r})")
         for name in sorted(befores.keys() - afters.keys())
@@ -60,83 +107,119 @@ def _match(befores: dict[str, Path], afters: dict[str, Path], source: str) -> tu
         SkippedRecord(source, afters[name].name, f"after image has no matching before image (expected name {name!r})")
         for name in sorted(afters.keys() - befores.keys())
     ]
-    return pairs, skipped
+    notes: list[str] = []
+    captions: dict[str, list[str]] = {}
+    if (root / CAPTION_FILE).is_file():
+        caption_problems = Problems(str(root / CAPTION_FILE), problems.strict)
+        captions, unknown = read_caption_file(root / CAPTION_FILE, set(names), caption_problems)
+        problems.items.extend(caption_problems.items)
+        if unknown:
+            notes.append(f"{root / CAPTION_FILE}: {len(unknown)} key(s) name no pair and are ignored, e.g. {unknown[:3]}")
+    masks = _by_name(_images_in(root / MASK_FOLDER), lambda path: path.stem, root / MASK_FOLDER) \
+        if (root / MASK_FOLDER).is_dir() else {}
+    rows = [FolderRow(record=befores[name].name, pair_id=name, before=befores[name], after=afters[name],
+                      captions=captions.get(name, []), mask=masks.get(name)) for name in names]
+    return FolderContents(root, source, merge_rows(rows, problems), skipped, notes,
+                          has_captions=(root / CAPTION_FILE).is_file())
 
 
-def _read_subfolders(root: Path) -> DatasetIndex:
+def _subfolders(root: Path, problems: Problems) -> FolderContents:
     befores = _by_name(_images_in(root / "before"), lambda path: path.stem, root / "before")
     afters = _by_name(_images_in(root / "after"), lambda path: path.stem, root / "after")
-    pairs, skipped = _match(befores, afters, str(root))
-    return DatasetIndex("folder", root, SPLIT, pairs, skipped)
+    return _match(root, befores, afters, problems)
 
 
-def _read_side_by_side(root: Path) -> DatasetIndex:
+def _side_by_side(root: Path, problems: Problems) -> FolderContents:
     sides: dict[str, list[Path]] = {"before": [], "after": []}
     for path in _images_in(root):
         match = SIDE_BY_SIDE.match(path.stem)
         if match:
             sides[match["side"].lower()].append(path)
     name_of = lambda path: SIDE_BY_SIDE.match(path.stem)["name"]  # noqa: E731
-    pairs, skipped = _match(_by_name(sides["before"], name_of, root), _by_name(sides["after"], name_of, root), str(root))
-    return DatasetIndex("folder", root, SPLIT, pairs, skipped)
+    return _match(root, _by_name(sides["before"], name_of, root), _by_name(sides["after"], name_of, root), problems)
 
 
-def _manifest_rows(path: Path) -> list[tuple[str, dict]]:
-    """(record name, row) of a pairs.csv or pairs.jsonl."""
-    if path.suffix.lower() == ".csv":
-        with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: Excel writes a BOM
-            reader = csv.DictReader(handle)
-            columns = [name.strip() for name in (reader.fieldnames or [])]
-            if "before" not in columns or "after" not in columns:
-                raise DataError(f"{path}: the header must name the columns before,after[,id]; got {reader.fieldnames}")
-            # Row numbers count the header as line 1, as a spreadsheet shows them.
-            return [
-                (f"line {number}", {key.strip(): value for key, value in row.items() if key is not None})
-                for number, row in enumerate(reader, start=2)
-            ]
-    if path.suffix.lower() == ".jsonl":
-        return [(f"row {number}", row) for number, row in enumerate(read_jsonl(path), start=1)]
-    raise DataError(f"{path}: a pair manifest must be a .csv or .jsonl file")
-
-
-def _read_manifest(path: Path) -> DatasetIndex:
+def _manifest(path: Path, problems: Problems) -> FolderContents:
     if not path.is_file():
         raise DataError(f"pair manifest is missing: {path}")
-    root = path.parent
-    merger = PairMerger(str(path))
-    for record, row in _manifest_rows(path):
-        if not isinstance(row, dict):
-            raise DataError(f"{path}: {record}: expected an object with \"before\" and \"after\", got {row!r:.80}")
-        for column in ("before", "after"):
-            if not row.get(column):
-                raise DataError(f"{path}: {record}: the {column!r} path is missing or empty")
-        before = resolve_in_root(root, row["before"], source=str(path), record=record)
-        after = resolve_in_root(root, row["after"], source=str(path), record=record)
-        raw_id = row.get("id")
-        pair_id = PurePosixPath(row["before"]).stem if raw_id in (None, "") else require_id(
-            raw_id, source=str(path), record=record, field="id")
-        merger.add(ChangePair(pair_id=pair_id, before=before, after=after, split=SPLIT), f"{record} (id {pair_id!r})")
-    return DatasetIndex("folder", root, SPLIT, merger.pairs(), [])
+    rows, unused, columns = manifest_rows(path, problems)
+    notes = [f"{path}: column(s) {', '.join(map(repr, unused))} are not davir columns "
+             f"({', '.join(COLUMNS)}); "
+             "their values are kept in ChangePair.meta and otherwise unused"] if unused else []
+    return FolderContents(path.parent, str(path), merge_rows(rows, problems), [], notes,
+                          has_captions="caption" in columns or "captions" in columns)
 
 
-@register_format("folder", splits=(SPLIT, "all"))
-def read_folder(path: str | Path, split: str = SPLIT) -> DatasetIndex:
-    """Pairs of a user's folder (or of a pairs.csv / pairs.jsonl manifest file); `split` is ignored."""
+def folder_contents(path: str | Path, problems: Problems | None = None) -> FolderContents:
+    """Read a folder (or manifest file) in whichever layout it has; `problems` collects row errors."""
     path = Path(path)
     if path.is_file():
-        return _read_manifest(path)
+        return _manifest(path, problems or Problems(str(path)))
     if not path.is_dir():
         raise DataError(f"{path}: no such folder or manifest file")
     for name in MANIFEST_NAMES:
         if (path / name).is_file():
-            return _read_manifest(path / name)
+            return _manifest(path / name, problems or Problems(str(path / name)))
+    problems = problems or Problems(str(path))
     if (path / "before").is_dir() and (path / "after").is_dir():
-        index = _read_subfolders(path)
+        contents = _subfolders(path, problems)
     else:
-        index = _read_side_by_side(path)
-    if not index.pairs and not index.skipped:
+        contents = _side_by_side(path, problems)
+    if not contents.pairs and not contents.skipped:
         raise DataError(
             f"{path}: found no image pairs: expected before/ and after/ folders, NAME_before/NAME_after files, "
             "or a pairs.csv / pairs.jsonl manifest"
         )
-    return index
+    return contents
+
+
+def assign_splits(pairs: list[FolderPair], options: SplitOptions) -> dict[str, str]:
+    """pair_id -> split: the given one, else "test" without captions, else seeded per group sharing an image."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    open_pairs = [pair for pair in pairs if pair.split is None and pair.captions]
+    for pair in open_pairs:  # union the pair with its images: pairs sharing an image share a group
+        for image in (pair.first.before, pair.first.after):
+            a, b = find("pair:" + pair.pair_id), find(f"image:{image}")
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    groups: dict[str, list[str]] = {}
+    for pair in open_pairs:
+        groups.setdefault(find("pair:" + pair.pair_id), []).append(pair.pair_id)
+    split_of = {pair.pair_id: pair.split or "test" for pair in pairs}
+    for members in groups.values():
+        split = options.assign(min(members))
+        for pair_id in members:
+            split_of[pair_id] = split
+    return split_of
+
+
+def to_change_pair(pair: FolderPair, split: str) -> ChangePair:
+    first = pair.first
+    mask_before = first.mask_before or first.mask
+    return ChangePair(pair_id=pair.pair_id, before=first.before, after=first.after, captions=tuple(pair.captions),
+                      split=split, gt_mask_before=mask_before, gt_mask_after=first.mask, meta=dict(first.meta))
+
+
+@register_format("folder", splits=(*SPLITS, ALL))
+def read_folder(path: str | Path, split: str = ALL, *, options: SplitOptions = SplitOptions()) -> DatasetIndex:
+    """One split of a user's folder (or of a pairs.csv / pairs.jsonl manifest file); "all" = every pair."""
+    if split not in (*SPLITS, ALL):
+        raise DataError(f"folder: no split {split!r}; choose from {', '.join((*SPLITS, ALL))}")
+    contents = folder_contents(path)
+    split_of = assign_splits(contents.pairs, options)
+    pairs, skipped = [], list(contents.skipped)
+    for pair in contents.pairs:
+        if split != ALL and split_of[pair.pair_id] != split:
+            continue
+        if split in ("train", "val") and not pair.captions:
+            skipped.append(SkippedRecord(contents.source, f"{pair.first.record} (id {pair.pair_id!r})", NOT_TRAINABLE))
+            continue
+        pairs.append(to_change_pair(pair, split_of[pair.pair_id]))
+    return DatasetIndex("folder", contents.root, split, pairs, skipped, notes=contents.notes)

@@ -15,7 +15,7 @@ from pathlib import Path
 from davir.data.formats.registry import register_format
 from davir.data.formats._common import PairMerger, clean_captions, read_record_list, require_id, require_keys
 from davir.data.images import resolve_in_root
-from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
+from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
 
 SPLITS = ("train", "val", "test")
 SPLIT_FILES = {"train": "train.json", "val": "valid.json", "test": "test.json"}

@@ -23,7 +23,7 @@ from davir.data.formats.registry import register_format
 from davir.data.formats._common import (
     PairMerger, clean_captions, plain_file_name, read_record_list, require_id, require_keys,
 )
-from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
+from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
 
 SPLITS = ("train", "val", "test")
 

@@ -1,0 +1,258 @@
+"""The rows of a user's folder of pairs, before they become `ChangePair` records.
+
+Every layout of the `folder` format (a pairs.csv / pairs.jsonl manifest, before/ + after/ folders,
+NAME_before / NAME_after files) is read into `FolderRow`s; rows that repeat an id are merged into
+`FolderPair`s (captions concatenated in file order), then split and filtered by `folder.py`.
+
+Problems go to a `Problems` collector: the reader raises at the first one (DataError naming the file
+and row), `python -m davir.data import` collects them all in one pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from davir.data.images import resolve_user_path
+from davir.data.records import DataError
+from davir.io import read_json
+
+# Manifest columns davir reads; any other column is reported once (DatasetIndex.notes) and kept in meta.
+COLUMNS = ("id", "before", "after", "caption", "captions", "split", "mask", "mask_before")
+SPLITS = ("train", "val", "test")
+SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
+
+
+class Problems:
+    """Where row problems go: `strict` raises the first as a DataError, otherwise they are collected."""
+
+    def __init__(self, source: str, strict: bool = True):
+        self.source = source
+        self.strict = strict
+        self.items: list[tuple[str, str]] = []  # (record, message)
+
+    def add(self, record: str, message: str) -> None:
+        if self.strict:
+            raise DataError(f"{self.source}: {record}: {message}")
+        self.items.append((record, message))
+
+    def lines(self) -> list[str]:
+        return [f"{self.source}: {record}: {message}" for record, message in self.items]
+
+
+@dataclass
+class FolderRow:
+    """One row of a manifest (or one matched file pair) with its paths resolved."""
+
+    record: str  # "line 7" (CSV, the header is line 1), "row 3" (JSONL), or a file name
+    pair_id: str
+    before: Path
+    after: Path
+    captions: list[str] = field(default_factory=list)
+    split: str | None = None
+    mask: Path | None = None
+    mask_before: Path | None = None
+    empty_caption: bool = False  # a caption cell was present but blank
+    explicit_id: bool = True
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class FolderPair:
+    """The merged rows of one id."""
+
+    first: FolderRow
+    records: list[str]
+    captions: list[str]
+    split: str | None
+    empty_caption_records: list[str] = field(default_factory=list)  # rows whose caption cell was blank
+
+    @property
+    def pair_id(self) -> str:
+        return self.first.pair_id
+
+
+def normalise_split(value: Any, *, record: str, problems: Problems) -> str | None:
+    """"train"/"val"/"test" (also "valid", "validation", "dev", any case); blank = unassigned (None)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    name = SPLIT_NAMES.get(str(value).strip().lower())
+    if name is None:
+        problems.add(record, f"split {value!r} is not one of train, val, test")
+    return name
+
+
+def caption_list(value: Any, *, record: str, field_name: str, problems: Problems) -> tuple[list[str], bool]:
+    """(captions, had_blank): a `caption` string, or a `captions` list (in CSV, a JSON list in the cell)."""
+    if value is None:
+        return [], False
+    if field_name == "captions" and isinstance(value, str):
+        if not value.strip():
+            return [], True
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            problems.add(record, f"'captions' must be a JSON list of strings, e.g. [\"a\", \"b\"]; got {value[:60]!r}")
+            return [], False
+    values = value if isinstance(value, list) else [value]
+    captions, blank = [], False
+    for number, sentence in enumerate(values):
+        if not isinstance(sentence, str):
+            problems.add(record, f"{field_name}[{number}] must be a string, got {type(sentence).__name__} {sentence!r:.40}")
+            continue
+        if sentence.strip():
+            captions.append(" ".join(sentence.split()))
+        else:
+            blank = True
+    return captions, blank
+
+
+def _csv_rows(path: Path, problems: Problems) -> tuple[list[tuple[str, dict]], list[str]]:
+    with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: Excel writes a BOM
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}: the manifest is empty; it needs a header naming the columns before,after[,id,caption,split,mask]")
+        columns = [name.strip().lower() for name in header]
+        if "before" not in columns or "after" not in columns:
+            raise DataError(f"{path}: the header must name the columns before,after[,id,caption,split,mask]; got {header}")
+        duplicated = sorted({name for name in columns if columns.count(name) > 1 and name})
+        if duplicated:
+            raise DataError(f"{path}: the header names the column(s) {', '.join(duplicated)} more than once")
+        rows = []
+        for cells in reader:
+            number = reader.line_num  # the line a spreadsheet shows (header = line 1)
+            if not any(cell.strip() for cell in cells):
+                continue
+            if len(cells) > len(columns):
+                problems.add(f"line {number}", f"{len(cells)} values but the header names {len(columns)} columns "
+                             f"(extra: {cells[len(columns):]!r:.60}); quote a caption that contains a comma")
+                cells = cells[: len(columns)]
+            rows.append((f"line {number}", {name: cell for name, cell in zip(columns, cells) if name}))
+    return rows, columns
+
+
+def _jsonl_rows(path: Path, problems: Problems) -> tuple[list[tuple[str, dict]], list[str]]:
+    rows, columns = [], []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                problems.add(f"line {number}", f"malformed JSON: {error.msg}")
+                continue
+            if not isinstance(row, dict):
+                problems.add(f"line {number}", f"expected an object with \"before\" and \"after\", got {row!r:.60}")
+                continue
+            columns.extend(key for key in row if key not in columns)
+            rows.append((f"line {number}", row))
+    return rows, columns
+
+
+def manifest_rows(path: Path, problems: Problems) -> tuple[list[FolderRow], list[str], list[str]]:
+    """The rows of a pairs.csv / pairs.jsonl, the columns davir does not use, and all columns."""
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".jsonl"):
+        raise DataError(f"{path}: a pair manifest must be a .csv or .jsonl file")
+    try:
+        raw, columns = (_csv_rows if suffix == ".csv" else _jsonl_rows)(path, problems)
+    except (UnicodeDecodeError, csv.Error) as error:  # a binary or mis-encoded file
+        raise DataError(f"{path}: not a UTF-8 {'CSV' if suffix == '.csv' else 'JSON-lines'} file ({error})") from error
+    if not raw and not problems.items:
+        raise DataError(f"{path}: the manifest lists no pairs (a header and no rows); add one row per pair")
+    unused = [name for name in columns if name not in COLUMNS]
+    base = path.parent
+    rows = []
+    for record, row in raw:
+        parsed = _manifest_row(row, record, base, str(path), problems)
+        if parsed is not None:
+            parsed.meta = {name: row[name] for name in unused if row.get(name) not in (None, "")}
+            rows.append(parsed)
+    return rows, unused, columns
+
+
+def _manifest_row(row: dict, record: str, base: Path, source: str, problems: Problems) -> FolderRow | None:
+    paths = {}
+    for column in ("before", "after", "mask", "mask_before"):
+        value = row.get(column)
+        if value in (None, ""):
+            if column in ("before", "after"):
+                problems.add(record, f"the {column!r} path is missing or empty")
+                return None
+            continue
+        if not isinstance(value, str):
+            problems.add(record, f"the {column!r} path must be a string, got {value!r:.40}")
+            return None
+        paths[column] = resolve_user_path(base, value, source=source, record=record)
+    if "mask_before" in paths and "mask" not in paths:
+        problems.add(record, "'mask_before' is given without 'mask' (the change mask in the after image)")
+    raw_id = row.get("id")
+    if raw_id in (None, ""):
+        pair_id, explicit = Path(str(row["before"]).strip()).stem, False
+        if not pair_id:
+            problems.add(record, f"no id, and the before path {row['before']!r} has no file name to take one from")
+            return None
+    elif isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or not str(raw_id).strip():
+        problems.add(record, f"'id' must be a non-empty string, got {raw_id!r}")
+        return None
+    else:
+        pair_id, explicit = str(raw_id).strip(), True
+    captions, blank = caption_list(row.get("caption"), record=record, field_name="caption", problems=problems)
+    more, blank_more = caption_list(row.get("captions"), record=record, field_name="captions", problems=problems)
+    return FolderRow(
+        record=record, pair_id=pair_id, before=paths["before"], after=paths["after"], captions=captions + more,
+        split=normalise_split(row.get("split"), record=record, problems=problems),
+        mask=paths.get("mask"), mask_before=paths.get("mask_before"),
+        empty_caption=(blank or blank_more) and not (captions or more), explicit_id=explicit,
+    )
+
+
+def read_caption_file(path: Path, names: set[str], problems: Problems) -> tuple[dict[str, list[str]], list[str]]:
+    """A `captions.json` beside before/ and after/: {name: [captions] or "caption"}; (captions by name, unknown keys).
+
+    A key may be the pair name or a before file's name ("0001" or "0001.png")."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected an object mapping pair names to caption lists, got {type(data).__name__}")
+    found, unknown = {}, []
+    for key, value in data.items():
+        name = key if key in names else Path(key).stem
+        if name not in names:
+            unknown.append(key)
+            continue
+        captions, _ = caption_list(value, record=f"key {key!r}", field_name="captions" if isinstance(value, list)
+                                   else "caption", problems=problems)
+        found.setdefault(name, []).extend(captions)
+    return found, unknown
+
+
+def merge_rows(rows: list[FolderRow], problems: Problems) -> list[FolderPair]:
+    """One FolderPair per id, in first-appearance order; a repeated id must repeat the same images."""
+    merged: dict[str, FolderPair] = {}
+    for row in rows:
+        pair = merged.get(row.pair_id)
+        if pair is None:
+            merged[row.pair_id] = FolderPair(row, [row.record], list(row.captions), row.split,
+                                             [row.record] if row.empty_caption else [])
+            continue
+        first = pair.first
+        for name in ("before", "after", "mask", "mask_before"):
+            if getattr(first, name) != getattr(row, name):
+                how = "" if row.explicit_id else " (the id is the before file's name; add an id column)"
+                problems.add(row.record, f"repeats the id {row.pair_id!r} of {first.record}{how} but with a different "
+                             f"{name} image: {getattr(row, name)} vs {getattr(first, name)}")
+                break
+        else:
+            if row.split and pair.split and row.split != pair.split:
+                problems.add(row.record, f"puts id {row.pair_id!r} in split {row.split!r} but {first.record} put it in {pair.split!r}")
+            pair.split = pair.split or row.split
+            pair.captions.extend(row.captions)
+            pair.records.append(row.record)
+            if row.empty_caption:
+                pair.empty_caption_records.append(row.record)
+    return list(merged.values())

@@ -1,0 +1,206 @@
+"""`python -m davir.data import SOURCE --out DIR`: check a user's pairs end to end before any training.
+
+SOURCE is a `folder`-format manifest (pairs.csv / pairs.jsonl) or folder (davir/data/formats/folder.py).
+One pass finds every problem, each named by its row ("pairs.csv: line 7: …"):
+    rows the reader refuses (missing paths, bad split, extra CSV values, malformed captions list),
+    an id repeated with different images or splits, empty captions (a pair without any caption is
+    allowed with --allow-uncaptioned: captionable, never trainable), train/val rows without captions,
+    missing / empty / undecodable images and masks, before/after (and mask) size mismatches
+    (--allow-size-mismatch accepts them: training resizes before to after), and leakage: one image
+    (same bytes, under any name) in pairs of two different splits.
+It also reports caption length and vocabulary statistics. Outputs in DIR: `report.json` (counts,
+statistics, every problem) and `summary.html` (one page: the numbers and a grid of sample pairs)
+always; `pairs.jsonl`, the normalised manifest (absolute paths, one line per pair with its caption
+list and split, the seeded split written out), only when there is no problem. Exit status 2 on problems.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+
+from davir.data.formats.folder import SplitOptions, assign_splits, folder_contents, to_change_pair
+from davir.data.formats.folder_rows import Problems
+from davir.data.records import DataError
+from davir.io import write_json_atomic, write_text_atomic
+
+WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+LONG_CAPTION_WORDS = 40  # more words than a change caption usually has (and than 30 new tokens hold)
+SAMPLE_ROWS = 12
+
+
+def _image_facts(path: Path) -> tuple[tuple[int, int] | None, str | None, str | None]:
+    """(size, content hash, problem) of one image file."""
+    if not path.exists():
+        return None, None, f"file is missing: {path}"
+    if not path.is_file():
+        return None, None, f"not a file: {path}"
+    data = path.read_bytes()
+    if not data:
+        return None, None, f"file is empty: {path}"
+    try:
+        with Image.open(path) as image:
+            image.load()
+            size = image.size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        return None, None, f"not a readable image: {path} ({error})"
+    return size, hashlib.blake2b(data, digest_size=16).hexdigest(), None
+
+
+def caption_statistics(captions: list[str]) -> dict:
+    """Counts of captions, words per caption, vocabulary (lower-cased words) and its rare words."""
+    tokens = [WORD.findall(caption.lower()) for caption in captions]
+    lengths = [len(words) for words in tokens]
+    vocabulary = Counter(word for words in tokens for word in words)
+    if not captions:
+        return {"captions": 0}
+    return {
+        "captions": len(captions),
+        "words_per_caption": {"min": min(lengths), "median": statistics.median(lengths),
+                              "mean": round(statistics.fmean(lengths), 2), "max": max(lengths)},
+        "vocabulary": len(vocabulary),
+        "words_seen_once": sum(1 for count in vocabulary.values() if count == 1),
+        "most_common_words": vocabulary.most_common(15),
+        f"captions_over_{LONG_CAPTION_WORDS}_words": sum(1 for n in lengths if n > LONG_CAPTION_WORDS),
+    }
+
+
+def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), allow_uncaptioned: bool = False,
+                allow_size_mismatch: bool = False) -> dict:
+    """Every problem of a folder/manifest in one pass; returns the report (see the module docstring)."""
+    source = Path(source)
+    problems = Problems(str(source if source.is_file() else source), strict=False)
+    contents = folder_contents(source, problems)
+    problems.source = contents.source
+    split_of = assign_splits(contents.pairs, options)
+
+    facts: dict[Path, tuple] = {}
+
+    def image(path: Path, record: str, role: str):
+        if path not in facts:
+            facts[path] = _image_facts(path)
+        size, digest, problem = facts[path]
+        if problem:
+            problems.add(record, f"{role}: {problem}")
+        return size, digest
+
+    holders: dict[str, dict[str, str]] = defaultdict(dict)  # image hash -> split -> first record using it
+    good, uncaptioned = [], 0
+    for pair in contents.pairs:
+        record = pair.records[0] if len(pair.records) == 1 else f"{pair.records[0]} (id {pair.pair_id!r})"
+        bad = len(problems.items)
+        split = split_of[pair.pair_id]
+        empty_rows = pair.empty_caption_records
+        if not pair.captions:
+            uncaptioned += 1
+        if empty_rows and (pair.captions or not allow_uncaptioned):
+            for row in empty_rows:
+                problems.add(row, "empty caption")
+        elif not pair.captions and pair.split in ("train", "val"):
+            problems.add(record, f"is in split {pair.split!r} but has no caption (a pair without one can only be captioned)")
+        elif not pair.captions and not allow_uncaptioned and contents.has_captions:
+            problems.add(record, "has no caption (pass --allow-uncaptioned to keep it for captioning only)")
+        before_size, before_hash = image(pair.first.before, record, "before")
+        after_size, after_hash = image(pair.first.after, record, "after")
+        if before_size and after_size and before_size != after_size and not allow_size_mismatch:
+            problems.add(record, f"before is {before_size[0]}x{before_size[1]} but after is {after_size[0]}x{after_size[1]} "
+                         "(--allow-size-mismatch resizes before to after, as for IER)")
+        for role, path, frame in (("mask", pair.first.mask, after_size), ("mask_before", pair.first.mask_before, before_size)):
+            if path is not None:
+                size, _ = image(path, record, role)
+                if size and frame and size != frame:
+                    problems.add(record, f"{role} is {size[0]}x{size[1]} but its image is {frame[0]}x{frame[1]}")
+        if pair.captions and len(problems.items) == bad:  # leakage among otherwise good pairs
+            for digest in (before_hash, after_hash):
+                if digest is not None:
+                    holders[digest].setdefault(split, record)
+        if len(problems.items) == bad:
+            good.append(to_change_pair(pair, split))
+    for digest, by_split in holders.items():
+        if len(by_split) > 1:
+            named = sorted(by_split.items(), key=lambda item: ("train", "val", "test").index(item[0]))
+            first_split, first_record = named[0]
+            for split, record in named[1:]:
+                problems.add(record, f"leakage: an image of this {split} pair is also in {first_split} ({first_record})")
+
+    captions = [caption for pair in contents.pairs for caption in pair.captions]
+    splits = Counter(split_of[pair.pair_id] for pair in contents.pairs if pair.captions)
+    return {
+        "source": contents.source,
+        "pairs": len(contents.pairs),
+        "rows_merged": sum(len(pair.records) for pair in contents.pairs),
+        "pairs_by_split": {split: splits.get(split, 0) for split in ("train", "val", "test")},
+        "pairs_without_captions": uncaptioned,
+        "images_checked": len(facts),
+        "split_options": {"seed": options.seed, "val_fraction": options.val_fraction, "test_fraction": options.test_fraction},
+        "captions": caption_statistics(captions),
+        "skipped": [f"{skip.source}: {skip.record}: {skip.reason}" for skip in contents.skipped],
+        "notes": contents.notes,
+        "problems": problems.lines(),
+        "_pairs": good,
+    }
+
+
+def normalised_manifest(pairs) -> str:
+    lines = []
+    for pair in pairs:
+        row = {"id": pair.pair_id, "before": str(pair.before.resolve()), "after": str(pair.after.resolve()),
+               "captions": list(pair.captions), "split": pair.split}
+        if pair.gt_mask_after is not None:
+            row["mask"] = str(pair.gt_mask_after.resolve())
+            if pair.gt_mask_before != pair.gt_mask_after:
+                row["mask_before"] = str(pair.gt_mask_before.resolve())
+        lines.append(json.dumps(row, ensure_ascii=False))
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(path: Path, report: dict, pairs) -> None:
+    """The one-page HTML: the numbers, the problems, and a grid of sample pairs (mask overlaid)."""
+    from davir.data.images import load_mask, load_pair
+    from davir.viz.report import ReportRow, write_report
+
+    rows = []
+    step = max(1, len(pairs) // SAMPLE_ROWS)
+    for pair in pairs[::step][:SAMPLE_ROWS]:
+        before, after = load_pair(pair)
+        mask = load_mask(pair.gt_mask_after, record=pair.pair_id) if pair.gt_mask_after is not None else None
+        rows.append(ReportRow(f"{pair.pair_id} [{pair.split}]", caption=pair.captions[0] if pair.captions else None,
+                              before=before, after=after, mask=mask, references=list(pair.captions[1:4])))
+    stats = report["captions"]
+    summary = {
+        "source": report["source"],
+        "pairs": f"{report['pairs']} ({report['rows_merged']} rows); with captions by split: "
+                 + ", ".join(f"{k} {v}" for k, v in report["pairs_by_split"].items())
+                 + f"; without captions (captionable only): {report['pairs_without_captions']}",
+        "captions": (f"{stats['captions']}, words per caption {stats['words_per_caption']}, vocabulary {stats['vocabulary']} "
+                     f"({stats['words_seen_once']} seen once)") if stats.get("captions") else "none",
+        "problems": str(len(report["problems"])) + ("" if not report["problems"] else ": " + " | ".join(report["problems"][:20])),
+    }
+    if report["notes"]:
+        summary["notes"] = " | ".join(report["notes"])
+    write_report(path, rows, title=f"davir import — {Path(report['source']).name}", summary=summary)
+
+
+def import_pairs(source: str | Path, out: str | Path, **kwargs) -> tuple[int, dict]:
+    """Check `source`, write report.json + summary.html (+ pairs.jsonl when clean) into `out`; (exit status, report)."""
+    out = Path(out)
+    report = check_pairs(source, **kwargs)
+    pairs = report.pop("_pairs")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "report.json", report)
+    write_summary(out / "summary.html", report, pairs)
+    manifest = out / "pairs.jsonl"
+    if report["problems"]:
+        if manifest.exists():
+            manifest.unlink()  # never leave an earlier clean manifest beside a failing report
+        return 2, report
+    if not pairs:
+        raise DataError(f"{source}: no pairs to import")
+    write_text_atomic(manifest, normalised_manifest(pairs))
+    return 0, report

@@ -1,0 +1,143 @@
+"""Fault injection (issue 18): each long job is killed with SIGKILL at seeded random moments while it
+works, rerun, and its output compared with an uninterrupted run — byte for byte (masks, entities,
+features) or loss for loss (training). Small on purpose (a few pairs / steps); marked `faults`
+(pyproject.toml), and run by `make test`."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from davir.data.caches import EntityCache
+from davir.data.synthetic import SynthConfig, generate_dataset
+from davir.io import read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+       "TOKENIZERS_PARALLELISM": "false"}
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults") / "data"
+    generate_dataset(root, SynthConfig(scenes=40, seed=7, width=64, height=48, val_fraction=0.1, test_fraction=0.2),
+                     workers=1)
+    return root
+
+
+def run(argv: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def kill_while_working(argv: list[str], started, rng: random.Random, *, max_delay: float, timeout: float = 180) -> bool:
+    """Start the job, wait until `started()` (it has written something), then SIGKILL it after a random
+    delay in [0, max_delay). Returns False when the job finished before the kill landed."""
+    process = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while not started() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0, max_delay))
+    finished = process.poll() is not None
+    if not finished:
+        process.send_signal(signal.SIGKILL)
+    process.wait()
+    return not finished
+
+
+def tree(folder: Path, *, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not any(part in skip for part in p.relative_to(folder).parts)}
+
+
+def no_temporaries(folder: Path) -> None:
+    assert [p for p in folder.rglob("*.tmp")] == []
+
+
+def test_masks_killed_three_times_resume_byte_identical(data, tmp_path):
+    rng = random.Random(181)
+    argv = lambda out: ["-m", "preprocess", "masks", "--format", "clevr_change", "--root", str(data), "--split", "test",
+                        "--out", str(out), "--no-progress", "--workers", "1"]  # noqa: E731
+    reference = run(argv(tmp_path / "reference"))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    out = tmp_path / "killed"
+    kills = sum(kill_while_working(argv(out), lambda: any((out / "masks").glob("*.json")), rng, max_delay=0.6)
+                for _ in range(3))
+    assert kills >= 1  # at least one kill landed mid-run
+    final = run(argv(out))
+    assert final.returncode == 0, final.stderr[-2000:]
+    no_temporaries(out)
+    assert tree(out / "masks") == tree(tmp_path / "reference" / "masks")
+
+
+def test_entities_killed_resume_with_the_same_entities(data, tmp_path):
+    rng = random.Random(182)
+    argv = lambda out: ["-m", "preprocess", "entities", "--format", "clevr_change", "--root", str(data), "--split",  # noqa: E731
+                        "test", "--out", str(out), "--no-progress", "--image-level", "--retriever", "fitted",
+                        "--top-k", "3", "--chunk-size", "1", "--fit-split", "test"]
+    reference = run(argv(tmp_path / "reference"))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    out = tmp_path / "killed"
+    kills = sum(kill_while_working(argv(out), lambda: any((out / "entities").glob("part-*.json")), rng, max_delay=0.5)
+                for _ in range(2))
+    assert kills >= 1
+    final = run(argv(out))
+    assert final.returncode == 0, final.stderr[-2000:]
+    no_temporaries(out)
+    assert EntityCache(out).table() == EntityCache(tmp_path / "reference").table()
+    assert tree(out, skip=("entities",)) == tree(tmp_path / "reference", skip=("entities",))  # vocabulary, retriever
+
+
+def test_features_killed_resume_byte_identical(data, tmp_path):
+    import torch
+
+    from davir.data.feature_cache import FeatureCache
+
+    rng = random.Random(183)
+    argv = lambda out: ["-m", "preprocess", "features", "--format", "clevr_change", "--root", str(data), "--split",  # noqa: E731
+                        "val", "--out", str(out), "--random-init", "--batch-size", "2", "--chunk-size", "2",
+                        "--workers", "0"]
+    reference = run(argv(tmp_path / "reference"))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    out = tmp_path / "killed"
+    started = lambda: out.is_dir() and any(p.name != "manifest.json" for p in out.rglob("*") if p.is_file())  # noqa: E731
+    kills = sum(kill_while_working(argv(out), started, rng, max_delay=0.5) for _ in range(2))
+    assert kills >= 1
+    final = run(argv(out))
+    assert final.returncode == 0, final.stderr[-2000:]
+    no_temporaries(out)
+    got, want = FeatureCache(out, dataset_root=data), FeatureCache(tmp_path / "reference", dataset_root=data)
+    assert sorted(got.entries) == sorted(want.entries) and len(got) > 0
+    for key in want.entries:
+        assert torch.equal(got.get(key), want.get(key)), key
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {row["step"]: row["train/loss"] for row in read_jsonl(run_dir / "train_log.jsonl")}
+
+
+def test_training_killed_resumes_loss_for_loss(data, tmp_path):
+    rng = random.Random(184)
+    argv = lambda out: ["train.py", f"data.root={data}", "data.masks=null", "data.entities=null",  # noqa: E731
+                        "model.fac.lambda_attn=0", "model.epc.use_entities=false",
+                        "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+                        "optim.batch_size=2", "optim.max_steps=4", "run.log_every=1", "run.save_every=1",
+                        "run.eval_every=0", "run.val_max_pairs=2", "run.tensorboard=false", f"run.output_dir={out}"]
+    reference = run(argv(tmp_path / "reference"))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    out = tmp_path / "killed"
+    first = out / "checkpoints" / "step_1" / "COMPLETE"
+    assert kill_while_working(argv(out), first.is_file, rng, max_delay=1.0)
+    resumed = run([*argv(out), "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    want, got = _losses(tmp_path / "reference"), _losses(out)
+    assert sorted(got) == sorted(want) == list(range(1, 5))
+    assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-5, abs=1e-6)

@@ -1,0 +1,266 @@
+"""Your own labelled pairs: the folder format both ways, `davir.data import` / `verify` / `stats` / `pairs` as a user
+runs them (exit code + the first line naming the file and row), and the symlink guard of dataset annotation files."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from davir.data.formats import read_dataset
+from davir.data.formats.folder import SplitOptions, read_folder
+from davir.data.records import DataError
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "datasets"
+
+
+def run(*args, cwd=REPO):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def solid(path: Path, value: int, size=(16, 12)) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (value, value, value)).save(path)
+    return path
+
+
+# --- the folder format with captions, splits and masks ------------------------------------------------------------
+
+def test_manifest_with_captions_splits_and_masks(tmp_path):
+    for name, value in (("a0", 1), ("a1", 2), ("b0", 3), ("b1", 4), ("c0", 5), ("c1", 6)):
+        solid(tmp_path / "img" / f"{name}.png", value)
+    Image.new("L", (16, 12), 255).save(tmp_path / "img" / "m.png")
+    (tmp_path / "pairs.csv").write_text(
+        "id,before,after,caption,split,mask\n"
+        "p1,img/a0.png,img/a1.png,the cup is gone,train,img/m.png\n"
+        'p1,img/a0.png,img/a1.png,"the cup, on the left, was removed",train,img/m.png\n'
+        "p2,img/b0.png,img/b1.png,a chair appeared,Valid,\n"
+        "p3,img/c0.png,img/c1.png,,test,\n")
+    train = read_folder(tmp_path, "train")
+    assert [(p.pair_id, p.captions, p.split) for p in train] == [
+        ("p1", ("the cup is gone", "the cup, on the left, was removed"), "train")]
+    assert train.pairs[0].gt_mask_after == train.pairs[0].gt_mask_before == tmp_path / "img" / "m.png"
+    assert [p.pair_id for p in read_dataset("folder", tmp_path, "val")] == ["p2"]
+    test = read_folder(tmp_path, "test")
+    assert [(p.pair_id, p.captions) for p in test] == [("p3", ())]  # captionable, not trainable
+    assert [p.pair_id for p in read_folder(tmp_path)] == ["p1", "p2", "p3"]  # "all": what caption.py reads
+
+    # The same pair without a caption but put in train: never trained on, a counted skip.
+    (tmp_path / "pairs.csv").write_text("id,before,after,caption,split\np3,img/c0.png,img/c1.png,,train\n")
+    index = read_folder(tmp_path, "train")
+    assert index.pairs == [] and index.skipped[0].record == "line 2 (id 'p3')"
+    assert index.skipped[0].reason.startswith("no reference caption: captionable, never trainable")
+
+
+def test_seeded_split_keeps_pairs_that_share_an_image_together(tmp_path):
+    rows = ["id,before,after,captions"]
+    for scene in range(60):
+        solid(tmp_path / f"s{scene}_0.png", scene)
+        solid(tmp_path / f"s{scene}_1.png", scene + 1)
+        solid(tmp_path / f"s{scene}_2.png", scene + 2)
+        rows.append(f's{scene},s{scene}_0.png,s{scene}_1.png,"[""a change""]"')
+        rows.append(f's{scene}_n,s{scene}_0.png,s{scene}_2.png,"[""no change"", ""nothing""]"')  # shares the before
+    rows.append("lonely,s0_1.png,s0_2.png,")  # no caption: always test
+    manifest = tmp_path / "mine.csv"
+    manifest.write_text("\n".join(rows) + "\n")
+    options = SplitOptions(seed=3, val_fraction=0.2, test_fraction=0.2)
+    split_of = {p.pair_id: p.split for p in read_folder(manifest, "all", options=options)}
+    assert split_of["lonely"] == "test"
+    assert all(split_of[f"s{i}"] == split_of[f"s{i}_n"] for i in range(60))  # no image in two splits
+    counts = {s: sum(1 for i in range(60) if split_of[f"s{i}"] == s) for s in ("train", "val", "test")}
+    assert counts["train"] > counts["val"] > 0 and counts["test"] > 0 and sum(counts.values()) == 60
+    assert split_of == {p.pair_id: p.split for p in read_folder(manifest, "all", options=options)}  # deterministic
+    other = {p.pair_id: p.split for p in read_folder(manifest, "all", options=SplitOptions(seed=4, val_fraction=0.2,
+                                                                                             test_fraction=0.2))}
+    assert other != split_of
+    assert read_folder(manifest, "train", options=options).pairs[0].captions in (("a change",), ("no change", "nothing"))
+
+
+def test_folders_with_captions_json_and_masks(tmp_path):
+    for name in ("k", "s"):
+        solid(tmp_path / "before" / f"{name}.png", 1)
+        solid(tmp_path / "after" / f"{name}.jpg", 2)
+    (tmp_path / "masks").mkdir()
+    Image.new("L", (16, 12), 0).save(tmp_path / "masks" / "k.png")
+    (tmp_path / "captions.json").write_text(json.dumps({"k.png": ["a cup appeared", "cup added"], "nobody": ["x"]}))
+    index = read_folder(tmp_path, "all")
+    by_id = index.by_id()
+    assert by_id["k"].captions == ("a cup appeared", "cup added") and by_id["s"].captions == ()
+    assert by_id["k"].gt_mask_after == tmp_path / "masks" / "k.png" and by_id["s"].gt_mask_after is None
+    assert by_id["s"].split == "test"
+    assert "1 key(s) name no pair" in index.notes[0]
+
+
+def test_extra_values_and_unknown_columns(tmp_path):
+    solid(tmp_path / "a.png", 1)
+    solid(tmp_path / "b.png", 2)
+    (tmp_path / "pairs.csv").write_text("before,after,caption,notes\na.png,b.png,a cup, on the left,gone\n")
+    result = run("-m", "davir.data", "stats", "--format", "folder", "--root", str(tmp_path), "--split", "all")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0].startswith(f"error: folder split 'all' cannot be read: {tmp_path / 'pairs.csv'}: "
+                                                    "line 2: 5 values but the header names 4 columns")
+    (tmp_path / "pairs.csv").write_text('before,after,caption,notes\na.png,b.png,"a cup, on the left",checked by Ann\n')
+    result = run("-m", "davir.data", "stats", "--format", "folder", "--root", str(tmp_path))
+    assert result.returncode == 0
+    notes = json.loads(result.stdout)["splits"]["train"]["notes"]
+    assert notes[0].startswith(f"{tmp_path / 'pairs.csv'}: column(s) 'notes' are not davir columns")
+    assert read_folder(tmp_path).pairs[0].meta == {"notes": "checked by Ann"}
+
+
+def test_header_only_or_empty_manifest_is_an_error(tmp_path):
+    (tmp_path / "pairs.csv").write_text("before,after,id\n")
+    result = run("caption.py", "--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path / "pairs.csv"))
+    assert result.returncode == 2 and not (tmp_path / "captions.jsonl").exists()
+    assert result.stderr.splitlines()[0] == (f"error: {tmp_path / 'pairs.csv'}: the manifest lists no pairs "
+                                             "(a header and no rows); add one row per pair")
+    (tmp_path / "pairs.csv").unlink()
+    (tmp_path / "pairs.jsonl").write_text("\n\n")
+    with pytest.raises(DataError, match=r"pairs\.jsonl: the manifest lists no pairs"):
+        read_folder(tmp_path)
+
+
+# --- manifests anywhere on disk (issue 20) -----------------------------------------------------------------------
+
+def test_pairs_output_and_absolute_paths_are_accepted_anywhere(tmp_path):
+    from davir.data.synthetic import SynthConfig, generate_dataset
+
+    root = tmp_path / "data"
+    generate_dataset(root, SynthConfig(scenes=10, seed=0, width=64, height=48), workers=1)
+    out = tmp_path / "elsewhere" / "deeper" / "p.csv"  # the images are "../../data/…" from here
+    result = run("-m", "davir.data", "pairs", "--format", "clevr_change", "--root", str(root), "--split", "train",
+                 "--num", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_text().splitlines()[1].split(",")[1].startswith("../../data/images/")
+    pairs = read_folder(out).pairs
+    original = read_dataset("clevr_change", root, "train").pairs[:2]
+    assert [(p.pair_id, p.after.resolve(), p.captions) for p in pairs] == \
+        [(p.pair_id, p.after.resolve(), p.captions) for p in original]
+    absolute = tmp_path / "abs.csv"
+    absolute.write_text(f"before,after\n{original[0].before.resolve()},{original[0].after.resolve()}\n")
+    assert read_folder(absolute).pairs[0].after == original[0].after.resolve()
+
+
+# --- dataset annotation files stay inside their root (issue 18.8) ------------------------------------------------
+
+def test_symlink_out_of_a_dataset_root_is_refused(tmp_path):
+    secret = tmp_path / "outside" / "secret.jpg"
+    solid(secret, 9)
+    root = tmp_path / "ier"
+    (root / "images").mkdir(parents=True)
+    solid(root / "images" / "a.jpg", 1)
+    (root / "images" / "b.jpg").symlink_to(secret)
+    (root / "train.json").write_text(json.dumps([{"img0": "a.jpg", "img1": "b.jpg", "sents": ["x"], "uid": "u1"}]))
+    result = run("-m", "davir.data", "stats", "--format", "ier", "--root", str(root), "--split", "train")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0].startswith(
+        f"error: ier split 'train' cannot be read: {root / 'train.json'}: record 'u1': image path 'b.jpg' is a symlink "
+        f"that leads out of the dataset folder {root / 'images'}")
+    # The image folder itself on another disk (a symlinked images/) is the normal case and accepted.
+    (root / "images" / "b.jpg").unlink()
+    solid(tmp_path / "disk" / "a.jpg", 1)
+    solid(tmp_path / "disk" / "b.jpg", 2)
+    shutil.rmtree(root / "images")
+    (root / "images").symlink_to(tmp_path / "disk")
+    assert [p.after.name for p in read_dataset("ier", root, "train")] == ["b.jpg"]
+
+
+# --- stats exit status (issue 18.21) -----------------------------------------------------------------------------
+
+def test_stats_exits_non_zero_when_the_requested_split_is_unreadable(tmp_path):
+    shutil.copy(SHARED / "ier" / "valid.json", tmp_path / "valid.json")
+    result = run("-m", "davir.data", "stats", "--format", "ier", "--root", str(tmp_path), "--split", "test")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: ier split 'test' cannot be read: annotation file is missing: {tmp_path / 'test.json'}"]
+    result = run("-m", "davir.data", "stats", "--format", "ier", "--root", str(tmp_path))  # val readable: a note
+    assert result.returncode == 0 and json.loads(result.stdout)["splits"]["val"]["pairs"] == 383
+
+
+# --- import: every bad row in one pass ---------------------------------------------------------------------------
+
+def test_import_flags_every_kind_of_bad_row_in_one_pass(tmp_path):
+    images = tmp_path / "imgs"
+    for name, value in (("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5), ("f", 6)):
+        solid(images / f"{name}.png", value)
+    solid(images / "big.png", 7, size=(32, 24))
+    (images / "broken.png").write_bytes(b"\x89PNG not really")
+    (images / "empty.png").write_bytes(b"")
+    shutil.copy(images / "a.png", images / "a_copy.png")  # same bytes under another name
+    manifest = tmp_path / "pairs.csv"
+    manifest.write_text(
+        "id,before,after,caption,split\n"
+        "ok,imgs/a.png,imgs/b.png,a cup appeared,train\n"          # line 2
+        "bad1,imgs/broken.png,imgs/b.png,x,train\n"                 # line 3: undecodable
+        "bad2,imgs/c.png,imgs/big.png,x,train\n"                    # line 4: size mismatch
+        "bad3,imgs/c.png,imgs/d.png,,train\n"                       # line 5: empty caption
+        "ok,imgs/c.png,imgs/b.png,another,train\n"                  # line 6: same id, other before
+        "bad4,imgs/a_copy.png,imgs/e.png,leaks,test\n"              # line 7: train image in test
+        "bad5,imgs/missing.png,imgs/empty.png,x,train\n"            # line 8: missing + empty
+        "bad6,imgs/f.png,imgs/d.png,x,holdout\n")                   # line 9: unknown split
+    out = tmp_path / "imported"
+    result = run("-m", "davir.data", "import", str(manifest), "--out", str(out))
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"error: 8 problem(s) in {manifest}; nothing imported")
+    source = str(manifest)
+    expected = [
+        f"{source}: line 9: split 'holdout' is not one of train, val, test",
+        f"{source}: line 6: repeats the id 'ok' of line 2 but with a different before image",
+        f"{source}: line 3: before: not a readable image: {images / 'broken.png'}",
+        f"{source}: line 4: before is 16x12 but after is 32x24",
+        f"{source}: line 5: empty caption",
+        f"{source}: line 8: before: file is missing: {images / 'missing.png'}",
+        f"{source}: line 8: after: file is empty: {images / 'empty.png'}",
+        f"{source}: line 7: leakage: an image of this test pair is also in train (line 2)",
+    ]
+    for line, start in zip(lines[1:], expected):
+        assert line.startswith(start), (line, start)
+    assert len(lines) == 1 + len(expected)
+    assert not (out / "pairs.jsonl").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["problems"]) == 8 and (out / "summary.html").read_text().count("<img") > 0
+
+
+def test_import_writes_a_normalised_manifest_that_reads_back(tmp_path):
+    for name, value in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+        solid(tmp_path / "imgs" / f"{name}.png", value)
+    (tmp_path / "pairs.jsonl").write_text(
+        '{"id": "x", "before": "imgs/a.png", "after": "imgs/b.png", "captions": ["a cup appeared", "cup added"]}\n'
+        '{"id": "y", "before": "imgs/c.png", "after": "imgs/d.png", "caption": "a chair left", "split": "test"}\n')
+    out = tmp_path / "imported"
+    result = run("-m", "davir.data", "import", str(tmp_path), "--out", str(out), "--test-fraction", "0",
+                 "--val-fraction", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("imported 2 pair(s) (train 1, val 0, test 1; 0 without captions) with 3 caption(s)")
+    rows = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
+    assert rows[0] == {"id": "x", "before": str(tmp_path / "imgs" / "a.png"), "after": str(tmp_path / "imgs" / "b.png"),
+                       "captions": ["a cup appeared", "cup added"], "split": "train"}
+    assert [(p.pair_id, p.split, p.captions) for p in read_folder(out)] == [
+        ("x", "train", ("a cup appeared", "cup added")), ("y", "test", ("a chair left",))]
+    report = json.loads((out / "report.json").read_text())
+    assert report["captions"]["words_per_caption"] == {"min": 2, "median": 3, "mean": 2.67, "max": 3}
+    assert report["captions"]["vocabulary"] == 6
+
+
+# --- verify: is my download complete? ----------------------------------------------------------------------------
+
+def test_verify_lists_missing_and_broken_images_with_their_records(tmp_path):
+    root = tmp_path / "clevr_change"
+    shutil.copytree(SHARED / "clevr_change", root, ignore=shutil.ignore_patterns("predictions_example"))
+    (root / "images" / "CLEVR_default_000001.png").write_bytes(b"")
+    result = run("-m", "davir.data", "verify", "--format", "clevr_change", "--root", str(root), "--split", "train",
+                 "--quick", "--out", str(tmp_path / "verify.json"))
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0].startswith("clevr_change train: 67,660 pairs of 67,660, 101,490 images of "
+                                                    "101,490: INCOMPLETE")
+    problems = result.stderr.splitlines()
+    assert problems[0].startswith("clevr_change train: record '001956.png': before image missing: ")
+    recorded = json.loads((tmp_path / "verify.json").read_text())["splits"][0]["problems"]
+    assert f"record '000001.png': before image empty (0 bytes): {root / 'images' / 'CLEVR_default_000001.png'}" in recorded
+    assert problems[-1] == f"error: clevr_change at {root} is incomplete in train"
