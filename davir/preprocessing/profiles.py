@@ -139,10 +139,10 @@ def check_cache_profiles(expected: str | None, *, masks: str | Path | None = Non
             continue  # no cache at all: the caller's "run preprocess … first" error says more
         profile, manifest = reader(folder)
         found[kind] = profile
-        if expected is None or profile == expected:
-            continue
-        what = "no manifest recording its settings" if profile is None else f"preprocessing profile {profile!r}"
-        problems.append(f"the {kind} cache {folder} was made with {what} ({manifest}), but {where} expects "
+        if expected is None or profile is None or profile == expected:
+            continue  # a manifest without settings is not a cache a job wrote: the cache readers name that
+        problems.append(f"the {kind} cache {folder} was made with preprocessing profile {profile!r} ({manifest}), "
+                        f"but {where} expects "
                         f"profile {expected!r}: recompute it with `python -m preprocess {kind} --profile {expected} …`")
     if problems:
         message = "; ".join(problems) + f" — or accept the mismatch explicitly with {override}"

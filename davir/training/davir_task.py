@@ -25,12 +25,6 @@ class DavirTask:
         self.config = config
         self.accelerator = accelerator
         data, model_config = config.data, config.model
-        # Before the (7B) model is built: caches of another preprocessing profile are refused.
-        check_cache_profiles(data.preprocessing_profile,
-                             masks=data.masks if model_config.fac.lambda_attn > 0 else None,
-                             entities=data.entities if model_config.epc.use_entities else None,
-                             allow_mismatch=data.allow_profile_mismatch, warn=accelerator.print,
-                             where="data.preprocessing_profile of this config")
         train_pairs = read_dataset(data.format, data.root, data.train_split).pairs
         if data.max_train_pairs:
             train_pairs = train_pairs[: data.max_train_pairs]
@@ -39,6 +33,12 @@ class DavirTask:
                            ("data.entities", data.entities if model_config.epc.use_entities else None)):
             if cache is not None:  # before the model is built: a wrong cache stops the run at once
                 check_cache_root(cache, data.root, key=key, moved_from=data.moved_from)
+        # Still before the (7B) model is built: caches of another preprocessing profile are refused.
+        check_cache_profiles(data.preprocessing_profile,
+                             masks=data.masks if model_config.fac.lambda_attn > 0 else None,
+                             entities=data.entities if model_config.epc.use_entities else None,
+                             allow_mismatch=data.allow_profile_mismatch, warn=accelerator.print,
+                             where="data.preprocessing_profile of this config")
         self.model = build_davir_model(
             model_config, captions_for_tokenizer=[c for p in train_pairs for c in p.captions],
             device=accelerator.device)
