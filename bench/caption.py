@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's davir, not an installed one
 
 
 def tree_rss(process: psutil.Process) -> int:

@@ -206,3 +206,37 @@ def test_online_masks_rebuild_the_cache_segmenter_or_say_what_is_missing(trained
     assert OnlineMasks.from_cache(cache, sam_checkpoint=tmp_path / "moved.pth").segmenter.name == "sam"
     with pytest.raises(DataError, match="mask cache not found: .*--masks-from"):
         OnlineMasks.from_cache(tmp_path / "nowhere")
+
+
+def test_a_lightweight_run_captions_a_folder_as_evaluate_does(trained, tmp_path, capsys):
+    """SCORER through caption.py: online features of the run's (seeded random-init) backbone give the captions
+    `caption_pairs_lightweight` gives from the `preprocess features` cache."""
+    from davir.data.feature_cache import FeatureCache
+    from davir.data.formats import read_dataset
+    from davir.inference_lightweight import caption_pairs_lightweight, load_lightweight
+    from preprocess.features import main as features_main
+    from tests.test_lightweight_train import TINY
+
+    data = trained / "data"
+    features = tmp_path / "features"
+    for split in ("train", "val", "test"):
+        assert features_main(["--format", "clevr_change", "--root", str(data), "--split", split, "--out",
+                              str(features), "--random-init", "--workers", "0", "--batch-size", "32"]) == 0
+    config = load_config(TrainConfig, None, ["method=scorer", "lightweight.method=scorer", "data.format=clevr_change",
+                                             f"data.root={data}", f"data.features={features}",
+                                             f"run.output_dir={tmp_path / 'scorer'}", *TINY])
+    run_dir = train_script.train(config)
+    test_pairs = read_dataset("clevr_change", data, "test").pairs[:3]
+    pairs = tmp_path / "pairs"
+    (pairs / "before").mkdir(parents=True)
+    (pairs / "after").mkdir()
+    for pair in test_pairs:
+        shutil.copy(pair.before, pairs / "before" / f"{pair.pair_id}.png")
+        shutil.copy(pair.after, pairs / "after" / f"{pair.pair_id}.png")
+    out = tmp_path / "c.jsonl"
+    status, _, err = run(["--checkpoint", run_dir, "--pairs", pairs, "--out", out, "--quiet"], capsys)
+    assert status == 0, err
+    cached = caption_pairs_lightweight(load_lightweight(run_dir / "last", device="cpu"), test_pairs,
+                                       feature_cache=FeatureCache(features), progress=False)
+    assert {r["id"]: r["caption"] for r in rows_of(out)} == {p.pair_id: p.caption for p in cached}
+    assert all(p.caption for p in cached)
