@@ -48,10 +48,11 @@ def _worker_init(_: int) -> None:
 
 def _shard_layout(args) -> tuple[int, int, object]:
     """(num_shards, shard_index, accelerate state or None): accelerate when launched by it, else the flags."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_CPU") is not None:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch.distributed.run (accelerate launch --multi_gpu, torchrun)
+        import torch
         from accelerate import PartialState
 
-        state = PartialState()
+        state = PartialState(cpu=not torch.cuda.is_available())  # gloo between CPU processes
         if state.num_processes > 1:
             if args.num_shards not in (None, 1):
                 raise DataError("--num-shards is for schedulers without accelerate: under `accelerate launch` each "
@@ -100,7 +101,7 @@ def caption_folder(args: argparse.Namespace) -> int:
         sam_checkpoint=args.sam_checkpoint, clip_checkpoint=args.clip_checkpoint,
         backbone_weights=args.backbone_weights, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
         size_policy="resize_before_to_after" if args.resize_mismatched else "error",
-        device=None if state is None else state.device)
+        device=None if state is None or state.device.type == "cpu" else state.device)
     store = CaptionStore(out, captioner.settings(), num_shards=num_shards, shard_index=shard_index)
     if main_process or state is None:
         store.prepare(overwrite=args.overwrite and main_process, source=str(args.pairs))
