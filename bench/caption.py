@@ -39,6 +39,9 @@ def tree_rss(process: psutil.Process) -> int:
 
 
 def run_measured(command: list[str], env: dict) -> dict:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     child = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     process, peak, peak_main = psutil.Process(child.pid), 0, 0
@@ -61,7 +64,9 @@ def run_measured(command: list[str], env: dict) -> dict:
     thread.join()
     if child.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({child.returncode}):\n{stderr[-3000:]}")
-    return {"wall_s": time.perf_counter() - started, "peak_rss_mb": peak / 2**20, "peak_rss_main_mb": peak_main / 2**20,
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # the process and its workers
+    return {"wall_s": time.perf_counter() - started, "cpu_s": cpu, "peak_rss_mb": peak / 2**20, "peak_rss_main_mb": peak_main / 2**20,
             "stdout": stdout.strip().splitlines()[-1] if stdout.strip() else ""}
 
 
@@ -133,7 +138,7 @@ def main() -> None:
         report_bytes = report.stat().st_size + sum(p.stat().st_size for p in (out.parent / "report_files").rglob("*")
                                                    if p.is_file())
         shown = len(list((out.parent / "report_files" / "strips").glob("*.jpg")))
-        row.update(pairs=n, pairs_per_s=n / row["wall_s"], report_bytes=report_bytes,
+        row.update(pairs=n, pairs_per_s=n / row["wall_s"], pairs_per_cpu_s=n / row["cpu_s"], report_bytes=report_bytes,
                    report_bytes_per_shown_pair=report_bytes / max(shown, 1), report_pairs_shown=shown)
         result["caption"][str(n)] = row
         print(json.dumps({n: row}), file=sys.stderr)

@@ -143,7 +143,8 @@ def caption_folder(args: argparse.Namespace) -> int:
         all_done = main_process
     if not all_done:
         print(f"shard {shard_index + 1}/{num_shards}: {counts['captioned']} captioned, {counts['failed']} not, in "
-              f"{store.path}; the last shard to finish merges them into {out}", file=sys.stderr)
+              f"{store.path}; " + ("the main process merges" if state is not None else
+                                       "the last shard to finish merges them") + f" into {out}", file=sys.stderr)
         return 0
     skipped_lines = [json.dumps({"id": s.record, "index": None, "caption": None, "entities": [],
                                  "error": f"skipped: {s.reason}"}) for s in index.skipped]
