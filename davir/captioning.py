@@ -1,112 +1,169 @@
-"""Captioning a user's folder of pairs with a trained model: the library side of `caption.py` / `davir-caption`.
+"""Captioning a user's folder of pairs with any trained model: the library side of `caption.py` / `davir-caption`.
 
     caption_folder(options)   # options of davir.cli.caption (an argparse namespace or the same attributes)
 
-Change masks and entities are computed on the fly (davir.preprocessing.online) with the settings of the
-caches the model was trained with.
+The pairs stream: read → masks/entities/model inputs (`ChangeCaptioner.prepare`, in DataLoader workers)
+→ batched generation → whole JSONL lines appended per batch (davir.caption_store). Memory does not grow
+with the number of pairs; a rerun skips the pairs already captioned with the same settings; under
+`accelerate launch` (or `--num-shards/--shard-index`) each process takes a contiguous share of the pairs
+and the shards are merged in input order. The report is a JPEG strip per pair beside paginated pages.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import sys
+import time
+from pathlib import Path
 
-import numpy as np
-import yaml
-from tqdm.auto import tqdm
-
-from davir.data.caches import PairMasks
+from davir.caption_store import CaptionStore, check_output_path
 from davir.data.formats.folder import read_folder
-from davir.data.images import load_pair
 from davir.data.records import DataError
-from davir.inference import Prediction, caption_pairs, load_davir, resolve_model_dir, run_dir_of
-from davir.io import write_text_atomic
-from davir.viz.report import ReportRow, write_report
 
-ENTITIES_KEPT = 5  # entities written per pair (the prompt uses the model's top-k of them)
+
+class _Pending:
+    """Map-style dataset of (input index, pair) to prepare; a worker prepares one pair per item."""
+
+    def __init__(self, items, captioner, report_limit: int):
+        self.items, self.captioner, self.report_limit = items, captioner, report_limit
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        index, pair = self.items[i]
+        return self.captioner.prepare(pair, index=index, keep_images=index < self.report_limit)
+
+
+def _worker_init(_: int) -> None:
+    import cv2
+    import torch
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+
+
+def _shard_layout(args) -> tuple[int, int, object]:
+    """(num_shards, shard_index, accelerate state or None): accelerate when launched by it, else the flags."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch.distributed.run (accelerate launch --multi_gpu, torchrun)
+        import torch
+        from accelerate import PartialState
+
+        state = PartialState(cpu=not torch.cuda.is_available())  # gloo between CPU processes
+        if state.num_processes > 1:
+            if args.num_shards not in (None, 1):
+                raise DataError("--num-shards is for schedulers without accelerate: under `accelerate launch` each "
+                                "process is a shard already")
+            return state.num_processes, state.process_index, state
+    num_shards = args.num_shards or 1
+    if not 0 <= (args.shard_index or 0) < num_shards:
+        raise DataError(f"--shard-index must be in 0..{num_shards - 1}, got {args.shard_index}")
+    return num_shards, args.shard_index or 0, None
+
+
+def _line(index: int, pair, result) -> str:
+    row = {"id": pair.pair_id, "index": index, "before": str(pair.before), "after": str(pair.after),
+           "caption": result.caption, "entities": [[e, round(s, 4)] for e, s in result.entities],
+           "error": result.error}
+    if pair.captions:
+        row["references"] = list(pair.captions)
+    return json.dumps(row, ensure_ascii=False)
 
 
 def caption_folder(args: argparse.Namespace) -> int:
-    """Caption every pair of `args.pairs` with `args.checkpoint`: JSONL + HTML report; 0 when done."""
-    from davir.preprocessing.online import OnlineEntities, OnlineMasks  # SAM/CLIP imports only when captioning
+    """Caption every pair of `args.pairs` with `args.checkpoint`: JSONL + report; 0 when done."""
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
 
-    index = read_folder(args.pairs)  # first: a bad list of pairs is reported before a model is loaded
-    model_dir = resolve_model_dir(args.checkpoint)
-    run_dir = run_dir_of(model_dir)
-    run_data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"] if run_dir else {}
-    out = args.out or (args.pairs if args.pairs.is_dir() else args.pairs.parent) / "captions.jsonl"
-    html_path = args.html or out.with_name("report.html")
-    size_policy = "resize_before_to_after" if args.resize_mismatched else "error"
+    from davir.captioner import ChangeCaptioner
+    from davir.viz.folder_report import write_folder_report, write_strip
 
-    from davir.preprocessing.profiles import check_cache_profiles
-    from davir.training.run import run_decoding
+    if args.masks_from is not None and not Path(args.masks_from).is_dir():
+        raise DataError(f"--masks-from {args.masks_from}: no such folder (a mask cache written by "
+                        "`python -m preprocess masks --out …`)")
+    if args.entities_from is not None and not Path(args.entities_from).is_dir():
+        raise DataError(f"--entities-from {args.entities_from}: no such folder (an entity cache written by "
+                        "`python -m preprocess entities --out …`)")
+    out = Path(args.out or (args.pairs if Path(args.pairs).is_dir() else Path(args.pairs).parent) / "captions.jsonl")
+    html_path = Path(args.html or out.with_name("report.html"))
+    check_output_path(out, "--out")
+    check_output_path(html_path, "--html")
+    report_dir = html_path.with_name(html_path.stem + "_files")
+    num_shards, shard_index, state = _shard_layout(args)
+    main_process = shard_index == 0
 
-    # Decode as the run selected best/ (flags override); preprocess as it trained (profile checked).
-    decoding = run_decoding(run_dir, num_beams=getattr(args, "num_beams", None),
-                            max_new_tokens=getattr(args, "max_new_tokens", None))
-    args.num_beams, args.max_new_tokens = decoding["num_beams"], decoding["max_new_tokens"]
-    check_cache_profiles(run_data.get("preprocessing_profile"), masks=args.masks_from or run_data.get("masks"),
-                         entities=args.entities_from or run_data.get("entities"),
-                         allow_mismatch=bool(getattr(args, "allow_profile_mismatch", False)),
-                         where=f"the run {run_dir} (data.preprocessing_profile)", override="--allow-profile-mismatch",
-                         warn=lambda m: print(m, file=sys.stderr))
-    model = load_davir(model_dir)
-    masks_maker = OnlineMasks.from_cache(args.masks_from or run_data.get("masks"))
-    entity_maker = None
-    if model.config.epc.use_entities:
-        entity_dir = args.entities_from or run_data.get("entities")
-        if entity_dir is None:
-            raise DataError(f"{model_dir} was trained with entity prompts: pass --entities-from CACHE (the folder "
-                            "`python -m preprocess entities --out CACHE` wrote for its training data)")
-        entity_maker = OnlineEntities(entity_dir)
+    index = read_folder(args.pairs)
+    captioner = ChangeCaptioner.from_pretrained(
+        args.checkpoint, masks_from=args.masks_from, entities_from=args.entities_from, pretrained=args.pretrained,
+        sam_checkpoint=args.sam_checkpoint, clip_checkpoint=args.clip_checkpoint,
+        backbone_weights=args.backbone_weights, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
+        size_policy="resize_before_to_after" if args.resize_mismatched else "error",
+        allow_profile_mismatch=bool(getattr(args, "allow_profile_mismatch", False)),
+        device=None if state is None or state.device.type == "cpu" else state.device)
+    store = CaptionStore(out, captioner.settings(), num_shards=num_shards, shard_index=shard_index)
+    if main_process or state is None:
+        store.prepare(overwrite=args.overwrite and main_process, source=str(args.pairs))
+    if state is not None:
+        state.wait_for_everyone()
+    done = store.done_ids()
 
-    errors: dict[str, str] = {}
-    masks: dict[str, PairMasks] = {}
-    entities: dict[str, list[tuple[str, float]]] = {}
-    images: dict[str, tuple] = {}
-    for pair in tqdm(index.pairs, desc="masks + entities"):
-        try:
-            before, after = load_pair(pair, size_policy=size_policy)
-            images[pair.pair_id] = (before, after)
-            masks[pair.pair_id] = masks_maker(pair)
-            if entity_maker is not None:
-                entities[pair.pair_id] = entity_maker(pair.pair_id, np.asarray(before), np.asarray(after),
-                                                      masks[pair.pair_id], ENTITIES_KEPT)
-        except DataError as error:
-            errors[pair.pair_id] = str(error)
-            images.pop(pair.pair_id, None)
+    pairs = index.pairs
+    share, extra = divmod(len(pairs), num_shards)
+    start = shard_index * share + min(shard_index, extra)
+    mine = list(enumerate(pairs))[start: start + share + (shard_index < extra)]
+    pending = [(i, pair) for i, pair in mine if pair.pair_id not in done]
+    if len(pending) < len(mine):
+        print(f"skipping {len(mine) - len(pending)} pair(s) already captioned in {out}"
+              + (f" (shard {shard_index + 1}/{num_shards})" if num_shards > 1 else ""), file=sys.stderr)
 
-    ready = [pair for pair in index.pairs if pair.pair_id not in errors]
-    k = model.config.epc.num_entities
-    source = (lambda pair, before, after: [e for e, _ in entities[pair.pair_id][:k]]) if entity_maker else None
-    predictions = {p.pair_id: p for p in caption_pairs(model, ready, batch_size=args.batch_size, num_beams=args.num_beams,
-                                                       max_new_tokens=args.max_new_tokens, entity_source=source,
-                                                       size_policy=size_policy)}
-    for pair_id, reason in errors.items():
-        predictions[pair_id] = Prediction(pair_id, error=reason)
+    workers = args.workers if args.workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
+    loader = DataLoader(_Pending(pending, captioner, args.report_limit), batch_size=args.batch_size,
+                        num_workers=workers, collate_fn=list, worker_init_fn=_worker_init if workers else None,
+                        prefetch_factor=2 if workers else None)
+    counts = {"captioned": 0, "failed": 0}
+    started = time.perf_counter()
+    with tqdm(total=len(pending), desc="caption", disable=not main_process or args.quiet) as bar:
+        for batch in loader:
+            kept = [p for p in batch if p.before is not None]
+            results = captioner.generate(batch, attention=bool(kept))
+            store.append(_line(p.index, p.pair, r) for p, r in zip(batch, results))
+            for p, r in zip(batch, results):
+                counts["failed" if r.error else "captioned"] += 1
+                if p.before is not None and r.error is None:
+                    write_strip(report_dir, p.index, p.before, p.after, mask=p.mask,
+                                attention=(r.attention_before, r.attention_after))
+            bar.update(len(batch))
+    seconds = time.perf_counter() - started
 
-    lines, rows = [], []
-    for pair in index.pairs:
-        prediction = predictions[pair.pair_id]
-        retrieved = entities.get(pair.pair_id, [])
-        lines.append(json.dumps({"id": pair.pair_id, "before": str(pair.before), "after": str(pair.after),
-                                 "caption": prediction.caption, "entities": [[e, round(s, 4)] for e, s in retrieved],
-                                 "error": prediction.error or None}))
-        before, after = images.get(pair.pair_id, (None, None))
-        pair_masks = masks.get(pair.pair_id)
-        rows.append(ReportRow(pair.pair_id, caption=prediction.caption, before=before, after=after,
-                              mask=None if pair_masks is None else pair_masks.union,
-                              attention_before=prediction.attention_before, attention_after=prediction.attention_after,
-                              entities=[e for e, _ in retrieved[:k]], error=prediction.error))
-    for skipped in index.skipped:
-        lines.append(json.dumps({"id": skipped.record, "caption": None, "error": f"skipped: {skipped.reason}"}))
-        rows.append(ReportRow(skipped.record, error=f"skipped: {skipped.reason}"))
-    write_text_atomic(out, "\n".join(lines) + "\n")
-    write_report(html_path, rows, title=f"Change captions — {args.pairs.name}",
-                 summary={"checkpoint": str(model_dir), "pairs": str(args.pairs)})
-    failed = len(errors) + len(index.skipped)
-    print(f"captioned {len(ready)} pair(s), {failed} not captioned; {out}; report {html_path}")
-    for pair_id, reason in list(errors.items())[:5]:
-        print(f"note: {pair_id}: {reason}", file=sys.stderr)
+    all_done = store.finish_shard()
+    if state is not None:
+        state.wait_for_everyone()
+        all_done = main_process
+    if not all_done:
+        print(f"shard {shard_index + 1}/{num_shards}: {counts['captioned']} captioned, {counts['failed']} not, in "
+              f"{store.path}; " + ("the main process merges" if state is not None else
+                                       "the last shard to finish merges them") + f" into {out}", file=sys.stderr)
+        return 0
+    skipped_lines = [json.dumps({"id": s.record, "index": None, "caption": None, "entities": [],
+                                 "error": f"skipped: {s.reason}"}) for s in index.skipped]
+    totals = {"pairs": len(pairs) + len(index.skipped)}
+    store.merge(skipped_lines, totals)
+    failed = 0
+    with open(out, encoding="utf-8") as handle:
+        for line in handle:
+            failed += json.loads(line).get("error") is not None
+    write_folder_report(html_path, out, report_dir, title=f"Change captions — {Path(args.pairs).name}",
+                        summary={"checkpoint": str(captioner.run.model_dir), "pairs": str(args.pairs),
+                                 "captions": str(out)}, limit=args.report_limit)
+    rate = f" ({len(pending) / seconds:.1f} pairs/s)" if pending and seconds > 0 else ""
+    print(f"captioned {totals['pairs'] - failed} pair(s), {failed} not captioned; {len(pending)} this run{rate}; "
+          f"{out}; report {html_path}")
+    if failed:
+        with open(out, encoding="utf-8") as handle:
+            notes = list(itertools.islice((row for row in map(json.loads, handle) if row.get("error")), 5))
+        for row in notes:
+            print(f"note: {row['id']}: {row['error']}", file=sys.stderr)
     return 0

@@ -152,11 +152,6 @@ def test_paper_path_train_resume_evaluate(paper_world, paper_run, tmp_path, caps
     assert metrics["decoding"]["source"]["num_beams"].endswith("config.yaml")
 
 
-
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="issue 20 (another engineer): OnlineMasks passes the SAM cache settings (sam_type, "
-                          "sam_checkpoint, …) to SamSegmenter, which takes checkpoint/model_type; remove this mark "
-                          "when davir/preprocessing/online.py is fixed")
 def test_paper_path_caption_py_matches_the_caches(paper_world, paper_run, tmp_path):
     """caption.py on a folder (online SAM + CLIP): pairs also in the caches get the cached masks and entities."""
     from davir.cli import caption

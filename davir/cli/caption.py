@@ -7,6 +7,11 @@ side by side, or a `pairs.csv`/`pairs.jsonl` manifest (`before,after[,id]`), or 
 Change masks and entities are computed on the fly with the same preprocessing (and settings) the model was
 trained with. A pair that cannot be read (missing or corrupt image, before/after of different sizes unless
 `--resize-mismatched`) is listed with the reason in the JSONL and the report; the others still get captions.
+
+Any trained model captions: DAVIR and subtraction/SCORER/DIRL/RDD/CHEER. The JSONL is appended per batch in
+whole lines; a rerun skips the pairs already captioned (same model and settings, recorded in
+OUT.manifest.json). `accelerate launch caption.py …` splits the pairs over processes and leaves one
+output in input order; `--num-shards N --shard-index I` does the same for schedulers without accelerate.
 """
 
 from __future__ import annotations
@@ -22,21 +27,38 @@ from davir.data.records import DataError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="caption.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, type=Path, help="run folder (best/, else last/) or saved model")
+    parser.add_argument("--checkpoint", required=True, type=Path,
+                        help="run folder (best/, else last/) or saved model: DAVIR or subtraction/SCORER/DIRL/RDD/CHEER")
     parser.add_argument("--pairs", required=True, type=Path, help="folder of pairs or a pairs.csv/.jsonl manifest")
     parser.add_argument("--out", type=Path, help="JSONL output (default: PAIRS/captions.jsonl)")
-    parser.add_argument("--html", type=Path, help="HTML report (default: next to --out, report.html)")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--num-beams", type=int, default=None,
-                        help="default: the run's run.num_beams (the decoding its best/ was selected with)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
-    parser.add_argument("--allow-profile-mismatch", action="store_true",
-                        help="accept mask/entity caches of another preprocessing profile than the run trained on")
-    parser.add_argument("--resize-mismatched", action="store_true",
-                        help="resize the before image to the after image's size instead of reporting the pair")
-    parser.add_argument("--masks-from", type=Path, help="mask cache whose settings to reuse (default: the run's data.masks)")
-    parser.add_argument("--entities-from", type=Path,
-                        help="entity cache holding the vocabulary and retriever (default: the run's data.entities)")
+    parser.add_argument("--html", type=Path, help="HTML report (default: next to --out, report.html + report_files/)")
+    parser.add_argument("--report-limit", type=int, default=1000,
+                        help="captioned pairs shown in the report, the first N of the input (failed ones are all listed)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start again instead of resuming (a rerun otherwise skips the pairs already captioned)")
+    decoding = parser.add_argument_group("decoding")
+    decoding.add_argument("--batch-size", type=int, default=32)
+    decoding.add_argument("--num-beams", type=int, default=None,
+                          help="default: the run's run.num_beams (the decoding its best/ was selected with)")
+    decoding.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
+    decoding.add_argument("--workers", type=int, help="DataLoader workers preparing pairs (default: CPU cores - 1, ≤ 4)")
+    decoding.add_argument("--resize-mismatched", action="store_true",
+                          help="resize the before image to the after image's size instead of reporting the pair")
+    shards = parser.add_argument_group("sharding (under `accelerate launch` each process is a shard already)")
+    shards.add_argument("--num-shards", type=int, help="split the pairs into N contiguous shards (one per job)")
+    shards.add_argument("--shard-index", type=int, default=0, help="the shard this job captions (0-based)")
+    moved = parser.add_argument_group("what the run recorded, when it moved (default: the run's own paths)")
+    moved.add_argument("--allow-profile-mismatch", action="store_true",
+                       help="accept mask/entity caches of another preprocessing profile than the run trained on")
+    moved.add_argument("--masks-from", type=Path, help="mask cache whose settings to reuse (the run's data.masks)")
+    moved.add_argument("--entities-from", type=Path,
+                       help="entity cache holding the vocabulary and retriever (the run's data.entities)")
+    moved.add_argument("--pretrained", type=Path, help="the base InstructBLIP folder (the model's `pretrained`)")
+    moved.add_argument("--sam-checkpoint", type=Path, help="SAM weights, when the mask cache was made with SAM")
+    moved.add_argument("--clip-checkpoint", type=Path, help="open_clip weights, when the entity cache used CLIP")
+    moved.add_argument("--backbone-weights", type=Path,
+                       help="ResNet-101 weights of a lightweight model (not needed for a random-init demo backbone)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 

@@ -83,15 +83,30 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def load_rgb(path: Path, *, record: str = "?") -> Image.Image:
-    """Load one image as RGB, with a clear error naming the record for a missing or corrupt file."""
+def load_rgb(path: Path, *, record: str = "?", max_side: int | None = None) -> Image.Image:
+    """Load one image as RGB, with a clear error naming the record for a missing, corrupt or oversized file.
+
+    `max_side`: decode no larger than needed for a long side of at least `max_side` px — JPEG decodes at
+    1/2, 1/4 or 1/8 scale (`draft`), other formats are box-reduced by an integer factor right after
+    decoding — so a huge photo costs its working resolution, not its full size, in memory and time.
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"record {record!r}: image file is missing: {path}")
     try:
         with Image.open(path) as image:
+            if max_side is not None and max(image.size) > max_side:
+                factor = max(image.size) // max_side
+                if image.format == "JPEG":
+                    image.draft("RGB", (image.width // factor, image.height // factor))
+                image.load()
+                factor = max(image.size) // max_side
+                if factor > 1:
+                    return to_rgb(image).reduce(factor)
             image.load()
             return to_rgb(image)
+    except Image.DecompressionBombError as error:
+        raise DataError(f"record {record!r}: image is too large to decode safely: {path} ({error})") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataError(f"record {record!r}: image file is corrupt or not an image: {path} ({error})") from error
 
@@ -108,20 +123,31 @@ def load_mask(path: Path, *, record: str = "?") -> np.ndarray:
         raise DataError(f"record {record!r}: mask file is corrupt: {path} ({error})") from error
 
 
-def load_pair(pair: ChangePair, *, size_policy: str = "resize_before_to_after") -> tuple[Image.Image, Image.Image]:
-    """Load (before, after) as RGB images of one size, applying the documented size policy."""
+def load_pair(pair: ChangePair, *, size_policy: str = "resize_before_to_after", max_side: int | None = None
+              ) -> tuple[Image.Image, Image.Image]:
+    """Load (before, after) as RGB images of one size, applying the documented size policy.
+
+    `max_side` bounds the decoded size (see `load_rgb`); the size policy compares the files' own sizes.
+    """
     if size_policy not in SIZE_POLICIES:
         raise ValueError(f"size_policy must be one of {SIZE_POLICIES}, got {size_policy!r}")
-    before = load_rgb(pair.before, record=pair.pair_id)
-    after = load_rgb(pair.after, record=pair.pair_id)
+    before = load_rgb(pair.before, record=pair.pair_id, max_side=max_side)
+    after = load_rgb(pair.after, record=pair.pair_id, max_side=max_side)
     if before.size != after.size:
-        if size_policy == "error":
+        # With `max_side` the decoded sizes may differ for files of one size (a JPEG draft): compare the files.
+        sizes = (_file_size(pair.before), _file_size(pair.after)) if max_side else (before.size, after.size)
+        if size_policy == "error" and sizes[0] != sizes[1]:
             raise DataError(
-                f"record {pair.pair_id!r}: before {pair.before} is {before.size[0]}x{before.size[1]} but "
-                f"after {pair.after} is {after.size[0]}x{after.size[1]}"
+                f"record {pair.pair_id!r}: before {pair.before} is {sizes[0][0]}x{sizes[0][1]} but "
+                f"after {pair.after} is {sizes[1][0]}x{sizes[1][1]}"
             )
         before = before.resize(after.size, Image.BICUBIC)
     return before, after
+
+
+def _file_size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as image:
+        return image.size
 
 
 def save_png_atomic(image: Image.Image | np.ndarray, path: Path, *, compress_level: int = 6) -> None:

@@ -13,41 +13,91 @@ import numpy as np
 from davir.data.caches import PairMasks
 from davir.data.records import ChangePair, DataError
 from davir.io import read_json
-from davir.preprocessing.change_regions import RegionSettings
-from davir.preprocessing.mask_pipeline import compute_pair, read_manifest
+from davir.preprocessing.change_regions import RegionSettings, find_change_regions
+from davir.preprocessing.mask_pipeline import Prepared, compute_pair, finish_pair, read_manifest, segment_requests
 from davir.preprocessing.segmenters import build_segmenter
 
 
-class OnlineMasks:
-    """Change masks of one pair with the settings of a mask cache's manifest (defaults without one)."""
+def segmenter_from_settings(recorded: dict, *, cache: Path, sam_checkpoint: str | Path | None = None,
+                            device: str | None = None):
+    """The segmenter a mask cache's manifest recorded (`Segmenter.settings()`), rebuilt with the same settings.
 
-    def __init__(self, regions: RegionSettings, segmenter_options: dict, segment_both: bool = True):
-        options = dict(segmenter_options)
+    A SAM checkpoint is looked for where the manifest says, unless `sam_checkpoint` replaces it (a run
+    moved to another machine); a missing one is a DataError naming the cache, the path and the flag.
+    """
+    recorded = dict(recorded or {"segmenter": "classical"})
+    name = recorded.pop("segmenter", "classical")
+    if name == "classical":
+        return build_segmenter("classical", **{k: v for k, v in recorded.items()
+                                               if k in ("method", "contrast_threshold", "pad", "crop_size",
+                                                        "grabcut_iterations")})
+    if name == "sam":
+        checkpoint = Path(sam_checkpoint or recorded.get("sam_checkpoint") or "")
+        if not checkpoint.is_file():
+            raise DataError(f"mask cache {cache} was made with SAM {recorded.get('sam_type')} from "
+                            f"{recorded.get('sam_checkpoint')}, which is not found: pass --sam-checkpoint PATH "
+                            "(the same SAM weights file)")
+        # bf16 is a device choice (GPU only), not a mask setting: decided for the device captioning runs on.
+        return build_segmenter("sam", checkpoint=checkpoint, model_type=recorded.get("sam_type", "vit_h"),
+                               device=device, batch_size=int(recorded.get("batch_size", 8)))
+    raise DataError(f"mask cache {cache}: unknown segmenter {name!r} in its manifest")
+
+
+class OnlineMasks:
+    """Change masks of one pair with the settings of a mask cache's manifest."""
+
+    def __init__(self, regions: RegionSettings, segmenter, segment_both: bool = True):
         self.settings = regions
         self.segment_both = segment_both
-        self.segmenter = build_segmenter(options.pop("segmenter", "classical"), **options)
+        self.segmenter = segmenter
 
     @classmethod
-    def from_cache(cls, cache_dir: str | Path | None) -> "OnlineMasks":
-        if cache_dir is None or not Path(cache_dir).is_dir():
-            return cls(RegionSettings(), {"segmenter": "classical"})
-        settings = read_manifest(cache_dir).get("settings", {})
-        return cls(RegionSettings(**settings.get("regions", {})), settings.get("segmenter", {"segmenter": "classical"}),
-                   settings.get("segment_both", True))
+    def from_cache(cls, cache_dir: str | Path | None, *, sam_checkpoint: str | Path | None = None,
+                   device: str | None = None) -> "OnlineMasks":
+        """The masks of the cache at `cache_dir`; None → the default settings (a model trained without a cache).
+
+        A cache folder that does not exist, or has no manifest, is a DataError naming it — never a silent
+        fallback to other settings than the model was trained with.
+        """
+        if cache_dir is None:
+            return cls(RegionSettings(), build_segmenter("classical"))
+        cache_dir = Path(cache_dir)
+        if not cache_dir.is_dir():
+            raise DataError(f"mask cache not found: {cache_dir} (the model's masks settings are read from it): "
+                            "pass --masks-from CACHE, the folder `python -m preprocess masks --out CACHE` wrote")
+        try:
+            settings = read_manifest(cache_dir).get("settings", {})
+        except (OSError, ValueError, KeyError) as error:
+            raise DataError(f"{cache_dir} is not a mask cache (no readable manifest.json): {error}") from error
+        segmenter = segmenter_from_settings(settings.get("segmenter"), cache=cache_dir, sam_checkpoint=sam_checkpoint,
+                                            device=device)
+        return cls(RegionSettings(**settings.get("regions", {})), segmenter, settings.get("segment_both", True))
+
+    def settings_dict(self) -> dict:
+        return {"regions": self.settings.to_dict(), "segmenter": self.segmenter.settings(),
+                "segment_both": self.segment_both}
 
     def __call__(self, pair: ChangePair) -> PairMasks:
         _, result = compute_pair(pair, self.settings, self.segmenter, self.segment_both)
+        return PairMasks(before=result.before, after=result.after, info=result.info)
+
+    def from_arrays(self, pair_id: str, before: np.ndarray, after: np.ndarray) -> PairMasks:
+        """The masks of an already loaded pair (same size, RGB uint8)."""
+        prepared = Prepared(pair_id, before, after, find_change_regions(before, after, self.settings))
+        candidates = self.segmenter.segment(segment_requests(prepared, self.segment_both))
+        result = finish_pair(prepared, candidates, self.settings.tau, self.segment_both)
         return PairMasks(before=result.before, after=result.after, info=result.info)
 
 
 class OnlineEntities:
     """Top-k entities of one pair with the vocabulary and retriever stored in an entity cache."""
 
-    def __init__(self, cache_dir: str | Path):
+    def __init__(self, cache_dir: str | Path, *, clip_checkpoint: str | Path | None = None):
         from davir.text.phrases import EntityVocabulary
         from davir.preprocessing.retrievers import ClipRetriever, EntityGate, FittedRetriever
 
         cache_dir = Path(cache_dir)
+        self.cache_dir = cache_dir
         manifest_path = cache_dir / "entities" / "manifest.json"
         if not manifest_path.is_file() or not (cache_dir / "vocab.json").is_file():
             raise DataError(f"{cache_dir} holds no entity vocabulary/retriever (entities/manifest.json, vocab.json); "
@@ -57,8 +107,12 @@ class OnlineEntities:
         if settings["retriever"] == "fitted":
             self.retriever = FittedRetriever.load(cache_dir / "retriever")
         else:
-            self.retriever = ClipRetriever(settings["clip_model"], settings["clip_checkpoint"],
-                                           prompt=settings.get("clip_prompt", "a photo of {}"))
+            checkpoint = clip_checkpoint or settings["clip_checkpoint"]
+            if not Path(checkpoint).is_file():
+                raise DataError(f"entity cache {cache_dir} ranks entities with CLIP {settings['clip_model']} from "
+                                f"{settings['clip_checkpoint']}, which is not found: pass --clip-checkpoint PATH")
+            options = {"prompt": settings["clip_prompt"]} if settings.get("clip_prompt") else {}
+            self.retriever = ClipRetriever(settings["clip_model"], checkpoint, **options)
         self.retriever.prepare(self.vocabulary.phrases)
         self.gate = EntityGate.load(cache_dir / "gate") if settings.get("entity_gate") == "fitted" else None
         # CHEER's caches rank whole frames (§4.8) and need no masks; DAVIR's rank masked regions (Eq. 9).

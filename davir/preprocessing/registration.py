@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 
 REGISTRATIONS = ("none", "ecc", "orb")
+MIN_REGISTRATION_SIDE = 16  # px of the smaller side below which no registration is estimated
 PHOTOMETRIC = ("none", "affine")
 
 
@@ -61,6 +62,10 @@ def estimate_registration(before: np.ndarray, after: np.ndarray, method: str) ->
     when ECC does not converge, the `orb` estimate is used.
     `orb`: ORB keypoints, Hamming cross-checked matches, RANSAC homography (≥ 10 inliers).
     """
+    if method not in REGISTRATIONS:
+        raise ValueError(f"unknown registration {method!r}; choose from {REGISTRATIONS}")
+    if min(after.shape[:2]) < MIN_REGISTRATION_SIDE or before.shape != after.shape:
+        return None  # nothing to align in a few pixels (OpenCV's estimators raise on them)
     grey_b = cv2.cvtColor(before, cv2.COLOR_RGB2GRAY)
     grey_a = cv2.cvtColor(after, cv2.COLOR_RGB2GRAY)
     if method == "ecc":
@@ -80,8 +85,11 @@ def estimate_registration(before: np.ndarray, after: np.ndarray, method: str) ->
         return scale_homography(matrix, grey_a.shape[1] / size[0], grey_a.shape[0] / size[1])
     if method == "orb":
         orb = cv2.ORB_create(nfeatures=1000, edgeThreshold=15, patchSize=15, fastThreshold=10)
-        kp_b, des_b = orb.detectAndCompute(grey_b, None)
-        kp_a, des_a = orb.detectAndCompute(grey_a, None)
+        try:
+            kp_b, des_b = orb.detectAndCompute(grey_b, None)
+            kp_a, des_a = orb.detectAndCompute(grey_a, None)
+        except cv2.error:
+            return None
         if des_b is None or des_a is None or len(kp_b) < 10 or len(kp_a) < 10:
             return None
         matches = cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True).match(des_a, des_b)

@@ -1,0 +1,68 @@
+"""Where a trained run's recorded paths are, from any working directory.
+
+A run's `config.yaml` records its data caches (`data.masks`, `data.entities`, `data.features`) and the
+model its base InstructBLIP folder (`model.pretrained`) as the user typed them, often relative to the
+folder training was started from. That folder is recovered from the run itself: the run was written to
+`run.output_dir`, so `/abs/work/runs/demo` recorded as `runs/demo` means training ran in `/abs/work`.
+
+    run = RunPaths.of("/abs/work/runs/demo")
+    run.resolve(run.data.get("masks"), what="mask cache (data.masks)", flag="--masks-from")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from davir.data.records import DataError
+from davir.inference import resolve_model_dir, run_dir_of
+
+
+@dataclass
+class RunPaths:
+    model_dir: Path                 # the saved model folder (a run's best/ or last/, or a model folder)
+    run_dir: Path | None            # the run folder holding config.yaml, if any
+    config: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, checkpoint: str | Path) -> "RunPaths":
+        model_dir = resolve_model_dir(checkpoint).resolve()
+        run_dir = run_dir_of(model_dir)
+        config = {}
+        if run_dir is not None:
+            try:
+                config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+            except (OSError, yaml.YAMLError) as error:
+                raise DataError(f"{run_dir / 'config.yaml'}: not a readable run config ({error})") from error
+        return cls(model_dir, run_dir, config)
+
+    @property
+    def data(self) -> dict:
+        return dict(self.config.get("data") or {})
+
+    def bases(self) -> list[Path]:
+        """Folders a relative recorded path may be relative to: the training folder first, then the cwd."""
+        bases = []
+        output_dir = (self.config.get("run") or {}).get("output_dir")
+        if self.run_dir is not None and output_dir and not Path(output_dir).is_absolute():
+            parts = Path(output_dir).parts
+            run_dir = self.run_dir.resolve()
+            if run_dir.parts[-len(parts):] == parts:
+                bases.append(run_dir.parents[len(parts) - 1])
+        bases.append(Path.cwd())
+        return bases
+
+    def resolve(self, recorded: str | Path | None, *, what: str, flag: str) -> Path | None:
+        """The existing absolute path of a recorded `what`; None for None; a DataError naming `flag` otherwise."""
+        if recorded is None or str(recorded) == "":
+            return None
+        path = Path(recorded).expanduser()
+        candidates = [path] if path.is_absolute() else [base / path for base in self.bases()]
+        for candidate in candidates:
+            if candidate.exists():
+                return candidate.resolve()
+        looked = ", ".join(str(c) for c in dict.fromkeys(candidates))
+        raise DataError(f"the {what} recorded by {self.run_dir or self.model_dir} is not found: {recorded} "
+                        f"(looked at {looked}); the run or its data moved: pass {flag} PATH")

@@ -1,0 +1,242 @@
+"""caption.py as a user runs it: streaming + resume, shards, the Python API, run paths from any folder, bad input."""
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from davir.config import load_config
+from davir.data.records import DataError
+from davir.data.synthetic import SynthConfig, generate_dataset
+from davir.training.config import TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from davir.cli import caption as caption_script  # noqa: E402
+from davir.training import loop as train_script  # noqa: E402
+from preprocess import masks as masks_job  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny DAVIR run trained from its own folder with relative paths (as `make demo` records them)."""
+    torch.set_num_threads(1)
+    base = tmp_path_factory.mktemp("caption")
+    generate_dataset(base / "data", SynthConfig(scenes=16, seed=4, width=96, height=72), workers=1)
+    cwd = os.getcwd()
+    os.chdir(base)
+    try:
+        assert masks_job.main(["--format", "clevr_change", "--root", "data", "--split", "train", "--out", "masks",
+                               "--limit", "4", "--workers", "1"]) == 0
+        config = load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
+            "data.root=data", "data.masks=masks", "data.entities=null", "model.fac.lambda_attn=0",
+            "model.epc.use_entities=false", f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}",
+            "optim.batch_size=4", "optim.max_steps=1", "run.val_max_pairs=2", "run.eval_every=0",
+            "run.tensorboard=false", "run.output_dir=runs/tiny"])
+        train_script.train(config)
+    finally:
+        os.chdir(cwd)
+    return base
+
+
+def pair_folder(root: Path, data: Path, n: int) -> Path:
+    (root / "before").mkdir(parents=True)
+    (root / "after").mkdir()
+    for i, path in enumerate(sorted((data / "images").iterdir())[:n]):
+        shutil.copy(path, root / "before" / f"p{i:02d}.png")
+        shutil.copy(data / "sc_images" / path.name.replace("default", "semantic"), root / "after" / f"p{i:02d}.png")
+    return root
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run(argv, capsys):
+    status = caption_script.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def error_line(err: str) -> str:
+    """The message a user reads (transformers may print a progress bar before it)."""
+    return next(line for line in err.splitlines() if line.startswith("error:"))
+
+
+def test_rerun_after_a_kill_skips_what_is_done_and_repairs_a_cut_line(trained, tmp_path, capsys):
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 6)
+    out = tmp_path / "out" / "captions.jsonl"
+    argv = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--batch-size", "2",
+            "--workers", "1", "--quiet"]
+    assert run(argv, capsys)[0] == 0
+    full = out.read_text()
+    rows = rows_of(out)
+    assert [r["id"] for r in rows] == [f"p{i:02d}" for i in range(6)] and all(r["caption"] for r in rows)
+    assert json.loads(out.with_name("captions.jsonl.manifest.json").read_text())["status"] == "complete"
+    # A kill in the middle of the third line's write: two whole lines and a cut one remain.
+    lines = full.splitlines(keepends=True)
+    out.write_text(lines[0] + lines[1] + lines[2][:17])
+    status, _, err = run(argv, capsys)
+    assert status == 0 and "skipping 2 pair(s) already captioned" in err
+    assert out.read_text() == full  # same captions, same order, no broken line
+    status, stdout, err = run(argv, capsys)  # nothing left to do
+    assert "skipping 6 pair(s)" in err and out.read_text() == full
+    # Other decoding settings must not mix with these captions.
+    status, _, err = run(argv + ["--max-new-tokens", "5"], capsys)
+    assert status == 2 and "max_new_tokens" in err and "--overwrite" in err
+
+
+def test_shards_merge_into_the_single_process_output(trained, tmp_path, capsys):
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 5)
+    base = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--workers", "0", "--quiet",
+            "--batch-size", "2"]
+    single = tmp_path / "single.jsonl"
+    assert run(base + ["--out", single], capsys)[0] == 0
+    sharded = tmp_path / "sharded.jsonl"
+    status, _, err = run(base + ["--out", sharded, "--num-shards", "2", "--shard-index", "1"], capsys)
+    assert status == 0 and "shard 2/2" in err and not sharded.exists()
+    assert run(base + ["--out", sharded, "--num-shards", "2", "--shard-index", "0"], capsys)[0] == 0
+    assert [(r["id"], r["caption"]) for r in rows_of(sharded)] == [(r["id"], r["caption"]) for r in rows_of(single)]
+    assert not list(tmp_path.glob("sharded.jsonl.shard-*"))
+
+
+def test_python_api_takes_paths_images_and_arrays_like_caption_py(trained, tmp_path, capsys):
+    from davir import ChangeCaptioner
+
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 2)
+    out = tmp_path / "c.jsonl"
+    assert run(["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--quiet"], capsys)[0] == 0
+    expected = [r["caption"] for r in rows_of(out)]
+    captioner = ChangeCaptioner.from_pretrained(trained / "runs" / "tiny", device="cpu")
+    befores = [pairs / "before" / f"p{i:02d}.png" for i in range(2)]
+    afters = [pairs / "after" / f"p{i:02d}.png" for i in range(2)]
+    assert captioner.caption(befores[0], afters[0]).caption == expected[0]
+    images = captioner.caption([Image.open(p) for p in befores], [Image.open(p) for p in afters])
+    assert [r.caption for r in images] == expected
+    arrays = captioner.caption(np.asarray(Image.open(befores[1]).convert("RGB")),
+                               np.asarray(Image.open(afters[1]).convert("RGB")))
+    assert arrays.caption == expected[1] and arrays.error is None
+
+
+def test_a_run_works_from_any_folder_and_a_moved_one_names_the_flag(trained, tmp_path, capsys, monkeypatch):
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 1)
+    monkeypatch.chdir(tmp_path)  # not the folder the run was trained in
+    out = tmp_path / "o" / "c.jsonl"
+    assert run(["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--quiet"], capsys)[0] == 0
+    moved = tmp_path / "elsewhere" / "tiny"
+    shutil.copytree(trained / "runs" / "tiny", moved)
+    status, _, err = run(["--checkpoint", moved, "--pairs", pairs, "--out", tmp_path / "m.jsonl"], capsys)
+    assert status == 2
+    first = error_line(err)
+    assert "mask cache (data.masks)" in first and "masks" in first and "--masks-from" in first
+    assert run(["--checkpoint", moved, "--pairs", pairs, "--out", tmp_path / "m.jsonl", "--masks-from",
+                trained / "masks", "--quiet"], capsys)[0] == 0
+    status, _, err = run(["--checkpoint", moved, "--pairs", pairs, "--out", tmp_path / "n.jsonl", "--masks-from",
+                          tmp_path / "no_such_cache"], capsys)
+    assert status == 2 and str(tmp_path / "no_such_cache") in error_line(err)
+
+
+def test_bad_images_get_a_per_pair_error_and_the_good_pairs_are_kept(trained, tmp_path, capsys):
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 2)
+    Image.new("L", (20000, 20000)).save(pairs / "before" / "bomb.png")  # ~400 KB, over PIL's pixel limit
+    Image.new("L", (20000, 20000)).save(pairs / "after" / "bomb.png")
+    for name, size in (("one", (1, 1)), ("two", (2, 1))):
+        Image.new("RGB", size, (200, 10, 10)).save(pairs / "before" / f"{name}.png")
+        Image.new("RGB", size, (10, 10, 200)).save(pairs / "after" / f"{name}.png")
+    out = tmp_path / "out.jsonl"
+    status, stdout, err = run(["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--quiet"],
+                              capsys)
+    assert status == 0
+    rows = {r["id"]: r for r in rows_of(out)}
+    assert "too large to decode safely" in rows["bomb"]["error"] and "bomb.png" in rows["bomb"]["error"]
+    assert all(rows[k]["caption"] and rows[k]["error"] is None for k in ("p00", "p01", "one", "two"))
+    assert "note: bomb:" in err
+
+
+def test_outputs_are_checked_before_any_work(trained, tmp_path, capsys):
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 1)
+    base = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs]
+    (tmp_path / "existing").mkdir()
+    status, _, err = run(base + ["--out", tmp_path / "existing"], capsys)
+    assert status == 2 and err.splitlines() == [f"error: --out {tmp_path / 'existing'} is a folder: give a file path "
+                                                f"(e.g. {tmp_path / 'existing' / 'captions.jsonl'})"]
+    (tmp_path / "afile").write_text("x")
+    status, _, err = run(base + ["--out", tmp_path / "afile" / "c.jsonl"], capsys)
+    assert status == 2 and len(err.splitlines()) == 1 and f"{tmp_path / 'afile'} is a file" in err
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir()
+        os.chmod(tmp_path / "ro", 0o555)
+        status, _, err = run(base + ["--out", tmp_path / "ro" / "c.jsonl"], capsys)
+        assert status == 2 and "cannot write" in err
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith((".tmp", ".probe"))]
+
+
+def test_online_masks_rebuild_the_cache_segmenter_or_say_what_is_missing(trained, tmp_path, monkeypatch):
+    from davir.preprocessing.online import OnlineMasks
+    from davir.preprocessing.segmenters import SAM_BUILDERS
+    from tests.test_masks import build_tiny_sam
+
+    torch.manual_seed(0)
+    monkeypatch.setitem(SAM_BUILDERS, "tiny_test", build_tiny_sam)
+    checkpoint = tmp_path / "tiny_sam.pth"
+    torch.save(build_tiny_sam().state_dict(), checkpoint)
+    cache = tmp_path / "sam_cache"
+    assert masks_job.main(["--format", "clevr_change", "--root", str(trained / "data"), "--split", "train", "--out",
+                           str(cache), "--limit", "1", "--segmenter", "sam", "--sam-type", "tiny_test", "--device",
+                           "cpu", "--sam-checkpoint", str(checkpoint)]) == 0
+    online = OnlineMasks.from_cache(cache)
+    assert online.segmenter.name == "sam" and online.segmenter.model_type == "tiny_test"
+    # The online masks are the cache's masks: same segmenter, same settings.
+    from davir.data.caches import MaskCache
+    from davir.data.formats import read_dataset
+
+    pair = read_dataset("clevr_change", trained / "data", "train").pairs[0]
+    cached = MaskCache(cache).read(pair.pair_id)
+    assert np.array_equal(online(pair).after, cached.after)
+    checkpoint.rename(tmp_path / "moved.pth")
+    with pytest.raises(DataError, match=r"not found: pass --sam-checkpoint") as error:
+        OnlineMasks.from_cache(cache)
+    assert str(checkpoint) in str(error.value)
+    assert OnlineMasks.from_cache(cache, sam_checkpoint=tmp_path / "moved.pth").segmenter.name == "sam"
+    with pytest.raises(DataError, match="mask cache not found: .*--masks-from"):
+        OnlineMasks.from_cache(tmp_path / "nowhere")
+
+
+def test_a_lightweight_run_captions_a_folder_as_evaluate_does(trained, tmp_path, capsys):
+    """SCORER through caption.py: online features of the run's (seeded random-init) backbone give the captions
+    `caption_pairs_lightweight` gives from the `preprocess features` cache."""
+    from davir.data.feature_cache import FeatureCache
+    from davir.data.formats import read_dataset
+    from davir.inference_lightweight import caption_pairs_lightweight, load_lightweight
+    from preprocess.features import main as features_main
+    from tests.test_lightweight_train import TINY
+
+    data = trained / "data"
+    features = tmp_path / "features"
+    for split in ("train", "val", "test"):
+        assert features_main(["--format", "clevr_change", "--root", str(data), "--split", split, "--out",
+                              str(features), "--random-init", "--workers", "0", "--batch-size", "32"]) == 0
+    config = load_config(TrainConfig, None, ["method=scorer", "lightweight.method=scorer", "data.format=clevr_change",
+                                             f"data.root={data}", f"data.features={features}",
+                                             f"run.output_dir={tmp_path / 'scorer'}", *TINY])
+    run_dir = train_script.train(config)
+    test_pairs = read_dataset("clevr_change", data, "test").pairs[:3]
+    pairs = tmp_path / "pairs"
+    (pairs / "before").mkdir(parents=True)
+    (pairs / "after").mkdir()
+    for pair in test_pairs:
+        shutil.copy(pair.before, pairs / "before" / f"{pair.pair_id}.png")
+        shutil.copy(pair.after, pairs / "after" / f"{pair.pair_id}.png")
+    out = tmp_path / "c.jsonl"
+    status, _, err = run(["--checkpoint", run_dir, "--pairs", pairs, "--out", out, "--quiet"], capsys)
+    assert status == 0, err
+    cached = caption_pairs_lightweight(load_lightweight(run_dir / "last", device="cpu"), test_pairs,
+                                       feature_cache=FeatureCache(features), progress=False)
+    assert {r["id"]: r["caption"] for r in rows_of(out)} == {p.pair_id: p.caption for p in cached}
+    assert all(p.caption for p in cached)
