@@ -93,7 +93,7 @@ class OnlineEntities:
     """Top-k entities of one pair with the vocabulary and retriever stored in an entity cache."""
 
     def __init__(self, cache_dir: str | Path, *, clip_checkpoint: str | Path | None = None):
-        from davir.text.phrases import EntityVocabulary
+        from davir.text.entity_vocabulary import EntityVocabulary
         from davir.preprocessing.retrievers import ClipRetriever, EntityGate, FittedRetriever
 
         cache_dir = Path(cache_dir)
