@@ -4,7 +4,6 @@ the SAM segmenters, the resumable/sharded CLI, the evaluation and the picture.""
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -301,25 +300,7 @@ def test_viz_picture_has_five_panels():
 # SAM through the --sam-checkpoint path, with a tiny random model of segment-anything's own classes
 # ---------------------------------------------------------------------------------------------
 
-def build_tiny_sam(checkpoint=None):
-    """segment_anything.build_sam._build_sam with tiny sizes (img 256, one block, width 32)."""
-    import torch
-    from segment_anything.modeling import ImageEncoderViT, MaskDecoder, PromptEncoder, Sam, TwoWayTransformer
-
-    embed, image_size, patch = 32, 256, 16
-    sam = Sam(
-        image_encoder=ImageEncoderViT(
-            depth=1, embed_dim=32, img_size=image_size, mlp_ratio=2, num_heads=2, patch_size=patch,
-            norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), qkv_bias=True, use_rel_pos=True,
-            global_attn_indexes=[0], window_size=4, out_chans=embed),
-        prompt_encoder=PromptEncoder(embed_dim=embed, image_embedding_size=(image_size // patch,) * 2,
-                                     input_image_size=(image_size, image_size), mask_in_chans=4),
-        mask_decoder=MaskDecoder(num_multimask_outputs=3, transformer=TwoWayTransformer(
-            depth=1, embedding_dim=embed, mlp_dim=64, num_heads=2), transformer_dim=embed,
-            iou_head_depth=2, iou_head_hidden_dim=16),
-        pixel_mean=[123.675, 116.28, 103.53], pixel_std=[58.395, 57.12, 57.375],
-    )
-    return sam.eval()
+from paper_fixtures import build_tiny_sam  # noqa: E402  (segment-anything classes, tiny sizes)
 
 
 @pytest.fixture
