@@ -10,8 +10,10 @@ split uses is extracted once (before, after, CLEVR distractor; shared images ded
 backbone runs in bf16 with channels_last; features are stored as fp16.
 
 Weights come only from a local file (``--weights``: a torchvision ResNet-101 state dict); ``--random-init``
-builds a seeded random backbone for tests and demos (``zero_init_residual`` so activations stay in fp16
-range) and the manifest says so.
+builds a seeded random ResNet-101 for tests (every residual branch scaled by 1/√blocks so activations stay in
+fp16 range; ``zero_init_residual`` would leave an 11-pixel receptive field) and the manifest says so. Any
+torchvision bottleneck ResNet whose layer3 gives 1024 channels loads through ``--weights`` (the layout is read
+off the state dict): the demo uses the tiny one shipped in assets/tiny_resnet (docs/tiny_backbone.md).
 
 Cache layout (atomic writes; a rerun skips every image already stored, so a killed run resumes; K
 processes with ``--num-shards K --shard-index I`` split the images and can write into one cache):
@@ -109,38 +111,33 @@ class _ImageList(torch.utils.data.Dataset):
 
 # --- the backbone -----------------------------------------------------------------------------------
 def build_backbone(weights: str | Path | None, *, random_init: bool = False, seed: int = 0) -> torch.nn.Module:
-    """torchvision ResNet-101 truncated after layer3 (conv1, bn1, relu, maxpool, layer1-3), in eval mode."""
-    import torchvision
+    """torchvision bottleneck ResNet truncated after layer3 (conv1, bn1, relu, maxpool, layer1-3), in eval mode.
+
+    The layout (blocks per stage, bottleneck width) is read from the weights, so ImageNet ResNet-101 and
+    the shipped tiny backbone (assets/tiny_resnet, `python -m davir.pretrain_backbone`) load alike.
+    `random_init` is a seeded ResNet-101 whose residual branches all contribute (see `random_backbone`).
+    """
+    from davir.models.resnet_layout import LayoutError, backbone_from_state_dict, random_backbone
 
     if random_init:
-        torch.manual_seed(seed)
-        net = torchvision.models.resnet101(weights=None, zero_init_residual=True)
-    else:
-        if weights is None:
-            raise DataError(NO_WEIGHTS)
-        weights = Path(weights)
-        if not weights.is_file():
-            raise DataError(f"ResNet-101 weights file is missing: {weights}")
-        try:
-            state = torch.load(weights, map_location="cpu", weights_only=True)
-        except Exception as error:  # a corrupt or non-PyTorch file: say which file
-            raise DataError(f"{weights}: cannot be read as a PyTorch state dict ({error})") from error
-        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-            state = state["state_dict"]
-        net = torchvision.models.resnet101(weights=None)
-        if not isinstance(state, dict):
-            raise DataError(f"{weights}: expected a state dict, got {type(state).__name__}")
-        try:
-            result = net.load_state_dict(state, strict=False)
-        except RuntimeError as error:  # shape mismatches
-            raise DataError(f"{weights}: not a torchvision ResNet-101 state dict ({str(error)[:300]})") from error
-        needed = [k for k in result.missing_keys if not k.startswith(("fc.", "layer4."))]
-        if needed or result.unexpected_keys:
-            raise DataError(
-                f"{weights}: not a torchvision ResNet-101 state dict (missing {needed[:5]}, "
-                f"unexpected {result.unexpected_keys[:5]})"
-            )
-    backbone = torch.nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool, net.layer1, net.layer2, net.layer3)
+        return random_backbone(seed).eval().requires_grad_(False)
+    if weights is None:
+        raise DataError(NO_WEIGHTS)
+    weights = Path(weights)
+    if not weights.is_file():
+        raise DataError(f"ResNet-101 weights file is missing: {weights}")
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as error:  # a corrupt or non-PyTorch file: say which file
+        raise DataError(f"{weights}: cannot be read as a PyTorch state dict ({error})") from error
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise DataError(f"{weights}: expected a state dict, got {type(state).__name__}")
+    try:
+        backbone = backbone_from_state_dict(state)
+    except (LayoutError, RuntimeError) as error:  # wrong keys or shape mismatches
+        raise DataError(f"{weights}: not a torchvision ResNet-101 state dict ({str(error)[:300]})") from error
     return backbone.eval().requires_grad_(False)
 
 
@@ -205,7 +202,7 @@ def write_chunk(path: Path, features: torch.Tensor, keys: list[str]) -> None:
 class Settings:
     """What makes two caches interchangeable; stored in manifest.json and checked on every run."""
 
-    weights: str  # "random-init(seed=N)" or the weights file's sha256
+    weights: str  # "random-init(seed=N,…)" or the weights file's sha256
     std: tuple[float, float, float]
     dataset_root: str
 
@@ -327,7 +324,7 @@ def run(args: argparse.Namespace) -> dict:
     mine = images[args.shard_index::args.num_shards]
 
     if args.random_init:
-        weights_id = f"random-init(seed={args.seed})"
+        weights_id = f"random-init(seed={args.seed},branches=1/sqrt(blocks))"  # not the zero-branch v1
     elif not args.weights:
         raise DataError(NO_WEIGHTS)
     elif not Path(args.weights).is_file():
