@@ -197,6 +197,25 @@ def rdd_segments(caption: str) -> tuple[str, str]:
 
 
 # --- the task --------------------------------------------------------------------------------------------
+def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std of the cached grid features of (up to `limit`, evenly spread) train images.
+
+    The front-end standardises its input with them [D] (`FeatureFrontend.set_feature_statistics`).
+    """
+    images = list(dict.fromkeys(p for pair in pairs for p in (pair.before, pair.after) if p is not None))
+    images = images[:: max(1, len(images) // limit)][:limit]
+    total = total_sq = None
+    count = 0
+    for path in images:
+        grid = cache.get(path).double().flatten(1)  # (C, H·W)
+        total = grid.sum(1) if total is None else total + grid.sum(1)
+        total_sq = grid.pow(2).sum(1) if total_sq is None else total_sq + grid.pow(2).sum(1)
+        count += grid.shape[1]
+    mean = total / count
+    std = (total_sq / count - mean.pow(2)).clamp(min=0).sqrt()
+    return mean.float(), std.float()
+
+
 class LightweightTask:
     """One lightweight change captioner on cached grid features (see the module docstring)."""
 
@@ -282,6 +301,8 @@ class LightweightTask:
         self.lightweight = lw
         extra = {"text_tower": self.text_encoder.module} if self.acr_learned else {}
         self.model: nn.Module = build_lightweight_model(lw, **extra).to(accelerator.device)
+        mean, std = feature_statistics(self.features, train_pairs)
+        self.model.frontend.set_feature_statistics(mean.to(accelerator.device), std.to(accelerator.device))
         if method == "cheer":
             bank = self.text_encoder.encode(self.entity_phrases)
             self.model.set_entity_bank(bank.to(accelerator.device))
