@@ -27,6 +27,8 @@ test: install
 	$(PY) -m pytest -q tests
 
 DEMO_SCENES ?= 1500
+DEMO_SEED ?= 0
+TINY_BACKBONE ?= assets/tiny_resnet/backbone.pth
 DEMO_DATA := $(DEMO_DIR)/data
 SPLITS := train val test
 
@@ -34,7 +36,7 @@ DEMO_READY := $(DEMO_DIR)/.data-ready
 
 # The built-in synthetic set with its preprocessing: data → change masks → change entities (scored on test).
 $(DEMO_READY): $(VENV)/.installed
-	$(PY) -m davir.data synth --out $(DEMO_DATA) --scenes $(DEMO_SCENES) --seed 0
+	$(PY) -m davir.data synth --out $(DEMO_DATA) --scenes $(DEMO_SCENES) --seed $(DEMO_SEED)
 	$(PY) -m davir.data stats --format clevr_change --root $(DEMO_DATA)
 	$(PY) -m davir.data show --format clevr_change --root $(DEMO_DATA) --split test --out $(DEMO_DIR)/grid.png
 	for split in $(SPLITS); do $(PY) -m preprocess masks --format clevr_change --root $(DEMO_DATA) --split $$split \
@@ -61,11 +63,12 @@ demo: install $(DEMO_READY)
 ablation-demo: install $(DEMO_READY)
 	$(PY) -m davir.sweep configs/sweeps/ablation_demo.yaml
 
-# The five lightweight methods on the same data: ResNet-101 grid features (random-init: no weights can be
-# downloaded here), CHEER's image-level entities, then 3 seeds each (runs/lightweight_demo/summary.md).
+# The five lightweight methods on the same data: layer3 grid features of the shipped tiny pretrained ResNet
+# (assets/tiny_resnet, docs/tiny_backbone.md; no ImageNet weights can be downloaded here), CHEER's image-level
+# entities, then 3 seeds each (runs/lightweight_demo/summary.md).
 demo-lightweight: install $(DEMO_READY)
 	for split in $(SPLITS); do $(PY) -m preprocess features --format clevr_change --root $(DEMO_DATA) --split $$split \
-		--out $(DEMO_DIR)/features --random-init || exit 1; done
+		--out $(DEMO_DIR)/features --weights $(TINY_BACKBONE) --workers 0 || exit 1; done
 	for split in $(SPLITS); do $(PY) -m preprocess entities --format clevr_change --root $(DEMO_DATA) --split $$split \
 		--image-level --top-k 3 --out $(DEMO_DIR)/entities_image || exit 1; done
 	$(PY) -m davir.sweep configs/sweeps/lightweight_demo.yaml
