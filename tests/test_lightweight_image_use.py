@@ -93,6 +93,11 @@ def test_trained_model_needs_the_true_after_image(method):
     shuffled_loss = caption_loss(model, test, shuffled)
     # chance for the changed-channel word is ln 4 = 1.39 over half the tokens (≈ 0.69 per token)
     assert true_loss < 0.6 * shuffled_loss, (method, true_loss, shuffled_loss)
+    # greedy captions follow the change: not one sentence for every pair (the collapse of issue 16)
+    ids = model.generate(test["before"], test["after"], entities=test["entities"], max_len=2)
+    assert len({tuple(row.tolist()) for row in ids}) == CLASSES
+    right = (ids[:, 0] == test["in"][:, 1]).float().mean()
+    assert right > 0.8, (method, float(right))
 
 
 def test_frontend_standardises_with_stored_statistics_and_keeps_content_above_position():

@@ -197,8 +197,10 @@ def rdd_segments(caption: str) -> tuple[str, str]:
 
 
 # --- the task --------------------------------------------------------------------------------------------
-def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std of the cached grid features of (up to `limit`, evenly spread) train images.
+def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256, pool: int = 1
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std of the cached grid features of (up to `limit`, evenly spread) train images,
+    average-pooled by `pool` as the front-end will see them.
 
     The front-end standardises its input with them [D] (`FeatureFrontend.set_feature_statistics`).
     """
@@ -207,7 +209,10 @@ def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256) -> 
     total = total_sq = None
     count = 0
     for path in images:
-        grid = cache.get(path).double().flatten(1)  # (C, H·W)
+        grid = cache.get(path).double()
+        if pool > 1:
+            grid = torch.nn.functional.avg_pool2d(grid.unsqueeze(0), pool, ceil_mode=True)[0]
+        grid = grid.flatten(1)  # (C, H·W)
         total = grid.sum(1) if total is None else total + grid.sum(1)
         total_sq = grid.pow(2).sum(1) if total_sq is None else total_sq + grid.pow(2).sum(1)
         count += grid.shape[1]
@@ -301,7 +306,7 @@ class LightweightTask:
         self.lightweight = lw
         extra = {"text_tower": self.text_encoder.module} if self.acr_learned else {}
         self.model: nn.Module = build_lightweight_model(lw, **extra).to(accelerator.device)
-        mean, std = feature_statistics(self.features, train_pairs)
+        mean, std = feature_statistics(self.features, train_pairs, pool=lw.feature_pool)
         self.model.frontend.set_feature_statistics(mean.to(accelerator.device), std.to(accelerator.device))
         if method == "cheer":
             bank = self.text_encoder.encode(self.entity_phrases)

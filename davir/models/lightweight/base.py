@@ -46,7 +46,8 @@ class LightweightCaptioner(nn.Module, ABC):
     def __init__(self, config: LightweightConfig):
         super().__init__()
         self.config = config
-        self.frontend = FeatureFrontend(config.feat_dim, config.hidden, config.grid_size, config.coord_channels)
+        self.frontend = FeatureFrontend(config.feat_dim, config.hidden, config.grid_size, config.coord_channels,
+                                        pool=config.feature_pool)
         self.decoder = CaptionDecoder(
             config.vocab_size, hidden=config.hidden, word_dim=config.word_emb, heads=config.heads,
             layers=config.layers, ffn_dim=config.ffn_dim, max_len=config.max_len, dropout=config.dropout,

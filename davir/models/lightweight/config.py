@@ -35,6 +35,7 @@ class LightweightConfig:
     feat_dim: int = 1024
     coord_channels: bool = False
     grid_size: int = 14
+    feature_pool: int = 1  # [D] demo size: average-pool the grid by this factor before the projection
     hidden: int = 512
     heads: int = 8
     dropout: float = 0.1

@@ -66,12 +66,19 @@ class GridPositionEmbedding(nn.Module):
 
 
 class FeatureFrontend(nn.Module):
-    """``X~ = conv1x1(X) + pos(X)`` (SCORER Eq. 1, DIRL Eq. 1, RDD Eq. 1), flattened to (B, H·W, D)."""
+    """``X~ = conv1x1(X) + pos(X)`` (SCORER Eq. 1, DIRL Eq. 1, RDD Eq. 1), flattened to (B, H·W, D).
 
-    def __init__(self, feat_dim: int, hidden: int, grid_size: int = 14, coord_channels: bool = False):
+    `pool` > 1 average-pools the grid first (a demo-size option: the attention and SCORER's B×B token
+    matching cost fall with the square of the number of tokens); statistics are those of the pooled grid.
+    """
+
+    def __init__(self, feat_dim: int, hidden: int, grid_size: int = 14, coord_channels: bool = False, pool: int = 1):
         super().__init__()
+        if pool < 1:
+            raise ValueError(f"feature pooling factor must be >= 1, got {pool}")
         self.feat_dim = feat_dim
         self.coord_channels = coord_channels
+        self.pool = pool
         self.projection = nn.Conv2d(feat_dim, hidden, kernel_size=1)
         nn.init.normal_(self.projection.weight, std=feat_dim ** -0.5)  # [D] unit-variance tokens
         nn.init.zeros_(self.projection.bias)
@@ -108,6 +115,8 @@ class FeatureFrontend(nn.Module):
                 + (" (feat_dim counts the 2 coordinate channels added here)" if self.coord_channels else "")
             )
         features = features.to(self.projection.weight.dtype)
+        if self.pool > 1:  # [D] demo size: pool×pool average pooling (14×14 → 7×7 tokens for pool 2)
+            features = nn.functional.avg_pool2d(features, self.pool, ceil_mode=True)
         features = (features - self.feature_mean.view(1, -1, 1, 1)) / self.feature_std.view(1, -1, 1, 1)
         if self.coord_channels:
             features = add_coordinate_channels(features)
