@@ -29,6 +29,8 @@ test: install
 	$(PY) -m pytest -q tests
 
 DEMO_SCENES ?= 1500
+DEMO_SEED ?= 0
+TINY_BACKBONE ?= assets/tiny_resnet/backbone.pth
 DEMO_DATA := $(DEMO_DIR)/data
 SPLITS := train val test
 
@@ -36,7 +38,7 @@ DEMO_READY := $(DEMO_DIR)/.data-ready
 
 # The built-in synthetic set with its preprocessing: data → change masks → change entities (scored on test).
 $(DEMO_READY): $(VENV)/.installed
-	$(PY) -m davir.data synth --out $(DEMO_DATA) --scenes $(DEMO_SCENES) --seed 0
+	$(PY) -m davir.data synth --out $(DEMO_DATA) --scenes $(DEMO_SCENES) --seed $(DEMO_SEED)
 	$(PY) -m davir.data stats --format clevr_change --root $(DEMO_DATA)
 	$(PY) -m davir.data show --format clevr_change --root $(DEMO_DATA) --split test --out $(DEMO_DIR)/grid.png
 	for split in $(SPLITS); do $(PY) -m preprocess masks --format clevr_change --root $(DEMO_DATA) --split $$split \
@@ -63,14 +65,23 @@ demo: install $(DEMO_READY)
 ablation-demo: install $(DEMO_READY)
 	$(PY) -m davir.sweep configs/sweeps/ablation_demo.yaml
 
-# The five lightweight methods on the same data: ResNet-101 grid features (random-init: no weights can be
-# downloaded here), CHEER's image-level entities, then 3 seeds each (runs/lightweight_demo/summary.md).
+# The five lightweight methods on the same data: layer3 grid features of the shipped tiny pretrained ResNet
+# (assets/tiny_resnet, docs/tiny_backbone.md; no ImageNet weights can be downloaded here), CHEER's image-level
+# entities, then 3 seeds each (runs/lightweight_demo/summary.md).
+# Two 1-thread processes at a time (2 cores): feature shards, then the sweep's variants, then one summary pass.
+LW_SWEEP := configs/sweeps/lightweight_demo.yaml
 demo-lightweight: install $(DEMO_READY)
-	for split in $(SPLITS); do $(PY) -m preprocess features --format clevr_change --root $(DEMO_DATA) --split $$split \
-		--out $(DEMO_DIR)/features --random-init || exit 1; done
-	for split in $(SPLITS); do $(PY) -m preprocess entities --format clevr_change --root $(DEMO_DATA) --split $$split \
-		--image-level --top-k 3 --out $(DEMO_DIR)/entities_image || exit 1; done
-	$(PY) -m davir.sweep configs/sweeps/lightweight_demo.yaml
+	for split in $(SPLITS); do \
+		for shard in 0 1; do OMP_NUM_THREADS=1 $(PY) -m preprocess features --format clevr_change --root $(DEMO_DATA) \
+			--split $$split --out $(DEMO_DIR)/features --weights $(TINY_BACKBONE) --workers 0 \
+			--num-shards 2 --shard-index $$shard & eval "p$$shard=$$!"; done; \
+		wait $$p0 && wait $$p1 || exit 1; done
+	for split in $(SPLITS); do OMP_NUM_THREADS=1 $(PY) -m preprocess entities --format clevr_change --root $(DEMO_DATA) \
+		--split $$split --image-level --top-k 3 --out $(DEMO_DIR)/entities_image --no-progress || exit 1; done
+	OMP_NUM_THREADS=1 $(PY) -m davir.sweep $(LW_SWEEP) --variants subtraction SCORER+CBR CHEER & p0=$$!; \
+		OMP_NUM_THREADS=1 $(PY) -m davir.sweep $(LW_SWEEP) --variants DIRL+CCR RDD+ACR & p1=$$!; \
+		wait $$p0 && wait $$p1
+	$(PY) -m davir.sweep $(LW_SWEEP)
 
 clean-demo:
 	rm -rf $(DEMO_DIR) $(DEMO_RUN) runs/ablation_demo runs/lightweight_demo

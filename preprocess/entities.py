@@ -5,7 +5,8 @@
     python -m preprocess entities … --image-level --top-k 3 [--image-score abs|bef_minus_aft]   # CHEER, no masks
 
 1. Entity vocabulary (methods.md §5.8): the noun phrases of the `--fit-split` captions (davir.text),
-   kept when ≥ `--vocab-min-count` captions name them; saved as CACHE/vocab.json and reused.
+   kept when ≥ `--vocab-min-count` captions name them (with `--image-level`, CHEER §4.8: each caption's
+   subject phrase only); saved as CACHE/vocab.json and reused.
 2. Retriever (davir.preprocessing.retrievers): `fitted` (default; no weights) is fitted on the fit split's
    masked change regions, each pair labelled with the vocabulary phrases of its references, and
    stored in CACHE/retriever/; `clip` loads open_clip from `--clip-checkpoint` (a local file).
@@ -125,24 +126,56 @@ def split_captions(index: DatasetIndex) -> list[str]:
     return [caption for pair in index for caption in pair.captions]
 
 
+class SubjectExtractor:
+    """CHEER §4.8: a caption's entity is its *subject* (`PhraseExtractor.subject`), not every noun phrase.
+
+    Wraps an extractor so that `phrases(caption)` is ``[subject]`` (or ``[]``): the vocabulary, the fitted
+    retriever's labels and the entity evaluation then all count subjects only. "the red cube changed to
+    blue" names "red cube", never "blue".
+    """
+
+    def __init__(self, base: PhraseExtractor):
+        self.base = base
+        self.backend = base.backend
+
+    def phrases(self, caption: str) -> list[str]:
+        subject = self.base.subject(caption)
+        return [subject] if subject else []
+
+    def subject(self, caption: str) -> str | None:
+        return self.base.subject(caption)
+
+    def describe(self) -> dict:
+        return {**self.base.describe(), "entities": "subjects"}
+
+
+def vocabulary_extractor(backend: str, captions: list[str], subjects: bool) -> PhraseExtractor:
+    extractor = get_extractor(backend, corpus=captions)
+    return SubjectExtractor(extractor) if subjects else extractor  # type: ignore[return-value]
+
+
 def load_or_build_vocabulary(path: Path, fit_index: DatasetIndex, *, min_count: int,
-                             backend: str) -> tuple[EntityVocabulary, PhraseExtractor]:
-    """CACHE/vocab.json if present (checked against the settings), else built from the fit split."""
+                             backend: str, subjects: bool = False) -> tuple[EntityVocabulary, PhraseExtractor]:
+    """CACHE/vocab.json if present (checked against the settings), else built from the fit split.
+
+    `subjects` (CHEER's image-level entities): the vocabulary holds the captions' subject phrases only.
+    """
     captions = split_captions(fit_index)
     if path.is_file():
         vocabulary = EntityVocabulary.load(path)
         expected = {"format": fit_index.format, "split": fit_index.split}
         found = {key: vocabulary.source.get(key) for key in expected}
-        if found != expected or vocabulary.min_count != min_count or (
+        stored_subjects = vocabulary.extractor.get("entities") == "subjects"
+        if found != expected or vocabulary.min_count != min_count or stored_subjects != subjects or (
                 backend != "auto" and vocabulary.extractor.get("backend") != backend):
             raise DataError(f"{path} was built from {found} with min_count {vocabulary.min_count} and back-end "
-                            f"{vocabulary.extractor.get('backend')!r}; this run asks for {expected}, {min_count}, "
-                            f"{backend!r} (use another --out)")
-        return vocabulary, get_extractor(vocabulary.extractor.get("backend", "auto"), corpus=captions)
+                            f"{vocabulary.extractor.get('backend')!r} (subjects only: {stored_subjects}); this run asks "
+                            f"for {expected}, {min_count}, {backend!r} (subjects only: {subjects}) (use another --out)")
+        return vocabulary, vocabulary_extractor(vocabulary.extractor.get("backend", "auto"), captions, subjects)
     if not captions:
         raise DataError(f"split {fit_index.split!r} of {fit_index.root} has no captions to build the entity "
                         "vocabulary from (CLEVR-style sets need change_captions.json)")
-    extractor = get_extractor(backend, corpus=captions)
+    extractor = vocabulary_extractor(backend, captions, subjects)
     vocabulary = build_vocabulary(captions, min_count=min_count, extractor=extractor,
                                   source={"format": fit_index.format, "root": str(fit_index.root),
                                           "split": fit_index.split})
@@ -377,7 +410,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     target = read_dataset(args.format, args.root, args.split)
     fit_index = target if args.fit_split == args.split else read_dataset(args.format, args.root, args.fit_split)
     vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
-                                                     backend=args.phrase_backend)
+                                                     backend=args.phrase_backend, subjects=args.image_level)
 
     if args.retriever == "clip":  # first, so a missing checkpoint is reported before any fitting
         retriever = ClipRetriever(args.clip_model, args.clip_checkpoint, config=args.clip_config, device=args.device,

@@ -10,8 +10,10 @@ split uses is extracted once (before, after, CLEVR distractor; shared images ded
 backbone runs in bf16 with channels_last; features are stored as fp16.
 
 Weights come only from a local file (``--weights``: a torchvision ResNet-101 state dict); ``--random-init``
-builds a seeded random backbone for tests and demos (``zero_init_residual`` so activations stay in fp16
-range) and the manifest says so.
+builds a seeded random ResNet-101 for tests (every residual branch scaled by 1/√blocks so activations stay in
+fp16 range; ``zero_init_residual`` would leave an 11-pixel receptive field) and the manifest says so. Any
+torchvision bottleneck ResNet whose layer3 gives 1024 channels loads through ``--weights`` (the layout is read
+off the state dict): the demo uses the tiny one shipped in assets/tiny_resnet (docs/tiny_backbone.md).
 
 Cache layout (atomic writes; a rerun skips every image already stored, so a killed run resumes; K
 processes with ``--num-shards K --shard-index I`` split the images and can write into one cache):
@@ -71,7 +73,7 @@ class _ImageList(torch.utils.data.Dataset):
 class Settings:
     """What makes two caches interchangeable; stored in manifest.json and checked on every run."""
 
-    weights: str  # "random-init(seed=N)" or the weights file's sha256
+    weights: str  # "random-init(seed=N,…)" or the weights file's sha256
     std: tuple[float, float, float]
     dataset_root: str
 
@@ -193,7 +195,7 @@ def run(args: argparse.Namespace) -> dict:
     mine = images[args.shard_index::args.num_shards]
 
     if args.random_init:
-        weights_id = f"random-init(seed={args.seed})"
+        weights_id = f"random-init(seed={args.seed},branches=1/sqrt(blocks))"  # not the zero-branch v1
     elif not args.weights:
         raise DataError(NO_WEIGHTS)
     elif not Path(args.weights).is_file():

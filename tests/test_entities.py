@@ -745,3 +745,19 @@ def test_clip_frame_scores_are_cosines_of_whole_frames(tiny_clip):
     text /= np.linalg.norm(text, axis=1, keepdims=True)
     image /= np.linalg.norm(image, axis=1, keepdims=True)
     np.testing.assert_allclose(scores, image @ text.T, atol=1e-5)
+
+
+def test_image_level_vocabulary_holds_the_captions_subjects():
+    """CHEER §4.8 (issue 16): `--image-level` builds the entity vocabulary from each caption's subject phrase."""
+    from davir.text.entity_vocabulary import build_vocabulary
+    from davir.text.extractors import get_extractor
+    from preprocess.entities import SubjectExtractor
+
+    captions = ["the man is standing next to the car", "the man has moved near the car",
+                "a woman with an umbrella has appeared", "the woman with the umbrella is gone"]
+    base = get_extractor("auto", corpus=captions)
+    every = build_vocabulary(captions, min_count=2, extractor=base)
+    subjects = build_vocabulary(captions, min_count=2, extractor=SubjectExtractor(base))
+    assert "car" in every.phrases and "umbrella" in every.phrases
+    assert "car" not in subjects.phrases and "umbrella" not in subjects.phrases
+    assert "man" in subjects.phrases and subjects.extractor["entities"] == "subjects"

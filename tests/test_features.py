@@ -72,7 +72,7 @@ def test_extraction_stores_every_val_image_once_as_fp16(cache, clevr_root):
     assert torch.equal(tensor, features.get("images/CLEVR_default_000019.png"))
     assert not torch.equal(tensor, features.get("sc_images/CLEVR_semantic_000019.png"))
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["weights"] == "random-init(seed=0)" and manifest["std"] == list(IMAGENET_STD)
+    assert manifest["weights"] == "random-init(seed=0,branches=1/sqrt(blocks))" and manifest["std"] == list(IMAGENET_STD)
     with pytest.raises(DataError, match="no features"):
         features.get("images/CLEVR_default_000000.png")
 

@@ -45,38 +45,33 @@ def normalize_batch(images: torch.Tensor, std: Sequence[float]) -> torch.Tensor:
 
 
 def build_backbone(weights: str | Path | None, *, random_init: bool = False, seed: int = 0) -> torch.nn.Module:
-    """torchvision ResNet-101 truncated after layer3 (conv1, bn1, relu, maxpool, layer1-3), in eval mode."""
-    import torchvision
+    """torchvision bottleneck ResNet truncated after layer3 (conv1, bn1, relu, maxpool, layer1-3), in eval mode.
+
+    The layout (blocks per stage, bottleneck width) is read from the weights, so ImageNet ResNet-101 and
+    the shipped tiny backbone (assets/tiny_resnet, `python -m davir.pretrain_backbone`) load alike.
+    `random_init` is a seeded ResNet-101 whose residual branches all contribute (see `random_backbone`).
+    """
+    from davir.models.resnet_layout import LayoutError, backbone_from_state_dict, random_backbone
 
     if random_init:
-        torch.manual_seed(seed)
-        net = torchvision.models.resnet101(weights=None, zero_init_residual=True)
-    else:
-        if weights is None:
-            raise DataError(NO_WEIGHTS)
-        weights = Path(weights)
-        if not weights.is_file():
-            raise DataError(f"ResNet-101 weights file is missing: {weights}")
-        try:
-            state = torch.load(weights, map_location="cpu", weights_only=True)
-        except Exception as error:  # a corrupt or non-PyTorch file: say which file
-            raise DataError(f"{weights}: cannot be read as a PyTorch state dict ({error})") from error
-        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-            state = state["state_dict"]
-        net = torchvision.models.resnet101(weights=None)
-        if not isinstance(state, dict):
-            raise DataError(f"{weights}: expected a state dict, got {type(state).__name__}")
-        try:
-            result = net.load_state_dict(state, strict=False)
-        except RuntimeError as error:  # shape mismatches
-            raise DataError(f"{weights}: not a torchvision ResNet-101 state dict ({str(error)[:300]})") from error
-        needed = [k for k in result.missing_keys if not k.startswith(("fc.", "layer4."))]
-        if needed or result.unexpected_keys:
-            raise DataError(
-                f"{weights}: not a torchvision ResNet-101 state dict (missing {needed[:5]}, "
-                f"unexpected {result.unexpected_keys[:5]})"
-            )
-    backbone = torch.nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool, net.layer1, net.layer2, net.layer3)
+        return random_backbone(seed).eval().requires_grad_(False)
+    if weights is None:
+        raise DataError(NO_WEIGHTS)
+    weights = Path(weights)
+    if not weights.is_file():
+        raise DataError(f"ResNet-101 weights file is missing: {weights}")
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as error:  # a corrupt or non-PyTorch file: say which file
+        raise DataError(f"{weights}: cannot be read as a PyTorch state dict ({error})") from error
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise DataError(f"{weights}: expected a state dict, got {type(state).__name__}")
+    try:
+        backbone = backbone_from_state_dict(state)
+    except (LayoutError, RuntimeError) as error:  # wrong keys or shape mismatches
+        raise DataError(f"{weights}: not a torchvision ResNet-101 state dict ({str(error)[:300]})") from error
     return backbone.eval().requires_grad_(False)
 
 

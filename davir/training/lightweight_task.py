@@ -12,7 +12,7 @@ offers the same interface as `DavirTask` (model, train/val datasets, losses, gen
 * CHEER reads the top-K retrieved entities of each pair from an entity cache (`data.entities`,
   `python -m preprocess entities … --top-k 3`) and embeds the cache's entity vocabulary with a frozen
   open_clip text tower into an entity bank stored in the model (§4.8);
-* RDD's ACR reads the noun / verb segments of each training caption (`davir.text.phrases.
+* RDD's ACR reads the noun / verb segments of each training caption (`davir.text.extractors.
   extract_attributes`, §3.8) joined with "and", through the frozen text tower with 4 learnable prompt
   tokens (`data.acr_prompts: learned`, the paper's default) or as fixed precomputed text features
   (`fixed`, the paper's "Fixed Prompt" row; much cheaper on a CPU).
@@ -190,13 +190,37 @@ def pair_scenes(pairs: Sequence[ChangePair], source: str) -> tuple[list[ChangePa
 
 def rdd_segments(caption: str) -> tuple[str, str]:
     """RDD §3.8: the caption's noun segments and verb segments, each joined with "and"."""
-    from davir.text.phrases import extract_attributes
+    from davir.text.extractors import extract_attributes
 
     attributes = extract_attributes(caption)
     return " and ".join(attributes["nouns"]), " and ".join(attributes["verbs"])
 
 
 # --- the task --------------------------------------------------------------------------------------------
+def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256, pool: int = 1
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std of the cached grid features of (up to `limit`, evenly spread) train images,
+    average-pooled by `pool` as the front-end will see them.
+
+    The front-end standardises its input with them [D] (`FeatureFrontend.set_feature_statistics`).
+    """
+    images = list(dict.fromkeys(p for pair in pairs for p in (pair.before, pair.after) if p is not None))
+    images = images[:: max(1, len(images) // limit)][:limit]
+    total = total_sq = None
+    count = 0
+    for path in images:
+        grid = cache.get(path).double()
+        if pool > 1:
+            grid = torch.nn.functional.avg_pool2d(grid.unsqueeze(0), pool, ceil_mode=True)[0]
+        grid = grid.flatten(1)  # (C, H·W)
+        total = grid.sum(1) if total is None else total + grid.sum(1)
+        total_sq = grid.pow(2).sum(1) if total_sq is None else total_sq + grid.pow(2).sum(1)
+        count += grid.shape[1]
+    mean = total / count
+    std = (total_sq / count - mean.pow(2)).clamp(min=0).sqrt()
+    return mean.float(), std.float()
+
+
 @register_task(*METHOD_NAMES)
 class LightweightTask:
     """One lightweight change captioner on cached grid features (see the module docstring)."""
@@ -284,6 +308,8 @@ class LightweightTask:
         self.lightweight = lw
         extra = {"text_tower": self.text_encoder.module} if self.acr_learned else {}
         self.model: nn.Module = build_lightweight_model(lw, **extra).to(accelerator.device)
+        mean, std = feature_statistics(self.features, train_pairs, pool=lw.feature_pool)
+        self.model.frontend.set_feature_statistics(mean.to(accelerator.device), std.to(accelerator.device))
         if method == "cheer":
             bank = self.text_encoder.encode(self.entity_phrases)
             self.model.set_entity_bank(bank.to(accelerator.device))
@@ -315,7 +341,7 @@ class LightweightTask:
         self.notes.append(line)
 
     def _cheer_entities(self, data, train_pairs, val_pairs, top_k: int, source: str) -> EntityField:
-        from davir.text.phrases import EntityVocabulary
+        from davir.text.entity_vocabulary import EntityVocabulary
 
         command = source.format(cmd="entities", split=data.train_split, out=data.entities or "CACHE") + \
             f" --masks MASKS --top-k {top_k}"

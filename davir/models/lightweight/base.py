@@ -20,7 +20,9 @@ from torch import nn
 
 from davir.models.lightweight.attention import LogitScale
 from davir.models.lightweight.config import LightweightConfig
-from davir.models.lightweight.decoder import CaptionDecoder, DecoderOutput, beam_decode, greedy_decode, init_weights
+from davir.models.lightweight.decoder import (
+    CaptionDecoder, DecoderOutput, beam_decode, greedy_decode, init_weights, width_scaled_std,
+)
 from davir.models.lightweight.frontend import FeatureFrontend
 from davir.models.lightweight.losses import caption_cross_entropy
 from davir.text.vocab import START_ID
@@ -39,18 +41,19 @@ class Encoded:
 class LightweightCaptioner(nn.Module, ABC):
     """Base class of the five methods (see the module docstring for the API)."""
 
-    decoder_init = "normal"  # "normal" N(0, 0.02) as SCORER's decoder [C]; DIRL uses "xavier"
+    decoder_init = "normal"  # "normal" N(0, 0.02) at width 512 as SCORER's decoder [C], width-scaled [D]; DIRL "xavier"
 
     def __init__(self, config: LightweightConfig):
         super().__init__()
         self.config = config
-        self.frontend = FeatureFrontend(config.feat_dim, config.hidden, config.grid_size, config.coord_channels)
+        self.frontend = FeatureFrontend(config.feat_dim, config.hidden, config.grid_size, config.coord_channels,
+                                        pool=config.feature_pool)
         self.decoder = CaptionDecoder(
             config.vocab_size, hidden=config.hidden, word_dim=config.word_emb, heads=config.heads,
             layers=config.layers, ffn_dim=config.ffn_dim, max_len=config.max_len, dropout=config.dropout,
             positions=config.resolved_positions, layer_kind=self.decoder_kind(config),
         )
-        init_weights(self.decoder, self.decoder_init)
+        init_weights(self.decoder, self.decoder_init, std=width_scaled_std(config.hidden))
 
     # --- what a method provides -------------------------------------------------------------------
     @classmethod
@@ -71,6 +74,10 @@ class LightweightCaptioner(nn.Module, ABC):
     def loss_weights(self) -> dict[str, float]:
         """Weight of each auxiliary loss in the total (the paper's λ's)."""
         return {}
+
+    def distractor_pair_losses(self) -> tuple[str, ...]:
+        """Auxiliary losses that `clevr_pair_loss` takes from the distractor pair alone (none by default)."""
+        return ()
 
     # --- shared API -------------------------------------------------------------------------------
     def forward(
@@ -185,7 +192,8 @@ def clevr_pair_loss(
 
     In training mode, each scene's default and distractor images swap roles with probability 0.5 (the
     reference loader's augmentation); then (before, semantic) and (before, distractor) are both forwarded
-    and every returned loss is ``0.5 · semantic + 0.5 · distractor``.
+    and every returned loss is ``0.5 · semantic + 0.5 · distractor``, except the model's
+    `distractor_pair_losses()`, taken from the distractor pair alone (DIRL's L_dirl by default [D]).
     """
     required = ("feat_before", "feat_after", "feat_distractor", "captions_in", "captions_target",
                 "no_change_in", "no_change_target")
@@ -204,4 +212,10 @@ def clevr_pair_loss(
         before, distractor, batch["no_change_in"], batch["no_change_target"],
         entities=batch.get("entities_distractor"), attributes=batch.get("attributes_distractor"),
     )
-    return {key: 0.5 * semantic[key] + 0.5 * nonsemantic[key] for key in semantic}
+    losses = {key: 0.5 * semantic[key] + 0.5 * nonsemantic[key] for key in semantic}
+    weights = model.loss_weights()
+    for name in model.distractor_pair_losses():
+        if name in semantic:  # replace the semantic pair's half by the distractor pair's
+            losses["loss"] = losses["loss"] + 0.5 * weights[name] * (nonsemantic[name] - semantic[name])
+            losses[name] = nonsemantic[name]
+    return losses

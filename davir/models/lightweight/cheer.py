@@ -23,7 +23,7 @@ from torch import nn
 
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
-from davir.models.lightweight.losses import gate_consistency_loss
+from davir.models.lightweight.losses import gate_consistency_loss, map_correlation_loss
 from davir.models.lightweight.scorer import ReconstructionLayer, cross_view_contrastive_loss
 
 
@@ -76,12 +76,21 @@ class HrdLayer(nn.Module):
         self.interaction = ReconstructionLayer(dim, config.heads, config.dropout, config.mtm_mode)
 
 
+def consistency_loss(gate, reference_gate, score, reference_score, on: str) -> torch.Tensor:
+    """CHEER Eqs. 7 / 11 between the image-side and the entity-side enhancement of one target: ``gate`` is
+    the paper's MSE of the gates, ``map`` the MSE of the match maps, ``correlation`` [D] 1 − their correlation."""
+    if on == "gate":
+        return gate_consistency_loss(gate, reference_gate)
+    if on == "map":
+        return gate_consistency_loss(score, reference_score)
+    return map_correlation_loss(score, reference_score)
+
+
 def commonality_step(layer: HrdLayer, image: torch.Tensor, other: torch.Tensor, entities: torch.Tensor, on: str):
     """CHEER Eqs. 6-7 for one image: ``C_i = CRE(F_j, F_i)``, ``C'_i = DRE(E, F_i)``, L_C term ``MSE(P^_C, P^'_C)``."""
     common, gate, score = layer.commonality(other, image)
     _, entity_gate, entity_score = layer.entity_difference(entities, image)
-    loss = gate_consistency_loss(gate, entity_gate) if on == "gate" else gate_consistency_loss(score, entity_score)
-    return common, loss
+    return common, consistency_loss(gate, entity_gate, score, entity_score, on)
 
 
 def cross_image_interaction(layer: HrdLayer, common_before: torch.Tensor, common_after: torch.Tensor, need_similarity: bool):
@@ -139,9 +148,7 @@ class CheerCaptioner(LightweightCaptioner):
         residual = image - commonality
         enhanced, gate, score = self.difference(image, residual)
         _, entity_gate, entity_score = self.entity_commonality(entities, residual)
-        on = self.config.gate_loss_on
-        loss = gate_consistency_loss(gate, entity_gate) if on == "gate" else gate_consistency_loss(score, entity_score)
-        return enhanced, loss
+        return enhanced, consistency_loss(gate, entity_gate, score, entity_score, self.config.gate_loss_on)
 
     def difference_fusion(self, diff_before: torch.Tensor, diff_after: torch.Tensor) -> torch.Tensor:
         """CHEER Eq. 12: ``F_diff = Linear(Concat[D_bef ; D_aft])`` (+ Dropout, ReLU as SCORER's Eq. 7 [D])."""

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 METHOD_NAMES = ("subtraction", "scorer", "dirl", "rdd", "cheer")
 POSITION_KINDS = ("sinusoidal", "learned")
 CAPTION_LOSS_KINDS = ("token_mean", "sentence_mean")
+GATE_LOSS_KINDS = ("gate", "map", "correlation")
 
 
 @dataclass
@@ -34,6 +35,7 @@ class LightweightConfig:
     feat_dim: int = 1024
     coord_channels: bool = False
     grid_size: int = 14
+    feature_pool: int = 1  # [D] demo size: average-pool the grid by this factor before the projection
     hidden: int = 512
     heads: int = 8
     dropout: float = 0.1
@@ -59,6 +61,8 @@ class LightweightConfig:
     dirl_correlation: str = "zscore"  # [C] z-scored token-level; "cosine" = Eq. 3 as printed
     ccr_temperature: float = 0.5
     ccr_mode: str | None = None  # None: "code" with reference_quirks, else "paper"
+    dirl_normalize_difference: bool = True  # [D] Eq. 6 as LN(F~) − F^s (False: as printed)
+    dirl_pairs: str = "distractor"  # [D] scene batches: L_dirl on the distractor pair only ("all": the paper)
     # RDD+ACR (§3): L = L_XE + λ_1 L_N2O + λ_2 L_V2A
     rdd_objects: int = 32
     rdd_actions: int = 5
@@ -66,6 +70,7 @@ class LightweightConfig:
     n2o_weight: float = 0.1  # [D]
     v2a_weight: float = 0.1  # [D]
     acr_temperature: float = 0.07  # [D]
+    acr_mask_duplicates: bool = True  # [D] identical texts in a batch are not each other's negatives
     acr_text_dim: int = 512  # CLIP text embedding size (ViT-B text tower) [D]
     acr_prompt_tokens: int = 4  # learnable CoOp context tokens [P]
     acr_token_width: int = 512  # CLIP token-embedding width the context vectors live in
@@ -75,7 +80,9 @@ class LightweightConfig:
     entity_bank_size: int = 0  # >0: entities may be given as ids into a stored (M, entity_dim) bank
     gate_weight: float = 0.75  # λ_v [P]
     cheer_contrastive_weight: float = 0.5  # λ_m [P]
-    gate_loss_on: str = "gate"  # MSE on post-sigmoid gates (B,N,D) [D]; "map" = on max_j P (B,N)
+    # "correlation" [D]: 1 − Pearson correlation of the two match maps over positions; "gate": MSE on the
+    # post-sigmoid gates (B,N,D), minimised by constant gates; "map": MSE on max_j P (B,N)
+    gate_loss_on: str = "correlation"
     enhance_temperature: float = 0.1  # initial τ_e of the CRE/DRE softmax [D]
 
     def __post_init__(self) -> None:
@@ -95,8 +102,10 @@ class LightweightConfig:
             raise ValueError(f"dirl_correlation must be 'zscore' or 'cosine', got {self.dirl_correlation!r}")
         if self.ccr_mode is not None and self.ccr_mode not in ("paper", "code"):
             raise ValueError(f"ccr_mode must be 'paper' or 'code', got {self.ccr_mode!r}")
-        if self.gate_loss_on not in ("gate", "map"):
-            raise ValueError(f"gate_loss_on must be 'gate' or 'map', got {self.gate_loss_on!r}")
+        if self.gate_loss_on not in GATE_LOSS_KINDS:
+            raise ValueError(f"gate_loss_on must be one of {GATE_LOSS_KINDS}, got {self.gate_loss_on!r}")
+        if self.dirl_pairs not in ("all", "distractor"):
+            raise ValueError(f"dirl_pairs must be 'all' or 'distractor', got {self.dirl_pairs!r}")
         if self.max_len < 2 or self.vocab_size < 5:
             raise ValueError("max_len must be >= 2 and vocab_size >= 5 (4 special tokens + a word)")
 

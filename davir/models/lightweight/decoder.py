@@ -218,10 +218,16 @@ class CaptionDecoder(nn.Module):
         return logits.log_softmax(dim=-1)
 
 
-def init_weights(module: nn.Module, style: str) -> None:
+def width_scaled_std(hidden: int, paper_std: float = 0.02, paper_hidden: int = 512) -> float:
+    """[D] N(0, 0.02) is the reference's init at width 512; at width D the same *relative* scale is
+    0.02·√(512/D) (0.057 at the demo's 64), so attention logits do not start ~8× flatter than the paper's."""
+    return paper_std * math.sqrt(paper_hidden / hidden)
+
+
+def init_weights(module: nn.Module, style: str, std: float = 0.02) -> None:
     """Initialise Linear/Embedding/attention weights of `module` in place.
 
-    ``normal`` (SCORER decoder [C]): N(0, 0.02) weights, zero biases, LN γ=1 β=0.
+    ``normal`` (SCORER decoder [C]): N(0, std²) weights (std 0.02 in the reference), zero biases, LN γ=1 β=0.
     ``xavier`` (DIRL [C]): Xavier-uniform on every parameter with more than one dimension.
     """
     if style == "xavier":
@@ -233,12 +239,12 @@ def init_weights(module: nn.Module, style: str) -> None:
         raise ValueError(f"init style must be 'normal' or 'xavier', got {style!r}")
     for sub in module.modules():
         if isinstance(sub, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(sub.weight, mean=0.0, std=0.02)
+            nn.init.normal_(sub.weight, mean=0.0, std=std)
             if isinstance(sub, nn.Linear) and sub.bias is not None:
                 nn.init.zeros_(sub.bias)
         elif isinstance(sub, nn.MultiheadAttention):
             if sub.in_proj_weight is not None:
-                nn.init.normal_(sub.in_proj_weight, mean=0.0, std=0.02)
+                nn.init.normal_(sub.in_proj_weight, mean=0.0, std=std)
             if sub.in_proj_bias is not None:
                 nn.init.zeros_(sub.in_proj_bias)
         elif isinstance(sub, nn.LayerNorm):

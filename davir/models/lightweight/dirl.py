@@ -13,6 +13,7 @@ Total: ``L = L_cap + λ_d L_dirl + λ_c L_ccr`` (Eq. 16).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from davir.models.lightweight.attention import CrossAttentionBlock
@@ -37,8 +38,15 @@ def shared_representation(layers: nn.ModuleList, before: torch.Tensor, after: to
     return before, after
 
 
-def difference_tokens(tokens: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
-    """DIRL Eq. 6: ``F^d_o = F~_o − F^s_o``."""
+def difference_tokens(tokens: torch.Tensor, shared: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+    """DIRL Eq. 6: ``F^d_o = F~_o − F^s_o``.
+
+    [D] ``normalize``: F^s_o leaves a residual LayerNorm (unit scale per token) while F~_o is the front-end's
+    output at whatever scale; ``F^d_o = LN(F~_o) − F^s_o`` (parameter-free LN) subtracts like from like.
+    ``normalize=False`` is Eq. 6 as printed.
+    """
+    if normalize:
+        tokens = F.layer_norm(tokens, tokens.shape[-1:])
     return tokens - shared
 
 
@@ -94,8 +102,10 @@ class DirlCaptioner(LightweightCaptioner):
                 alpha=self.config.dirl_alpha, mode=self.config.dirl_correlation,
             )
         shared_before, shared_after = shared_representation(self.cross_layers, tokens_before, tokens_after)
+        normalize = self.config.dirl_normalize_difference
         memory = self.fuse_difference(
-            difference_tokens(tokens_before, shared_before), difference_tokens(tokens_after, shared_after)
+            difference_tokens(tokens_before, shared_before, normalize),
+            difference_tokens(tokens_after, shared_after, normalize),
         )
         return Encoded(memory, losses=losses)
 
@@ -107,3 +117,9 @@ class DirlCaptioner(LightweightCaptioner):
 
     def loss_weights(self) -> dict[str, float]:
         return {"dirl_loss": self.config.dirl_weight, "ccr_loss": self.config.ccr_weight}
+
+    def distractor_pair_losses(self) -> tuple[str, ...]:
+        """[D] With `dirl_pairs="distractor"`, scene batches (`clevr_pair_loss`) apply L_dirl to the
+        distractor pair only: on a semantic pair it pulls the changed tokens of both images together through
+        the shared front-end, i.e. rewards erasing the very change to be captioned."""
+        return ("dirl_loss",) if self.config.dirl_pairs == "distractor" else ()

@@ -3,6 +3,14 @@
 methods.md §0.3-0.4 (identical in the SCORER and DIRL code): optional coordinate channels
 (`AddSpatialInfo`), `Conv2d(feat_dim, D, 1)`, then ``pos[:, r, c] = concat(w_emb[c], h_emb[r])`` from two
 ``Embedding(grid, D/2)`` tables is added, and the map is flattened row-major to (B, H·W, D).
+
+Two [D] departures (docs/lightweight_demo.md measures them):
+* the grid features are standardised per channel with train-split statistics (`set_feature_statistics`,
+  stored as buffers, so a saved model standardises its inputs the same way at inference); the papers feed
+  raw ResNet-101 activations, whose scale depends on the backbone;
+* the 1×1 projection starts at N(0, 1/fan_in) (unit-variance tokens from standardised features) and the
+  position tables at N(0, 0.1²) instead of N(0, 1): with PyTorch's defaults the position table is ~25×
+  the content at init and the image reaches the encoder as ~0.2 % of the token variance.
 """
 
 from __future__ import annotations
@@ -34,12 +42,14 @@ def add_coordinate_channels(features: torch.Tensor) -> torch.Tensor:
 class GridPositionEmbedding(nn.Module):
     """Learned 2-D position embedding: ``pos[:, r, c] = concat(w_emb[c], h_emb[r])`` (Eq. 1 "pos(·)")."""
 
-    def __init__(self, grid_size: int, dim: int):
+    def __init__(self, grid_size: int, dim: int, init_std: float = 0.1):
         super().__init__()
         if dim % 2:
             raise ValueError(f"position embedding size must be even, got {dim}")
         self.w_embedding = nn.Embedding(grid_size, dim // 2)
         self.h_embedding = nn.Embedding(grid_size, dim // 2)
+        nn.init.normal_(self.w_embedding.weight, std=init_std)  # [D] N(0, 1) in PyTorch and the references
+        nn.init.normal_(self.h_embedding.weight, std=init_std)
 
     def forward(self, height: int, width: int) -> torch.Tensor:
         """(D, H, W) position map."""
@@ -56,14 +66,44 @@ class GridPositionEmbedding(nn.Module):
 
 
 class FeatureFrontend(nn.Module):
-    """``X~ = conv1x1(X) + pos(X)`` (SCORER Eq. 1, DIRL Eq. 1, RDD Eq. 1), flattened to (B, H·W, D)."""
+    """``X~ = conv1x1(X) + pos(X)`` (SCORER Eq. 1, DIRL Eq. 1, RDD Eq. 1), flattened to (B, H·W, D).
 
-    def __init__(self, feat_dim: int, hidden: int, grid_size: int = 14, coord_channels: bool = False):
+    `pool` > 1 average-pools the grid first (a demo-size option: the attention and SCORER's B×B token
+    matching cost fall with the square of the number of tokens); statistics are those of the pooled grid.
+    """
+
+    def __init__(self, feat_dim: int, hidden: int, grid_size: int = 14, coord_channels: bool = False, pool: int = 1):
         super().__init__()
+        if pool < 1:
+            raise ValueError(f"feature pooling factor must be >= 1, got {pool}")
         self.feat_dim = feat_dim
         self.coord_channels = coord_channels
+        self.pool = pool
         self.projection = nn.Conv2d(feat_dim, hidden, kernel_size=1)
+        nn.init.normal_(self.projection.weight, std=feat_dim ** -0.5)  # [D] unit-variance tokens
+        nn.init.zeros_(self.projection.bias)
         self.position = GridPositionEmbedding(grid_size, hidden)
+        channels = feat_dim - 2 if coord_channels else feat_dim
+        # Per-channel standardisation of the incoming features [D]; identity until statistics are set.
+        self.register_buffer("feature_mean", torch.zeros(channels))
+        self.register_buffer("feature_std", torch.ones(channels))
+
+    @torch.no_grad()
+    def set_feature_statistics(self, mean: torch.Tensor, std: torch.Tensor, *, floor: float = 0.1) -> None:
+        """Standardise every later input with these per-channel statistics (train-split features)."""
+        if mean.shape != self.feature_mean.shape or std.shape != self.feature_std.shape:
+            raise ValueError(f"feature statistics must have shape {tuple(self.feature_mean.shape)}, "
+                             f"got {tuple(mean.shape)} and {tuple(std.shape)}")
+        self.feature_mean.copy_(mean)
+        # Channels that (almost) never vary carry no information: keep them at their scale, not amplified.
+        self.feature_std.copy_(std.clamp(min=max(float(std.mean()) * floor, 1e-6)))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Models saved before standardisation existed: identity statistics.
+        for name in ("feature_mean", "feature_std"):
+            state_dict.setdefault(prefix + name, getattr(self, name).new_full(
+                getattr(self, name).shape, 0.0 if name == "feature_mean" else 1.0))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if features.dim() != 4:
@@ -75,6 +115,9 @@ class FeatureFrontend(nn.Module):
                 + (" (feat_dim counts the 2 coordinate channels added here)" if self.coord_channels else "")
             )
         features = features.to(self.projection.weight.dtype)
+        if self.pool > 1:  # [D] demo size: pool×pool average pooling (14×14 → 7×7 tokens for pool 2)
+            features = nn.functional.avg_pool2d(features, self.pool, ceil_mode=True)
+        features = (features - self.feature_mean.view(1, -1, 1, 1)) / self.feature_std.view(1, -1, 1, 1)
         if self.coord_channels:
             features = add_coordinate_channels(features)
         x = self.projection(features)

@@ -67,17 +67,22 @@ def similarity(a: torch.Tensor, b: torch.Tensor, kind: str = "dot") -> torch.Ten
     raise ValueError(f"similarity kind must be 'dot' or 'cosine', got {kind!r}")
 
 
-def info_nce(sim: torch.Tensor, *, temperature: float = 1.0, symmetric: bool = True) -> torch.Tensor:
+def info_nce(sim: torch.Tensor, *, temperature: float = 1.0, symmetric: bool = True,
+             ignore: torch.Tensor | None = None) -> torch.Tensor:
     """In-batch InfoNCE on a similarity matrix whose diagonal holds the positives.
 
     ``CE_row(S) = −(1/B) Σ_a log softmax_b(S_ab / τ)[b = a]``; symmetric: ``½ [CE_row(S) + CE_row(Sᵀ)]``.
     This is SCORER Eq. 4 / Eq. 11 (S from MTM, τ folded into the learnable scale), DIRL Eqs. 12-14
-    (dot product, τ = 0.5), RDD Eqs. 11-13 (cosine, τ) and CHEER Eq. 9.
+    (dot product, τ = 0.5), RDD Eqs. 11-13 (cosine, τ) and CHEER Eq. 9. `ignore` (B, B) bool leaves
+    those off-diagonal pairs out of both softmaxes.
     """
     if sim.dim() != 2 or sim.shape[0] != sim.shape[1]:
         raise ValueError(f"InfoNCE needs a square B×B similarity matrix, got shape {tuple(sim.shape)}")
     logits = sim.float() / temperature
     labels = torch.arange(logits.shape[0], device=logits.device)
+    if ignore is not None:  # off-diagonal pairs that are no negatives (e.g. identical texts)
+        off_diagonal = ~torch.eye(logits.shape[0], dtype=torch.bool, device=logits.device)
+        logits = logits.masked_fill(ignore.to(logits.device) & off_diagonal, float("-inf"))
     row = F.cross_entropy(logits, labels)
     if not symmetric:
         return row
@@ -112,6 +117,18 @@ def cross_correlation_loss(
     on_diag = (1 - diagonal).pow(2).sum()
     off_diag = c.pow(2).sum() - diagonal.pow(2).sum()
     return on_diag + alpha * off_diag
+
+
+def map_correlation_loss(score: torch.Tensor, reference: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """[D] CHEER L_C / L_D as agreement of *where*: ``1 − corr(m, m')`` over the N positions of each image,
+    averaged over the batch, for two match maps (B, N). Unlike the MSE between gates, constant maps do not
+    minimise it (a constant map has no correlation with anything: loss 1)."""
+    if score.shape != reference.shape or score.dim() != 2:
+        raise ValueError(f"maps must be two (B, N) tensors of one shape, got {tuple(score.shape)}, {tuple(reference.shape)}")
+    a = score.float() - score.float().mean(dim=1, keepdim=True)
+    b = reference.float() - reference.float().mean(dim=1, keepdim=True)
+    correlation = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1) + eps)
+    return (1.0 - correlation).mean()
 
 
 def gate_consistency_loss(gate: torch.Tensor, reference_gate: torch.Tensor) -> torch.Tensor:

@@ -47,9 +47,19 @@ def regional_token(vectors: torch.Tensor) -> torch.Tensor:
     return vectors.mean(dim=1)
 
 
-def attribute_contrastive_loss(text: torch.Tensor, regional: torch.Tensor, temperature: float) -> torch.Tensor:
-    """RDD Eqs. 11-13: ``L_L2C = ½ (L_lc + L_cl)``, in-batch InfoNCE on cosine similarity / τ."""
-    return info_nce(similarity(text, regional, "cosine"), temperature=temperature, symmetric=True)
+def attribute_contrastive_loss(text: torch.Tensor, regional: torch.Tensor, temperature: float, *,
+                               mask_duplicates: bool = True) -> torch.Tensor:
+    """RDD Eqs. 11-13: ``L_L2C = ½ (L_lc + L_cl)``, in-batch InfoNCE on cosine similarity / τ.
+
+    [D] ``mask_duplicates``: pairs whose texts are the same (identical attribute tokens, e.g. the no-change
+    captions' "no change", ~half of a CLEVR batch) are left out as negatives; the paper's version pushes
+    the regional features of all those pairs apart from each other's identical text.
+    """
+    ignore = None
+    if mask_duplicates:
+        with torch.no_grad():
+            ignore = similarity(text, text, "cosine") > 1 - 1e-5
+    return info_nce(similarity(text, regional, "cosine"), temperature=temperature, symmetric=True, ignore=ignore)
 
 
 def prompt_texts(segments: list[str], prompt_tokens: int = 4) -> list[str]:
@@ -222,10 +232,12 @@ class RddCaptioner(LightweightCaptioner):
                 raise ValueError("RDD training needs `attributes` (noun/verb segments) for ACR, or n2o/v2a weights 0")
             return {}
         noun, verb = self.attribute_tokens(attributes)
-        tau = self.config.acr_temperature
+        tau, masked = self.config.acr_temperature, self.config.acr_mask_duplicates
         return {
-            "n2o_loss": attribute_contrastive_loss(noun, regional_token(encoded.saved["objects"]), tau),
-            "v2a_loss": attribute_contrastive_loss(verb, regional_token(encoded.saved["actions"]), tau),
+            "n2o_loss": attribute_contrastive_loss(noun, regional_token(encoded.saved["objects"]), tau,
+                                                   mask_duplicates=masked),
+            "v2a_loss": attribute_contrastive_loss(verb, regional_token(encoded.saved["actions"]), tau,
+                                                   mask_duplicates=masked),
         }
 
     def loss_weights(self) -> dict[str, float]:

@@ -1,0 +1,348 @@
+"""Pretrain the tiny ResNet backbone whose layer3 grid features the lightweight demo methods read.
+
+    python -m davir.data synth --out /tmp/synth_bb --scenes 1500 --seed 17       # not the demo's seed 0
+    python -m davir.pretrain_backbone --data /tmp/synth_bb --out assets/tiny_resnet --minutes 15
+
+The lightweight methods are designed on ImageNet ResNet-101 layer3 features, which cannot be downloaded
+here; a random backbone sees almost nothing (docs/tiny_backbone.md). This command trains a torchvision
+``ResNet(Bottleneck, [1, 1, 1, ·], width_per_group=32)`` — the same class as ResNet-101, one block per stage
+and half-width bottlenecks, layer3 still 1024 channels at stride 16 — to say *what is where*: a 1×1 head on
+every layer3 cell predicts the colour, shape, material and size of the nearest object whose box holds the
+cell's centre, or "background" (labels from the set's scenes.json). Images go through exactly the
+`preprocess features` recipe (224×224 bicubic, ImageNet mean/std). Steps run on random 112×112 crops
+aligned to the 16-pixel cell grid (the scale of the 224-pixel input is kept; a crop costs a quarter).
+
+Output: ``OUT/backbone.pth`` (a torchvision state dict without fc/layer4, loaded by
+``preprocess features --weights OUT/backbone.pth``), ``OUT/head.pth`` (the cell classifier) and
+``OUT/pretrain_info.json`` (command, versions, layout, curve of held-out cell accuracy).
+``python -m davir.pretrain_backbone probe --data SET [--weights OUT/backbone.pth]`` fits linear probes on
+layer3 cells of a set, for the shipped backbone or a random-init ResNet-101 (docs/tiny_backbone.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from torch import nn
+
+from davir.data.images import load_rgb
+from davir.data.records import DataError
+from davir.data.synthetic import COLORS, MATERIALS, SHAPES, SIZES, load_synthetic_set
+from davir.io import read_json, write_json_atomic
+from davir.models.resnet_layout import build_resnet, truncate_at_layer3
+
+IMAGE_SIZE = 224
+GRID = 14
+CELL = IMAGE_SIZE // GRID
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BLOCKS = [1, 1, 1]
+WIDTH_PER_GROUP = 32
+# Attribute → class names; class 0 of every head is "background" (no object box holds the cell centre).
+ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "color": tuple(COLORS), "shape": SHAPES, "material": MATERIALS, "size": tuple(SIZES),
+}
+IMAGE_KEYS = ("before", "after", "nonsemantic")
+
+
+# --- data -----------------------------------------------------------------------------------------
+def cell_labels(objects: list[dict], width: int, height: int) -> np.ndarray:
+    """(4, 14, 14) int64: per attribute, 1 + the class of the nearest object whose box holds the cell
+    centre, 0 where none does. Boxes are [x0, y0, x1, y1) in the original image; cells split the image
+    evenly as the 224×224 resize does."""
+    labels = np.zeros((len(ATTRIBUTES), GRID, GRID), np.int64)
+    xs = (np.arange(GRID) + 0.5) * width / GRID
+    ys = (np.arange(GRID) + 0.5) * height / GRID
+    for obj in sorted(objects, key=lambda o: -o["depth_order"]):  # far to near: nearer overwrite
+        x0, y0, x1, y1 = obj["box"]
+        inside = ((ys >= y0) & (ys < y1))[:, None] & ((xs >= x0) & (xs < x1))[None, :]
+        for a, (name, classes) in enumerate(ATTRIBUTES.items()):
+            labels[a][inside] = 1 + classes.index(obj[name])
+    return labels
+
+
+def load_resized(path: Path) -> np.ndarray:
+    """uint8 (224, 224, 3), bicubic as `preprocess features`."""
+    rgb = np.asarray(load_rgb(path, record=str(path)))
+    return cv2.resize(rgb, (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_CUBIC)
+
+
+def load_cells(root: Path, split: str, *, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every image of a split's scenes (before, after, distractor): uint8 (N, 3, 224, 224), labels (N, 4, 14, 14)."""
+    data = load_synthetic_set(root)
+    config = data["config"]
+    ids = read_json(root / "splits.json")[split][:limit]
+    images, labels = [], []
+    for index in ids:
+        record = data["scenes"][f"{index:06d}"]
+        for key in IMAGE_KEYS:
+            image = record["images"][key]
+            images.append(load_resized(root / image["file"]))
+            labels.append(cell_labels(image["objects"], config["width"], config["height"]))
+    if not images:
+        raise DataError(f"{root}: split {split!r} has no scenes")
+    return (torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(),
+            torch.from_numpy(np.stack(labels)))
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return (images.float() / 255.0 - mean) / std
+
+
+# --- model ----------------------------------------------------------------------------------------
+class CellClassifier(nn.Module):
+    """Backbone up to layer3 + one 1×1 conv giving every attribute's logits per cell."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = build_resnet(BLOCKS, WIDTH_PER_GROUP)
+        self.backbone = truncate_at_layer3(self.net)
+        self.sizes = [1 + len(classes) for classes in ATTRIBUTES.values()]
+        self.head = nn.Conv2d(1024, sum(self.sizes), 1)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return list(self.head(self.backbone(x)).split(self.sizes, dim=1))
+
+    def backbone_state(self) -> dict[str, torch.Tensor]:
+        """torchvision ResNet state dict of conv1 … layer3 (no fc, no layer4): what `--weights` loads."""
+        return {k: v.detach().clone() for k, v in self.net.state_dict().items() if not k.startswith(("fc.", "layer4."))}
+
+
+def cell_loss(logits: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+    """Sum over attributes of the cell cross-entropy; object cells weigh as much as all background cells."""
+    total = logits[0].new_zeros(())
+    for a, logit in enumerate(logits):
+        target = labels[:, a]
+        weight = torch.ones(logit.shape[1], device=logit.device)
+        weight[0] = 0.25  # ~70 % of cells are floor
+        total = total + nn.functional.cross_entropy(logit, target, weight=weight)
+    return total
+
+
+@torch.no_grad()
+def cell_accuracy(model: CellClassifier, images: torch.Tensor, labels: torch.Tensor, batch: int = 32) -> dict[str, float]:
+    """Per attribute, accuracy on cells that hold an object (the class, not "background"), plus object/floor."""
+    model.eval()
+    hits = np.zeros(len(ATTRIBUTES))
+    objects = floor_hits = floor = presence_hits = 0
+    for start in range(0, len(images), batch):
+        logits = model(normalize(images[start:start + batch]))
+        target = labels[start:start + batch]
+        occupied = target[:, 0] > 0
+        objects += int(occupied.sum())
+        floor += int((~occupied).sum())
+        for a, logit in enumerate(logits):
+            hits[a] += int((logit.argmax(1) == target[:, a])[occupied].sum())
+        predicted_object = logits[0].argmax(1) > 0
+        presence_hits += int((predicted_object == occupied).sum())
+        floor_hits += int((~predicted_object)[~occupied].sum())
+    model.train()
+    result = {name: round(hits[a] / max(objects, 1), 4) for a, name in enumerate(ATTRIBUTES)}
+    result["object_vs_floor"] = round(presence_hits / max(objects + floor, 1), 4)
+    return result
+
+
+def random_crops(images: torch.Tensor, labels: torch.Tensor, cells: int, generator: torch.Generator
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A `cells`×`cells` cell window (16-pixel aligned) of each image, random position and horizontal flip."""
+    out_images, out_labels = [], []
+    for image, label in zip(images, labels):
+        r, c = (int(v) for v in torch.randint(0, GRID - cells + 1, (2,), generator=generator))
+        crop = image[:, r * CELL:(r + cells) * CELL, c * CELL:(c + cells) * CELL]
+        cell = label[:, r:r + cells, c:c + cells]
+        if bool(torch.rand((), generator=generator) < 0.5):
+            crop, cell = crop.flip(-1), cell.flip(-1)
+        out_images.append(crop)
+        out_labels.append(cell)
+    return torch.stack(out_images), torch.stack(out_labels)
+
+
+# --- training -------------------------------------------------------------------------------------
+def package_versions() -> dict[str, str]:
+    import torchvision
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__}
+
+
+def save(model: CellClassifier, out: Path, info: dict[str, Any]) -> None:
+    """Write backbone.pth, head.pth and pretrain_info.json (each to a temporary name, then renamed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, state in (("backbone.pth", model.backbone_state()), ("head.pth", model.head.state_dict())):
+        tmp = out / f".{name}.tmp"
+        torch.save(state, tmp)
+        tmp.replace(out / name)
+    write_json_atomic(out / "pretrain_info.json", info)
+
+
+def pretrain(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    root, out = Path(args.data), Path(args.out)
+    config = load_synthetic_set(root)["config"]
+    started = time.perf_counter()
+    train_images, train_labels = load_cells(root, "train", limit=args.train_limit)
+    eval_images, eval_labels = load_cells(root, "test", limit=args.eval_scenes)
+    print(f"loaded {len(train_images)} train / {len(eval_images)} held-out images in "
+          f"{time.perf_counter() - started:.0f} s", flush=True)
+    model = CellClassifier(args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    generator = torch.Generator().manual_seed(args.seed)
+    budget = args.minutes * 60.0
+    info: dict[str, Any] = {
+        "command": "python -m davir.pretrain_backbone " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "data": {"root": str(root), "config": config, "train_images": len(train_images),
+                 "eval_images": len(eval_images)},
+        "layout": {"class": "torchvision.models.resnet.ResNet(Bottleneck)", "blocks": BLOCKS,
+                   "width_per_group": WIDTH_PER_GROUP, "output": "layer3, 1024 x 14 x 14"},
+        "attributes": {name: ["background", *classes] for name, classes in ATTRIBUTES.items()},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("func",)},
+        "versions": package_versions(), "curve": [],
+    }
+    step, loop_start, running = 0, time.perf_counter(), []
+    # Cosine schedule over the wall-clock budget (steps are not known in advance on a shared machine).
+    while True:
+        elapsed = time.perf_counter() - loop_start
+        done = elapsed >= budget or (args.max_steps and step >= args.max_steps)
+        if step % args.eval_every == 0 or done:
+            accuracy = cell_accuracy(model, eval_images, eval_labels)
+            loss = float(np.mean(running)) if running else None
+            info["curve"].append({"step": step, "seconds": round(elapsed, 1), "train_loss": loss, **accuracy})
+            print(json.dumps(info["curve"][-1]), flush=True)
+            running = []
+            info["steps"], info["train_seconds"] = step, round(elapsed, 1)
+            info["process_cpu_seconds"] = round(time.process_time(), 1)  # the wall budget is shared-machine time
+            save(model, out, info)
+        if done:
+            return info
+        progress = min(elapsed / budget, 1.0)
+        if args.max_steps:
+            progress = max(progress, step / args.max_steps)
+        lr = args.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * progress))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        rows = torch.randint(0, len(train_images), (args.batch_size,), generator=generator)
+        images, labels = random_crops(train_images[rows], train_labels[rows], args.crop_cells, generator)
+        loss = cell_loss(model(normalize(images)), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        running.append(float(loss.detach()))
+        step += 1
+
+
+# --- probe ----------------------------------------------------------------------------------------
+def load_backbone(weights: str | None, seed: int = 0) -> nn.Module:
+    """`--weights FILE` (any bottleneck ResNet state dict) or a seeded random ResNet-101 (`random_backbone`)."""
+    from davir.models.resnet_layout import LayoutError, backbone_from_state_dict, random_backbone
+
+    if weights is None:
+        return random_backbone(seed).eval()
+    try:
+        return backbone_from_state_dict(torch.load(weights, map_location="cpu", weights_only=True)).eval()
+    except (OSError, LayoutError, RuntimeError) as error:
+        raise DataError(f"{weights}: cannot load a ResNet state dict ({error})") from error
+
+
+@torch.no_grad()
+def probe_cells(backbone: nn.Module, root: Path, split: str, scenes: int, rng: np.random.Generator
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Layer3 features (n, 1024) and labels (n, 4) of the object cells of `scenes` before images, plus as
+    many floor cells (at most 8 per image)."""
+    images, labels = load_cells(root, split, limit=scenes)
+    images, labels = images[::len(IMAGE_KEYS)], labels[::len(IMAGE_KEYS)]  # the before images
+    features, kept = [], []
+    for start in range(0, len(images), 16):
+        grid = backbone(normalize(images[start:start + 16])).flatten(2).transpose(1, 2)  # (b, 196, 1024)
+        for cells, label in zip(grid.numpy(), labels[start:start + 16].flatten(2).transpose(1, 2).numpy()):
+            occupied = np.flatnonzero(label[:, 0] > 0)
+            floor = np.flatnonzero(label[:, 0] == 0)
+            keep = np.concatenate([occupied, rng.choice(floor, size=min(len(occupied), 8, len(floor)), replace=False)])
+            features.append(cells[keep])
+            kept.append(label[keep])
+    return np.concatenate(features), np.concatenate(kept)
+
+
+def probe(args: argparse.Namespace) -> dict[str, Any]:
+    """Linear probes (logistic regression on standardised layer3 cell features): what a cell encodes about
+    the object over it. Fitted on cells of train-split before images, scored on test-split ones."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    torch.set_num_threads(args.threads)
+    root = Path(args.data)
+    backbone = load_backbone(args.weights, args.seed)
+    rng = np.random.default_rng(0)
+    x_train, y_train = probe_cells(backbone, root, "train", args.scenes, rng)
+    x_test, y_test = probe_cells(backbone, root, "test", args.scenes, rng)
+    scaler = StandardScaler().fit(x_train)
+    x_train, x_test = scaler.transform(x_train), scaler.transform(x_test)
+    result: dict[str, Any] = {"weights": args.weights or f"random-init ResNet-101 (seed {args.seed})",
+                              "data": str(root), "train_cells": len(x_train), "test_cells": len(x_test)}
+    occupied_train, occupied_test = y_train[:, 0] > 0, y_test[:, 0] > 0
+    presence = LogisticRegression(max_iter=500, C=0.1).fit(x_train, occupied_train)
+    result["object_vs_floor"] = round(float(presence.score(x_test, occupied_test)), 4)
+    for a, name in enumerate(ATTRIBUTES):
+        fit = LogisticRegression(max_iter=500, C=0.1).fit(x_train[occupied_train], y_train[occupied_train, a])
+        result[name] = round(float(fit.score(x_test[occupied_test], y_test[occupied_test, a])), 4)
+        counts = np.bincount(y_test[occupied_test, a])
+        result[f"{name}_majority"] = round(float(counts.max() / counts.sum()), 4)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m davir.pretrain_backbone", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command")
+    train = commands.add_parser("train", help="pretrain (the default command)")
+    for sub in (parser, train):
+        sub.add_argument("--data", help="a synthetic set (python -m davir.data synth), not the demo's seed")
+        sub.add_argument("--out", help="folder for backbone.pth, head.pth, pretrain_info.json")
+        sub.add_argument("--minutes", type=float, default=15.0, help="wall-clock training budget")
+        sub.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time only)")
+        sub.add_argument("--batch-size", type=int, default=24)
+        sub.add_argument("--crop-cells", type=int, default=7, help="crop side in 16-pixel cells (14 = whole image)")
+        sub.add_argument("--lr", type=float, default=2e-3)
+        sub.add_argument("--seed", type=int, default=0)
+        sub.add_argument("--threads", type=int, default=1)
+        sub.add_argument("--eval-every", type=int, default=200)
+        sub.add_argument("--eval-scenes", type=int, default=60, help="held-out test scenes (3 images each)")
+        sub.add_argument("--train-limit", type=int, default=None, help="use only the first N train scenes")
+    probe_parser = commands.add_parser("probe", help="linear probes of a backbone's layer3 cells")
+    probe_parser.add_argument("--data", required=True, help="a synthetic set (train and test splits are probed)")
+    probe_parser.add_argument("--weights", help="backbone state dict (default: a random-init ResNet-101)")
+    probe_parser.add_argument("--seed", type=int, default=0, help="seed of the random-init backbone")
+    probe_parser.add_argument("--scenes", type=int, default=150, help="scenes per split (their before images)")
+    probe_parser.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "probe":
+            print(json.dumps(probe(args), indent=2))
+            return 0
+        if not args.data or not args.out:
+            raise DataError("--data and --out are required")
+        info = pretrain(args)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(info["curve"][-1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
