@@ -29,7 +29,9 @@ from davir.models.lightweight import LightweightCaptioner, load_lightweight_mode
 from davir.text.vocab import Vocabulary
 
 LIGHTWEIGHT_CONFIG = "lightweight_config.json"
-_RANDOM_INIT = re.compile(r"^random-init\(seed=(\d+)\)$")
+# the id `preprocess features --random-init` records (the zero-branch "random-init(seed=N)" of old caches
+# cannot be rebuilt: build_backbone no longer makes it)
+_RANDOM_INIT = re.compile(r"^random-init\(seed=(\d+),branches=1/sqrt\(blocks\)\)$")
 
 
 @dataclass
