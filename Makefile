@@ -25,8 +25,11 @@ system-deps:
 	@test -f /usr/share/wordnet/index.noun || (apt-get update && apt-get install -y --no-install-recommends wordnet-base) || \
 		echo "wordnet-base not installed: the entity chunker uses its corpus-fitted rules"
 
+# One pytest-xdist worker per core, a test file per worker (module fixtures are built once); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= auto
+
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 DEMO_SCENES ?= 1500
 DEMO_SEED ?= 0

@@ -106,11 +106,23 @@ class CaptionStore:
         """Shard files of this or an earlier (killed, differently sharded) run."""
         return sorted(p for p in self.out.parent.glob(self.out.name + ".shard-*") if not p.name.endswith(".done"))
 
-    def prepare(self, *, overwrite: bool, source: str) -> None:
-        """Once per job (the main process): check or (re)start the manifest; --overwrite clears old outputs."""
+    def prepare(self, *, overwrite: bool, source: str, whole_job: bool = True) -> None:
+        """Check or (re)start the manifest; --overwrite clears old outputs.
+
+        `whole_job`: one process prepares for every shard (a single process, or accelerate's main process before
+        the others start), so --overwrite may clear every shard file. Shards started independently by a scheduler
+        (`--num-shards/--shard-index`) run this each: --overwrite then clears the merged output, this shard's file
+        and files of another shard count, never a sibling shard's file that may be in the middle of its work."""
         if overwrite:
-            for path in [self.out, self.manifest, *self.out.parent.glob(self.out.name + ".shard-*")]:
-                path.unlink(missing_ok=True)
+            own = {self.path, self.path.with_name(self.path.name + ".done")}
+            of_this_job = f"-of-{self.num_shards:05d}"
+            for path in [self.out, *self.out.parent.glob(self.out.name + ".shard-*")]:
+                if whole_job or path in own or of_this_job not in path.name:
+                    path.unlink(missing_ok=True)
+            if whole_job:
+                self.manifest.unlink(missing_ok=True)
+            elif self.manifest.is_file() and read_json(self.manifest).get("settings") != self.settings:
+                self.manifest.unlink(missing_ok=True)  # the siblings of this job write the same settings
         if self.manifest.is_file():
             recorded = read_json(self.manifest).get("settings")
             if recorded != self.settings:

@@ -12,6 +12,7 @@ and the shards are merged in input order. The report is a JPEG strip per pair be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -38,12 +39,24 @@ class _Pending:
         return self.captioner.prepare(pair, index=index, keep_images=index < self.report_limit)
 
 
-def _worker_init(_: int) -> None:
-    import cv2
-    import torch
+@contextlib.contextmanager
+def _one_opencv_thread(active: bool):
+    """OpenCV's thread count set to 1 in this process while DataLoader workers are forked from it.
 
-    torch.set_num_threads(1)
+    The workers inherit it (parallelism is across pairs), and it must be set before the fork: calling
+    cv2.setNumThreads inside a forked worker can deadlock on a lock one of the parent's pool threads held at
+    fork time (seen under pytest-xdist). The parent does no OpenCV work while the workers run."""
+    if not active:
+        yield
+        return
+    import cv2
+
+    previous = cv2.getNumThreads()
     cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(previous)
 
 
 def _shard_layout(args) -> tuple[int, int, object]:
@@ -105,7 +118,7 @@ def caption_folder(args: argparse.Namespace) -> int:
         device=None if state is None or state.device.type == "cpu" else state.device)
     store = CaptionStore(out, captioner.settings(), num_shards=num_shards, shard_index=shard_index)
     if main_process or state is None:
-        store.prepare(overwrite=args.overwrite and main_process, source=str(args.pairs))
+        store.prepare(overwrite=args.overwrite, source=str(args.pairs), whole_job=state is not None or num_shards == 1)
     if state is not None:
         state.wait_for_everyone()
     done = store.done_ids()
@@ -121,11 +134,11 @@ def caption_folder(args: argparse.Namespace) -> int:
 
     workers = args.workers if args.workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
     loader = DataLoader(_Pending(pending, captioner, args.report_limit), batch_size=args.batch_size,
-                        num_workers=workers, collate_fn=list, worker_init_fn=_worker_init if workers else None,
-                        prefetch_factor=2 if workers else None)
+                        num_workers=workers, collate_fn=list, prefetch_factor=2 if workers else None)
     counts = {"captioned": 0, "failed": 0}
     started = time.perf_counter()
-    with tqdm(total=len(pending), desc="caption", disable=not main_process or args.quiet) as bar:
+    with _one_opencv_thread(workers > 0), \
+            tqdm(total=len(pending), desc="caption", disable=not main_process or args.quiet) as bar:
         for batch in loader:
             kept = [p for p in batch if p.before is not None]
             results = captioner.generate(batch, attention=bool(kept))

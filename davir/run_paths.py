@@ -3,7 +3,10 @@
 A run's `config.yaml` records its data caches (`data.masks`, `data.entities`, `data.features`) and the
 model its base InstructBLIP folder (`model.pretrained`) as the user typed them, often relative to the
 folder training was started from. That folder is recovered from the run itself: the run was written to
-`run.output_dir`, so `/abs/work/runs/demo` recorded as `runs/demo` means training ran in `/abs/work`.
+`run.output_dir`, so `/abs/work/runs/demo` recorded as `runs/demo` means training ran in `/abs/work`; and
+`run_info.json` records the training folder (`cwd`), which also covers an absolute `run.output_dir`.
+A run copied to another machine, where neither exists, falls back to the current folder, then to an error
+naming the flag to pass.
 
     run = RunPaths.of("/abs/work/runs/demo")
     run.resolve(run.data.get("masks"), what="mask cache (data.masks)", flag="--masks-from")
@@ -11,6 +14,7 @@ folder training was started from. That folder is recovered from the run itself: 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +47,8 @@ class RunPaths:
         return dict(self.config.get("data") or {})
 
     def bases(self) -> list[Path]:
-        """Folders a relative recorded path may be relative to: the training folder first, then the cwd."""
+        """Folders a relative recorded path may be relative to: the training folder (from `run.output_dir`,
+        then run_info.json's `cwd`), then the current folder."""
         bases = []
         output_dir = (self.config.get("run") or {}).get("output_dir")
         if self.run_dir is not None and output_dir and not Path(output_dir).is_absolute():
@@ -51,6 +56,13 @@ class RunPaths:
             run_dir = self.run_dir.resolve()
             if run_dir.parts[-len(parts):] == parts:
                 bases.append(run_dir.parents[len(parts) - 1])
+        if self.run_dir is not None:
+            try:
+                recorded_cwd = json.loads((self.run_dir / "run_info.json").read_text()).get("cwd")
+            except (OSError, ValueError, AttributeError):
+                recorded_cwd = None  # an older run, or an unreadable file: the other bases still apply
+            if isinstance(recorded_cwd, str) and Path(recorded_cwd).is_dir():
+                bases.append(Path(recorded_cwd))
         bases.append(Path.cwd())
         return bases
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 # Tests never download: any accidental hub call fails fast instead of hanging on the network.
 os.environ["HF_HUB_OFFLINE"] = "1"
+# `make test` runs the files on two pytest-xdist workers (one per core of the CI machine): one math thread each
+# (and in the commands they start), so two workers do not fight over the same two cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_variable, "1")
 
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
@@ -19,3 +26,33 @@ def shared_datasets() -> Path:
     if not SHARED_DATASETS.is_dir():
         pytest.skip(f"real dataset fixtures not found at {SHARED_DATASETS} (expected ../shared/datasets next to the repo)")
     return SHARED_DATASETS
+
+
+@pytest.fixture
+def make_read_only():
+    """make_read_only(folder): no new file can be created in `folder`, for root too (CI runs as root).
+
+    A user gets this from permissions (chmod 555); root writes through those, so as root the folder is made
+    immutable (chattr +i, which root can't write through either). Skips only where neither works."""
+    locked: list[Path] = []
+
+    def lock(folder: Path) -> Path:
+        folder = Path(folder)
+        if os.geteuid() != 0:
+            folder.chmod(0o555)
+        elif not (shutil.which("chattr") and
+                  subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0):
+            pytest.skip(f"root, and chattr +i does not work on {folder}'s file system: nothing is read-only here")
+        locked.append(folder)
+        try:
+            (folder / ".write-check").touch()
+        except OSError:
+            return folder
+        (folder / ".write-check").unlink()
+        pytest.skip(f"{folder} is still writable after locking it")
+
+    yield lock
+    for folder in locked:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+        folder.chmod(0o755)

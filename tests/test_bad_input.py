@@ -255,9 +255,7 @@ def test_folder_without_pairs_is_an_error(tmp_path):
 
 # --- outputs and caches, through the commands a user runs (issue 18; policy in docs/errors.md) ------
 
-import os  # noqa: E402
 
-import davir.errors as errors_module  # noqa: E402
 from davir.cli import evaluate as evaluate_cli  # noqa: E402
 from davir.cli import train as train_cli  # noqa: E402
 from davir.data.caches import EntityCache  # noqa: E402
@@ -283,18 +281,12 @@ def tiny_synth(tmp_path_factory):
 
 
 @pytest.fixture
-def read_only_dir(tmp_path, monkeypatch):
-    """A folder the user cannot write to, holding earlier work that must survive."""
+def read_only_dir(tmp_path, make_read_only):
+    """A folder nobody can write to (root included), holding earlier work that must survive."""
     folder = tmp_path / "read_only"
     folder.mkdir()
     (folder / "earlier.json").write_text('{"kept": true}\n')
-    folder.chmod(0o555)
-    if os.geteuid() == 0:  # root writes through permissions: make the write probe see what a user sees
-        real = errors_module._can_write
-        monkeypatch.setattr(errors_module, "_can_write",
-                            lambda f: False if Path(f).resolve().is_relative_to(folder.resolve()) else real(f))
-    yield folder
-    folder.chmod(0o755)
+    yield make_read_only(folder)
     assert sorted(p.name for p in folder.iterdir()) == ["earlier.json"]  # nothing written, nothing lost
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from davir.config import load_config
@@ -104,6 +105,13 @@ def test_shards_merge_into_the_single_process_output(trained, tmp_path, capsys):
     assert run(base + ["--out", sharded, "--num-shards", "2", "--shard-index", "0"], capsys)[0] == 0
     assert [(r["id"], r["caption"]) for r in rows_of(sharded)] == [(r["id"], r["caption"]) for r in rows_of(single)]
     assert not list(tmp_path.glob("sharded.jsonl.shard-*"))
+    # Restarted from scratch with --overwrite by a scheduler, the shards in any order: a shard clears only its
+    # own file, never a sibling's finished (or running) share, and the merge still holds every pair.
+    again = base + ["--out", sharded, "--num-shards", "2", "--overwrite"]
+    assert run(again + ["--shard-index", "1"], capsys)[0] == 0
+    assert not sharded.exists() and len(list(tmp_path.glob("sharded.jsonl.shard-*"))) == 2  # lines + .done
+    assert run(again + ["--shard-index", "0"], capsys)[0] == 0
+    assert [(r["id"], r["caption"]) for r in rows_of(sharded)] == [(r["id"], r["caption"]) for r in rows_of(single)]
 
 
 def test_python_api_takes_paths_images_and_arrays_like_caption_py(trained, tmp_path, capsys):
@@ -129,8 +137,21 @@ def test_a_run_works_from_any_folder_and_a_moved_one_names_the_flag(trained, tmp
     monkeypatch.chdir(tmp_path)  # not the folder the run was trained in
     out = tmp_path / "o" / "c.jsonl"
     assert run(["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--quiet"], capsys)[0] == 0
+    # trained with an absolute run.output_dir (`make demo DEMO_RUN=/abs/runs/demo`): the training folder comes from
+    # run_info.json's cwd, so the relative caches and base model folder still resolve from here
+    absolute = tmp_path / "abs" / "tiny"
+    shutil.copytree(trained / "runs" / "tiny", absolute)
+    config = yaml.safe_load((absolute / "config.yaml").read_text())
+    config["run"]["output_dir"] = str(absolute)
+    (absolute / "config.yaml").write_text(yaml.safe_dump(config))
+    assert json.loads((absolute / "run_info.json").read_text())["cwd"] == str(trained)
+    assert run(["--checkpoint", absolute, "--pairs", pairs, "--out", tmp_path / "a.jsonl", "--quiet"], capsys)[0] == 0
+    assert rows_of(tmp_path / "a.jsonl") == rows_of(out)
+    # copied to another machine: neither its training folder nor the caches exist there
     moved = tmp_path / "elsewhere" / "tiny"
     shutil.copytree(trained / "runs" / "tiny", moved)
+    info = json.loads((moved / "run_info.json").read_text())
+    (moved / "run_info.json").write_text(json.dumps({**info, "cwd": "/nonexistent/other-machine/work"}))
     status, _, err = run(["--checkpoint", moved, "--pairs", pairs, "--out", tmp_path / "m.jsonl"], capsys)
     assert status == 2
     first = error_line(err)
@@ -159,7 +180,7 @@ def test_bad_images_get_a_per_pair_error_and_the_good_pairs_are_kept(trained, tm
     assert "note: bomb:" in err
 
 
-def test_outputs_are_checked_before_any_work(trained, tmp_path, capsys):
+def test_outputs_are_checked_before_any_work(trained, tmp_path, capsys, make_read_only):
     pairs = pair_folder(tmp_path / "pairs", trained / "data", 1)
     base = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs]
     (tmp_path / "existing").mkdir()
@@ -169,11 +190,12 @@ def test_outputs_are_checked_before_any_work(trained, tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     status, _, err = run(base + ["--out", tmp_path / "afile" / "c.jsonl"], capsys)
     assert status == 2 and len(err.splitlines()) == 1 and f"{tmp_path / 'afile'} is a file" in err
-    if os.geteuid() != 0:  # root writes anywhere
-        (tmp_path / "ro").mkdir()
-        os.chmod(tmp_path / "ro", 0o555)
-        status, _, err = run(base + ["--out", tmp_path / "ro" / "c.jsonl"], capsys)
-        assert status == 2 and "cannot write" in err
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith((".tmp", ".probe"))]
+    (tmp_path / "ro").mkdir()
+    read_only = make_read_only(tmp_path / "ro")
+    status, _, err = run(base + ["--out", read_only / "c.jsonl"], capsys)
+    assert status == 2 and err.splitlines()[-1].startswith(f"error: --out {read_only / 'c.jsonl'}: cannot write to "
+                                                           f"{read_only}")
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith((".tmp", ".probe"))]
 
 

@@ -1,10 +1,11 @@
 """Fault injection (issue 18): each long job is killed with SIGKILL at seeded random moments while it
 works, rerun, and its output compared with an uninterrupted run — byte for byte (masks, entities,
-features) or loss for loss (training). Small on purpose (a few pairs / steps); marked `faults`
+features), loss for loss (training) or metric for metric (sweeps). Small on purpose (a few pairs / steps); marked `faults`
 (pyproject.toml), and run by `make test`."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -14,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from davir.data.caches import EntityCache
 from davir.data.synthetic import SynthConfig, generate_dataset
@@ -141,3 +144,43 @@ def test_training_killed_resumes_loss_for_loss(data, tmp_path):
     want, got = _losses(tmp_path / "reference"), _losses(out)
     assert sorted(got) == sorted(want) == list(range(1, 5))
     assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-5, abs=1e-6)
+
+
+def test_sweep_killed_resumes_with_the_same_table(data, tmp_path):
+    """`python -m davir.sweep` killed in a cell's training or scoring (a seeded moment of the first cell or the
+    second), then rerun: every cell's metrics, predictions and the summary equal an uninterrupted sweep's."""
+    rng = random.Random(186)
+    tiny = ["data.masks=null", "data.entities=null", "model.fac.lambda_attn=0", "model.epc.use_entities=false",
+            "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}", "optim.batch_size=2",
+            "optim.max_steps=2", "run.eval_every=0", "run.val_max_pairs=2", "run.tensorboard=false",
+            f"data.root={data}"]
+
+    def sweep_file(out: Path) -> Path:
+        path = out.with_suffix(".yaml")
+        path.write_text(yaml.safe_dump({
+            "title": "fault test", "out": str(out), "seeds": [0], "overrides": tiny,
+            "evaluate_args": ["--no-spice", "--metrics", "BLEU,CIDEr"],
+            "variants": [{"name": "lr a", "config": str(REPO / "configs" / "demo.yaml"), "overrides": ["optim.lr=1e-4"]},
+                         {"name": "lr b", "config": str(REPO / "configs" / "demo.yaml"), "overrides": ["optim.lr=3e-4"]}]}))
+        return path
+
+    from davir import sweep
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the killed process (ENV): the same arithmetic, bit for bit
+    try:  # the uninterrupted sweep and the final rerun in this process (no second start of torch)
+        assert sweep.main([str(sweep_file(tmp_path / "reference"))]) == 0
+        out = tmp_path / "killed"
+        argv = ["-m", "davir.sweep", str(sweep_file(out))]
+        assert kill_while_working(argv, lambda: (out / "lr_a" / "seed0").is_dir(), rng, max_delay=6.0, timeout=300)
+        assert sweep.main([str(out.with_suffix(".yaml"))]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    no_temporaries(out)
+    for cell in ("lr_a", "lr_b"):
+        want, got = (json.loads(next((folder / cell / "seed0" / "eval").glob("*/metrics.json")).read_text())
+                     for folder in (tmp_path / "reference", out))
+        assert (got["rows"], got["synthetic"]) == (want["rows"], want["synthetic"]), cell
+        assert json.loads(Path(got["predictions"]).read_text()) == json.loads(Path(want["predictions"]).read_text())
+    want, got = (json.loads((folder / "summary.json").read_text()) for folder in (tmp_path / "reference", out))
+    assert {k: v for k, v in got.items() if k != "minutes"} == {k: v for k, v in want.items() if k != "minutes"}

@@ -264,3 +264,57 @@ def test_verify_lists_missing_and_broken_images_with_their_records(tmp_path):
     recorded = json.loads((tmp_path / "verify.json").read_text())["splits"][0]["problems"]
     assert f"record '000001.png': before image empty (0 bytes): {root / 'images' / 'CLEVR_default_000001.png'}" in recorded
     assert problems[-1] == f"error: clevr_change at {root} is incomplete in train"
+
+
+# --- a user's own masks as FAC's target (data.fac_masks: ground_truth) -------------------------------------------
+
+def _folder_with_masks(root: Path, *, drop_mask_of: str | None = None) -> Path:
+    rows = ["id,before,after,caption,split,mask"]
+    for i, split in enumerate(["train"] * 4 + ["val"] * 2):
+        solid(root / "img" / f"b{i}.png", 40, size=(32, 24))
+        after = Image.new("RGB", (32, 24), (40, 40, 40))
+        after.paste((220, 30, 30), (0, 0, 16, 12))  # the change: the top-left quarter turned red
+        after.save(root / "img" / f"a{i}.png")
+        mask = Image.new("L", (32, 24), 0)
+        mask.paste(255, (0, 0, 16, 12))
+        mask.save(root / "img" / f"m{i}.png")
+        given = "" if f"p{i}" == drop_mask_of else f"img/m{i}.png"
+        rows.append(f"p{i},img/b{i}.png,img/a{i}.png,the top left turned red,{split},{given}")
+    (root / "pairs.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def test_the_manifests_masks_become_the_fac_target(tmp_path):
+    import torch
+
+    from davir.config import load_config
+    from davir.data.dataset import MaskField, RecordMasks
+    from davir.training import loop
+    from davir.training.config import TrainConfig
+
+    root = _folder_with_masks(tmp_path / "pairs")
+    pairs = read_folder(root, "train").pairs
+    # The mask on a 4×4 grid: the top-left quarter of the image is exactly the top-left 2×2 cells.
+    field = MaskField(RecordMasks(pairs), size=4, source="after_only")(pairs[0])
+    want = torch.zeros(4, 4)
+    want[:2, :2] = 1.0
+    assert torch.equal(field["mask_after"], want) and torch.equal(field["mask_before"], want) and field["mask_valid"]
+
+    overrides = [f"data.root={root}", "data.format=folder", "data.fac_masks=ground_truth", "data.masks=null",
+                 "data.entities=null", "model.epc.use_entities=false", "model.fac.lambda_attn=0.1",
+                 f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}", "optim.batch_size=2",
+                 "optim.max_steps=2", "run.log_every=1", "run.eval_every=0", "run.save_every=0",
+                 "run.val_max_pairs=2", "run.tensorboard=false"]
+    run_dir = tmp_path / "run"
+    loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml", [*overrides, f"run.output_dir={run_dir}"]))
+    logged = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    attention = [row[key] for row in logged for key in row if key.startswith("train/") and "attn" in key]
+    assert attention and all(value > 0 for value in attention)  # FAC trained against the user's masks
+
+    # One train pair without a mask: refused before the model is built, naming the pair and the way out.
+    bad = _folder_with_masks(tmp_path / "bad", drop_mask_of="p2")
+    with pytest.raises(DataError) as error:
+        loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml",
+                               [*overrides, f"data.root={bad}", f"run.output_dir={tmp_path / 'run2'}"]))
+    assert "data.fac_masks=ground_truth, but 1 of 4 train pairs" in str(error.value) and "'p2'" in str(error.value)
+    assert "`mask` column" in str(error.value)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from davir.data.caches import EntityCache, MaskCache
+from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.images import load_mask, load_pair
 from davir.data.records import ChangePair, DataError
 
@@ -35,6 +35,12 @@ def _resize_mask(mask: np.ndarray, size: int) -> torch.Tensor:
     return torch.from_numpy(np.array(image.resize((size, size), Image.BOX), dtype=np.float32))
 
 
+def _resize_to(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A boolean mask resampled (nearest) to `shape` (H, W)."""
+    image = Image.fromarray(mask.astype(np.uint8) * 255)
+    return np.array(image.resize((shape[1], shape[0]), Image.NEAREST)) > 127
+
+
 @dataclass
 class ImageField:
     """`pixel_before`, `pixel_after`: both images through the model's image processor (C, S, S)."""
@@ -51,14 +57,15 @@ class ImageField:
 
 @dataclass
 class MaskField:
-    """`mask_before`, `mask_after` (S, S) float coverage from a preprocessing cache, and `mask_valid`.
+    """`mask_before`, `mask_after` (S, S) float coverage from a preprocessing cache (or the records' own
+    ground-truth masks, `RecordMasks`), and `mask_valid`.
 
     `source`: "per_image" uses each image's own mask (the union where one is missing), "union" uses the
     union for both, "after_only" uses the after image's mask for both (the paper). A pair whose mask is
     empty (no change found) has `mask_valid=False` and contributes no FAC term.
     """
 
-    cache: MaskCache
+    cache: MaskCache | RecordMasks
     size: int
     source: str = "per_image"
     keys: tuple[str, ...] = ("mask_before", "mask_after", "mask_valid")
@@ -82,6 +89,28 @@ class MaskField:
             "mask_after": _resize_mask(after, self.size),
             "mask_valid": bool(union.any()),
         }
+
+
+class RecordMasks:
+    """The ground-truth change masks the records carry, read like a MaskCache (`has`, `read`): FAC's target
+    when a user asks for it (`data.fac_masks: ground_truth`)."""
+
+    def __init__(self, pairs: list[ChangePair]):
+        self.pairs = {pair.pair_id: pair for pair in pairs}
+
+    def has(self, pair_id: str) -> bool:
+        pair = self.pairs.get(pair_id)
+        return pair is not None and pair.has_gt_mask
+
+    def read(self, pair_id: str) -> PairMasks:
+        pair = self.pairs.get(pair_id)
+        if pair is None or not pair.has_gt_mask:
+            raise DataError(f"pair {pair_id!r} has no ground-truth change mask")
+        before = load_mask(pair.gt_mask_before, record=pair_id)
+        after = load_mask(pair.gt_mask_after, record=pair_id)
+        if before.shape != after.shape:  # the before mask in the before image's own frame (e.g. IER)
+            before = _resize_to(before, after.shape)
+        return PairMasks(before=before, after=after, info={"pair_id": pair_id, "source": "ground_truth"})
 
 
 @dataclass

@@ -25,6 +25,10 @@ class DataConfig:
     train_split: str = "train"
     val_split: str = "val"
     masks: str | None = None  # MaskCache folder from `python -m preprocess masks` (FAC)
+    # FAC's target: "cache" = the computed masks in data.masks (Eqs. 2-3, the paper); "ground_truth" = the dataset's
+    # own change masks (a folder manifest's `mask` column or masks/NAME.png; the synthetic set's) when a user has
+    # them. data.masks then only tells caption.py how to compute masks for new pairs (their entities, the report).
+    fac_masks: Literal["cache", "ground_truth"] = "cache"
     entities: str | None = None  # EntityCache folder from `python -m preprocess entities` (EPC)
     features: str | None = None  # FeatureCache folder from `python -m preprocess features` (lightweight)
     # The caches record the dataset root they were built from and must match data.root; when the dataset

@@ -8,7 +8,7 @@ import torch
 from accelerate import Accelerator
 
 from davir.data.caches import EntityCache, MaskCache, check_cache_root
-from davir.data.dataset import ChangeCaptionDataset, EntityField, ImageField, MaskField
+from davir.data.dataset import ChangeCaptionDataset, EntityField, ImageField, MaskField, RecordMasks
 from davir.data.formats import read_dataset
 from davir.data.records import DataError
 from davir.preprocessing.profiles import check_cache_profiles
@@ -29,13 +29,14 @@ class DavirTask:
         if data.max_train_pairs:
             train_pairs = train_pairs[: data.max_train_pairs]
         val_pairs = read_dataset(data.format, data.root, data.val_split).pairs[: config.run.val_max_pairs]
-        for key, cache in (("data.masks", data.masks if model_config.fac.lambda_attn > 0 else None),
+        fac_cache = data.masks if model_config.fac.lambda_attn > 0 and data.fac_masks == "cache" else None
+        for key, cache in (("data.masks", fac_cache),
                            ("data.entities", data.entities if model_config.epc.use_entities else None)):
             if cache is not None:  # before the model is built: a wrong cache stops the run at once
                 check_cache_root(cache, data.root, key=key, moved_from=data.moved_from)
         # Still before the (7B) model is built: caches of another preprocessing profile are refused.
         check_cache_profiles(data.preprocessing_profile,
-                             masks=data.masks if model_config.fac.lambda_attn > 0 else None,
+                             masks=fac_cache,
                              entities=data.entities if model_config.epc.use_entities else None,
                              allow_mismatch=data.allow_profile_mismatch, warn=accelerator.print,
                              where="data.preprocessing_profile of this config")
@@ -46,7 +47,17 @@ class DavirTask:
         source = f"python -m preprocess {{cmd}} --format {data.format} --root {data.root} --split {{split}} --out {{out}}"
         self.uses_fac = model_config.fac.lambda_attn > 0
         self.uses_entities = model_config.epc.use_entities
-        if self.uses_fac:
+        if self.uses_fac and data.fac_masks == "ground_truth":
+            masks = RecordMasks([*train_pairs, *val_pairs])
+            for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
+                missing = [p.pair_id for p in pairs if not masks.has(p.pair_id)]
+                if missing:
+                    raise DataError(f"data.fac_masks=ground_truth, but {len(missing)} of {len(pairs)} {split} pairs "
+                                    f"of {data.root} have no ground-truth change mask (first: {missing[:3]}): give "
+                                    "a `mask` column in the manifest (or masks/NAME.png beside before/ and after/), "
+                                    "or use the computed masks (data.fac_masks=cache, data.masks=CACHE)")
+            fields.append(MaskField(masks, size=self.model.image_size, source=model_config.fac.mask_source))
+        elif self.uses_fac:
             if data.masks is None:
                 raise DataError("FAC is on (model.fac.lambda_attn > 0) but data.masks is not set: run "
                                 f"`{source.format(cmd='masks', split=data.train_split, out='CACHE')}` (and for "

@@ -48,6 +48,7 @@ def git_state(repo: Path | None = None) -> dict[str, str | bool | None]:
 def write_run_info(run_dir: Path, *, seed: int, extra: dict | None = None) -> None:
     write_json_atomic(run_dir / "run_info.json", {
         "command": sys.argv,
+        "cwd": str(Path.cwd()),  # what the config's relative paths are relative to (davir.run_paths)
         "seed": seed,
         "python": platform.python_version(),
         "platform": platform.platform(),
