@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from tqdm import tqdm
 
 from davir.data.feature_cache import (
     FEATURE_SHAPE, FORMAT_VERSION, image_key, next_chunk_number, scan_index, write_chunk, write_index,
@@ -127,6 +128,8 @@ def extract_images(
     batch_size: int = 64,
     workers: int = 2,
     chunk_size: int = 256,
+    progress: bool = True,
+    description: str = "features",
 ) -> int:
     """Run the backbone over (key, path) items and store fp16 chunks of `chunk_size`; returns images written."""
     if not items:
@@ -155,7 +158,7 @@ def extract_images(
         pending, pending_keys = [stacked[count:]], pending_keys[count:]
         number, written = number + 1, written + count
 
-    with torch.no_grad():
+    with torch.no_grad(), tqdm(total=len(items), desc=description, unit="image", disable=not progress) as bar:
         for rows, images in loader:
             x = normalize_batch(images.to(device, non_blocking=cuda), std)
             if cuda:
@@ -167,6 +170,7 @@ def extract_images(
             pending_keys.extend(items[row][0] for row in rows.tolist())
             while len(pending_keys) >= chunk_size:
                 flush(chunk_size)
+            bar.update(len(rows))
     if pending_keys:
         flush(len(pending_keys))
     return written
@@ -224,6 +228,7 @@ def run(args: argparse.Namespace) -> dict:
         written = extract_images(
             todo, cache, backbone, std=std, chunk_prefix=f"s{args.shard_index:03d}of{args.num_shards:03d}",
             device=device, batch_size=args.batch_size, workers=args.workers, chunk_size=args.chunk_size,
+            progress=not args.no_progress, description=f"features {args.split}",
         )
     entries = write_index(cache)
     seconds = time.perf_counter() - started
@@ -259,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--skip-missing", action="store_true",
                         help="extract the images present and count missing ones instead of failing")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
     return parser
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from davir.config import load_config
 from davir.data.caches import EntityCache
@@ -21,6 +22,7 @@ from davir.io import read_json
 from davir.text.entity_vocabulary import EntityVocabulary
 from davir.training.config import TrainConfig
 
+REPO = Path(__file__).resolve().parents[1]
 TINY_TEXT = "tiny-text-test"  # an open_clip model config registered from tmp (1 layer, width 16)
 TINY = [
     "lightweight.hidden=16", "lightweight.heads=2", "lightweight.word_emb=8", "lightweight.ffn_dim=32",
@@ -196,3 +198,49 @@ def test_compare_tables_runs_beside_the_papers(tmp_path):
     assert (tmp_path / "bars.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(DataError, match="evaluate.py --checkpoint"):
         read_run(run, split="val")
+
+
+def test_every_method_trains_and_scores_on_a_folder_of_own_pairs_through_a_sweep(tiny_data, tmp_path):
+    """Issue 17: the five `configs/<method>_folder.yaml` on a user's pairs.csv (captions, splits) — features of the
+    folder, then one `davir.sweep` that trains and scores each method with `evaluate.py --format folder`."""
+    from davir import sweep
+    from davir.data.__main__ import main as data_main
+    from preprocess.features import main as features_main
+
+    own = tmp_path / "own"
+    assert data_main(["pairs", "--format", "clevr_change", "--root", str(tiny_data["root"]), "--split", "train",
+                      "--split", "val", "--split", "test", "--num", "0", "--out", str(own / "pairs.csv")]) == 0
+    features = tmp_path / "features"
+    for split in ("train", "val", "test"):
+        assert features_main(["--format", "folder", "--root", str(own), "--split", split, "--out", str(features),
+                              "--random-init", "--workers", "0", "--batch-size", "32", "--no-progress"]) == 0
+    entities = tmp_path / "entities"  # CHEER's image-level entities, in the layout `preprocess entities` writes
+    phrases = ["red cube", "blue sphere", "metal cylinder", "small object"]
+    EntityVocabulary(phrases=phrases, counts={p: 1 for p in phrases}, min_count=1, extractor={}).save(entities / "vocab.json")
+    for split in ("train", "val", "test"):
+        pairs = read_dataset("folder", own, split).pairs
+        EntityCache(entities).write_part(split, {p.pair_id: [(phrases[(i + j) % 4], 1.0 - j / 10) for j in range(3)]
+                                                 for i, p in enumerate(pairs)})
+    methods = ["subtraction", "scorer", "dirl", "rdd", "cheer"]
+    text = ["data.text_encoder=null", f"data.text_encoder_model={TINY_TEXT}",
+            f"data.text_encoder_config={tiny_data['text_config']}"]
+    sweep_file = tmp_path / "own.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "title": "five methods on own pairs", "out": str(tmp_path / "sweep"), "seeds": [0], "split": "test",
+        "overrides": [f"data.root={own}", f"data.features={features}", *TINY],
+        "evaluate_args": ["--no-spice", "--metrics", "BLEU,CIDEr"],
+        "variants": [{"name": m, "config": str(REPO / "configs" / f"{m}_folder.yaml"),
+                      "overrides": (text if m in ("rdd", "cheer") else []) + ([f"data.entities={entities}"]
+                                                                              if m == "cheer" else [])}
+                     for m in methods]}))
+    assert sweep.main([str(sweep_file)]) == 0
+    summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())
+    assert sorted(summary["variants"]) == sorted(methods)
+    test_ids = {p.pair_id for p in read_dataset("folder", own, "test").pairs}
+    for method in methods:
+        metrics = json.loads(next((tmp_path / "sweep" / method / "seed0" / "eval").glob("folder_test/metrics.json"))
+                             .read_text())
+        assert metrics["references"]["format"] == "folder", method
+        predictions = json.loads(Path(metrics["predictions"]).read_text())
+        assert {row["image_id"] for row in predictions} == test_ids and all(row["caption"] for row in predictions)
+        assert metrics["rows"]["total"]["num_pairs"] == len(test_ids), method

@@ -170,6 +170,30 @@ def test_symlink_out_of_a_dataset_root_is_refused(tmp_path):
     assert [p.after.name for p in read_dataset("ier", root, "train")] == ["b.jpg"]
 
 
+def test_symlink_out_of_a_benchmark_image_folder_is_refused_for_every_reader(tmp_path):
+    """Readers that join plain file names to fixed folders (Spot-the-Diff here; LEVIR-CC, CLEVR-Change and CLEVR-DC
+    alike, through read_dataset): a planted link is found by one walk of the tree."""
+    secret = solid(tmp_path / "outside" / "secret.png", 9)
+    root = tmp_path / "spot"
+    (root / "annotations").mkdir(parents=True)
+    (root / "annotations" / "train.json").write_text(json.dumps([{"img_id": "1", "sentences": ["a car left"]},
+                                                                 {"img_id": "2", "sentences": ["a man came"]}]))
+    for name in ("1.png", "1_2.png", "2.png"):
+        solid(root / "resized_images" / name, 1)
+    (root / "resized_images" / "2_2.png").symlink_to(secret)
+    with pytest.raises(DataError) as error:
+        read_dataset("spot_the_diff", root, "train")
+    assert str(error.value) == (f"spot_the_diff split 'train' at {root}: pair '2': {root / 'resized_images' / '2_2.png'} "
+                                f"is a symlink that leads out of its dataset folder {root / 'resized_images'} (to {secret})")
+    # A link that stays inside its folder, and a symlinked image folder on another disk, are normal.
+    (root / "resized_images" / "2_2.png").unlink()
+    (root / "resized_images" / "2_2.png").symlink_to(root / "resized_images" / "1_2.png")
+    disk = tmp_path / "disk"
+    shutil.move(root / "resized_images", disk)
+    (root / "resized_images").symlink_to(disk)
+    assert [p.pair_id for p in read_dataset("spot_the_diff", root, "train")] == ["1", "2"]
+
+
 # --- stats exit status (issue 18.21) -----------------------------------------------------------------------------
 
 def test_stats_exits_non_zero_when_the_requested_split_is_unreadable(tmp_path):

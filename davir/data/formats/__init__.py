@@ -21,10 +21,13 @@ def read_dataset(format: str, root: str | Path, split: str) -> DatasetIndex:
         raise DataError(f"dataset root {root} does not exist or is not a folder")
     if split not in FORMAT_SPLITS[format]:
         raise DataError(f"format {format!r} has no split {split!r}; choose from {', '.join(FORMAT_SPLITS[format])}")
-    return FORMATS[format](root, split)
+    index = FORMATS[format](root, split)
+    # A user's own list may name images anywhere; a downloaded benchmark's images stay in its folders.
+    return index if format == "folder" else refuse_links_leaving(index)
 
 
 # Importing the modules registers the readers.
+from davir.data.formats._common import refuse_links_leaving  # noqa: E402
 from davir.data.formats import clevr_change, clevr_dc, folder, ier, levir_cc, spot_the_diff  # noqa: E402,F401
 
 __all__ = ["FORMATS", "FORMAT_SPLITS", "Reader", "read_dataset", "register_format"]

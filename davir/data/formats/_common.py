@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from davir.data.records import ChangePair, DataError, SkippedRecord
+from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
 from davir.io import read_json
 
 EMPTY_SENTENCE = "empty or whitespace-only reference sentence"
@@ -114,3 +115,54 @@ def plain_file_name(name: str, *, source: str, record: str) -> str:
     ):
         raise DataError(f"{source}: {record}: {name!r} is not a plain file name (no folders, no '..', not absolute)")
     return name
+
+
+def links_leaving(root: Path) -> dict[str, str]:
+    """{path: where it leads} of every file symlink under `root` that resolves outside its own folder.
+
+    Benchmark readers join plain file names to fixed folders (no realpath per file: reading 67,660 CLEVR-Change
+    pairs must stay fast), so a symlink planted inside the dataset (`x.png -> /etc/passwd`, as an archive can
+    carry) is found by one walk of the tree instead: directory entries only (no stat per file), a realpath per
+    link. A symlinked image folder (on another disk) is normal and walked through, once per real folder.
+    """
+    found: dict[str, str] = {}
+    seen: set[str] = set()
+    stack = [str(root)]
+    while stack:
+        folder = stack.pop()
+        real_folder = os.path.realpath(folder)
+        if real_folder in seen:
+            continue
+        seen.add(real_folder)
+        try:
+            entries = os.scandir(folder)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:  # ~1 µs an entry: d_type answers both questions for all but the links
+                try:
+                    if entry.is_symlink():
+                        if entry.is_dir():
+                            stack.append(entry.path)
+                        else:
+                            real = os.path.realpath(entry.path)
+                            if os.path.commonpath([real_folder, real]) != real_folder:
+                                found[entry.path] = real
+                    elif entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                except OSError:
+                    continue
+    return found
+
+
+def refuse_links_leaving(index: DatasetIndex) -> DatasetIndex:
+    """The index, or a DataError naming the first pair whose image (or mask) is a symlink leading out of its folder."""
+    found = links_leaving(index.root)
+    if found:
+        for pair in index.pairs:
+            for path in (pair.before, pair.after, pair.distractor, pair.gt_mask_before, pair.gt_mask_after):
+                if path is not None and str(path) in found:
+                    raise DataError(f"{index.format} split {index.split!r} at {index.root}: pair {pair.pair_id!r}: "
+                                    f"{path} is a symlink that leads out of its dataset folder {Path(path).parent} "
+                                    f"(to {found[str(path)]})")
+    return index
