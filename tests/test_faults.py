@@ -1,7 +1,8 @@
-"""Fault injection (issue 18): each long job is killed with SIGKILL at seeded random moments while it
-works, rerun, and its output compared with an uninterrupted run — byte for byte (masks, entities,
-features), loss for loss (training) or metric for metric (sweeps). Small on purpose (a few pairs / steps); marked `faults`
-(pyproject.toml), and run by `make test`."""
+"""Fault injection (issue 18): each long job — masks, entities, features, training, caption.py, sweeps — is
+killed with SIGKILL at seeded random moments while it works, rerun, and its output compared with an
+uninterrupted run: byte for byte (masks, entities, features, caption.py's JSONL), loss for loss (training) or
+metric for metric (sweeps). Small on purpose (a few pairs / steps); marked `faults` (pyproject.toml), and run
+by `make test`."""
 
 from __future__ import annotations
 
@@ -184,3 +185,45 @@ def test_sweep_killed_resumes_with_the_same_table(data, tmp_path):
         assert json.loads(Path(got["predictions"]).read_text()) == json.loads(Path(want["predictions"]).read_text())
     want, got = (json.loads((folder / "summary.json").read_text()) for folder in (tmp_path / "reference", out))
     assert {k: v for k, v in got.items() if k != "minutes"} == {k: v for k, v in want.items() if k != "minutes"}
+
+
+def test_caption_killed_twice_resumes_byte_identical(data, tmp_path):
+    """caption.py SIGKILLed at seeded moments while it appends batches, rerun: the JSONL equals an uninterrupted
+    run's byte for byte (no lost, repeated or broken line), and the report is complete."""
+    from davir.cli import caption as caption_cli
+    from davir.config import load_config
+    from davir.training import loop
+    from davir.training.config import TrainConfig
+    from preprocess import masks as masks_job
+
+    rng = random.Random(187)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the killed processes (ENV)
+    try:
+        assert masks_job.main(["--format", "clevr_change", "--root", str(data), "--split", "train", "--out",
+                               str(tmp_path / "masks"), "--limit", "4", "--workers", "1", "--no-progress"]) == 0
+        run_dir = tmp_path / "run"
+        loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
+            f"data.root={data}", f"data.masks={tmp_path / 'masks'}", "data.entities=null", "model.fac.lambda_attn=0",
+            "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+            "optim.batch_size=2", "optim.max_steps=1", "run.eval_every=0", "run.val_max_pairs=2",
+            "run.tensorboard=false", f"run.output_dir={run_dir}"]))
+        pairs = tmp_path / "pairs.csv"
+        rows = ["id,before,after"] + [f"p{i:02d},{path},{str(path).replace('images', 'sc_images').replace('default', 'semantic')}"
+                                     for i, path in enumerate(sorted((data / "images").iterdir())[:24])]
+        pairs.write_text("\n".join(rows) + "\n")
+        argv = lambda out: ["--checkpoint", str(run_dir), "--pairs", str(pairs), "--out", str(out),  # noqa: E731
+                            "--batch-size", "2", "--workers", "0", "--quiet"]
+        assert caption_cli.main(argv(tmp_path / "reference" / "c.jsonl")) == 0
+        out = tmp_path / "killed" / "c.jsonl"
+        kills = sum(kill_while_working(["caption.py", *argv(out)], lambda: out.is_file() and out.stat().st_size > 0,
+                                       rng, max_delay=1.0) for _ in range(2))
+        assert kills >= 1
+        assert caption_cli.main(argv(out)) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert out.read_bytes() == (tmp_path / "reference" / "c.jsonl").read_bytes()
+    assert len(out.read_text().splitlines()) == 24
+    assert json.loads(out.with_name("c.jsonl.manifest.json").read_text())["status"] == "complete"
+    assert len(list((tmp_path / "killed" / "report_files" / "strips").glob("*.jpg"))) == 24  # every pair in the report
+    no_temporaries(tmp_path / "killed")

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report-limit", type=int, default=1000,
                         help="captioned pairs shown in the report, the first N of the input (failed ones are all listed)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start again instead of resuming (a rerun otherwise skips the pairs already captioned)")
+                        help="start again instead of resuming (a rerun otherwise skips the pairs already captioned); "
+                             "with --num-shards/--shard-index each shard clears only its own share")
     decoding = parser.add_argument_group("decoding")
     decoding.add_argument("--batch-size", type=int, default=32)
     decoding.add_argument("--num-beams", type=int, default=None,
