@@ -114,6 +114,29 @@ def test_shards_merge_into_the_single_process_output(trained, tmp_path, capsys):
     assert [(r["id"], r["caption"]) for r in rows_of(sharded)] == [(r["id"], r["caption"]) for r in rows_of(single)]
 
 
+def test_two_cpu_processes_under_accelerate_give_the_single_process_captions(trained, tmp_path, capsys):
+    """Issue 20's target: `accelerate launch` with 2 CPU processes, one merged file, the same captions in order."""
+    import subprocess
+
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 7)
+    base = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--workers", "0", "--quiet",
+            "--batch-size", "2"]
+    single = tmp_path / "single.jsonl"
+    assert run(base + ["--out", single], capsys)[0] == 0
+    launcher = Path(sys.executable).parent / "accelerate"
+    command = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "caption.py"),
+               *map(str, base), "--out", str(tmp_path / "two.jsonl")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "shard 2/2" in result.stderr  # two processes really shared the pairs
+    two = rows_of(tmp_path / "two.jsonl")
+    assert [(r["id"], r["caption"], r["entities"]) for r in two] == \
+        [(r["id"], r["caption"], r["entities"]) for r in rows_of(single)]
+    assert not list(tmp_path.glob("two.jsonl.shard-*"))
+
+
 def test_python_api_takes_paths_images_and_arrays_like_caption_py(trained, tmp_path, capsys):
     from davir import ChangeCaptioner
 
