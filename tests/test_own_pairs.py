@@ -308,7 +308,7 @@ def _folder_with_masks(root: Path, *, drop_mask_of: str | None = None) -> Path:
     return root
 
 
-def test_the_manifests_masks_become_the_fac_target(tmp_path):
+def test_the_manifests_masks_become_the_fac_target(tmp_path, monkeypatch):
     import torch
 
     from davir.config import load_config
@@ -337,6 +337,12 @@ def test_the_manifests_masks_become_the_fac_target(tmp_path):
 
     # One train pair without a mask: refused before the model is built, naming the pair and the way out.
     bad = _folder_with_masks(tmp_path / "bad", drop_mask_of="p2")
+    import davir.models.davir as davir_models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the missing mask was found")
+
+    monkeypatch.setattr(davir_models, "build_davir_model", no_model)
     with pytest.raises(DataError) as error:
         loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml",
                                [*overrides, f"data.root={bad}", f"run.output_dir={tmp_path / 'run2'}"]))

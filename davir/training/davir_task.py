@@ -40,6 +40,15 @@ class DavirTask:
                              entities=data.entities if model_config.epc.use_entities else None,
                              allow_mismatch=data.allow_profile_mismatch, warn=accelerator.print,
                              where="data.preprocessing_profile of this config")
+        if model_config.fac.lambda_attn > 0 and data.fac_masks == "ground_truth":  # also before the model
+            record_masks = RecordMasks([*train_pairs, *val_pairs])
+            for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
+                missing = [p.pair_id for p in pairs if not record_masks.has(p.pair_id)]
+                if missing:
+                    raise DataError(f"data.fac_masks=ground_truth, but {len(missing)} of {len(pairs)} {split} pairs "
+                                    f"of {data.root} have no ground-truth change mask (first: {missing[:3]}): give "
+                                    "a `mask` column in the manifest (or masks/NAME.png beside before/ and after/), "
+                                    "or use the computed masks (data.fac_masks=cache, data.masks=CACHE)")
         self.model = build_davir_model(
             model_config, captions_for_tokenizer=[c for p in train_pairs for c in p.captions],
             device=accelerator.device)
@@ -48,15 +57,7 @@ class DavirTask:
         self.uses_fac = model_config.fac.lambda_attn > 0
         self.uses_entities = model_config.epc.use_entities
         if self.uses_fac and data.fac_masks == "ground_truth":
-            masks = RecordMasks([*train_pairs, *val_pairs])
-            for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
-                missing = [p.pair_id for p in pairs if not masks.has(p.pair_id)]
-                if missing:
-                    raise DataError(f"data.fac_masks=ground_truth, but {len(missing)} of {len(pairs)} {split} pairs "
-                                    f"of {data.root} have no ground-truth change mask (first: {missing[:3]}): give "
-                                    "a `mask` column in the manifest (or masks/NAME.png beside before/ and after/), "
-                                    "or use the computed masks (data.fac_masks=cache, data.masks=CACHE)")
-            fields.append(MaskField(masks, size=self.model.image_size, source=model_config.fac.mask_source))
+            fields.append(MaskField(record_masks, size=self.model.image_size, source=model_config.fac.mask_source))
         elif self.uses_fac:
             if data.masks is None:
                 raise DataError("FAC is on (model.fac.lambda_attn > 0) but data.masks is not set: run "
