@@ -56,3 +56,16 @@ def make_read_only():
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
         folder.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module of tiny models (`pytestmark = pytest.mark.usefixtures(...)`): on a
+    shared 2-core machine one thread is much faster than two contending, and the arithmetic matches the
+    1-thread commands the fault tests start."""
+    import torch  # not at the top: the thread variables above must be set before torch is first imported
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

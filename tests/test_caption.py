@@ -93,12 +93,18 @@ def test_rerun_after_a_kill_skips_what_is_done_and_repairs_a_cut_line(trained, t
     assert status == 2 and "max_new_tokens" in err and "--overwrite" in err
 
 
-def test_shards_merge_into_the_single_process_output(trained, tmp_path, capsys):
-    pairs = pair_folder(tmp_path / "pairs", trained / "data", 5)
+def captioned_in_one_process(trained, tmp_path, n: int, capsys) -> tuple[list, Path]:
+    """(the caption.py arguments but --out, the single-process JSONL) for `n` pairs: what sharded runs must equal."""
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", n)
     base = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--workers", "0", "--quiet",
             "--batch-size", "2"]
     single = tmp_path / "single.jsonl"
     assert run(base + ["--out", single], capsys)[0] == 0
+    return base, single
+
+
+def test_shards_merge_into_the_single_process_output(trained, tmp_path, capsys):
+    base, single = captioned_in_one_process(trained, tmp_path, 5, capsys)
     sharded = tmp_path / "sharded.jsonl"
     status, _, err = run(base + ["--out", sharded, "--num-shards", "2", "--shard-index", "1"], capsys)
     assert status == 0 and "shard 2/2" in err and not sharded.exists()
@@ -118,11 +124,7 @@ def test_two_cpu_processes_under_accelerate_give_the_single_process_captions(tra
     """Issue 20's target: `accelerate launch` with 2 CPU processes, one merged file, the same captions in order."""
     import subprocess
 
-    pairs = pair_folder(tmp_path / "pairs", trained / "data", 7)
-    base = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--workers", "0", "--quiet",
-            "--batch-size", "2"]
-    single = tmp_path / "single.jsonl"
-    assert run(base + ["--out", single], capsys)[0] == 0
+    base, single = captioned_in_one_process(trained, tmp_path, 7, capsys)
     launcher = Path(sys.executable).parent / "accelerate"
     command = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "caption.py"),

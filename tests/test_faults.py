@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from davir.data.caches import EntityCache
@@ -147,6 +146,7 @@ def test_training_killed_resumes_loss_for_loss(data, tmp_path):
     assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # as in the killed processes (ENV)
 def test_sweep_killed_resumes_with_the_same_table(data, tmp_path):
     """`python -m davir.sweep` killed in a cell's training or scoring (a seeded moment of the first cell or the
     second), then rerun: every cell's metrics, predictions and the summary equal an uninterrupted sweep's."""
@@ -167,16 +167,13 @@ def test_sweep_killed_resumes_with_the_same_table(data, tmp_path):
 
     from davir import sweep
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in the killed process (ENV): the same arithmetic, bit for bit
-    try:  # the uninterrupted sweep and the final rerun in this process (no second start of torch)
-        assert sweep.main([str(sweep_file(tmp_path / "reference"))]) == 0
-        out = tmp_path / "killed"
-        argv = ["-m", "davir.sweep", str(sweep_file(out))]
-        assert kill_while_working(argv, lambda: (out / "lr_a" / "seed0").is_dir(), rng, max_delay=6.0, timeout=300)
-        assert sweep.main([str(out.with_suffix(".yaml"))]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    # the uninterrupted sweep and the final rerun in this process, at 1 thread as the killed one: the same
+    # arithmetic, bit for bit (and no second start of torch)
+    assert sweep.main([str(sweep_file(tmp_path / "reference"))]) == 0
+    out = tmp_path / "killed"
+    argv = ["-m", "davir.sweep", str(sweep_file(out))]
+    assert kill_while_working(argv, lambda: (out / "lr_a" / "seed0").is_dir(), rng, max_delay=6.0, timeout=300)
+    assert sweep.main([str(out.with_suffix(".yaml"))]) == 0
     no_temporaries(out)
     for cell in ("lr_a", "lr_b"):
         want, got = (json.loads(next((folder / cell / "seed0" / "eval").glob("*/metrics.json")).read_text())
@@ -187,6 +184,7 @@ def test_sweep_killed_resumes_with_the_same_table(data, tmp_path):
     assert {k: v for k, v in got.items() if k != "minutes"} == {k: v for k, v in want.items() if k != "minutes"}
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # as in the killed processes (ENV)
 def test_caption_killed_twice_resumes_byte_identical(data, tmp_path):
     """caption.py SIGKILLed at seeded moments while it appends batches, rerun: the JSONL equals an uninterrupted
     run's byte for byte (no lost, repeated or broken line), and the report is complete."""
@@ -197,31 +195,26 @@ def test_caption_killed_twice_resumes_byte_identical(data, tmp_path):
     from preprocess import masks as masks_job
 
     rng = random.Random(187)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in the killed processes (ENV)
-    try:
-        assert masks_job.main(["--format", "clevr_change", "--root", str(data), "--split", "train", "--out",
-                               str(tmp_path / "masks"), "--limit", "4", "--workers", "1", "--no-progress"]) == 0
-        run_dir = tmp_path / "run"
-        loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-            f"data.root={data}", f"data.masks={tmp_path / 'masks'}", "data.entities=null", "model.fac.lambda_attn=0",
-            "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
-            "optim.batch_size=2", "optim.max_steps=1", "run.eval_every=0", "run.val_max_pairs=2",
-            "run.tensorboard=false", f"run.output_dir={run_dir}"]))
-        pairs = tmp_path / "pairs.csv"
-        rows = ["id,before,after"] + [f"p{i:02d},{path},{str(path).replace('images', 'sc_images').replace('default', 'semantic')}"
-                                     for i, path in enumerate(sorted((data / "images").iterdir())[:24])]
-        pairs.write_text("\n".join(rows) + "\n")
-        argv = lambda out: ["--checkpoint", str(run_dir), "--pairs", str(pairs), "--out", str(out),  # noqa: E731
-                            "--batch-size", "2", "--workers", "0", "--quiet"]
-        assert caption_cli.main(argv(tmp_path / "reference" / "c.jsonl")) == 0
-        out = tmp_path / "killed" / "c.jsonl"
-        kills = sum(kill_while_working(["caption.py", *argv(out)], lambda: out.is_file() and out.stat().st_size > 0,
-                                       rng, max_delay=1.0) for _ in range(2))
-        assert kills >= 1
-        assert caption_cli.main(argv(out)) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert masks_job.main(["--format", "clevr_change", "--root", str(data), "--split", "train", "--out",
+                           str(tmp_path / "masks"), "--limit", "4", "--workers", "1", "--no-progress"]) == 0
+    run_dir = tmp_path / "run"
+    loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
+        f"data.root={data}", f"data.masks={tmp_path / 'masks'}", "data.entities=null", "model.fac.lambda_attn=0",
+        "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+        "optim.batch_size=2", "optim.max_steps=1", "run.eval_every=0", "run.val_max_pairs=2",
+        "run.tensorboard=false", f"run.output_dir={run_dir}"]))
+    pairs = tmp_path / "pairs.csv"
+    rows = ["id,before,after"] + [f"p{i:02d},{path},{str(path).replace('images', 'sc_images').replace('default', 'semantic')}"
+                                 for i, path in enumerate(sorted((data / "images").iterdir())[:24])]
+    pairs.write_text("\n".join(rows) + "\n")
+    argv = lambda out: ["--checkpoint", str(run_dir), "--pairs", str(pairs), "--out", str(out),  # noqa: E731
+                        "--batch-size", "2", "--workers", "0", "--quiet"]
+    assert caption_cli.main(argv(tmp_path / "reference" / "c.jsonl")) == 0
+    out = tmp_path / "killed" / "c.jsonl"
+    kills = sum(kill_while_working(["caption.py", *argv(out)], lambda: out.is_file() and out.stat().st_size > 0,
+                                   rng, max_delay=1.0) for _ in range(2))
+    assert kills >= 1
+    assert caption_cli.main(argv(out)) == 0
     assert out.read_bytes() == (tmp_path / "reference" / "c.jsonl").read_bytes()
     assert len(out.read_text().splitlines()) == 24
     assert json.loads(out.with_name("c.jsonl.manifest.json").read_text())["status"] == "complete"

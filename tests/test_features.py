@@ -26,12 +26,7 @@ VAL_IMAGES = {f"{folder}/CLEVR_{kind}_{scene:06d}.png" for scene in (19, 35)
               for folder, kind in (("images", "default"), ("sc_images", "semantic"), ("nsc_images", "nonsemantic"))}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -36,13 +36,7 @@ from davir.text.vocab import END_ID, START_ID, UNK_ID
 B, C, GRID, K_ENT, ENT_DIM, TEXT_DIM = 4, 8, 4, 3, 6, 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is much faster than two contending."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_config(method: str, **overrides) -> LightweightConfig:

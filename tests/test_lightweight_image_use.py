@@ -23,12 +23,7 @@ C, GRID, CLASSES, ENT_DIM, TEXT_DIM = 8, 4, 4, 6, 5
 WORDS = 4 + CLASSES  # 4 special tokens, then one word per changed channel
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def config(method: str) -> LightweightConfig:

@@ -18,12 +18,7 @@ from preprocess.features import build_backbone
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "tiny_resnet"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_cell_labels_by_hand():
