@@ -142,12 +142,12 @@ def caption_folder(args: argparse.Namespace) -> int:
         for batch in loader:
             kept = [p for p in batch if p.before is not None]
             results = captioner.generate(batch, attention=bool(kept))
-            store.append(_line(p.index, p.pair, r) for p, r in zip(batch, results))
-            for p, r in zip(batch, results):
+            for p, r in zip(batch, results):  # strips before lines: a pair with a line has its strip after a kill
                 counts["failed" if r.error else "captioned"] += 1
                 if p.before is not None and r.error is None:
                     write_strip(report_dir, p.index, p.before, p.after, mask=p.mask,
                                 attention=(r.attention_before, r.attention_after))
+            store.append(_line(p.index, p.pair, r) for p, r in zip(batch, results))
             bar.update(len(batch))
     seconds = time.perf_counter() - started
 
