@@ -132,6 +132,41 @@ def test_scene_batches_pair_semantic_and_distractor(tiny_data, tmp_path):
     assert torch.equal(example["feat_distractor"], FeatureCache(tiny_data["features"]).get(distractor.after))
 
 
+def test_preloaded_pooled_features_give_the_model_exactly_what_the_cache_gives(tiny_data, tmp_path):
+    from accelerate import Accelerator
+
+    from davir.data.feature_cache import FeatureCache
+    from davir.data.feature_table import PooledFeatureTable
+    from davir.training.lightweight_task import LightweightTask
+
+    cache = FeatureCache(tiny_data["features"])
+    pairs = read_dataset("clevr_change", tiny_data["root"], "val").pairs
+    images = [p.after for p in pairs] + [p.before for p in pairs]
+    table = PooledFeatureTable.load(cache, images, pool=2, rows_per_read=3)  # several reads per chunk
+    assert len(table) == len(set(images)) and images[0] in table
+    for path in images[:5]:
+        full = cache.get(path)
+        expected = torch.nn.functional.avg_pool2d(full.unsqueeze(0), 2, ceil_mode=True)[0]
+        assert table.get(path).shape == (1024, 7, 7) and torch.equal(table.get(path), expected)
+    # a second run of the same process (a sweep's next cell) reuses the table; other images or pooling re-read
+    assert PooledFeatureTable.load(cache, images, pool=2).table is table.table
+    assert PooledFeatureTable.load(cache, images[:3], pool=2).table is not table.table
+    with pytest.raises(DataError, match="not among the"):
+        table.get(read_dataset("clevr_change", tiny_data["root"], "train").pairs[0].after)
+
+    # The task's front-end takes the pooled grid as pooled: token for token what it computes from the full grid.
+    task = LightweightTask(run_config(tiny_data, "subtraction", tmp_path, "lightweight.feature_pool=2"), Accelerator(cpu=True))
+    assert isinstance(task.feature_source, PooledFeatureTable) and task.feature_source.pool == 2
+    example = task.train_dataset[0]
+    assert example["feat_after"].shape == (1024, 7, 7)
+    frontend = task.model.frontend.eval()
+    full = torch.stack([cache.get(task.train_dataset.pairs[0].after)])
+    assert torch.equal(frontend(example["feat_after"].unsqueeze(0)), frontend(full))
+    # 0 GB: read from the cache at every step, full grids
+    task = LightweightTask(run_config(tiny_data, "subtraction", tmp_path, "data.preload_features_gb=0"), Accelerator(cpu=True))
+    assert task.feature_source is task.features and task.train_dataset[0]["feat_after"].shape == (1024, 14, 14)
+
+
 def test_missing_caches_are_named(tiny_data, tmp_path):
     from accelerate import Accelerator
 

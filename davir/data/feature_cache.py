@@ -140,6 +140,10 @@ class FeatureCache:
             self._handles[name] = safe_open(str(self.root / "features" / name), framework="pt")
         return self._handles[name]
 
+    def chunk_rows(self, name: str):
+        """The lazily read (N, 1024, 14, 14) tensor of one chunk file: slice it to read rows."""
+        return self._handle(name).get_slice(FEATURE_TENSOR)
+
     def get(self, image_path: str | Path) -> torch.Tensor:
         key = self.key(image_path)
         if key not in self.entries:
@@ -148,4 +152,4 @@ class FeatureCache:
                 f"`python -m preprocess features --out {self.root} …` for its dataset split"
             )
         name, row = self.entries[key]
-        return self._handle(name).get_slice(FEATURE_TENSOR)[row:row + 1][0].to(self.dtype)
+        return self.chunk_rows(name)[row:row + 1][0].to(self.dtype)

@@ -31,6 +31,9 @@ class DataConfig:
     fac_masks: Literal["cache", "ground_truth"] = "cache"
     entities: str | None = None  # EntityCache folder from `python -m preprocess entities` (EPC)
     features: str | None = None  # FeatureCache folder from `python -m preprocess features` (lightweight)
+    # Lightweight runs hold the features of their train/val images in memory, pooled to the token grid, when
+    # that takes at most this many GB (float32); larger sets are read from the cache at every step. 0: never.
+    preload_features_gb: float = 4.0
     # The caches record the dataset root they were built from and must match data.root; when the dataset
     # has moved since, name its old root here to accept them (docs/errors.md).
     moved_from: str | None = None
@@ -52,6 +55,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         require("max_train_pairs", self.max_train_pairs, at_least=1)
         require("num_workers", self.num_workers, at_least=0)
+        require("preload_features_gb", self.preload_features_gb, at_least=0)
 
 
 @dataclass

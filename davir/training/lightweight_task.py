@@ -310,25 +310,26 @@ class LightweightTask:
         self.model: nn.Module = build_lightweight_model(lw, **extra).to(accelerator.device)
         mean, std = feature_statistics(self.features, train_pairs, pool=lw.feature_pool)
         self.model.frontend.set_feature_statistics(mean.to(accelerator.device), std.to(accelerator.device))
+        self.feature_source = self._preloaded_features(train_pairs + list(val_pairs), lw)
         if method == "cheer":
             bank = self.text_encoder.encode(self.entity_phrases)
             self.model.set_entity_bank(bank.to(accelerator.device))
         self.feature_weights = str(self.features.manifest.get("weights"))
 
         # Datasets.
-        val_fields = [FeatureField(self.features)] + ([EntityField(self.entity_cache, top_k=lw.cheer_entities)]
+        val_fields = [FeatureField(self.feature_source)] + ([EntityField(self.entity_cache, top_k=lw.cheer_entities)]
                                                        if entity_field else [])
         if self.scene_mode:
             if data.caption_mode != "sample":
                 raise DataError("CLEVR-Change scene batches sample one change and one no-change caption per scene; "
                                 "set data.caption_mode=sample")
             scenes, no_change, distractor_ids = pair_scenes(train_pairs, f"{data.format} {data.train_split}")
-            fields = [FeatureField(self.features, distractor=True)]
+            fields = [FeatureField(self.feature_source, distractor=True)]
             if entity_field:
                 fields += [entity_field, DistractorEntityField(self.entity_cache, lw.cheer_entities, distractor_ids)]
             self.train_dataset = SceneCaptionDataset(scenes, no_change, fields, seed=config.run.seed)
         else:
-            fields = [FeatureField(self.features)] + ([entity_field] if entity_field else [])
+            fields = [FeatureField(self.feature_source)] + ([entity_field] if entity_field else [])
             self.train_dataset = ChangeCaptionDataset(train_pairs, fields, caption_mode=data.caption_mode,
                                                       seed=config.run.seed, require_captions=True)
         self.val_dataset = ChangeCaptionDataset(val_pairs, val_fields, seed=config.run.seed)
@@ -339,6 +340,17 @@ class LightweightTask:
     def note(self, line: str) -> None:
         """A fact about this run that the log and the saved model must state."""
         self.notes.append(line)
+
+    def _preloaded_features(self, pairs: Sequence[ChangePair], lw: LightweightConfig):
+        """The run's features in memory, pooled once (`PooledFeatureTable`), when they fit `data.preload_features_gb`."""
+        from davir.data.feature_table import PooledFeatureTable
+
+        images = list(dict.fromkeys(p for pair in pairs for p in (pair.before, pair.after, pair.distractor) if p is not None))
+        tokens = -(-lw.grid_size // lw.feature_pool)
+        size_gb = len(images) * lw.backbone_channels * tokens * tokens * 4 / 1e9  # float32
+        if not size_gb or size_gb > self.config.data.preload_features_gb:
+            return self.features
+        return PooledFeatureTable.load(self.features, images, pool=lw.feature_pool)
 
     def _cheer_entities(self, data, train_pairs, val_pairs, top_k: int, source: str) -> EntityField:
         from davir.text.entity_vocabulary import EntityVocabulary

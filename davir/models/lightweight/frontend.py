@@ -105,6 +105,12 @@ class FeatureFrontend(nn.Module):
                 getattr(self, name).shape, 0.0 if name == "feature_mean" else 1.0))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def is_pooled(self, features: torch.Tensor) -> bool:
+        """A grid already at the token size (⌈grid_size / pool⌉ on both sides) was pooled by the caller
+        (the training runs' in-memory `PooledFeatureTable`); pooling it again would be wrong."""
+        tokens = -(-self.position.w_embedding.num_embeddings // self.pool)
+        return tuple(features.shape[-2:]) == (tokens, tokens)
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if features.dim() != 4:
             raise ValueError(f"grid features must be (B, C, H, W), got shape {tuple(features.shape)}")
@@ -115,7 +121,7 @@ class FeatureFrontend(nn.Module):
                 + (" (feat_dim counts the 2 coordinate channels added here)" if self.coord_channels else "")
             )
         features = features.to(self.projection.weight.dtype)
-        if self.pool > 1:  # [D] demo size: pool×pool average pooling (14×14 → 7×7 tokens for pool 2)
+        if self.pool > 1 and not self.is_pooled(features):  # [D] demo size: 14×14 → 7×7 tokens for pool 2
             features = nn.functional.avg_pool2d(features, self.pool, ceil_mode=True)
         features = (features - self.feature_mean.view(1, -1, 1, 1)) / self.feature_std.view(1, -1, 1, 1)
         if self.coord_channels:
