@@ -184,6 +184,34 @@ def test_scorer_attention_has_no_output_projection():
     assert torch.allclose(out[0, 0], torch.tensor([2 * w[1], w[0], 0.0, 0.0]))
 
 
+
+@pytest.mark.parametrize("method", ["scorer", "dirl", "cheer"])
+def test_matching_init_makes_the_first_cross_view_attention_find_each_tokens_counterpart(method):
+    """[D] matching_init: with W_K = W_Q a before token attends most to the same content in the after image
+    (here a permuted copy of the before tokens); with the papers' independent init it does not."""
+    torch.manual_seed(0)
+    tokens = torch.randn(2, 49, 64)
+    order = torch.randperm(49)
+    shuffled = tokens[:, order]  # shuffled[:, j] = tokens[:, order[j]]: token i's counterpart is at order⁻¹[i]
+    counterpart = torch.argsort(order)
+    share = {}
+    for tied in (False, True):
+        config = LightweightConfig(method=method, hidden=64, heads=4, word_emb=32, ffn_dim=128, dropout=0.0,
+                                   entity_dim=12, matching_init=tied, encoder_layers=1)
+        model = build_lightweight_model(config)
+        if method == "dirl":
+            attention = model.cross_layers[0].attention
+            _, weights = attention(tokens, shuffled, shuffled, need_weights=True)  # (B, 49, 49), mean of heads
+        else:
+            layer = model.layers[0] if method == "scorer" else model.hrd_layers[0].interaction
+            _, query, key = layer.attention(tokens, shuffled)
+            weights = (query @ key.transpose(-1, -2) / math.sqrt(query.shape[-1])).softmax(-1).mean(1)
+        found = weights.argmax(-1) == counterpart  # (B, 49)
+        share[tied] = found.float().mean().item()
+        value = attention.in_proj_weight[128:] if method == "dirl" else layer.attention.value.weight
+        assert torch.equal(value, torch.eye(64)) == tied  # W_V = I: an unchanged token reconstructs as itself
+    assert share[True] > 0.9 and share[False] < 0.2, share
+
 def test_cbr_sentence_feature_clean_and_padded():
     hidden = torch.tensor([[[1.0], [3.0], [5.0], [7.0]]])
     captions_in = torch.tensor([[START_ID, 5, END_ID, 0]])

@@ -134,6 +134,42 @@ class ScorerAttention(nn.Module):
         return merge_heads(probs @ value), query, key
 
 
+@torch.no_grad()
+def tie_query_key(attention: nn.Module, *, identity_value: bool = False) -> None:
+    """[D] `matching_init`: set a cross-view attention's key projection to its query projection.
+
+    Then ``q_i · k_j = (W x_i + b) · (W y_j + b)``, and as ``E[WᵀW] ∝ I`` the first attention ranks the other
+    view's tokens by content similarity: a token of the before image attends to its unchanged counterpart in
+    the after image, and what is left over is the change. With independent W_Q, W_K (the papers) the first
+    attention is nearly uniform and this matching must be learnt first.
+
+    ``identity_value`` also starts W_V (and an `nn.MultiheadAttention`'s output projection) at the identity
+    with zero bias, so a block ``LN(x + attention(x, y))`` returns ``LN(x + y_match)``: for an unchanged token,
+    whose counterpart equals it, that is ``LN(2x) = LN(x)`` — DIRL's shared part (Eq. 5) and SCORER's
+    reconstruction (Eq. 6) start as "the unchanged content", which the papers' losses then refine.
+    """
+    if isinstance(attention, nn.MultiheadAttention):
+        if not attention._qkv_same_embed_dim:
+            raise ValueError("tie_query_key needs a MultiheadAttention with one packed in_proj_weight")
+        dim = attention.embed_dim
+        attention.in_proj_weight[dim:2 * dim].copy_(attention.in_proj_weight[:dim])
+        if attention.in_proj_bias is not None:
+            attention.in_proj_bias[dim:2 * dim].copy_(attention.in_proj_bias[:dim])
+        if identity_value:
+            attention.in_proj_weight[2 * dim:].copy_(torch.eye(dim))
+            attention.out_proj.weight.copy_(torch.eye(dim))
+            if attention.in_proj_bias is not None:
+                attention.in_proj_bias[2 * dim:].zero_()
+            if attention.out_proj.bias is not None:
+                attention.out_proj.bias.zero_()
+        return
+    attention.key.weight.copy_(attention.query.weight)
+    attention.key.bias.copy_(attention.query.bias)
+    if identity_value:  # SCORER's attention has no output projection
+        attention.value.weight.copy_(torch.eye(attention.value.weight.shape[0]))
+        attention.value.bias.zero_()
+
+
 def _causal_mask(length: int, device) -> torch.Tensor:
     """(T, T) boolean, True above the diagonal (future positions a token may not attend to)."""
     return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from davir.models.lightweight.attention import tie_query_key
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.losses import gate_consistency_loss, map_correlation_loss
@@ -113,6 +114,9 @@ class CheerCaptioner(LightweightCaptioner):
         else:
             self.entity_bank = None
         self.hrd_layers = nn.ModuleList(HrdLayer(config) for _ in range(config.encoder_layers))
+        if config.matching_init:
+            for layer in self.hrd_layers:
+                tie_query_key(layer.interaction.attention, identity_value=True)
         self.difference = EnhancementModule(dim, "difference", config.enhance_temperature)
         self.entity_commonality = EnhancementModule(dim, "commonality", config.enhance_temperature)
         self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.Dropout(config.dropout), nn.ReLU())

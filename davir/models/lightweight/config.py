@@ -40,6 +40,10 @@ class LightweightConfig:
     heads: int = 8
     dropout: float = 0.1
     encoder_layers: int = 2
+    # [D] SCORER/DIRL/CHEER cross-view attentions start with W_K = W_Q and W_V (W_O) = I: the first attention is the
+    # content similarity of the two views (each token finds its counterpart), the first reconstruction of an
+    # unchanged token is the token itself (attention.tie_query_key). False: the papers' random init.
+    matching_init: bool = False
     # Decoder (§0.5, §7.2)
     vocab_size: int = 76
     max_len: int = 24  # decoder positions: <START> + words + <END> (CLEVR-Change 24, CLEVR-DC 40)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from davir.models.lightweight.attention import CrossAttentionBlock
+from davir.models.lightweight.attention import CrossAttentionBlock, tie_query_key
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput, init_weights
@@ -89,6 +89,9 @@ class DirlCaptioner(LightweightCaptioner):
         )
         self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.LayerNorm(dim), nn.Dropout(config.dropout), nn.ReLU())
         init_weights(self, "xavier")
+        if config.matching_init:
+            for layer in self.cross_layers:
+                tie_query_key(layer.attention, identity_value=True)
 
     def fuse_difference(self, diff_before: torch.Tensor, diff_after: torch.Tensor) -> torch.Tensor:
         """DIRL Eq. 7: ``F_d = ReLU([F^d_bef ; F^d_aft] W_c + b_c)`` (code: Linear → LN → Dropout → ReLU)."""

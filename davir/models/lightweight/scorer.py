@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from davir.models.lightweight.attention import LogitScale, MultiHeadTokenMatching, ScorerAttention, batch_token_matching
+from davir.models.lightweight.attention import (LogitScale, MultiHeadTokenMatching, ScorerAttention, batch_token_matching,
+                                                tie_query_key)
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput
@@ -123,6 +124,9 @@ class ScorerCaptioner(LightweightCaptioner):
         self.layers = nn.ModuleList(
             ReconstructionLayer(dim, config.heads, config.dropout, config.mtm_mode) for _ in range(config.encoder_layers)
         )
+        if config.matching_init:
+            for layer in self.layers:
+                tie_query_key(layer.attention, identity_value=True)
         self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.Dropout(config.dropout), nn.ReLU())
         self.cbr = CrossModalBackwardReasoning(dim, config.heads, config.mtm_mode)
         if config.resolved_freeze_cbr:
