@@ -217,7 +217,8 @@ def generate_and_score(args: argparse.Namespace) -> int:
     from davir.io import read_json, write_json_atomic
 
     metrics = read_json(args.out)
-    metrics.update({"localisation": localisation, "not_captioned": [{"pair_id": p.pair_id, "error": p.error} for p in failed],
+    # How many different sentences the model wrote: a collapsed captioner writes one for every pair.
+    metrics.update({"distinct_captions": len(set(predictions.values())), "localisation": localisation, "not_captioned": [{"pair_id": p.pair_id, "error": p.error} for p in failed],
                     "checkpoint": str(model_dir), "limit": args.limit, "decoding": decoding})
     write_json_atomic(args.out, metrics)
     print(f"predictions, metrics and table in {out_dir}", file=sys.stderr)

@@ -34,11 +34,13 @@ COLUMNS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("type acc.", ("synthetic", "overall", "type_accuracy"), 100.0),
     ("object acc.", ("synthetic", "overall", "object_accuracy"), 100.0),
     ("exact", ("synthetic", "overall", "exact_accuracy"), 100.0),
+    ("none type acc.", ("synthetic", "per_type", "none", "type_accuracy"), 100.0),
     ("BLEU-4", ("rows", "total", "metrics", "BLEU-4"), 100.0),
     ("METEOR", ("rows", "total", "metrics", "METEOR"), 100.0),
     ("ROUGE-L", ("rows", "total", "metrics", "ROUGE_L"), 100.0),
     ("CIDEr", ("rows", "total", "metrics", "CIDEr"), 100.0),
     ("attn. in mask", ("localisation", "attention_share_in_mask"), 1.0),
+    ("distinct captions", ("distinct_captions",), 1.0),
 )
 TYPE_ROWS = ("color", "material", "add", "drop", "move", "distractor")
 
@@ -139,11 +141,13 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def _cell_text(values: list[float], scale: float) -> str:
+DIGITS = {"attn. in mask": 3, "distinct captions": 0}  # decimals of the columns that are not x100 scores
+
+
+def _cell_text(values: list[float], scale: float, digits: int = 1) -> str:
     if not values:
         return "—"
     mean, std = mean_std([v * scale for v in values])
-    digits = 1 if scale == 100.0 else 3
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
 
 
@@ -151,8 +155,11 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
     """Markdown tables (overall; CIDEr per change type) and their JSON, from each variant's metrics.json files."""
     columns = [c for c in COLUMNS if any(_lookup(m, c[1]) is not None for runs in results.values() for m in runs)]
     seeds = ", ".join(map(str, sweep.seeds))
-    scale_note = "x100" + (" except the attention share (share of last-layer CLS attention inside the ground-truth "
-                           "change mask)" if any(c[2] == 1.0 for c in columns) else "")
+    unscaled = [c[0] for c in columns if c[2] == 1.0]
+    scale_note = "x100" + (" except " + " and ".join(
+        {"attn. in mask": "the attention share (share of last-layer CLS attention inside the ground-truth change mask)",
+         "distinct captions": "the number of distinct captions"}.get(title, title) for title in unscaled)
+        if unscaled else "")
     lines = [f"## {sweep.title}", "", f"{sweep.split} split; mean ± std over seeds {seeds}; {scale_note}.", "",
              "| variant | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     summary: dict[str, Any] = {"title": sweep.title, "split": sweep.split, "seeds": sweep.seeds, "variants": {}}
@@ -160,7 +167,7 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
         cells, record = [], {}
         for title, keys, scale in columns:
             values = [v for v in (_lookup(m, keys) for m in runs) if v is not None]
-            cells.append(_cell_text(values, scale))
+            cells.append(_cell_text(values, scale, DIGITS.get(title, 1)))
             mean, std = mean_std(values) if values else (None, None)
             record[title] = {"values": values, "mean": mean, "std": std}
         lines.append(f"| {name} | " + " | ".join(cells) + " |")

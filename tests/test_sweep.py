@@ -44,6 +44,22 @@ def test_summary_table_mean_and_std(tmp_path):
     assert summary["variants"]["plain"]["CIDEr"]["std"] == pytest.approx(1.0)
 
 
+def test_summary_counts_distinct_captions_and_the_none_type(tmp_path):
+    sweep = Sweep(title="t", out=tmp_path, variants=[], seeds=[0, 1])
+    runs = []
+    for distinct, none in ((40, 0.9), (51, 0.8)):
+        document = _metrics(0.5, 1.0)
+        document["distinct_captions"] = distinct
+        document["synthetic"]["per_type"] = {"none": {"type_accuracy": none}}
+        runs.append(document)
+    text, summary = summarise(sweep, {"m": runs})
+    # none 90/80 → 85.0 ± 7.1; distinct 40/51 → 45.5 → "46 ± 8" (no decimals: a count, not a x100 score)
+    assert "| m | 50.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 0.0 | 85.0 ± 7.1 | 50.0 ± 0.0 | 100.0 ± 0.0 | 46 ± 8 |" in text
+    assert "| variant | type acc. | object acc. | exact | none type acc. | BLEU-4 | CIDEr | distinct captions |" in text
+    assert "except the number of distinct captions" in text
+    assert summary["variants"]["m"]["distinct captions"]["values"] == [40.0, 51.0]
+
+
 def test_finished_cell_is_not_trained_again(tmp_path):
     sweep = Sweep(title="t", out=tmp_path, variants=[Variant("A b", "configs/demo.yaml")], seeds=[0])
     run = cell_dir(sweep, sweep.variants[0], 0)
