@@ -2,11 +2,13 @@
 
     python bench/features.py                 # GPU if available (bf16 + channels_last), else a small CPU run
     python bench/features.py --images 2048 --batch-size 128 --workers 8
+    python bench/features.py --weights assets/tiny_resnet/backbone.pth --images 256 --batch-size 8,64 --workers 0 --threads 1
 
 Images are the real CLEVR-Change fixtures (480×320 PNG) from ../shared/datasets, cycled to the requested
 count under distinct keys, so every one is decoded, resized, run and written. The backbone is a seeded
 random ResNet-101 (`--weights` for real ones): throughput does not depend on the weights. Prints one
-JSON object; the first (warm-up) batch is not timed.
+JSON object; the first (warm-up) batch is not timed. Several `--batch-size` values (comma-separated) run one
+after the other in the same process and are reported side by side under "runs".
 """
 
 from __future__ import annotations
@@ -31,11 +33,33 @@ from preprocess.features import extract_images, pick_device  # noqa: E402
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "clevr_change"
 
 
+def time_extraction(items, backbone, device, batch_size: int, workers: int, out_dir: str | None) -> dict:
+    gpu = device.type == "cuda"
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(out_dir) / f"batch{batch_size}" if out_dir else Path(scratch)
+        # Warm-up (cuDNN algorithm choice, worker start, page cache) on one batch, not timed.
+        extract_images(items[:batch_size], out / "warmup", backbone, std=IMAGENET_STD, chunk_prefix="warmup",
+                       device=device, batch_size=batch_size, workers=workers, progress=False)
+        if gpu:
+            torch.cuda.synchronize()
+        started, cpu_started = time.perf_counter(), time.process_time()
+        written = extract_images(items, out / "timed", backbone, std=IMAGENET_STD, chunk_prefix="bench",
+                                 device=device, batch_size=batch_size, workers=workers, progress=False)
+        if gpu:
+            torch.cuda.synchronize()
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        stored = sum(p.stat().st_size for p in (out / "timed" / "features").glob("*.safetensors"))
+    return {"batch_size": batch_size, "images": written, "seconds": round(seconds, 3),
+            "images_per_s": round(written / seconds, 2), "ms_per_image": round(1000 * seconds / written, 2),
+            "process_cpu_s": round(cpu_seconds, 2), "stored_mb": round(stored / 2**20, 1)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--images", type=int, help="images to extract (default: 1024 on GPU, 16 on CPU)")
-    parser.add_argument("--batch-size", type=int, help="default: 128 on GPU, 4 on CPU")
+    parser.add_argument("--batch-size", help="one or more, comma-separated (default: 128 on GPU, 8 on CPU, as "
+                                             "`preprocess features`)")
     parser.add_argument("--workers", type=int, help="decode/resize processes (default: 8 on GPU, 1 on CPU)")
     parser.add_argument("--weights", help="local ResNet-101 weights (default: seeded random init)")
     parser.add_argument("--source", default=str(DEFAULT_SOURCE), help="folder searched for *.png images")
@@ -48,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = pick_device(args.device)
     gpu = device.type == "cuda"
     count = args.images or (1024 if gpu else 16)
-    batch_size = args.batch_size or (128 if gpu else 4)
+    batch_sizes = [int(b) for b in args.batch_size.split(",")] if args.batch_size else [128 if gpu else 8]
     workers = args.workers if args.workers is not None else (8 if gpu else 1)
     sources = sorted(Path(args.source).rglob("*.png"))
     if not sources:
@@ -56,36 +80,18 @@ def main(argv: list[str] | None = None) -> dict:
     items = [(f"bench/{index:06d}.png", sources[index % len(sources)]) for index in range(count)]
     backbone = build_backbone(args.weights, random_init=args.weights is None, seed=0)
 
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(args.out) if args.out else Path(scratch)
-        # Warm-up (cuDNN algorithm choice, worker start, page cache) on one batch, not timed.
-        extract_images(items[:batch_size], out / "warmup", backbone, std=IMAGENET_STD, chunk_prefix="warmup",
-                       device=device, batch_size=batch_size, workers=workers)
-        if gpu:
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        written = extract_images(items, out / "timed", backbone, std=IMAGENET_STD, chunk_prefix="bench",
-                                 device=device, batch_size=batch_size, workers=workers)
-        if gpu:
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
-        stored = sum(p.stat().st_size for p in (out / "timed" / "features").glob("*.safetensors"))
-
+    runs = [time_extraction(items, backbone, device, batch_size, workers, args.out) for batch_size in batch_sizes]
     result = {
         "benchmark": "feature extraction end to end (decode, cv2 bicubic 224, ResNet-101 layer3, fp16 safetensors)",
         "device": torch.cuda.get_device_name(device) if gpu else f"cpu ({platform.processor() or platform.machine()})",
         "precision": "bf16 autocast, channels_last" if gpu else "fp32",
         "torch_threads": torch.get_num_threads(),
-        "images": written,
+        "weights": args.weights or "random-init ResNet-101",
         "image_size": "480x320 PNG (CLEVR-Change)",
-        "batch_size": batch_size,
         "workers": workers,
-        "seconds": round(seconds, 3),
-        "images_per_s": round(written / seconds, 2),
-        "ms_per_image": round(1000 * seconds / written, 2),
-        "stored_mb": round(stored / 2**20, 1),
         "feature_shape": list(FEATURE_SHAPE),
         "torch": torch.__version__,
+        **(runs[0] if len(runs) == 1 else {"runs": runs}),
     }
     print(json.dumps(result, indent=2))
     return result

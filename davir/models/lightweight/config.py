@@ -65,7 +65,8 @@ class LightweightConfig:
     dirl_correlation: str = "zscore"  # [C] z-scored token-level; "cosine" = Eq. 3 as printed
     ccr_temperature: float = 0.5
     ccr_mode: str | None = None  # None: "code" with reference_quirks, else "paper"
-    dirl_normalize_difference: bool = True  # [D] Eq. 6 as LN(F~) − F^s (False: as printed)
+    # Eq. 6 as printed, F~ − F^s (True: [D] LN(F~) − F^s; measured worse with matching_init, docs/lightweight_demo.md)
+    dirl_normalize_difference: bool = False
     dirl_pairs: str = "distractor"  # [D] scene batches: L_dirl on the distractor pair only ("all": the paper)
     # RDD+ACR (§3): L = L_XE + λ_1 L_N2O + λ_2 L_V2A
     rdd_objects: int = 32
