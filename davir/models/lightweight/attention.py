@@ -170,6 +170,18 @@ def tie_query_key(attention: nn.Module, *, identity_value: bool = False) -> None
         attention.value.bias.zero_()
 
 
+@torch.no_grad()
+def init_as_difference(linear: nn.Linear) -> None:
+    """[D] `difference_init`: a Linear(2D → D) over ``[x_before; x_after]`` that starts as ``x_after − x_before``."""
+    dim = linear.out_features
+    if linear.in_features != 2 * dim:
+        raise ValueError(f"difference_init needs a Linear(2D -> D), got {linear.in_features} -> {dim}")
+    eye = torch.eye(dim, dtype=linear.weight.dtype)
+    linear.weight.copy_(torch.cat([-eye, eye], dim=1))
+    if linear.bias is not None:
+        linear.bias.zero_()
+
+
 def _causal_mask(length: int, device) -> torch.Tensor:
     """(T, T) boolean, True above the diagonal (future positions a token may not attend to)."""
     return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)

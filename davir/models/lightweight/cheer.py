@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from davir.models.lightweight.attention import tie_query_key
+from davir.models.lightweight.attention import init_as_difference, tie_query_key
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.losses import gate_consistency_loss, map_correlation_loss
@@ -120,6 +120,8 @@ class CheerCaptioner(LightweightCaptioner):
         self.difference = EnhancementModule(dim, "difference", config.enhance_temperature)
         self.entity_commonality = EnhancementModule(dim, "commonality", config.enhance_temperature)
         self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.Dropout(config.dropout), nn.ReLU())
+        if config.difference_init:
+            init_as_difference(self.fuse[0])
 
     @classmethod
     def decoder_kind(cls, config: LightweightConfig) -> str:

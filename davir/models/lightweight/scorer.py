@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from davir.models.lightweight.attention import (LogitScale, MultiHeadTokenMatching, ScorerAttention, batch_token_matching,
-                                                tie_query_key)
+                                                init_as_difference, tie_query_key)
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput
@@ -128,6 +128,8 @@ class ScorerCaptioner(LightweightCaptioner):
             for layer in self.layers:
                 tie_query_key(layer.attention, identity_value=True)
         self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.Dropout(config.dropout), nn.ReLU())
+        if config.difference_init:
+            init_as_difference(self.fuse[0])
         self.cbr = CrossModalBackwardReasoning(dim, config.heads, config.mtm_mode)
         if config.resolved_freeze_cbr:
             # The released train.py never gives CBR's parameters to the optimiser [C]: they stay at init.
