@@ -191,13 +191,14 @@ def test_difference_init_starts_the_fusion_as_after_minus_before(method):
     """[D] difference_init: SCORER's Eq. 7 / CHEER's Eq. 12 fusion of [X_bef; X_aft] starts as ReLU(X_aft − X_bef)."""
     config = LightweightConfig(method=method, hidden=4, heads=2, word_emb=4, ffn_dim=8, dropout=0.0, entity_dim=12,
                                difference_init=True)
+    fuse = (lambda model: model.fuse)
     model = build_lightweight_model(config).eval()
     before = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])
     after = torch.tensor([[[2.0, 0.0, 3.0, 7.0]]])
-    fused = model.fuse(torch.cat([before, after], dim=-1))
+    fused = fuse(model)(torch.cat([before, after], dim=-1))
     assert torch.equal(fused, torch.tensor([[[1.0, 0.0, 0.0, 3.0]]]))  # ReLU(1, −2, 0, 3)
     plain = build_lightweight_model(dataclasses.replace(config, difference_init=False)).eval()
-    assert not torch.equal(plain.fuse(torch.cat([before, after], dim=-1)), fused)
+    assert not torch.equal(fuse(plain)(torch.cat([before, after], dim=-1)), fused)
 
 
 @pytest.mark.parametrize("method", ["scorer", "dirl", "cheer"])

@@ -44,7 +44,7 @@ class LightweightConfig:
     # content similarity of the two views (each token finds its counterpart), the first reconstruction of an
     # unchanged token is the token itself (attention.tie_query_key). False: the papers' random init.
     matching_init: bool = False
-    # [D] SCORER's Eq. 7 / CHEER's Eq. 12 fusion Linear([X_bef; X_aft]) starts as X_aft − X_bef (weights [−I, I],
+    # [D] SCORER's Eq. 7 / CHEER's Eq. 12 fusion Linear([X_bef; X_aft]) starts as X_aft − X_bef ([−I, I],
     # bias 0), so the decoder reads a difference from step 0, as DIRL's Eq. 6 and subtraction do. False: random init.
     difference_init: bool = False
     # Decoder (§0.5, §7.2)
