@@ -23,7 +23,8 @@ from davir.data.records import DataError
 
 
 def pool_grid(grid: torch.Tensor, pool: int) -> torch.Tensor:
-    """(…, C, H, W) → (…, C, ⌈H/pool⌉, ⌈W/pool⌉) average pooling, as `FeatureFrontend` pools."""
+    """(…, C, H, W) → (…, C, ⌈H/pool⌉, ⌈W/pool⌉) average pooling: the one pooling of the lightweight features,
+    shared by this table, the front-end (`FeatureFrontend`) and the train-split statistics."""
     return functional.avg_pool2d(grid, pool, ceil_mode=True) if pool > 1 else grid
 
 

@@ -35,6 +35,7 @@ from torch import nn
 from davir.data.caches import EntityCache, check_cache_root
 from davir.data.dataset import ChangeCaptionDataset, EntityField, stable_index
 from davir.data.feature_field import FeatureField
+from davir.data.feature_table import PooledFeatureTable, pool_grid
 from davir.data.formats import read_dataset
 from davir.data.records import DISTRACTOR, ChangePair, DataError
 from davir.io import write_json_atomic
@@ -209,10 +210,7 @@ def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256, poo
     total = total_sq = None
     count = 0
     for path in images:
-        grid = cache.get(path).double()
-        if pool > 1:
-            grid = torch.nn.functional.avg_pool2d(grid.unsqueeze(0), pool, ceil_mode=True)[0]
-        grid = grid.flatten(1)  # (C, H·W)
+        grid = pool_grid(cache.get(path).double(), pool).flatten(1)  # (C, H·W)
         total = grid.sum(1) if total is None else total + grid.sum(1)
         total_sq = grid.pow(2).sum(1) if total_sq is None else total_sq + grid.pow(2).sum(1)
         count += grid.shape[1]
@@ -343,8 +341,6 @@ class LightweightTask:
 
     def _preloaded_features(self, pairs: Sequence[ChangePair], lw: LightweightConfig):
         """The run's features in memory, pooled once (`PooledFeatureTable`), when they fit `data.preload_features_gb`."""
-        from davir.data.feature_table import PooledFeatureTable
-
         images = list(dict.fromkeys(p for pair in pairs for p in (pair.before, pair.after, pair.distractor) if p is not None))
         tokens = -(-lw.grid_size // lw.feature_pool)
         size_gb = len(images) * lw.backbone_channels * tokens * tokens * 4 / 1e9  # float32

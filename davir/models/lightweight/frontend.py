@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from davir.data.feature_table import pool_grid
+
 
 def coordinate_channels(height: int, width: int, *, device=None, dtype=None) -> torch.Tensor:
     """The two coordinate maps of `AddSpatialInfo` [C]: channel 0 is x = 2j/W − 1, channel 1 is y = 2i/H − 1.
@@ -122,7 +124,7 @@ class FeatureFrontend(nn.Module):
             )
         features = features.to(self.projection.weight.dtype)
         if self.pool > 1 and not self.is_pooled(features):  # [D] demo size: 14×14 → 7×7 tokens for pool 2
-            features = nn.functional.avg_pool2d(features, self.pool, ceil_mode=True)
+            features = pool_grid(features, self.pool)
         features = (features - self.feature_mean.view(1, -1, 1, 1)) / self.feature_std.view(1, -1, 1, 1)
         if self.coord_channels:
             features = add_coordinate_channels(features)
