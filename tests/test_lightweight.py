@@ -261,6 +261,40 @@ def test_rdd_equations_by_hand():
     assert attribute_contrastive_loss(text, region, 1.0).item() == pytest.approx(0.5 * (rows + cols), abs=1e-6)
 
 
+def test_rdd_encoder_sees_only_the_difference_and_hands_the_decoder_the_global_tokens():
+    torch.manual_seed(0)
+    model = build_lightweight_model(tiny_config("rdd")).eval()
+    x, y = torch.randn(2, GRID * GRID, 16), torch.randn(2, GRID * GRID, 16)
+    # Eqs. 3-4 as printed (no residual): with nothing changed, F_diff = 0 and GDE's output does not depend
+    # on the image at all — the post-LN version carried each image's own content into F_c.
+    assert torch.allclose(model.gde(x, x), model.gde(y, y), atol=1e-6)
+    assert not torch.allclose(model.gde(x, y), model.gde(x, x), atol=1e-3)
+    # The [D] residual carries the difference token itself: with the attention silenced (W_O = 0),
+    # F^_bef = F^_aft = F_aft − F_bef, where the printed Eqs. 3-4 leave nothing.
+    silenced = build_lightweight_model(tiny_config("rdd")).eval()
+    silenced.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        silenced.gde_attention.out_proj.weight.zero_()
+        silenced.gde_attention.out_proj.bias.zero_()
+    fuse = silenced.gde_fuse[0]
+    assert torch.allclose(silenced.gde(x, y), fuse(torch.cat([y - x, y - x], dim=-1)).relu(), atol=1e-6)
+    silenced.config.rdd_gde_residual = "none"
+    assert torch.allclose(silenced.gde(x, y), fuse.bias.relu().expand(2, GRID * GRID, 16), atol=1e-6)
+    # Eq. 9 by hand: X = [F_c; O; A], X + MHSA(X), then + FFN; the decoder reads the H·W global tokens.
+    f_c, o, a = torch.randn(2, 5, 16), torch.randn(2, 3, 16), torch.randn(2, 2, 16)
+    tokens = torch.cat([f_c, o, a], dim=1)
+    attended = tokens + model.fusion_attention(tokens, tokens, tokens)[0]
+    expected = attended + model.fusion_ffn[3](model.fusion_ffn[0](attended).relu())
+    assert torch.allclose(model.fuse(f_c, o, a), expected[:, :5], atol=1e-6)
+    model.config.rdd_decoder_tokens = "all"
+    assert torch.allclose(model.fuse(f_c, o, a), expected, atol=1e-6)
+    # A checkpoint of the earlier post-LN encoder is refused with a reason, not a key listing.
+    state = model.state_dict()
+    state["gde_attention.norm.weight"] = torch.ones(16)
+    with pytest.raises(ValueError, match="post-LN encoder"):
+        model.load_state_dict(state)
+
+
 def test_cheer_enhancement_by_hand():
     target = torch.tensor([[[1.0, 0.0]]])
     source = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])

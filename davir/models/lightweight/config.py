@@ -75,6 +75,8 @@ class LightweightConfig:
     rdd_objects: int = 32
     rdd_actions: int = 5
     rdd_distill_steps: int = 2  # N shared-weight distilling blocks [D]
+    rdd_gde_residual: str = "difference"  # [D] F^_x = F_diff + MHCA(F_x, F_diff); "none" = Eqs. 3-4 as printed
+    rdd_decoder_tokens: str = "global"  # the decoder reads the fused H·W tokens (RDD: F~_diff ∈ R^{HW×C}) or "all"
     n2o_weight: float = 0.1  # [D]
     v2a_weight: float = 0.1  # [D]
     acr_temperature: float = 0.07  # [D]
@@ -112,6 +114,10 @@ class LightweightConfig:
             raise ValueError(f"ccr_mode must be 'paper' or 'code', got {self.ccr_mode!r}")
         if self.gate_loss_on not in GATE_LOSS_KINDS:
             raise ValueError(f"gate_loss_on must be one of {GATE_LOSS_KINDS}, got {self.gate_loss_on!r}")
+        if self.rdd_gde_residual not in ("difference", "none"):
+            raise ValueError(f"rdd_gde_residual must be 'difference' or 'none', got {self.rdd_gde_residual!r}")
+        if self.rdd_decoder_tokens not in ("global", "all"):
+            raise ValueError(f"rdd_decoder_tokens must be 'global' or 'all', got {self.rdd_decoder_tokens!r}")
         if self.dirl_pairs not in ("all", "distractor"):
             raise ValueError(f"dirl_pairs must be 'all' or 'distractor', got {self.dirl_pairs!r}")
         if self.max_len < 2 or self.vocab_size < 5:

@@ -1,14 +1,25 @@
 """RDD + ACR (R. Li, L. Li et al., AAAI 2025) — methods.md §3. No code is public; [D] choices are marked.
 
-Encoder:
+Encoder, as the paper prints its equations (residuals only where it draws them, no LayerNorm):
 * GDE (Eqs. 2-5): ``F_diff = F_aft − F_bef``; each image queries the difference,
-  ``F^_x = LN(F_x + MHCA(F_x, F_diff))`` (shared); ``F_c = ReLU(Linear([F^_bef; F^_aft]))``.
+  ``F^_x = F_diff + MHCA(F_x, F_diff, F_diff)`` (shared weights; the residual is [D], below);
+  ``F_c = ReLU(Linear([F^_bef; F^_aft]))``.
 * Object distilling (Eqs. 6-8): K_o = 32 learnable vectors, N shared-weight blocks
   ``F_c ← MHSA(F_c)``, ``O^ = MHCA(O, F_c)``, ``O = FFN(O^) + O^``.
 * Action distilling: K_a learnable vectors, the same block structure (own weights) over the distilled
   objects ("concrete to abstract").
-* Multi-scale fusion (Eq. 9): tokens ``[F_c; O; A]`` → ``LN(X + MHSA(X))`` → ``LN(X + FFN(X))``; the
-  decoder (learned positions) attends over all of them.
+* Multi-scale fusion (Eq. 9): tokens ``X = [F_c; O; A]``, ``X ← X + MHSA(X)``, ``X ← X + FFN(X)``; the
+  decoder (learned positions) attends over the first H·W of them (``F~_diff ∈ R^{HW×C}``), or over all
+  with ``rdd_decoder_tokens="all"``.
+
+methods.md suggested a residual + LayerNorm around every attention ("post-LN"). On the demo that encoder
+never named the changed object (object accuracy 0.02, docs/lightweight_demo.md): GDE's residual hands the
+fusion Linear both images' whole content, which it must learn to cancel, and a LayerNorm over the fused
+tokens lifts every unchanged (≈ 0) difference token to the norm of the changed one. The equations as
+printed keep the difference alone and its magnitude; the one [D] left is GDE's residual, which carries the
+difference token itself (``rdd_gde_residual``): without it a token holds only an attention-weighted mean of
+the differences, at the start the same mean everywhere.
+
 ACR (Eqs. 10-13, training only): the mean object / action vector is contrasted (cosine, τ) with the
 caption's noun / verb "attribute-guided tokens": CLIP text features of the caption's noun and verb
 segments, through a 3-layer FC adapter. Two text paths:
@@ -28,7 +39,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from davir.models.lightweight.attention import CrossAttentionBlock, FeedForwardBlock, SelfAttentionBlock
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput
@@ -72,19 +82,29 @@ def prompt_texts(segments: list[str], prompt_tokens: int = 4) -> list[str]:
     return [f"{prefix} {segment.strip()}." for segment in segments]
 
 
+def attention(layer: nn.MultiheadAttention, query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """``MHA(query, context, context)`` — no residual, no LayerNorm (RDD's MHCA/MHSA as printed)."""
+    return layer(query, context, context, need_weights=False)[0]
+
+
+def feed_forward(dim: int, hidden: int, dropout: float) -> nn.Sequential:
+    """``Linear(D→hidden) → ReLU → Dropout → Linear(hidden→D)`` (the FFN of Eqs. 8 and 9)."""
+    return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+
+
 class DistillingBlock(nn.Module):
     """One difference distilling block (RDD Eqs. 6-8), reused N times with the same weights."""
 
     def __init__(self, dim: int, heads: int, ffn_dim: int, dropout: float):
         super().__init__()
-        self.context_attention = SelfAttentionBlock(dim, heads, dropout)
-        self.query_attention = CrossAttentionBlock(dim, heads, dropout)
-        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, dim))
+        self.context_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.query_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.ffn = feed_forward(dim, ffn_dim, dropout)
 
     def forward(self, queries: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 6: ``F_c^i = MHSA(F_c^{i−1})``; Eq. 7: ``O^ = MHCA(O, F_c^i)``; Eq. 8: ``O = FFN(O^) + O^``."""
-        context = self.context_attention(context)
-        attended = self.query_attention(queries, context)
+        context = attention(self.context_attention, context, context)
+        attended = attention(self.query_attention, queries, context)
         return attended + self.ffn(attended), context
 
 
@@ -160,14 +180,14 @@ class RddCaptioner(LightweightCaptioner):
     def __init__(self, config: LightweightConfig, text_tower: nn.Module | None = None):
         super().__init__(config)
         dim, heads, dropout = config.hidden, config.heads, config.dropout
-        self.gde_attention = CrossAttentionBlock(dim, heads, dropout)
+        self.gde_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
         self.gde_fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.ReLU())
         self.object_queries = nn.Parameter(torch.randn(config.rdd_objects, dim) * 0.02)
         self.action_queries = nn.Parameter(torch.randn(config.rdd_actions, dim) * 0.02)
         self.object_block = DistillingBlock(dim, heads, config.ffn_dim, dropout)
         self.action_block = DistillingBlock(dim, heads, config.ffn_dim, dropout)
-        self.fusion_attention = SelfAttentionBlock(dim, heads, dropout)
-        self.fusion_ffn = FeedForwardBlock(dim, config.ffn_dim, dropout)
+        self.fusion_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.fusion_ffn = feed_forward(dim, config.ffn_dim, dropout)
         # ACR text side: CoOp context vectors (nouns, verbs) and the 3-layer FC adapter [P].
         self.noun_context = nn.Parameter(torch.randn(config.acr_prompt_tokens, config.acr_token_width) * 0.02)
         self.verb_context = nn.Parameter(torch.randn(config.acr_prompt_tokens, config.acr_token_width) * 0.02)
@@ -177,6 +197,7 @@ class RddCaptioner(LightweightCaptioner):
         self.text_tower: TextTowerAdapter | None = None
         self.register_state_dict_post_hook(_drop_text_tower_keys)
         self.register_load_state_dict_post_hook(_ignore_missing_text_tower)
+        self._register_load_state_dict_pre_hook(_refuse_post_ln_checkpoints)
         if text_tower is not None:
             self.attach_text_tower(text_tower)
 
@@ -197,14 +218,28 @@ class RddCaptioner(LightweightCaptioner):
         return self
 
     def gde(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """RDD Eqs. 2-5: ``F^_x = LN(F_x + MHCA(F_x, F_diff))`` (shared), ``F_c = ReLU(Linear([F^_bef; F^_aft]))``."""
+        """RDD Eqs. 2-5: ``F^_x = F_diff + MHCA(F_x, F_diff, F_diff)`` (shared), ``F_c = ReLU(Linear([F^_bef; F^_aft]))``.
+
+        [D] ``rdd_gde_residual="difference"``: the residual of Eqs. 3-4 carries the difference token itself
+        (the paper prints none: ``rdd_gde_residual="none"``). Without it each token holds only an
+        attention-weighted mean of the differences, which at the start is the same mean everywhere.
+        """
         difference = global_difference(before, after)
+        residual = difference if self.config.rdd_gde_residual == "difference" else 0
         return self.gde_fuse(torch.cat(
-            [self.gde_attention(before, difference), self.gde_attention(after, difference)], dim=-1))
+            [residual + attention(self.gde_attention, before, difference),
+             residual + attention(self.gde_attention, after, difference)], dim=-1))
 
     def fuse(self, global_tokens: torch.Tensor, objects: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """RDD Eq. 9 (multi-scale fusion): ``X = [F_c; O; A]``, ``LN(X + MHSA(X))``, ``LN(X + FFN(X))``."""
-        return self.fusion_ffn(self.fusion_attention(torch.cat([global_tokens, objects, actions], dim=1)))
+        """RDD Eq. 9 (multi-scale fusion): ``X = [F_c; O; A]``, ``X ← X + MHSA(X)``, ``X ← X + FFN(X)``.
+
+        Returns the first H·W tokens (the paper's ``F~_diff ∈ R^{HW×C}``), or all of them with
+        ``rdd_decoder_tokens="all"``.
+        """
+        tokens = torch.cat([global_tokens, objects, actions], dim=1)
+        tokens = tokens + attention(self.fusion_attention, tokens, tokens)
+        tokens = tokens + self.fusion_ffn(tokens)
+        return tokens[:, :global_tokens.shape[1]] if self.config.rdd_decoder_tokens == "global" else tokens
 
     def encode(self, tokens_before, tokens_after, *, entities=None, need_losses=True) -> Encoded:
         batch, steps = tokens_before.shape[0], self.config.rdd_distill_steps
@@ -253,3 +288,13 @@ def _drop_text_tower_keys(module, state_dict, prefix, local_metadata) -> None:
 def _ignore_missing_text_tower(module, incompatible_keys) -> None:
     for key in [k for k in incompatible_keys.missing_keys if ".text_tower." in f".{k}"]:
         incompatible_keys.missing_keys.remove(key)
+
+
+def _refuse_post_ln_checkpoints(state_dict, prefix, *args) -> None:
+    """RDD checkpoints of the earlier post-LN encoder have LayerNorms this encoder does not: say so plainly."""
+    if prefix + "gde_attention.norm.weight" in state_dict:
+        raise ValueError(
+            "this RDD checkpoint was trained with the earlier post-LN encoder (residual + LayerNorm around every "
+            "attention), which no longer exists: it never named the changed object (docs/lightweight_demo.md). "
+            "Retrain it with train.py."
+        )
