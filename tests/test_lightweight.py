@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -261,7 +262,7 @@ def test_rdd_equations_by_hand():
     assert attribute_contrastive_loss(text, region, 1.0).item() == pytest.approx(0.5 * (rows + cols), abs=1e-6)
 
 
-def test_rdd_encoder_sees_only_the_difference_and_hands_the_decoder_the_global_tokens():
+def test_rdd_encoder_sees_only_the_difference_and_hands_the_decoder_the_global_tokens(tmp_path):
     torch.manual_seed(0)
     model = build_lightweight_model(tiny_config("rdd")).eval()
     x, y = torch.randn(2, GRID * GRID, 16), torch.randn(2, GRID * GRID, 16)
@@ -293,6 +294,13 @@ def test_rdd_encoder_sees_only_the_difference_and_hands_the_decoder_the_global_t
     state["gde_attention.norm.weight"] = torch.ones(16)
     with pytest.raises(ValueError, match="post-LN encoder"):
         model.load_state_dict(state)
+    path = tmp_path / "old_rdd.safetensors"
+    save_lightweight_model(model, path)
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    save_file(state, str(path), metadata=metadata)
+    with pytest.raises(DataError, match="old_rdd.safetensors: this RDD checkpoint was trained with the earlier post-LN"):
+        load_lightweight_model(path)
 
 
 def test_cheer_enhancement_by_hand():

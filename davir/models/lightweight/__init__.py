@@ -72,7 +72,10 @@ def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cp
     if CONFIG_METADATA_KEY not in metadata:
         raise DataError(f"{path}: no {CONFIG_METADATA_KEY!r} metadata; not a davir lightweight model file")
     model = build_lightweight_model(LightweightConfig.from_dict(json.loads(metadata[CONFIG_METADATA_KEY])), **kwargs)
-    model.load_state_dict(load_file(str(path), device=str(device)))
+    try:
+        model.load_state_dict(load_file(str(path), device=str(device)))
+    except ValueError as error:  # a layout this version refuses, with its reason (e.g. RDD's post-LN encoder)
+        raise DataError(f"{path}: {error}") from None
     return model.to(device)
 
 

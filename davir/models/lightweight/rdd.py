@@ -197,7 +197,7 @@ class RddCaptioner(LightweightCaptioner):
         self.text_tower: TextTowerAdapter | None = None
         self.register_state_dict_post_hook(_drop_text_tower_keys)
         self.register_load_state_dict_post_hook(_ignore_missing_text_tower)
-        self._register_load_state_dict_pre_hook(_refuse_post_ln_checkpoints)
+        self.register_load_state_dict_pre_hook(_refuse_post_ln_checkpoints)
         if text_tower is not None:
             self.attach_text_tower(text_tower)
 
@@ -290,7 +290,7 @@ def _ignore_missing_text_tower(module, incompatible_keys) -> None:
         incompatible_keys.missing_keys.remove(key)
 
 
-def _refuse_post_ln_checkpoints(state_dict, prefix, *args) -> None:
+def _refuse_post_ln_checkpoints(module, state_dict, prefix, *args) -> None:
     """RDD checkpoints of the earlier post-LN encoder have LayerNorms this encoder does not: say so plainly."""
     if prefix + "gde_attention.norm.weight" in state_dict:
         raise ValueError(
