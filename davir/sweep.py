@@ -29,18 +29,29 @@ from davir.config import ConfigError
 from davir.data.records import DataError
 from davir.io import read_json, write_json_atomic, write_text_atomic
 
-# (column title, path into metrics.json, scale) of the summary table.
-COLUMNS: tuple[tuple[str, tuple[str, ...], float], ...] = (
-    ("type acc.", ("synthetic", "overall", "type_accuracy"), 100.0),
-    ("object acc.", ("synthetic", "overall", "object_accuracy"), 100.0),
-    ("exact", ("synthetic", "overall", "exact_accuracy"), 100.0),
-    ("none type acc.", ("synthetic", "per_type", "none", "type_accuracy"), 100.0),
-    ("BLEU-4", ("rows", "total", "metrics", "BLEU-4"), 100.0),
-    ("METEOR", ("rows", "total", "metrics", "METEOR"), 100.0),
-    ("ROUGE-L", ("rows", "total", "metrics", "ROUGE_L"), 100.0),
-    ("CIDEr", ("rows", "total", "metrics", "CIDEr"), 100.0),
-    ("attn. in mask", ("localisation", "attention_share_in_mask"), 1.0),
-    ("distinct captions", ("distinct_captions",), 1.0),
+@dataclass(frozen=True)
+class Column:
+    """One column of the summary table: where its value sits in metrics.json and how it is printed."""
+
+    title: str
+    path: tuple[str, ...]
+    scale: float = 100.0
+    digits: int = 1
+    note: str | None = None  # what an unscaled column counts, for the "x100 except …" line
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("type acc.", ("synthetic", "overall", "type_accuracy")),
+    Column("object acc.", ("synthetic", "overall", "object_accuracy")),
+    Column("exact", ("synthetic", "overall", "exact_accuracy")),
+    Column("none type acc.", ("synthetic", "per_type", "none", "type_accuracy")),
+    Column("BLEU-4", ("rows", "total", "metrics", "BLEU-4")),
+    Column("METEOR", ("rows", "total", "metrics", "METEOR")),
+    Column("ROUGE-L", ("rows", "total", "metrics", "ROUGE_L")),
+    Column("CIDEr", ("rows", "total", "metrics", "CIDEr")),
+    Column("attn. in mask", ("localisation", "attention_share_in_mask"), scale=1.0, digits=3,
+           note="the attention share (share of last-layer CLS attention inside the ground-truth change mask)"),
+    Column("distinct captions", ("distinct_captions",), scale=1.0, digits=0, note="the number of distinct captions"),
 )
 TYPE_ROWS = ("color", "material", "add", "drop", "move", "distractor")
 
@@ -141,9 +152,6 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-DIGITS = {"attn. in mask": 3, "distinct captions": 0}  # decimals of the columns that are not x100 scores
-
-
 def _cell_text(values: list[float], scale: float, digits: int = 1) -> str:
     if not values:
         return "—"
@@ -153,23 +161,20 @@ def _cell_text(values: list[float], scale: float, digits: int = 1) -> str:
 
 def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
     """Markdown tables (overall; CIDEr per change type) and their JSON, from each variant's metrics.json files."""
-    columns = [c for c in COLUMNS if any(_lookup(m, c[1]) is not None for runs in results.values() for m in runs)]
+    columns = [c for c in COLUMNS if any(_lookup(m, c.path) is not None for runs in results.values() for m in runs)]
     seeds = ", ".join(map(str, sweep.seeds))
-    unscaled = [c[0] for c in columns if c[2] == 1.0]
-    scale_note = "x100" + (" except " + " and ".join(
-        {"attn. in mask": "the attention share (share of last-layer CLS attention inside the ground-truth change mask)",
-         "distinct captions": "the number of distinct captions"}.get(title, title) for title in unscaled)
-        if unscaled else "")
+    unscaled = [c.note or c.title for c in columns if c.scale == 1.0]
+    scale_note = "x100" + (" except " + " and ".join(unscaled) if unscaled else "")
     lines = [f"## {sweep.title}", "", f"{sweep.split} split; mean ± std over seeds {seeds}; {scale_note}.", "",
-             "| variant | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+             "| variant | " + " | ".join(c.title for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     summary: dict[str, Any] = {"title": sweep.title, "split": sweep.split, "seeds": sweep.seeds, "variants": {}}
     for name, runs in results.items():
         cells, record = [], {}
-        for title, keys, scale in columns:
-            values = [v for v in (_lookup(m, keys) for m in runs) if v is not None]
-            cells.append(_cell_text(values, scale, DIGITS.get(title, 1)))
+        for column in columns:
+            values = [v for v in (_lookup(m, column.path) for m in runs) if v is not None]
+            cells.append(_cell_text(values, column.scale, column.digits))
             mean, std = mean_std(values) if values else (None, None)
-            record[title] = {"values": values, "mean": mean, "std": std}
+            record[column.title] = {"values": values, "mean": mean, "std": std}
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         summary["variants"][name] = record
     types = [t for t in TYPE_ROWS if any(t in m.get("rows", {}) for runs in results.values() for m in runs)]

@@ -28,6 +28,11 @@ def pool_grid(grid: torch.Tensor, pool: int) -> torch.Tensor:
     return functional.avg_pool2d(grid, pool, ceil_mode=True) if pool > 1 else grid
 
 
+def pooled_size(size: int, pool: int) -> int:
+    """Side of a `size`-wide grid after `pool_grid`: ⌈size / pool⌉."""
+    return -(-size // pool)
+
+
 _last_loaded: tuple[tuple, "PooledFeatureTable"] | None = None
 
 

@@ -35,7 +35,7 @@ from torch import nn
 from davir.data.caches import EntityCache, check_cache_root
 from davir.data.dataset import ChangeCaptionDataset, EntityField, stable_index
 from davir.data.feature_field import FeatureField
-from davir.data.feature_table import PooledFeatureTable, pool_grid
+from davir.data.feature_table import PooledFeatureTable, pool_grid, pooled_size
 from davir.data.formats import read_dataset
 from davir.data.records import DISTRACTOR, ChangePair, DataError
 from davir.io import write_json_atomic
@@ -342,7 +342,7 @@ class LightweightTask:
     def _preloaded_features(self, pairs: Sequence[ChangePair], lw: LightweightConfig):
         """The run's features in memory, pooled once (`PooledFeatureTable`), when they fit `data.preload_features_gb`."""
         images = list(dict.fromkeys(p for pair in pairs for p in (pair.before, pair.after, pair.distractor) if p is not None))
-        tokens = -(-lw.grid_size // lw.feature_pool)
+        tokens = pooled_size(lw.grid_size, lw.feature_pool)
         size_gb = len(images) * lw.backbone_channels * tokens * tokens * 4 / 1e9  # float32
         if not size_gb or size_gb > self.config.data.preload_features_gb:
             return self.features

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from davir.data.feature_table import pool_grid
+from davir.data.feature_table import pool_grid, pooled_size
 
 
 def coordinate_channels(height: int, width: int, *, device=None, dtype=None) -> torch.Tensor:
@@ -110,7 +110,7 @@ class FeatureFrontend(nn.Module):
     def is_pooled(self, features: torch.Tensor) -> bool:
         """A grid already at the token size (⌈grid_size / pool⌉ on both sides) was pooled by the caller
         (the training runs' in-memory `PooledFeatureTable`); pooling it again would be wrong."""
-        tokens = -(-self.position.w_embedding.num_embeddings // self.pool)
+        tokens = pooled_size(self.position.w_embedding.num_embeddings, self.pool)
         return tuple(features.shape[-2:]) == (tokens, tokens)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
