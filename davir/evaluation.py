@@ -117,6 +117,20 @@ def eval_folder_name(args: argparse.Namespace, run_data: dict) -> str:
     return name
 
 
+
+def recorded_paths(run, run_data: dict, *, root: bool, entities: bool) -> dict:
+    """The run's `data.root` (and its caches) resolved from the folder it was trained in, so that
+    `evaluate.py --checkpoint` works from any folder; a root found nowhere names --root."""
+    resolved = dict(run_data)
+    if root and run_data.get("root"):
+        resolved["root"] = str(run.resolve(run_data["root"], what="dataset root (data.root)", flag="--root"))
+    for key in ("features",) + (("entities",) if entities else ()):
+        value = run_data.get(key)
+        if value and not Path(value).is_absolute():  # not found anywhere: as recorded, its reader names it
+            found = [base / value for base in run.bases() if (base / value).exists()]
+            resolved[key] = str(found[0].resolve()) if found else value
+    return resolved
+
 def generate_and_score(args: argparse.Namespace) -> int:
     """--checkpoint: caption the split with the model (sharded over processes), write and score the predictions."""
     import yaml
@@ -128,6 +142,7 @@ def generate_and_score(args: argparse.Namespace) -> int:
     from davir.data.images import load_mask
     from davir.inference import caption_pairs, load_davir, localisation_summary, resolve_model_dir, run_dir_of
     from davir.metrics.io import write_predictions
+    from davir.run_paths import RunPaths
     from davir.training.run import run_decoding
 
     model_dir = resolve_model_dir(args.checkpoint)
@@ -138,6 +153,9 @@ def generate_and_score(args: argparse.Namespace) -> int:
     args.num_beams, args.max_new_tokens = decoding["num_beams"], decoding["max_new_tokens"]
     print(f"decoding: num_beams={args.num_beams}, max_new_tokens={args.max_new_tokens} ({decoding['source']})", file=sys.stderr)
     run_data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"] if run_dir else {}
+    if run_dir is not None:  # the run's relative paths are relative to where it was trained, not to here
+        run_data = recorded_paths(RunPaths.of(args.checkpoint), run_data,
+                                  root=args.root is None, entities=args.entities is None)
     args.format = args.format or run_data.get("format")
     args.root = args.root or (Path(run_data["root"]) if run_data.get("root") else None)
     if args.format is None or args.root is None:

@@ -157,6 +157,25 @@ def test_python_api_takes_paths_images_and_arrays_like_caption_py(trained, tmp_p
     assert arrays.caption == expected[1] and arrays.error is None
 
 
+def test_evaluate_checkpoint_finds_the_runs_data_from_any_folder(trained, tmp_path, capsys, monkeypatch):
+    from davir.cli import evaluate as evaluate_script
+
+    monkeypatch.chdir(tmp_path)  # data.root=data is relative to the training folder, not to here
+    args = ["--split", "train", "--limit", "2", "--no-spice", "--metrics", "CIDEr"]
+    status = evaluate_script.main(["--checkpoint", str(trained / "runs" / "tiny"), *args,
+                                   "--out", str(tmp_path / "m.json"), "--markdown", str(tmp_path / "m.md")])
+    assert status == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "m.json").read_text())["rows"]["total"]["num_pairs"] == 2
+    moved = tmp_path / "elsewhere" / "tiny"  # copied to a machine where neither folder exists
+    shutil.copytree(trained / "runs" / "tiny", moved)
+    info = json.loads((moved / "run_info.json").read_text())
+    (moved / "run_info.json").write_text(json.dumps({**info, "cwd": "/nonexistent/other-machine/work"}))
+    capsys.readouterr()
+    assert evaluate_script.main(["--checkpoint", str(moved), *args, "--out", str(tmp_path / "x.json")]) == 2
+    first = error_line(capsys.readouterr().err)
+    assert "dataset root (data.root)" in first and "pass --root" in first
+
+
 def test_a_run_works_from_any_folder_and_a_moved_one_names_the_flag(trained, tmp_path, capsys, monkeypatch):
     pairs = pair_folder(tmp_path / "pairs", trained / "data", 1)
     monkeypatch.chdir(tmp_path)  # not the folder the run was trained in
