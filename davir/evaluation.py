@@ -117,7 +117,6 @@ def eval_folder_name(args: argparse.Namespace, run_data: dict) -> str:
     return name
 
 
-
 def recorded_paths(run, run_data: dict, *, root: bool, entities: bool) -> dict:
     """The run's `data.root` (and its caches) resolved from the folder it was trained in, so that
     `evaluate.py --checkpoint` works from any folder; a root found nowhere names --root."""
@@ -125,11 +124,10 @@ def recorded_paths(run, run_data: dict, *, root: bool, entities: bool) -> dict:
     if root and run_data.get("root"):
         resolved["root"] = str(run.resolve(run_data["root"], what="dataset root (data.root)", flag="--root"))
     for key in ("features",) + (("entities",) if entities else ()):
-        value = run_data.get(key)
-        if value and not Path(value).is_absolute():  # not found anywhere: as recorded, its reader names it
-            found = [base / value for base in run.bases() if (base / value).exists()]
-            resolved[key] = str(found[0].resolve()) if found else value
+        if run_data.get(key):  # not found anywhere: as recorded, its reader names what is missing
+            resolved[key] = str(run.find(run_data[key]) or run_data[key])
     return resolved
+
 
 def generate_and_score(args: argparse.Namespace) -> int:
     """--checkpoint: caption the split with the model (sharded over processes), write and score the predictions."""

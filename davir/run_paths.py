@@ -66,15 +66,22 @@ class RunPaths:
         bases.append(Path.cwd())
         return bases
 
+    def candidates(self, recorded: str | Path) -> list[Path]:
+        """Where a recorded path may be: itself if absolute, else under each of `bases()`, in that order."""
+        path = Path(recorded).expanduser()
+        return [path] if path.is_absolute() else [base / path for base in self.bases()]
+
+    def find(self, recorded: str | Path) -> Path | None:
+        """The first existing candidate of a recorded path, made absolute; None if none exists."""
+        return next((c.resolve() for c in self.candidates(recorded) if c.exists()), None)
+
     def resolve(self, recorded: str | Path | None, *, what: str, flag: str) -> Path | None:
         """The existing absolute path of a recorded `what`; None for None; a DataError naming `flag` otherwise."""
         if recorded is None or str(recorded) == "":
             return None
-        path = Path(recorded).expanduser()
-        candidates = [path] if path.is_absolute() else [base / path for base in self.bases()]
-        for candidate in candidates:
-            if candidate.exists():
-                return candidate.resolve()
-        looked = ", ".join(str(c) for c in dict.fromkeys(candidates))
+        found = self.find(recorded)
+        if found is not None:
+            return found
+        looked = ", ".join(str(c) for c in dict.fromkeys(self.candidates(recorded)))
         raise DataError(f"the {what} recorded by {self.run_dir or self.model_dir} is not found: {recorded} "
                         f"(looked at {looked}); the run or its data moved: pass {flag} PATH")
