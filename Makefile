@@ -71,8 +71,8 @@ ablation-demo: install $(DEMO_READY)
 # The five lightweight methods on the same data: layer3 grid features of the shipped tiny pretrained ResNet
 # (assets/tiny_resnet, docs/tiny_backbone.md; no ImageNet weights can be downloaded here), CHEER's image-level
 # entities, then 3 seeds each (runs/lightweight_demo/summary.md).
-# Two 1-thread processes at a time (2 cores): feature shards, then the sweep's variants (split by measured cost:
-# SCORER+RDD ≈ subtraction+DIRL+CHEER), then one summary pass.
+# Two 1-thread processes at a time (2 cores): feature shards; then CHEER's entities → CHEER, RDD in one process
+# while subtraction, DIRL, SCORER run in the other (about equal work, by measured cost); then one summary pass.
 LW_SWEEP := configs/sweeps/lightweight_demo.yaml
 demo-lightweight: install $(DEMO_READY)
 	for split in $(SPLITS); do \
@@ -80,10 +80,11 @@ demo-lightweight: install $(DEMO_READY)
 			--split $$split --out $(DEMO_DIR)/features --weights $(TINY_BACKBONE) --workers 0 \
 			--num-shards 2 --shard-index $$shard & eval "p$$shard=$$!"; done; \
 		wait $$p0 && wait $$p1 || exit 1; done
-	for split in $(SPLITS); do OMP_NUM_THREADS=1 $(PY) -m preprocess entities --format clevr_change --root $(DEMO_DATA) \
-		--split $$split --image-level --top-k 3 --out $(DEMO_DIR)/entities_image --no-progress || exit 1; done
-	OMP_NUM_THREADS=1 $(PY) -m davir.sweep $(LW_SWEEP) --variants SCORER+CBR RDD+ACR & p0=$$!; \
-		OMP_NUM_THREADS=1 $(PY) -m davir.sweep $(LW_SWEEP) --variants subtraction DIRL+CCR CHEER & p1=$$!; \
+	export OMP_NUM_THREADS=1; \
+		(for split in $(SPLITS); do $(PY) -m preprocess entities --format clevr_change --root $(DEMO_DATA) --split $$split \
+			--image-level --top-k 3 --out $(DEMO_DIR)/entities_image --no-progress || exit 1; done && \
+		 $(PY) -m davir.sweep $(LW_SWEEP) --variants CHEER RDD+ACR) & p0=$$!; \
+		$(PY) -m davir.sweep $(LW_SWEEP) --variants subtraction DIRL+CCR SCORER+CBR & p1=$$!; \
 		wait $$p0 && wait $$p1
 	$(PY) -m davir.sweep $(LW_SWEEP)
 

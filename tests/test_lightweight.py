@@ -281,6 +281,17 @@ def test_rdd_encoder_sees_only_the_difference_and_hands_the_decoder_the_global_t
     assert torch.allclose(silenced.gde(x, y), fuse(torch.cat([y - x, y - x], dim=-1)).relu(), atol=1e-6)
     silenced.config.rdd_gde_residual = "none"
     assert torch.allclose(silenced.gde(x, y), fuse.bias.relu().expand(2, GRID * GRID, 16), atol=1e-6)
+    # [D] the demo's "image" residual F^_x = F_x + MHCA(F_x, F_diff) carries each image's content; with
+    # difference_init Eq. 5's Linear starts as F^_aft − F^_bef: nothing for an unchanged pair, and the
+    # difference of the two enriched images otherwise.
+    content = build_lightweight_model(tiny_config("rdd", rdd_gde_residual="image", difference_init=True)).eval()
+    assert torch.equal(content.gde_fuse[0].weight, torch.cat([-torch.eye(16), torch.eye(16)], dim=1))
+    assert torch.equal(content.gde(x, x), torch.zeros_like(x))
+    enriched = [z + content.gde_attention(z, y - x, y - x)[0] for z in (x, y)]
+    assert torch.allclose(content.gde(x, y), (enriched[1] - enriched[0]).relu(), atol=1e-6)
+    # With the F_diff residual the same Linear cancels F_diff itself: only the attention terms are left.
+    content.config.rdd_gde_residual = "difference"
+    assert torch.allclose(content.gde(x, y), (enriched[1] - y - enriched[0] + x).relu(), atol=1e-6)
     # Eq. 9 by hand: X = [F_c; O; A], X + MHSA(X), then + FFN; the decoder reads the H·W global tokens.
     f_c, o, a = torch.randn(2, 5, 16), torch.randn(2, 3, 16), torch.randn(2, 2, 16)
     tokens = torch.cat([f_c, o, a], dim=1)

@@ -75,7 +75,9 @@ class LightweightConfig:
     rdd_objects: int = 32
     rdd_actions: int = 5
     rdd_distill_steps: int = 2  # N shared-weight distilling blocks [D]
-    rdd_gde_residual: str = "difference"  # [D] F^_x = F_diff + MHCA(F_x, F_diff); "none" = Eqs. 3-4 as printed
+    # [D] GDE residual: "difference" F^_x = F_diff + MHCA(F_x, F_diff); "image" F^_x = F_x + MHCA(F_x, F_diff)
+    # (with difference_init, Eq. 5's Linear starts as F^_aft − F^_bef); "none" = Eqs. 3-4 as printed
+    rdd_gde_residual: str = "difference"
     rdd_decoder_tokens: str = "global"  # the decoder reads the fused H·W tokens (RDD: F~_diff ∈ R^{HW×C}) or "all"
     n2o_weight: float = 0.1  # [D]
     v2a_weight: float = 0.1  # [D]
@@ -114,8 +116,8 @@ class LightweightConfig:
             raise ValueError(f"ccr_mode must be 'paper' or 'code', got {self.ccr_mode!r}")
         if self.gate_loss_on not in GATE_LOSS_KINDS:
             raise ValueError(f"gate_loss_on must be one of {GATE_LOSS_KINDS}, got {self.gate_loss_on!r}")
-        if self.rdd_gde_residual not in ("difference", "none"):
-            raise ValueError(f"rdd_gde_residual must be 'difference' or 'none', got {self.rdd_gde_residual!r}")
+        if self.rdd_gde_residual not in ("difference", "image", "none"):
+            raise ValueError(f"rdd_gde_residual must be 'difference', 'image' or 'none', got {self.rdd_gde_residual!r}")
         if self.rdd_decoder_tokens not in ("global", "all"):
             raise ValueError(f"rdd_decoder_tokens must be 'global' or 'all', got {self.rdd_decoder_tokens!r}")
         if self.dirl_pairs not in ("all", "distractor"):

@@ -2,7 +2,7 @@
 
 Encoder, as the paper prints its equations (residuals only where it draws them, no LayerNorm):
 * GDE (Eqs. 2-5): ``F_diff = F_aft − F_bef``; each image queries the difference,
-  ``F^_x = F_diff + MHCA(F_x, F_diff, F_diff)`` (shared weights; the residual is [D], below);
+  ``F^_x = R_x + MHCA(F_x, F_diff, F_diff)`` (shared weights; the residual R_x is [D], below);
   ``F_c = ReLU(Linear([F^_bef; F^_aft]))``.
 * Object distilling (Eqs. 6-8): K_o = 32 learnable vectors, N shared-weight blocks
   ``F_c ← MHSA(F_c)``, ``O^ = MHCA(O, F_c)``, ``O = FFN(O^) + O^``.
@@ -16,9 +16,13 @@ methods.md suggested a residual + LayerNorm around every attention ("post-LN"). 
 never named the changed object (object accuracy 0.02, docs/lightweight_demo.md): GDE's residual hands the
 fusion Linear both images' whole content, which it must learn to cancel, and a LayerNorm over the fused
 tokens lifts every unchanged (≈ 0) difference token to the norm of the changed one. The equations as
-printed keep the difference alone and its magnitude; the one [D] left is GDE's residual, which carries the
-difference token itself (``rdd_gde_residual``): without it a token holds only an attention-weighted mean of
-the differences, at the start the same mean everywhere.
+printed keep the difference alone and its magnitude. The one [D] left is GDE's residual
+(``rdd_gde_residual``): without one a token holds only an attention-weighted mean of the differences, at the
+start the same mean everywhere. ``"difference"`` (the default) carries the difference token itself. But a
+difference alone loses what a recoloured object is (its shape, size and material cancel), so the demo uses
+``"image"``, the usual transformer residual ``F^_x = F_x + MHCA(F_x, F_diff)``, together with
+``difference_init`` (Eq. 5's Linear starts as ``F^_aft − F^_bef``): F_c starts as a difference, and the
+Linear can learn to pass on the object's content (demo, 3 seeds: object accuracy 0.84 vs 0.67).
 
 ACR (Eqs. 10-13, training only): the mean object / action vector is contrasted (cosine, τ) with the
 caption's noun / verb "attribute-guided tokens": CLIP text features of the caption's noun and verb
@@ -39,6 +43,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from davir.models.lightweight.attention import init_as_difference
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput
@@ -182,6 +187,8 @@ class RddCaptioner(LightweightCaptioner):
         dim, heads, dropout = config.hidden, config.heads, config.dropout
         self.gde_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
         self.gde_fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.ReLU())
+        if config.difference_init:
+            init_as_difference(self.gde_fuse[0])
         self.object_queries = nn.Parameter(torch.randn(config.rdd_objects, dim) * 0.02)
         self.action_queries = nn.Parameter(torch.randn(config.rdd_actions, dim) * 0.02)
         self.object_block = DistillingBlock(dim, heads, config.ffn_dim, dropout)
@@ -218,17 +225,18 @@ class RddCaptioner(LightweightCaptioner):
         return self
 
     def gde(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """RDD Eqs. 2-5: ``F^_x = F_diff + MHCA(F_x, F_diff, F_diff)`` (shared), ``F_c = ReLU(Linear([F^_bef; F^_aft]))``.
+        """RDD Eqs. 2-5: ``F^_x = R_x + MHCA(F_x, F_diff, F_diff)`` (shared), ``F_c = ReLU(Linear([F^_bef; F^_aft]))``.
 
-        [D] ``rdd_gde_residual="difference"``: the residual of Eqs. 3-4 carries the difference token itself
-        (the paper prints none: ``rdd_gde_residual="none"``). Without it each token holds only an
-        attention-weighted mean of the differences, which at the start is the same mean everywhere.
+        [D] the residual R_x (the paper prints none: ``rdd_gde_residual="none"``): the difference token
+        (``"difference"``) or the image's own token F_x (``"image"``, with ``difference_init`` in the demo).
         """
         difference = global_difference(before, after)
-        residual = difference if self.config.rdd_gde_residual == "difference" else 0
+        kind = self.config.rdd_gde_residual
+        residual_before = difference if kind == "difference" else before if kind == "image" else 0
+        residual_after = difference if kind == "difference" else after if kind == "image" else 0
         return self.gde_fuse(torch.cat(
-            [residual + attention(self.gde_attention, before, difference),
-             residual + attention(self.gde_attention, after, difference)], dim=-1))
+            [residual_before + attention(self.gde_attention, before, difference),
+             residual_after + attention(self.gde_attention, after, difference)], dim=-1))
 
     def fuse(self, global_tokens: torch.Tensor, objects: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """RDD Eq. 9 (multi-scale fusion): ``X = [F_c; O; A]``, ``X ← X + MHSA(X)``, ``X ← X + FFN(X)``.
