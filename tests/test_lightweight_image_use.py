@@ -26,12 +26,13 @@ WORDS = 4 + CLASSES  # 4 special tokens, then one word per changed channel
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def config(method: str) -> LightweightConfig:
-    return LightweightConfig(
-        method=method, feat_dim=C, grid_size=GRID, hidden=32, heads=4, word_emb=16, ffn_dim=64, vocab_size=WORDS,
-        max_len=3, dropout=0.0, encoder_layers=1, entity_dim=ENT_DIM, acr_text_dim=TEXT_DIM, acr_token_width=8,
-        rdd_objects=4, rdd_actions=2, rdd_distill_steps=1,
-    )
+def config(method: str, **overrides) -> LightweightConfig:
+    return LightweightConfig(**{
+        "method": method, "feat_dim": C, "grid_size": GRID, "hidden": 32, "heads": 4, "word_emb": 16, "ffn_dim": 64,
+        "vocab_size": WORDS, "max_len": 3, "dropout": 0.0, "encoder_layers": 1, "entity_dim": ENT_DIM,
+        "acr_text_dim": TEXT_DIM, "acr_token_width": 8, "rdd_objects": 4, "rdd_actions": 2, "rdd_distill_steps": 1,
+        **overrides,
+    })
 
 
 def change_batch(batch: int, generator: torch.Generator) -> dict:
@@ -113,6 +114,13 @@ def test_frontend_standardises_with_stored_statistics_and_keeps_content_above_po
     fresh = FeatureFrontend(feat_dim=C, hidden=64, grid_size=GRID)
     fresh.load_state_dict(old)
     assert torch.equal(fresh.feature_std, torch.ones(C))
+    # frontend_init="paper": PyTorch's defaults (|w| ≤ 1/√fan_in, position tables N(0, 1)), position-dominated
+    paper = FeatureFrontend(feat_dim=C, hidden=64, grid_size=GRID, init="paper")
+    assert float(paper.projection.weight.abs().max()) <= C ** -0.5
+    assert float(paper.position.w_embedding.weight.std()) == pytest.approx(1.0, rel=0.25)
+    paper_position = paper.position(GRID, GRID).flatten(1).transpose(0, 1)
+    image_part = paper(features) - paper(features.mean(dim=0, keepdim=True))  # what differs between images
+    assert image_part.std() < 0.2 * paper_position.std()
 
 
 def test_decoder_init_scales_with_width():
@@ -120,6 +128,8 @@ def test_decoder_init_scales_with_width():
     assert width_scaled_std(64) == pytest.approx(0.02 * 8 ** 0.5)
     model = build_lightweight_model(config("scorer"))
     assert float(model.decoder.words.embed.weight[1:].detach().std()) == pytest.approx(width_scaled_std(32), rel=0.2)
+    reference = build_lightweight_model(config("scorer", decoder_init_std=0.02))  # the reference's N(0, 0.02)
+    assert float(reference.decoder.words.embed.weight[1:].detach().std()) == pytest.approx(0.02, rel=0.2)
 
 
 def test_dirl_difference_normalises_the_tokens_and_loss_on_distractor_pairs_only():

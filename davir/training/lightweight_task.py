@@ -306,8 +306,9 @@ class LightweightTask:
         self.lightweight = lw
         extra = {"text_tower": self.text_encoder.module} if self.acr_learned else {}
         self.model: nn.Module = build_lightweight_model(lw, **extra).to(accelerator.device)
-        mean, std = feature_statistics(self.features, train_pairs, pool=lw.feature_pool)
-        self.model.frontend.set_feature_statistics(mean.to(accelerator.device), std.to(accelerator.device))
+        if lw.frontend_init == "scaled":  # [D] "paper": the raw features, as the references
+            mean, std = feature_statistics(self.features, train_pairs, pool=lw.feature_pool)
+            self.model.frontend.set_feature_statistics(mean.to(accelerator.device), std.to(accelerator.device))
         self.feature_source = self._preloaded_features(train_pairs + list(val_pairs), lw)
         if method == "cheer":
             bank = self.text_encoder.encode(self.entity_phrases)

@@ -47,13 +47,14 @@ class LightweightCaptioner(nn.Module, ABC):
         super().__init__()
         self.config = config
         self.frontend = FeatureFrontend(config.feat_dim, config.hidden, config.grid_size, config.coord_channels,
-                                        pool=config.feature_pool)
+                                        pool=config.feature_pool, init=config.frontend_init)
         self.decoder = CaptionDecoder(
             config.vocab_size, hidden=config.hidden, word_dim=config.word_emb, heads=config.heads,
             layers=config.layers, ffn_dim=config.ffn_dim, max_len=config.max_len, dropout=config.dropout,
             positions=config.resolved_positions, layer_kind=self.decoder_kind(config),
         )
-        init_weights(self.decoder, self.decoder_init, std=width_scaled_std(config.hidden))
+        std = config.decoder_init_std if config.decoder_init_std is not None else width_scaled_std(config.hidden)
+        init_weights(self.decoder, self.decoder_init, std=std)
 
     # --- what a method provides -------------------------------------------------------------------
     @classmethod

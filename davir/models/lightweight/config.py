@@ -44,9 +44,16 @@ class LightweightConfig:
     # content similarity of the two views (each token finds its counterpart), the first reconstruction of an
     # unchanged token is the token itself (attention.tie_query_key). False: the papers' random init.
     matching_init: bool = False
-    # [D] SCORER's Eq. 7 / CHEER's Eq. 12 fusion Linear([X_bef; X_aft]) starts as X_aft − X_bef ([−I, I],
-    # bias 0), so the decoder reads a difference from step 0, as DIRL's Eq. 6 and subtraction do. False: random init.
+    # [D] SCORER's Eq. 7 / CHEER's Eq. 12 / RDD's Eq. 5 fusion Linear([X_bef; X_aft]) starts as X_aft − X_bef
+    # ([−I, I], bias 0), so the decoder reads a difference from step 0, as DIRL's Eq. 6 and subtraction do.
+    # False: random init.
     difference_init: bool = False
+    # [D] front-end: "scaled" standardises the features per channel (train-split statistics) and starts the 1×1
+    # projection at N(0, 1/fan_in) and the position tables at N(0, 0.1²); "paper": raw features, PyTorch's
+    # default projection init and N(0, 1) position tables, as the references.
+    frontend_init: str = "scaled"
+    # [D] decoder init std: None = 0.02·√(512/hidden), the reference's scale at any width; 0.02 = the reference's.
+    decoder_init_std: float | None = None
     # Decoder (§0.5, §7.2)
     vocab_size: int = 76
     max_len: int = 24  # decoder positions: <START> + words + <END> (CLEVR-Change 24, CLEVR-DC 40)
@@ -116,6 +123,10 @@ class LightweightConfig:
             raise ValueError(f"ccr_mode must be 'paper' or 'code', got {self.ccr_mode!r}")
         if self.gate_loss_on not in GATE_LOSS_KINDS:
             raise ValueError(f"gate_loss_on must be one of {GATE_LOSS_KINDS}, got {self.gate_loss_on!r}")
+        if self.frontend_init not in ("scaled", "paper"):
+            raise ValueError(f"frontend_init must be 'scaled' or 'paper', got {self.frontend_init!r}")
+        if self.decoder_init_std is not None and not self.decoder_init_std > 0:
+            raise ValueError(f"decoder_init_std must be a positive number or null, got {self.decoder_init_std!r}")
         if self.rdd_gde_residual not in ("difference", "image", "none"):
             raise ValueError(f"rdd_gde_residual must be 'difference', 'image' or 'none', got {self.rdd_gde_residual!r}")
         if self.rdd_decoder_tokens not in ("global", "all"):

@@ -11,6 +11,9 @@ Two [D] departures (docs/lightweight_demo.md measures them):
 * the 1×1 projection starts at N(0, 1/fan_in) (unit-variance tokens from standardised features) and the
   position tables at N(0, 0.1²) instead of N(0, 1): with PyTorch's defaults the position table is ~25×
   the content at init and the image reaches the encoder as ~0.2 % of the token variance.
+
+``init="paper"`` (config ``frontend_init: paper``) switches both back: PyTorch's defaults, and the training
+task sets no statistics.
 """
 
 from __future__ import annotations
@@ -74,17 +77,21 @@ class FeatureFrontend(nn.Module):
     matching cost fall with the square of the number of tokens); statistics are those of the pooled grid.
     """
 
-    def __init__(self, feat_dim: int, hidden: int, grid_size: int = 14, coord_channels: bool = False, pool: int = 1):
+    def __init__(self, feat_dim: int, hidden: int, grid_size: int = 14, coord_channels: bool = False, pool: int = 1,
+                 init: str = "scaled"):
         super().__init__()
         if pool < 1:
             raise ValueError(f"feature pooling factor must be >= 1, got {pool}")
+        if init not in ("scaled", "paper"):
+            raise ValueError(f"front-end init must be 'scaled' or 'paper', got {init!r}")
         self.feat_dim = feat_dim
         self.coord_channels = coord_channels
         self.pool = pool
         self.projection = nn.Conv2d(feat_dim, hidden, kernel_size=1)
-        nn.init.normal_(self.projection.weight, std=feat_dim ** -0.5)  # [D] unit-variance tokens
-        nn.init.zeros_(self.projection.bias)
-        self.position = GridPositionEmbedding(grid_size, hidden)
+        if init == "scaled":  # [D] unit-variance tokens; "paper" keeps PyTorch's default, as the references
+            nn.init.normal_(self.projection.weight, std=feat_dim ** -0.5)
+            nn.init.zeros_(self.projection.bias)
+        self.position = GridPositionEmbedding(grid_size, hidden, init_std=0.1 if init == "scaled" else 1.0)
         channels = feat_dim - 2 if coord_channels else feat_dim
         # Per-channel standardisation of the incoming features [D]; identity until statistics are set.
         self.register_buffer("feature_mean", torch.zeros(channels))
