@@ -24,25 +24,6 @@ from davir.data.records import DataError
 from davir.io import read_json, write_json_atomic
 
 
-def check_output_path(path: Path, flag: str) -> None:
-    """Refuse, before any work, an output that is a folder, lies under a file, or cannot be written."""
-    path = Path(path)
-    if path.is_dir():
-        raise DataError(f"{flag} {path} is a folder: give a file path (e.g. {path / 'captions.jsonl'})")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise DataError(f"{flag} {path}: {parent} is a file, not a folder")
-            break
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        probe = path.parent / f".{path.name}.{os.getpid()}.probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        raise DataError(f"{flag} {path}: cannot write to {path.parent} ({error.strerror or error})") from error
-
-
 def _index_key(line: str) -> float:
     index = json.loads(line).get("index")
     return float("inf") if index is None else index

@@ -20,9 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from davir.caption_store import CaptionStore, check_output_path
+from davir.caption_store import CaptionStore
 from davir.data.formats.folder import read_folder
 from davir.data.records import DataError
+from davir.errors import check_output_file
 
 
 class _Pending:
@@ -102,8 +103,8 @@ def caption_folder(args: argparse.Namespace) -> int:
                         "`python -m preprocess entities --out …`)")
     out = Path(args.out or (args.pairs if Path(args.pairs).is_dir() else Path(args.pairs).parent) / "captions.jsonl")
     html_path = Path(args.html or out.with_name("report.html"))
-    check_output_path(out, "--out")
-    check_output_path(html_path, "--html")
+    check_output_file(out, what="--out", example="captions.jsonl")
+    check_output_file(html_path, what="--html", example="report.html")
     report_dir = html_path.with_name(html_path.stem + "_files")
     num_shards, shard_index, state = _shard_layout(args)
     main_process = shard_index == 0

@@ -58,11 +58,11 @@ def check_output_dir(path: str | Path, *, what: str = "output folder") -> Path:
     return path
 
 
-def check_output_file(path: str | Path, *, what: str = "output file") -> Path:
+def check_output_file(path: str | Path, *, what: str = "output file", example: str = "metrics.json") -> Path:
     """Stop before any work when a file cannot be (atomically re)written at `path`."""
     path = Path(path)
     if path.is_dir():
-        raise OutputError(f"{what} {path} is a folder; give a file path (e.g. {path / 'metrics.json'})")
+        raise OutputError(f"{what} {path} is a folder; give a file path (e.g. {path / example})")
     problem = _folder_problem(path.parent)
     if problem is not None:
         verb = "is not writable" if problem.startswith("permission") else "cannot be written"
