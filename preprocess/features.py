@@ -117,6 +117,12 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def default_batch_size(device: torch.device) -> int:
+    """Images per forward pass: 64 on a GPU, 8 on the CPU (there a batch of 64 allocates ~200 MB per
+    activation, and its page faults cost more than the convolutions)."""
+    return 8 if device.type == "cpu" else 64
+
+
 def extract_images(
     items: list[tuple[str, Path]],
     cache: Path,
@@ -227,7 +233,8 @@ def run(args: argparse.Namespace) -> dict:
         backbone = build_backbone(args.weights, random_init=args.random_init, seed=args.seed)
         written = extract_images(
             todo, cache, backbone, std=std, chunk_prefix=f"s{args.shard_index:03d}of{args.num_shards:03d}",
-            device=device, batch_size=args.batch_size or (8 if device.type == "cpu" else 64), workers=args.workers, chunk_size=args.chunk_size,
+            device=device, batch_size=args.batch_size or default_batch_size(device), workers=args.workers,
+            chunk_size=args.chunk_size,
             progress=not args.no_progress, description=f"features {args.split}",
         )
     entries = write_index(cache)
@@ -257,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of --random-init")
     parser.add_argument("--std-typo", action="store_true", help="the authors' std (0.229, 0.224, 0.224)")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="images per forward pass (default 64 on a GPU, 8 on the CPU: there a batch of 64 "
-                             "allocates ~200 MB per activation, and its page faults cost more than the convolutions)")
+                        help="images per forward pass (default 64 on a GPU, 8 on the CPU, where a larger batch "
+                             "costs more in page faults than in convolutions)")
     parser.add_argument("--workers", type=int, default=2, help="decode/resize processes (0 = in the main process)")
     parser.add_argument("--chunk-size", type=int, default=256, help="images per shard file")
     parser.add_argument("--num-shards", type=int, default=1)
