@@ -28,6 +28,7 @@ import yaml
 from davir.config import ConfigError
 from davir.data.records import DataError
 from davir.io import read_json, write_json_atomic, write_text_atomic
+from davir.metrics.captions import shared_meteor
 
 @dataclass(frozen=True)
 class Column:
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             sweep.variants = [v for v in sweep.variants if v.slug in wanted]
         sweep.seeds = args.seeds or sweep.seeds
         sweep.out = args.out or sweep.out
-        text = run_sweep(sweep, args.overrides)
+        with shared_meteor():  # one METEOR java process for all the cells' evaluations
+            text = run_sweep(sweep, args.overrides)
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import urllib.request
+from unittest.mock import patch
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from davir.metrics import (
     score_by_group, score_captions, write_predictions,
 )
 from davir.metrics import captions as captions_module
-from davir.metrics.captions import MetricsError, meteor_scorer, prepare_spice
+from davir.metrics.captions import MetricsError, meteor_scorer, prepare_spice, shared_meteor
 
 REPO = Path(__file__).resolve().parents[1]
 SPOT = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "spot_the_diff"
@@ -80,6 +81,29 @@ def test_meteor_java_process_is_closed(spot_run):
         with pytest.raises(MetricsError, match=r"METEOR \(java\) failed"):
             captions_module._meteor(meteor, {"a": ["a red cube"]}, {"a": ["a red ball"]})
     assert not meteor.lock.locked() and meteor.meteor_p.stdin.closed
+
+
+def test_shared_meteor_keeps_one_java_process_for_the_block():
+    predictions, references = {"1.png": "a red cube was added"}, {"1": ["a red cube has been added"]}
+    started = []
+    real_start = captions_module._start_meteor
+
+    def counting_start():
+        started.append(real_start())
+        return started[-1]
+
+    with patch.object(captions_module, "_start_meteor", counting_start):
+        with shared_meteor():
+            first = score_captions(predictions, references, metrics=("METEOR",), spice=False).metrics["METEOR"]
+            second = score_captions(predictions, references, metrics=("METEOR",), spice=False).metrics["METEOR"]
+            assert len(started) == 1 and started[0].meteor_p.poll() is None  # one for the block, still open
+            started[0].meteor_p.kill()  # a process that died between runs is replaced, not reused
+            started[0].meteor_p.wait()
+            third = score_captions(predictions, references, metrics=("METEOR",), spice=False).metrics["METEOR"]
+            assert len(started) == 2
+        assert all(meteor.meteor_p.poll() is not None and meteor.meteor_p.stdin.closed for meteor in started)
+    # the score of a fresh process per call (the default path), to the last digit
+    assert first == second == third == pytest.approx(0.9377567140600315, abs=1e-12)
 
 
 def test_bleu_and_rouge_by_hand():
