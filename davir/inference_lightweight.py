@@ -79,12 +79,14 @@ class OnlineFeatures:
     """ResNet-101 layer3 features computed on the fly with the recipe of `preprocess features`."""
 
     def __init__(self, weights: str | Path | None, *, trained_with: str | None = None, device: str | torch.device = "cpu"):
-        from davir.preprocessing.backbone import IMAGENET_STD, build_backbone, file_sha256
+        from davir.preprocessing.backbone import IMAGENET_STD, build_backbone, file_sha256, shipped_backbone_matching
 
         match = _RANDOM_INIT.match(str(trained_with or ""))
         if weights is None and match is None:
-            raise DataError("no feature cache was given and the model's features came from "
-                            f"{trained_with!r}: pass the ResNet-101 weights file (or a feature cache)")
+            weights = shipped_backbone_matching(trained_with)  # the demo's: found, and checked by its hash
+            if weights is None:
+                raise DataError("the model was trained on features of the backbone "
+                                f"{trained_with!r}: give that weights file with --backbone-weights")
         if weights is not None and trained_with and not match and f"sha256:{file_sha256(Path(weights))}" != trained_with:
             raise DataError(f"{weights} is not the backbone the model was trained on ({trained_with})")
         self.device = torch.device(device)

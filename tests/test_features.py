@@ -144,3 +144,14 @@ def test_missing_weights_images_and_cache_give_clear_errors(clevr_root, tmp_path
         build_backbone(tmp_path / "wrong.pth")
     with pytest.raises(DataError, match="not a feature cache"):
         FeatureCache(tmp_path)
+
+
+def test_captioning_finds_the_shipped_tiny_backbone_by_its_hash_and_names_the_flag_otherwise():
+    from davir.inference_lightweight import OnlineFeatures
+    from davir.preprocessing.backbone import SHIPPED_BACKBONE, file_sha256
+
+    online = OnlineFeatures(None, trained_with=f"sha256:{file_sha256(SHIPPED_BACKBONE)}")
+    shipped = torch.load(SHIPPED_BACKBONE, map_location="cpu", weights_only=True)
+    assert torch.equal(online.backbone.state_dict()["0.weight"], shipped["conv1.weight"])
+    with pytest.raises(DataError, match="sha256:0{64}'?: give that weights file with --backbone-weights"):
+        OnlineFeatures(None, trained_with="sha256:" + "0" * 64)

@@ -75,6 +75,17 @@ def build_backbone(weights: str | Path | None, *, random_init: bool = False, see
     return backbone.eval().requires_grad_(False)
 
 
+# The repository's tiny pretrained backbone (`python -m davir.pretrain_backbone`); absent from a wheel install.
+SHIPPED_BACKBONE = Path(__file__).resolve().parents[2] / "assets" / "tiny_resnet" / "backbone.pth"
+
+
+def shipped_backbone_matching(fingerprint: str | None) -> Path | None:
+    """The shipped tiny backbone when `fingerprint` (a features manifest's ``"sha256:…"``) is its hash, else None."""
+    if not fingerprint or not SHIPPED_BACKBONE.is_file():
+        return None
+    return SHIPPED_BACKBONE if fingerprint == f"sha256:{file_sha256(SHIPPED_BACKBONE)}" else None
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
