@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,6 +145,12 @@ def test_training_killed_resumes_loss_for_loss(data, tmp_path):
     want, got = _losses(tmp_path / "reference"), _losses(out)
     assert sorted(got) == sorted(want) == list(range(1, 5))
     assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-5, abs=1e-6)
+    # Killed after the last step's checkpoint but before `last` was written: the resume trains no step 5.
+    shutil.rmtree(tmp_path / "reference" / "last")
+    finished = run([*argv(tmp_path / "reference"), "--resume"])
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert sorted(_losses(tmp_path / "reference")) == [1, 2, 3, 4]
+    assert (tmp_path / "reference" / "last").is_dir()
 
 
 @pytest.mark.usefixtures("one_torch_thread")  # as in the killed processes (ENV)

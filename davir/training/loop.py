@@ -116,6 +116,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     window_start, window_pairs = time.perf_counter(), 0
 
     for epoch in range(start_epoch, epochs):
+        if step >= max_steps:  # resumed from the last step's checkpoint (killed before `last`): nothing left to train
+            break
         model.train()
         task.train_dataset.set_epoch(epoch)  # which reference caption each pair gets this epoch
         train_loader.set_epoch(epoch)
