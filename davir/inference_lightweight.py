@@ -87,7 +87,7 @@ class OnlineFeatures:
             if weights is None:
                 raise DataError("the model was trained on features of the backbone "
                                 f"{trained_with!r}: give that weights file with --backbone-weights")
-        if weights is not None and trained_with and not match and f"sha256:{file_sha256(Path(weights))}" != trained_with:
+        elif weights is not None and trained_with and not match and f"sha256:{file_sha256(Path(weights))}" != trained_with:
             raise DataError(f"{weights} is not the backbone the model was trained on ({trained_with})")
         self.device = torch.device(device)
         self.std = IMAGENET_STD

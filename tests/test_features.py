@@ -155,3 +155,6 @@ def test_captioning_finds_the_shipped_tiny_backbone_by_its_hash_and_names_the_fl
     assert torch.equal(online.backbone.state_dict()["0.weight"], shipped["conv1.weight"])
     with pytest.raises(DataError, match="sha256:0{64}'?: give that weights file with --backbone-weights"):
         OnlineFeatures(None, trained_with="sha256:" + "0" * 64)
+    other = SHIPPED_BACKBONE.with_name("head.pth")  # a file given by hand is checked against the model's backbone
+    with pytest.raises(DataError, match="head.pth is not the backbone the model was trained on"):
+        OnlineFeatures(other, trained_with=f"sha256:{file_sha256(SHIPPED_BACKBONE)}")
