@@ -231,9 +231,8 @@ class RddCaptioner(LightweightCaptioner):
         (``"difference"``) or the image's own token F_x (``"image"``, with ``difference_init`` in the demo).
         """
         difference = global_difference(before, after)
-        kind = self.config.rdd_gde_residual
-        residual_before = difference if kind == "difference" else before if kind == "image" else 0
-        residual_after = difference if kind == "difference" else after if kind == "image" else 0
+        residual = {"difference": (difference, difference), "image": (before, after), "none": (0, 0)}
+        residual_before, residual_after = residual[self.config.rdd_gde_residual]
         return self.gde_fuse(torch.cat(
             [residual_before + attention(self.gde_attention, before, difference),
              residual_after + attention(self.gde_attention, after, difference)], dim=-1))
