@@ -60,6 +60,7 @@ from davir.preprocessing.retrievers import (
     FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, EntityGate, FittedRetriever,
     PairRegions, frame_pair_features, pair_features, pair_regions, retrieve_image_level, retrieve_top_k,
 )
+from davir.signals import stop_on_signals
 
 GT_MASKS = "gt"
 ENTITY_GATES = ("fitted", "none")
@@ -501,6 +502,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             "out": str(out)}
 
 
+@stop_on_signals()
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)

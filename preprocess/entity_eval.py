@@ -26,6 +26,7 @@ from davir.data.caches import EntityCache
 from davir.data.records import DISTRACTOR, ChangePair, DataError
 from davir.errors import check_output_file
 from davir.io import write_json_atomic
+from davir.signals import START_AGAIN, stop_on_signals
 from davir.text.entity_vocabulary import EntityVocabulary
 from davir.text.extractors import PhraseExtractor, get_extractor
 
@@ -136,6 +137,7 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+@stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

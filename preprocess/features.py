@@ -52,6 +52,7 @@ from davir.preprocessing.backbone import (
     AUTHORS_STD, IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD, NO_WEIGHTS, build_backbone, file_sha256, load_resized,
     normalize_batch,
 )
+from davir.signals import stop_on_signals
 
 MISSING_EXAMPLES = 20
 
@@ -277,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@stop_on_signals()
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

@@ -28,6 +28,7 @@ from davir.data.images import load_mask
 from davir.data.records import DataError
 from davir.errors import check_output_file
 from davir.io import write_json_atomic
+from davir.signals import START_AGAIN, stop_on_signals
 
 
 def iou(pred: np.ndarray, gt: np.ndarray) -> float:
@@ -131,6 +132,7 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+@stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m preprocess mask-eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

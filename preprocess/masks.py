@@ -48,6 +48,7 @@ from davir.preprocessing.mask_pipeline import (
 )
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, mask_options, mask_profile, profile_deviations
 from davir.preprocessing.segmenters import CLASSICAL_METHODS, SEGMENTERS, build_segmenter
+from davir.signals import ignore_interrupts, stop_on_signals
 
 MANIFEST_VERSION = 1
 
@@ -158,6 +159,11 @@ def _summary(result: PairResult) -> dict:
             "empty": not (result.info["kept_after"] or result.info.get("kept_before", 0))}
 
 
+def _init_pool_worker(*initargs) -> None:
+    ignore_interrupts()  # Ctrl-C reaches the whole group; the parent stops the pool (davir.signals)
+    _init_worker(*initargs)
+
+
 def _iterate(jobs, workers: int, initargs: tuple, chunksize: int = 4):
     """Results of `_run_pair` over the jobs: in a pool of `workers` processes, or in this process."""
     if workers <= 1:
@@ -168,7 +174,7 @@ def _iterate(jobs, workers: int, initargs: tuple, chunksize: int = 4):
     # fork is cheap for the classical path; with SAM loaded (maybe on a GPU) the workers are spawned,
     # since a forked copy of a CUDA process is unsafe.
     method = "fork" if sys.platform.startswith("linux") and initargs[-1] == "all" else "spawn"
-    with multiprocessing.get_context(method).Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
+    with multiprocessing.get_context(method).Pool(workers, initializer=_init_pool_worker, initargs=initargs) as pool:
         # Ordered (imap) so the SAM stage can batch and the viz picks are reproducible.
         yield from pool.imap(_run_pair, jobs, chunksize=chunksize)
 
@@ -374,6 +380,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     return manifest
 
 
+@stop_on_signals()
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)

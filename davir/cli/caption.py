@@ -22,6 +22,7 @@ from pathlib import Path
 
 from davir.captioning import caption_folder
 from davir.data.records import DataError
+from davir.signals import stop_on_signals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@stop_on_signals()
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

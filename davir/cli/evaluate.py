@@ -23,6 +23,7 @@ from davir.data.records import DataError
 from davir.errors import describe_os_error
 from davir.evaluation import check_outputs, generate_and_score, report_scores
 from davir.metrics import METRICS, MetricsError, load_predictions
+from davir.signals import START_AGAIN, stop_on_signals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +83,7 @@ def check_reference_args(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error("--format needs --root")
 
 
+@stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -14,6 +14,7 @@ import sys
 from davir.config import ConfigError, load_config
 from davir.data.records import DataError
 from davir.errors import check_output_dir, describe_os_error
+from davir.signals import stop_on_signals
 from davir.training.config import DEFAULT_CONFIG, TrainConfig
 from davir.training.loop import NonFiniteLoss, train
 
@@ -26,6 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@stop_on_signals(rerun="rerun with --resume to continue from the last complete checkpoint")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
