@@ -7,7 +7,11 @@
 A sweep file names the variants (a training config + key=value overrides each), the seeds and the output
 folder. Every (variant, seed) is one ordinary run folder, trained and scored through the functions behind
 ``train.py`` and ``evaluate.py --checkpoint`` (davir.cli) exactly as a user would run them, so any cell can be inspected or re-scored on
-its own. A cell whose evaluation exists is not redone: an interrupted sweep continues where it stopped.
+its own. A cell whose evaluation exists is not redone: an interrupted sweep continues where it stopped —
+unless the cell was made with other settings (its ``sweep_cell.json`` records the config file's hash and the
+overrides it was trained with), which is trained again with a note rather than reported as this sweep's.
+``vars:`` in the sweep file (``--var KEY=VALUE`` on the command line) fill ``{KEY}`` in configs and overrides,
+so one sweep file serves any data folder (the Makefile's ``DEMO_DIR``).
 The summary (``OUT/summary.md`` and ``OUT/summary.json``) holds the caption metrics, the built-in set's
 type/object accuracy and, for DAVIR, the attention share inside the ground-truth change mask.
 """
@@ -15,6 +19,7 @@ type/object accuracy and, for DAVIR, the attention share inside the ground-truth
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import statistics
 import sys
@@ -29,6 +34,7 @@ from davir.config import ConfigError
 from davir.data.records import DataError
 from davir.io import read_json, write_json_atomic, write_text_atomic
 from davir.metrics.captions import shared_meteor
+from davir.signals import stop_on_signals
 
 @dataclass(frozen=True)
 class Column:
@@ -78,6 +84,20 @@ class Sweep:
     seed_keys: list[str] = field(default_factory=lambda: ["run.seed"])
     overrides: list[str] = field(default_factory=list)
     evaluate_args: list[str] = field(default_factory=lambda: ["--no-spice"])
+    vars: dict[str, str] = field(default_factory=dict)
+
+    def fill(self, text: str) -> str:
+        """`text` with each ``{name}`` replaced by the sweep's variable of that name (an unknown one is an error)."""
+        def value(match: re.Match) -> str:
+            name = match.group(1)
+            if name not in self.vars:
+                raise ConfigError(f"sweep {self.title!r}: {text!r} uses {{{name}}} but the sweep has no such variable "
+                                  f"(vars: {sorted(self.vars)}; set one with --var {name}=VALUE)")
+            return self.vars[name]
+        return _VARIABLE.sub(value, text)
+
+
+_VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -87,7 +107,7 @@ def load_sweep(path: str | Path) -> Sweep:
         raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as error:
         raise ConfigError(f"{path}: cannot read the sweep file ({error})") from error
-    unknown = set(raw) - {"title", "out", "variants", "seeds", "split", "seed_keys", "overrides", "evaluate_args"}
+    unknown = set(raw) - {"title", "out", "variants", "seeds", "split", "seed_keys", "overrides", "evaluate_args", "vars"}
     if unknown:
         raise ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}")
     variants = raw.get("variants") or []
@@ -106,7 +126,22 @@ def load_sweep(path: str | Path) -> Sweep:
     for key in ("seed_keys", "overrides", "evaluate_args"):
         if key in raw:
             setattr(sweep, key, [str(v) for v in raw[key]])
+    variables = raw.get("vars") or {}
+    if not isinstance(variables, dict):
+        raise ConfigError(f"{path}: vars must be a mapping of name: value, got {type(variables).__name__}")
+    sweep.vars = {str(k): str(v) for k, v in variables.items()}
     return sweep
+
+
+def set_vars(sweep: Sweep, assignments: list[str]) -> None:
+    """Apply ``--var KEY=VALUE`` assignments (a name the sweep file does not declare is an error: a typo)."""
+    for assignment in assignments:
+        name, sep, value = assignment.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--var {assignment!r}: expected NAME=VALUE")
+        if name not in sweep.vars:
+            raise ConfigError(f"--var {name}: the sweep declares no such variable (vars: {sorted(sweep.vars)})")
+        sweep.vars[name] = value
 
 
 def cell_dir(sweep: Sweep, variant: Variant, seed: int) -> Path:
@@ -118,19 +153,58 @@ def metrics_path(run: Path, split: str) -> Path | None:
     return found[0] if found else None
 
 
+CELL_RECORD = "sweep_cell.json"
+
+
+def cell_recipe(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> dict[str, Any]:
+    """What a cell is trained from: the config file (path and content hash) and every override, variables filled."""
+    config = sweep.fill(variant.config)
+    try:
+        digest = hashlib.sha256(Path(config).read_bytes()).hexdigest()
+    except OSError as error:
+        raise ConfigError(f"sweep variant {variant.name!r}: cannot read its config {config} ({error.strerror})") from error
+    overrides = [sweep.fill(o) for o in (*variant.overrides, *sweep.overrides, *extra)]
+    return {"config": config, "config_sha256": digest,
+            "overrides": [*overrides, *(f"{k}={seed}" for k in sweep.seed_keys)]}
+
+
+def _stale_reason(run: Path, recipe: dict[str, Any]) -> str | None:
+    """Why the cell at `run` is not this recipe's (no record, or other settings), or None when it is."""
+    record_path = run / CELL_RECORD
+    if not record_path.is_file():
+        return f"no {CELL_RECORD} says what it was trained with"
+    try:
+        record = read_json(record_path)
+    except DataError as error:
+        return str(error)
+    if not isinstance(record, dict):
+        return f"{record_path} is not a JSON object"
+    changed = [key for key in ("config", "config_sha256") if record.get(key) != recipe[key]]
+    old, new = record.get("overrides") or [], recipe["overrides"]
+    differing = [o for o in new if o not in old] + [o for o in old if o not in new]
+    if changed or differing:
+        what = ", ".join([*(("the config file" if k == "config_sha256" else k) for k in changed), *differing[:4]])
+        return f"made with other settings ({what})"
+    return None
+
+
 def run_cell(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> Path:
-    """Train (from scratch; a finished training is kept) and score one cell; returns its metrics.json."""
+    """Train (from scratch; a finished training of the same recipe is kept) and score one cell; returns its metrics.json."""
     from davir.cli import evaluate, train  # the same entry points as train.py and evaluate.py
 
     run = cell_dir(sweep, variant, seed)
+    recipe = cell_recipe(sweep, variant, seed, extra)
+    stale = _stale_reason(run, recipe) if run.exists() else None
+    if stale is not None:
+        print(f"[sweep] {run}: {stale}; training it again", flush=True)
     done = metrics_path(run, sweep.split)
-    if done is not None:
+    if done is not None and stale is None:
         return done
-    if not (run / "last").is_dir():
-        overrides = [*variant.overrides, *sweep.overrides, *extra, *(f"{k}={seed}" for k in sweep.seed_keys),
-                     f"run.output_dir={run}", "run.overwrite=true"]
-        if train.main(["--config", variant.config, *overrides]) != 0:
+    if stale is not None or not (run / "last").is_dir():
+        overrides = [*recipe["overrides"], f"run.output_dir={run}", "run.overwrite=true"]
+        if train.main(["--config", recipe["config"], *overrides]) != 0:
             raise DataError(f"training {variant.name} seed {seed} failed (run folder {run})")
+        write_json_atomic(run / CELL_RECORD, recipe)
     if evaluate.main(["--checkpoint", str(run), "--split", sweep.split, *sweep.evaluate_args]) != 0:
         raise DataError(f"evaluating {run} failed")
     done = metrics_path(run, sweep.split)
@@ -204,11 +278,13 @@ def run_sweep(sweep: Sweep, extra: list[str] | None = None) -> str:
             results[variant.name].append(read_json(run_cell(sweep, variant, seed, extra or [])))
     text, summary = summarise(sweep, results)
     summary["minutes"] = round((time.time() - started) / 60, 2)
-    write_text_atomic(sweep.out / "summary.md", text)
-    write_json_atomic(sweep.out / "summary.json", summary)
+    suffix = "" if sweep.split == "test" else f"_{sweep.split}"  # a val scoring keeps the test summary
+    write_text_atomic(sweep.out / f"summary{suffix}.md", text)
+    write_json_atomic(sweep.out / f"summary{suffix}.json", summary)
     return text
 
 
+@stop_on_signals(rerun="rerun the same command to resume (finished cells are kept)")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m davir.sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -217,11 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="override the sweep's output folder")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="key=value override applied to every run (repeatable)")
+    parser.add_argument("--split", help="score on this split instead of the sweep's (trained cells are only re-scored), "
+                                        "e.g. --split val to choose between variants without looking at test")
+    parser.add_argument("--var", dest="vars", action="append", default=[], metavar="NAME=VALUE",
+                        help="set a variable of the sweep file (its vars:), e.g. --var demo_dir=/data/demo (repeatable)")
     parser.add_argument("--variants", nargs="+",
                         help="run only these variants (names or folder slugs), e.g. to share a sweep between machines")
     args = parser.parse_args(argv)
     try:
         sweep = load_sweep(args.sweep)
+        set_vars(sweep, args.vars)
         if args.variants:
             wanted = {Variant(name, "").slug for name in args.variants}
             unknown = wanted - {v.slug for v in sweep.variants}
@@ -230,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{[v.slug for v in sweep.variants]}")
             sweep.variants = [v for v in sweep.variants if v.slug in wanted]
         sweep.seeds = args.seeds or sweep.seeds
+        sweep.split = args.split or sweep.split
         sweep.out = args.out or sweep.out
         with shared_meteor():  # one METEOR java process for all the cells' evaluations
             text = run_sweep(sweep, args.overrides)
@@ -237,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(text, end="")
-    print(f"summary written to {sweep.out / 'summary.md'}", file=sys.stderr)
+    suffix = "" if sweep.split == "test" else f"_{sweep.split}"
+    print(f"summary written to {sweep.out / f'summary{suffix}.md'}", file=sys.stderr)
     return 0
 
 

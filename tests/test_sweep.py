@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from davir.config import ConfigError
-from davir.sweep import Sweep, Variant, cell_dir, load_sweep, mean_std, run_cell, summarise
+from davir.data.records import DataError
+from davir.sweep import (CELL_RECORD, Sweep, Variant, cell_dir, cell_recipe, load_sweep, mean_std, run_cell,
+                         set_vars, summarise)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,7 +69,50 @@ def test_finished_cell_is_not_trained_again(tmp_path):
     done = run / "eval" / "clevr_change_test" / "metrics.json"
     done.parent.mkdir(parents=True)
     done.write_text(json.dumps(_metrics(1.0, 1.0)))
+    (run / CELL_RECORD).write_text(json.dumps(cell_recipe(sweep, sweep.variants[0], 0, [])))
     assert run_cell(sweep, sweep.variants[0], 0, []) == done  # would fail to train: no data there
+
+
+def test_cell_made_with_other_settings_is_trained_again_not_reported(tmp_path, monkeypatch, capsys):
+    """The stale cell is retrained (here: the training entry point is called with the new recipe)."""
+    from davir.cli import train
+
+    sweep = Sweep(title="t", out=tmp_path, variants=[Variant("A", "configs/demo.yaml")], seeds=[0],
+                  overrides=["data.root={demo_dir}/data"], vars={"demo_dir": "outputs/demo"})
+    run = cell_dir(sweep, sweep.variants[0], 0)
+    (run / "eval" / "clevr_change_test").mkdir(parents=True)
+    (run / "eval" / "clevr_change_test" / "metrics.json").write_text(json.dumps(_metrics(1.0, 1.0)))
+    (run / CELL_RECORD).write_text(json.dumps(cell_recipe(sweep, sweep.variants[0], 0, [])))
+    assert cell_recipe(sweep, sweep.variants[0], 0, [])["overrides"] == ["data.root=outputs/demo/data", "run.seed=0"]
+
+    calls = []
+    monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or 2)  # "fails": the test stops there
+    sweep.vars["demo_dir"] = "/elsewhere"
+    with pytest.raises(DataError, match="training A seed 0 failed"):
+        run_cell(sweep, sweep.variants[0], 0, [])
+    assert "made with other settings (data.root=/elsewhere/data, data.root=outputs/demo/data)" in capsys.readouterr().out
+    assert calls and "data.root=/elsewhere/data" in calls[0] and "run.overwrite=true" in calls[0]
+
+    calls.clear()
+    (run / CELL_RECORD).unlink()  # a cell of an older sweep: nothing says what it was made with
+    with pytest.raises(DataError):
+        run_cell(sweep, sweep.variants[0], 0, [])
+    assert len(calls) == 1 and "no sweep_cell.json" in capsys.readouterr().out
+
+
+def test_sweep_variables_fill_configs_and_overrides(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("vars: {d: outputs/demo}\noverrides: ['data.root={d}/data']\n"
+                    "variants: [{name: a, config: configs/demo.yaml, overrides: ['data.masks={d}/masks']}]\n")
+    sweep = load_sweep(path)
+    set_vars(sweep, ["d=/data/x"])
+    recipe = cell_recipe(sweep, sweep.variants[0], 5, [])
+    assert recipe["overrides"] == ["data.masks=/data/x/masks", "data.root=/data/x/data", "run.seed=5"]
+    with pytest.raises(ConfigError, match="--var e: the sweep declares no such variable"):
+        set_vars(sweep, ["e=1"])
+    sweep.overrides.append("data.entities={typo}/entities")
+    with pytest.raises(ConfigError, match=r"uses \{typo\} but the sweep has no such variable"):
+        cell_recipe(sweep, sweep.variants[0], 5, [])
 
 
 def test_repository_sweeps_load_and_name_existing_configs():
