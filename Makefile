@@ -7,7 +7,7 @@ DEMO_RUN ?= runs/demo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install system-deps test demo demo-data ablation-demo demo-lightweight clean-demo
+.PHONY: install system-deps test demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,9 +38,25 @@ DEMO_DATA := $(DEMO_DIR)/data
 SPLITS := train val test
 
 DEMO_READY := $(DEMO_DIR)/.data-ready
+# What the demo data is made with, written into the marker: other settings for the same DEMO_DIR are refused
+# (its masks, entities, features and the runs trained on them belong to the data it holds).
+DEMO_SPEC := scenes=$(DEMO_SCENES) seed=$(DEMO_SEED)
+# Where the sweeps write their runs, and extra arguments for every sweep (e.g. SWEEP_ARGS="--seeds 0").
+LW_RUNS ?= runs/lightweight_demo
+ABLATION_RUNS ?= runs/ablation_demo
+SWEEP_ARGS ?=
+# Extra key=value overrides for the DAVIR demo's training (e.g. DEMO_TRAIN_ARGS="optim.max_steps=50").
+DEMO_TRAIN_ARGS ?=
+
+demo-data-check:
+	@if [ -f $(DEMO_READY) ] && [ "$$(cat $(DEMO_READY))" != "$(DEMO_SPEC)" ]; then \
+		made="$$(cat $(DEMO_READY))"; \
+		echo "error: $(DEMO_DIR) holds demo data made with $${made:-settings it did not record}, not $(DEMO_SPEC);" \
+			"give another DEMO_DIR=... for this data, or remove the old one first: make clean-demo DEMO_DIR=$(DEMO_DIR)" >&2; \
+		exit 2; fi
 
 # The built-in synthetic set with its preprocessing: data → change masks → change entities (scored on test).
-$(DEMO_READY): $(VENV)/.installed
+$(DEMO_READY): $(VENV)/.installed | demo-data-check
 	$(PY) -m davir.data synth --out $(DEMO_DATA) --scenes $(DEMO_SCENES) --seed $(DEMO_SEED)
 	$(PY) -m davir.data stats --format clevr_change --root $(DEMO_DATA)
 	$(PY) -m davir.data show --format clevr_change --root $(DEMO_DATA) --split test --out $(DEMO_DIR)/grid.png
@@ -50,14 +66,14 @@ $(DEMO_READY): $(VENV)/.installed
 	for split in $(SPLITS); do $(PY) -m preprocess entities --format clevr_change --root $(DEMO_DATA) --split $$split \
 		--masks $(DEMO_DIR)/masks --out $(DEMO_DIR)/entities || exit 1; done
 	$(PY) -m preprocess entity-eval --format clevr_change --root $(DEMO_DATA) --split test --entities $(DEMO_DIR)/entities
-	touch $@
+	echo "$(DEMO_SPEC)" > $@
 
 demo-data: install $(DEMO_READY)
 
 # The whole job: data → masks → entities → DAVIR fine-tune of the tiny pretrained model → evaluate → caption.
 demo: install $(DEMO_READY)
 	$(PY) train.py --config configs/demo.yaml run.overwrite=true run.output_dir=$(DEMO_RUN) data.root=$(DEMO_DATA) \
-		data.masks=$(DEMO_DIR)/masks data.entities=$(DEMO_DIR)/entities
+		data.masks=$(DEMO_DIR)/masks data.entities=$(DEMO_DIR)/entities $(DEMO_TRAIN_ARGS)
 	$(PY) evaluate.py --checkpoint $(DEMO_RUN) --split test --no-spice
 	$(PY) -m davir.data pairs --format clevr_change --root $(DEMO_DATA) --split test --num 12 --out $(DEMO_DATA)/demo_pairs.csv
 	$(PY) caption.py --checkpoint $(DEMO_RUN) --pairs $(DEMO_DATA)/demo_pairs.csv --out $(DEMO_DIR)/captions.jsonl \
@@ -66,7 +82,7 @@ demo: install $(DEMO_READY)
 
 # The paper's Table 4 at tiny scale: FAC off/on × EPC off/on, 3 seeds, mean ± std (runs/ablation_demo/summary.md).
 ablation-demo: install $(DEMO_READY)
-	$(PY) -m davir.sweep configs/sweeps/ablation_demo.yaml
+	$(PY) -m davir.sweep configs/sweeps/ablation_demo.yaml --var demo_dir=$(DEMO_DIR) --out $(ABLATION_RUNS) $(SWEEP_ARGS)
 
 # The five lightweight methods on the same data: layer3 grid features of the shipped tiny pretrained ResNet
 # (assets/tiny_resnet, docs/tiny_backbone.md; no ImageNet weights can be downloaded here), CHEER's image-level
@@ -74,6 +90,7 @@ ablation-demo: install $(DEMO_READY)
 # Two 1-thread processes at a time (2 cores): feature shards; then CHEER's entities → CHEER, RDD in one process
 # while subtraction, DIRL, SCORER run in the other (about equal work, by measured cost); then one summary pass.
 LW_SWEEP := configs/sweeps/lightweight_demo.yaml
+LW := $(PY) -m davir.sweep $(LW_SWEEP) --var demo_dir=$(DEMO_DIR) --out $(LW_RUNS) $(SWEEP_ARGS)
 demo-lightweight: install $(DEMO_READY)
 	for split in $(SPLITS); do \
 		for shard in 0 1; do OMP_NUM_THREADS=1 $(PY) -m preprocess features --format clevr_change --root $(DEMO_DATA) \
@@ -83,10 +100,10 @@ demo-lightweight: install $(DEMO_READY)
 	export OMP_NUM_THREADS=1; \
 		(for split in $(SPLITS); do $(PY) -m preprocess entities --format clevr_change --root $(DEMO_DATA) --split $$split \
 			--image-level --top-k 3 --out $(DEMO_DIR)/entities_image --no-progress || exit 1; done && \
-		 $(PY) -m davir.sweep $(LW_SWEEP) --variants CHEER RDD+ACR) & p0=$$!; \
-		$(PY) -m davir.sweep $(LW_SWEEP) --variants subtraction DIRL+CCR SCORER+CBR & p1=$$!; \
+		 $(LW) --variants CHEER RDD+ACR) & p0=$$!; \
+		$(LW) --variants subtraction DIRL+CCR SCORER+CBR & p1=$$!; \
 		wait $$p0 && wait $$p1
-	$(PY) -m davir.sweep $(LW_SWEEP)
+	$(LW)
 
 clean-demo:
-	rm -rf $(DEMO_DIR) $(DEMO_RUN) runs/ablation_demo runs/lightweight_demo
+	rm -rf $(DEMO_DIR) $(DEMO_RUN) $(ABLATION_RUNS) $(LW_RUNS)
