@@ -8,6 +8,7 @@ import json
 import sys
 
 from davir.data.records import DataError
+from davir.signals import START_AGAIN, stop_on_signals
 
 
 def _verify(args) -> int:
@@ -35,8 +36,10 @@ def _import(args) -> int:
 
     options = SplitOptions(seed=args.split_seed, val_fraction=args.val_fraction, test_fraction=args.test_fraction)
     status, report = import_pairs(args.source, args.out, options=options, allow_uncaptioned=args.allow_uncaptioned,
-                                  allow_size_mismatch=args.allow_size_mismatch)
+                                  allow_size_mismatch=args.allow_size_mismatch, encoding=args.encoding)
     problems = report["problems"]
+    for line in report["warnings"]:
+        print(f"warning: {line}", file=sys.stderr)
     if problems:
         print(f"error: {len(problems)} problem(s) in {report['source']}; nothing imported "
               f"(report: {args.out}/report.json, {args.out}/summary.html)", file=sys.stderr)
@@ -49,10 +52,11 @@ def _import(args) -> int:
     captions = report["captions"]
     print(f"imported {report['pairs']} pair(s) ({splits}; {report['pairs_without_captions']} without captions) "
           f"with {captions['captions']} caption(s), vocabulary {captions.get('vocabulary', 0)}: {args.out}/pairs.jsonl; "
-          f"summary {args.out}/summary.html")
+          f"summary {args.out}/summary.html" + (f"; {len(report['warnings'])} warning(s) above" if report["warnings"] else ""))
     return 0
 
 
+@stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m davir.data", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                           help="keep pairs without captions (captionable only, never trained on)")
     importer.add_argument("--allow-size-mismatch", action="store_true",
                           help="accept before/after of different sizes (before is resized to after)")
+    importer.add_argument("--encoding", default=None,
+                          help="the manifest's text encoding when it is not UTF-8 (e.g. latin-1, cp1252); "
+                               "the pairs.jsonl written is UTF-8")
 
     synth = commands.add_parser("synth", help="render the built-in synthetic change dataset (CLEVR-Change layout)")
     synth.add_argument("--out", required=True)
@@ -150,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             print(path)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a full disk, permissions: one line, never a traceback (docs/errors.md)
+        from davir.errors import describe_os_error
+
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
         return 2
     return 0
 

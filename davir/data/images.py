@@ -6,9 +6,10 @@ import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from davir.data.records import ChangePair, DataError
+from davir.io import atomic_path
 
 # Before/after size mismatch (IER): the before image is resized to the after image's size, as the
 # IER references do (BLIP2IDC). "error" refuses mismatched pairs instead.
@@ -83,14 +84,74 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def array_to_rgb(array: np.ndarray, *, name: str) -> Image.Image:
+    """An image array from the Python API as 8-bit RGB, each dtype in its usual range.
+
+    uint8 0-255; uint16 0-65535 (scaled); other integers only when all values are 0-255; float16/32/64 in
+    [0, 1]; bool as black/white. Shapes (H, W), (H, W, 1) grey, (H, W, 3) RGB, (H, W, 4) RGBA (composited
+    on white, as `to_rgb` does for files). Anything else is a DataError naming `name`, the dtype and range
+    (a float image in 0-255 would otherwise be clipped to white, one in [0, 1] cast to black)."""
+    shape = array.shape
+    if array.ndim == 3 and shape[2] == 1:
+        array = array[..., 0]
+    if not (array.ndim == 2 or (array.ndim == 3 and shape[2] in (3, 4))) or 0 in shape:
+        raise DataError(f"{name}: expected an image array of shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), "
+                        f"got shape {shape}")
+    kind = array.dtype.kind
+    if kind == "b":
+        array = array.astype(np.uint8) * 255
+    elif array.dtype == np.uint16:
+        array = (array.astype(np.float64) / 257.0 + 0.5).astype(np.uint8)
+    elif kind == "f":
+        if not np.isfinite(array).all():
+            raise DataError(f"{name}: a {array.dtype} image array holds NaN or infinite values; an image's "
+                            "values must be finite, in [0, 1] for floats")
+        low, high = float(array.min()), float(array.max())
+        if low < 0 or high > 1:
+            raise DataError(f"{name}: a {array.dtype} image array must hold values in [0, 1], got values from "
+                            f"{low} to {high}; for 0-255 values pass `array / 255` (or `array.astype(np.uint8)`)")
+        array = (array.astype(np.float64) * 255.0 + 0.5).astype(np.uint8)
+    elif kind in "iu" and array.dtype != np.uint8:
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or high > 255:
+            raise DataError(f"{name}: a {array.dtype} image array must hold values 0-255 (or be uint16, 0-65535), "
+                            f"got values from {low} to {high}")
+        array = array.astype(np.uint8)
+    elif array.dtype != np.uint8:
+        raise DataError(f"{name}: a {array.dtype} array is not an image; give uint8 (0-255), uint16 (0-65535), "
+                        "float in [0, 1] or bool")
+    return to_rgb(Image.fromarray(np.ascontiguousarray(array)))
+
+
+# EXIF orientations that swap width and height (5-8: the camera was held sideways).
+SIDEWAYS_ORIENTATIONS = (5, 6, 7, 8)
+EXIF_ORIENTATION = 0x0112
+
+
+def upright(image: Image.Image) -> Image.Image:
+    """The image as a viewer shows it: its EXIF orientation applied (phones store portraits sideways + a tag).
+
+    Every image davir reads goes through here (via `load_rgb` / `load_mask` / `upright_size`), so a tagged
+    photo pairs with the same view exported upright, and masks, features and captions see one frame."""
+    return ImageOps.exif_transpose(image)
+
+
+def upright_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) after `upright`, read from the header alone (nothing is decoded)."""
+    orientation = image.getexif().get(EXIF_ORIENTATION)
+    return (image.height, image.width) if orientation in SIDEWAYS_ORIENTATIONS else image.size
+
+
 def load_rgb(path: Path, *, record: str = "?", max_side: int | None = None) -> Image.Image:
-    """Load one image as RGB, with a clear error naming the record for a missing, corrupt or oversized file.
+    """Load one image as upright RGB, with a clear error naming the record for a missing, corrupt or oversized file.
 
     `max_side`: decode no larger than needed for a long side of at least `max_side` px — JPEG decodes at
     1/2, 1/4 or 1/8 scale (`draft`), other formats are box-reduced by an integer factor right after
     decoding — so a huge photo costs its working resolution, not its full size, in memory and time.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"record {record!r}: the image path is a folder, not an image file: {path}")
     if not path.is_file():
         raise DataError(f"record {record!r}: image file is missing: {path}")
     try:
@@ -102,9 +163,9 @@ def load_rgb(path: Path, *, record: str = "?", max_side: int | None = None) -> I
                 image.load()
                 factor = max(image.size) // max_side
                 if factor > 1:
-                    return to_rgb(image).reduce(factor)
+                    return to_rgb(upright(image)).reduce(factor)
             image.load()
-            return to_rgb(image)
+            return to_rgb(upright(image))
     except Image.DecompressionBombError as error:
         raise DataError(f"record {record!r}: image is too large to decode safely: {path} ({error})") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
@@ -114,11 +175,13 @@ def load_rgb(path: Path, *, record: str = "?", max_side: int | None = None) -> I
 def load_mask(path: Path, *, record: str = "?") -> np.ndarray:
     """Load a binary mask PNG as a bool array (H, W); any non-zero pixel is inside the mask."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"record {record!r}: the mask path is a folder, not an image file: {path}")
     if not path.is_file():
         raise DataError(f"record {record!r}: mask file is missing: {path}")
     try:
         with Image.open(path) as image:
-            return np.asarray(image.convert("L")) > 0
+            return np.asarray(upright(image).convert("L")) > 0
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataError(f"record {record!r}: mask file is corrupt: {path} ({error})") from error
 
@@ -147,7 +210,7 @@ def load_pair(pair: ChangePair, *, size_policy: str = "resize_before_to_after", 
 
 def _file_size(path: Path) -> tuple[int, int]:
     with Image.open(path) as image:
-        return image.size
+        return upright_size(image)
 
 
 def save_png_atomic(image: Image.Image | np.ndarray, path: Path, *, compress_level: int = 6) -> None:
@@ -160,6 +223,5 @@ def save_png_atomic(image: Image.Image | np.ndarray, path: Path, *, compress_lev
     if isinstance(image, np.ndarray):
         array = image.astype(np.uint8) * 255 if image.dtype == bool else image
         image = Image.fromarray(array)
-    tmp = path.with_name(f".{path.name}.tmp")
-    image.save(tmp, format="PNG", compress_level=compress_level)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        image.save(tmp, format="PNG", compress_level=compress_level)

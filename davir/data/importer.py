@@ -8,7 +8,8 @@ One pass finds every problem, each named by its row ("pairs.csv: line 7: …"):
     missing / empty / undecodable images and masks, before/after (and mask) size mismatches
     (--allow-size-mismatch accepts them: training resizes before to after), and leakage: one image
     (same bytes, under any name) in pairs of two different splits.
-It also reports caption length and vocabulary statistics. Outputs in DIR: `report.json` (counts,
+Captions of punctuation alone ("...") are listed as warnings (report.json "warnings"; they do not stop the
+import). It also reports caption length and vocabulary statistics. Outputs in DIR: `report.json` (counts,
 statistics, every problem) and `summary.html` (one page: the numbers and a grid of sample pairs)
 always; `pairs.jsonl`, the normalised manifest (absolute paths, one line per pair with its caption
 list and split, the seeded split written out), only when there is no problem. Exit status 2 on problems.
@@ -27,7 +28,9 @@ from PIL import Image, UnidentifiedImageError
 
 from davir.data.formats.folder import SplitOptions, assign_splits, folder_contents, to_change_pair
 from davir.data.formats.folder_rows import Problems
+from davir.data.images import upright_size
 from davir.data.records import DataError
+from davir.data.stats import has_words
 from davir.io import write_json_atomic, write_text_atomic
 
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -39,6 +42,8 @@ def _image_facts(path: Path) -> tuple[tuple[int, int] | None, str | None, str | 
     """(size, content hash, problem) of one image file."""
     if not path.exists():
         return None, None, f"file is missing: {path}"
+    if path.is_dir():
+        return None, None, f"the path is a folder, not an image file: {path}"
     if not path.is_file():
         return None, None, f"not a file: {path}"
     data = path.read_bytes()
@@ -47,7 +52,7 @@ def _image_facts(path: Path) -> tuple[tuple[int, int] | None, str | None, str | 
     try:
         with Image.open(path) as image:
             image.load()
-            size = image.size
+            size = upright_size(image)  # as every reader will see it (EXIF orientation applied)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         return None, None, f"not a readable image: {path} ({error})"
     return size, hashlib.blake2b(data, digest_size=16).hexdigest(), None
@@ -68,15 +73,16 @@ def caption_statistics(captions: list[str]) -> dict:
         "words_seen_once": sum(1 for count in vocabulary.values() if count == 1),
         "most_common_words": vocabulary.most_common(15),
         f"captions_over_{LONG_CAPTION_WORDS}_words": sum(1 for n in lengths if n > LONG_CAPTION_WORDS),
+        "captions_without_words": sum(1 for caption in captions if not has_words(caption)),
     }
 
 
 def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), allow_uncaptioned: bool = False,
-                allow_size_mismatch: bool = False) -> dict:
+                allow_size_mismatch: bool = False, encoding: str | None = None) -> dict:
     """Every problem of a folder/manifest in one pass; returns the report (see the module docstring)."""
     source = Path(source)
     problems = Problems(str(source if source.is_file() else source), strict=False)
-    contents = folder_contents(source, problems)
+    contents = folder_contents(source, problems, encoding=encoding)
     problems.source = contents.source
     split_of = assign_splits(contents.pairs, options)
 
@@ -91,7 +97,7 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
         return size, digest
 
     holders: dict[str, dict[str, str]] = defaultdict(dict)  # image hash -> split -> first record using it
-    good, uncaptioned = [], 0
+    good, uncaptioned, warnings = [], 0, []
     for pair in contents.pairs:
         record = pair.records[0] if len(pair.records) == 1 else f"{pair.records[0]} (id {pair.pair_id!r})"
         bad = len(problems.items)
@@ -99,6 +105,8 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
         empty_rows = pair.empty_caption_records
         if not pair.captions:
             uncaptioned += 1
+        warnings.extend(f"{problems.source}: {record}: caption {caption!r} has no words (punctuation only); it teaches "
+                        "the model nothing: fix or delete it" for caption in pair.captions if not has_words(caption))
         if empty_rows and (pair.captions or not allow_uncaptioned):
             for row in empty_rows:
                 problems.add(row, "empty caption")
@@ -142,6 +150,7 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
         "captions": caption_statistics(captions),
         "skipped": [f"{skip.source}: {skip.record}: {skip.reason}" for skip in contents.skipped],
         "notes": contents.notes,
+        "warnings": warnings,
         "problems": problems.lines(),
         "_pairs": good,
     }
@@ -184,6 +193,8 @@ def write_summary(path: Path, report: dict, pairs) -> None:
     }
     if report["notes"]:
         summary["notes"] = " | ".join(report["notes"])
+    if report["warnings"]:
+        summary["warnings"] = f"{len(report['warnings'])}: " + " | ".join(report["warnings"][:20])
     write_report(path, rows, title=f"davir import — {Path(report['source']).name}", summary=summary)
 
 

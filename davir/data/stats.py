@@ -15,12 +15,38 @@ from davir.data.formats import FORMAT_SPLITS, FORMATS, read_dataset
 from davir.data.records import DataError, DatasetIndex
 
 MAX_EXAMPLES = 5
+# DAVIR trains on at most model.max_caption_tokens - 1 tokens of a reference (davir/models/davir_config.py, not
+# imported: the data layer stands below the models). A word is at least one token, so a reference with more
+# words is surely cut in training; train.py prints the exact count with the model's own tokenizer.
+DAVIR_CAPTION_TOKENS = 48
+LONG_REFERENCE_WORDS = DAVIR_CAPTION_TOKENS - 1
 # Split names that are aliases of another split of the same format (not counted twice by default).
 SPLIT_ALIASES = {"folder": {"all"}}
 
 
+def has_words(caption: str) -> bool:
+    """False for a reference of punctuation alone ("...", "—"): it teaches a captioner nothing."""
+    return any(character.isalnum() for character in caption)
+
+
+def reference_counts(index: DatasetIndex) -> dict:
+    """The longest reference in words, the references surely cut in training, and those without words."""
+    long, wordless, longest = [], [], 0
+    for pair in index.pairs:
+        for caption in pair.captions:
+            words = len(caption.split())
+            longest = max(longest, words)
+            if words > LONG_REFERENCE_WORDS:
+                long.append(f"{pair.pair_id}: {words} words")
+            if not has_words(caption):
+                wordless.append(f"{pair.pair_id}: {caption!r}")
+    return {"longest_reference_words": longest,
+            f"references_over_{LONG_REFERENCE_WORDS}_words": len(long), "long_reference_examples": long[:MAX_EXAMPLES],
+            "references_without_words": len(wordless), "wordless_reference_examples": wordless[:MAX_EXAMPLES]}
+
+
 def split_stats(index: DatasetIndex, exists=os.path.isfile) -> dict:
-    """Counts of one split: pairs, references, missing image files, change types, skips."""
+    """Counts of one split: pairs, references (over-long, without words), missing image files, change types, skips."""
     known: dict[str, bool] = {}
 
     def present(path) -> bool:
@@ -42,6 +68,7 @@ def split_stats(index: DatasetIndex, exists=os.path.isfile) -> dict:
         "pairs": len(index.pairs),
         "reference_sentences": sum(len(pair.captions) for pair in index.pairs),
         "pairs_without_captions": sum(1 for pair in index.pairs if not pair.captions),
+        **reference_counts(index),
         "pairs_with_missing_images": missing_pairs,
         "image_files_checked": len(known),
         "image_files_missing": sum(1 for ok in known.values() if not ok),

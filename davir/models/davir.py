@@ -147,6 +147,11 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
         )
         return [list(ids) for ids in encoded["input_ids"]]
 
+    def caption_lengths(self, captions: Sequence[str]) -> list[int]:
+        """Tokens of each caption before `_caption_ids` cuts it to max_caption_tokens - 1 (+ EOS)."""
+        encoded = self.tokenizer([c.strip() for c in captions], add_special_tokens=False, verbose=False)
+        return [len(ids) for ids in encoded["input_ids"]]
+
     def _caption_ids(self, captions: Sequence[str]) -> list[list[int]]:
         encoded = self.tokenizer(
             [c.strip() for c in captions],

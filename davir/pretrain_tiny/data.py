@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
+from davir.data.images import load_rgb
 from davir.data.records import DataError
 from davir.data.synthetic import (
     COLOR_WORDS,
@@ -45,11 +46,7 @@ VIEWS = ("before", "after", "nonsemantic")
 
 def _load_image(path: Path, size: int) -> np.ndarray:
     # The InstructBLIP processor's own resize: PIL bicubic to size×size on the uint8 RGB image.
-    try:
-        with Image.open(path) as image:
-            resized = image.convert("RGB").resize((size, size), Image.BICUBIC)
-    except OSError as err:
-        raise DataError(f"{path}: cannot read image ({err})") from err
+    resized = load_rgb(path, record=path.name).resize((size, size), Image.BICUBIC)
     return np.asarray(resized).transpose(2, 0, 1)
 
 

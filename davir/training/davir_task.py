@@ -52,6 +52,7 @@ class DavirTask:
         self.model = build_davir_model(
             model_config, captions_for_tokenizer=[c for p in train_pairs for c in p.captions],
             device=accelerator.device)
+        self._note_cut_references([c for p in train_pairs for c in p.captions])
         fields: list = [ImageField(self.model.image_processor, size_policy=data.size_policy)]
         source = f"python -m preprocess {{cmd}} --format {data.format} --root {data.root} --split {{split}} --out {{out}}"
         self.uses_fac = model_config.fac.lambda_attn > 0
@@ -81,6 +82,18 @@ class DavirTask:
         self.train_dataset = ChangeCaptionDataset(train_pairs, fields, caption_mode=data.caption_mode,
                                                   seed=config.run.seed, require_captions=True)
         self.val_dataset = ChangeCaptionDataset(val_pairs, fields, seed=config.run.seed)
+
+    def _note_cut_references(self, captions: list[str]) -> None:
+        """One line when training references exceed the caption budget: they would be cut without a word."""
+        budget = self.model.config.max_caption_tokens - 1  # the end-of-sentence token takes the last place
+        lengths = self.model.caption_lengths(captions)
+        cut = sum(1 for length in lengths if length > budget)
+        if cut:
+            one = cut == 1
+            self.accelerator.print(
+                f"note: {cut} of {len(lengths)} training references {'is' if one else 'are'} longer than "
+                f"model.max_caption_tokens={budget + 1} allows ({budget} tokens and the end of sentence; the longest "
+                f"has {max(lengths)}): training sees only {'its' if one else 'their'} first {budget} tokens")
 
     def unwrapped(self):
         return self.accelerator.unwrap_model(self.model)

@@ -139,10 +139,10 @@ def _side_by_side(root: Path, problems: Problems) -> FolderContents:
     return _match(root, _by_name(sides["before"], name_of, root), _by_name(sides["after"], name_of, root), problems)
 
 
-def _manifest(path: Path, problems: Problems) -> FolderContents:
+def _manifest(path: Path, problems: Problems, encoding: str | None = None) -> FolderContents:
     if not path.is_file():
         raise DataError(f"pair manifest is missing: {path}")
-    rows, unused, columns = manifest_rows(path, problems)
+    rows, unused, columns = manifest_rows(path, problems, encoding)
     notes = [f"{path}: column(s) {', '.join(map(repr, unused))} are not davir columns "
              f"({', '.join(COLUMNS)}); "
              "their values are kept in ChangePair.meta and otherwise unused"] if unused else []
@@ -150,16 +150,18 @@ def _manifest(path: Path, problems: Problems) -> FolderContents:
                           has_captions="caption" in columns or "captions" in columns)
 
 
-def folder_contents(path: str | Path, problems: Problems | None = None) -> FolderContents:
-    """Read a folder (or manifest file) in whichever layout it has; `problems` collects row errors."""
+def folder_contents(path: str | Path, problems: Problems | None = None, *, encoding: str | None = None
+                    ) -> FolderContents:
+    """Read a folder (or manifest file) in whichever layout it has; `problems` collects row errors;
+    `encoding`: a manifest's text encoding when it is not UTF-8."""
     path = Path(path)
     if path.is_file():
-        return _manifest(path, problems or Problems(str(path)))
+        return _manifest(path, problems or Problems(str(path)), encoding)
     if not path.is_dir():
         raise DataError(f"{path}: no such folder or manifest file")
     for name in MANIFEST_NAMES:
         if (path / name).is_file():
-            return _manifest(path / name, problems or Problems(str(path / name)))
+            return _manifest(path / name, problems or Problems(str(path / name)), encoding)
     problems = problems or Problems(str(path))
     if (path / "before").is_dir() and (path / "after").is_dir():
         contents = _subfolders(path, problems)
@@ -170,6 +172,9 @@ def folder_contents(path: str | Path, problems: Problems | None = None) -> Folde
             f"{path}: found no image pairs: expected before/ and after/ folders, NAME_before/NAME_after files, "
             "or a pairs.csv / pairs.jsonl manifest"
         )
+    if not contents.pairs:  # every image lacks its partner: likely misnamed files, not a folder to caption nothing of
+        examples = "; ".join(f"{skip.record} ({skip.reason})" for skip in contents.skipped[:3])
+        raise DataError(f"no pairs found in {path}: {len(contents.skipped)} file(s) without a partner, e.g. {examples}")
     return contents
 
 

@@ -110,8 +110,8 @@ def caption_list(value: Any, *, record: str, field_name: str, problems: Problems
     return captions, blank
 
 
-def _csv_rows(path: Path, problems: Problems) -> tuple[list[tuple[str, dict]], list[str]]:
-    with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: Excel writes a BOM
+def _csv_rows(path: Path, problems: Problems, encoding: str | None) -> tuple[list[tuple[str, dict]], list[str]]:
+    with open(path, newline="", encoding=encoding or "utf-8-sig") as handle:  # -sig: Excel writes a BOM
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:
@@ -135,9 +135,9 @@ def _csv_rows(path: Path, problems: Problems) -> tuple[list[tuple[str, dict]], l
     return rows, columns
 
 
-def _jsonl_rows(path: Path, problems: Problems) -> tuple[list[tuple[str, dict]], list[str]]:
+def _jsonl_rows(path: Path, problems: Problems, encoding: str | None) -> tuple[list[tuple[str, dict]], list[str]]:
     rows, columns = [], []
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding=encoding or "utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -154,15 +154,23 @@ def _jsonl_rows(path: Path, problems: Problems) -> tuple[list[tuple[str, dict]],
     return rows, columns
 
 
-def manifest_rows(path: Path, problems: Problems) -> tuple[list[FolderRow], list[str], list[str]]:
-    """The rows of a pairs.csv / pairs.jsonl, the columns davir does not use, and all columns."""
+def manifest_rows(path: Path, problems: Problems, encoding: str | None = None
+                  ) -> tuple[list[FolderRow], list[str], list[str]]:
+    """The rows of a pairs.csv / pairs.jsonl, the columns davir does not use, and all columns.
+
+    `encoding`: the file's text encoding when it is not UTF-8 (`davir.data import --encoding latin-1`)."""
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".jsonl"):
         raise DataError(f"{path}: a pair manifest must be a .csv or .jsonl file")
+    kind = "CSV" if suffix == ".csv" else "JSON-lines"
     try:
-        raw, columns = (_csv_rows if suffix == ".csv" else _jsonl_rows)(path, problems)
-    except (UnicodeDecodeError, csv.Error) as error:  # a binary or mis-encoded file
-        raise DataError(f"{path}: not a UTF-8 {'CSV' if suffix == '.csv' else 'JSON-lines'} file ({error})") from error
+        raw, columns = (_csv_rows if suffix == ".csv" else _jsonl_rows)(path, problems, encoding)
+    except LookupError as error:
+        raise DataError(f"--encoding {encoding}: unknown encoding (e.g. utf-8, latin-1, cp1252)") from error
+    except UnicodeDecodeError as error:  # a binary or mis-encoded file
+        raise DataError(_undecodable(path, kind, encoding or "utf-8")) from error
+    except csv.Error as error:
+        raise DataError(f"{path}: not a UTF-8 {kind} file ({error})") from error
     if not raw and not problems.items:
         raise DataError(f"{path}: the manifest lists no pairs (a header and no rows); add one row per pair")
     unused = [name for name in columns if name not in COLUMNS]
@@ -174,6 +182,26 @@ def manifest_rows(path: Path, problems: Problems) -> tuple[list[FolderRow], list
             parsed.meta = {name: row[name] for name in unused if row.get(name) not in (None, "")}
             rows.append(parsed)
     return rows, unused, columns
+
+
+def _undecodable(path: Path, kind: str, encoding: str) -> str:
+    """Where a manifest stops decoding (line and column; the decoder's own position is within a buffer),
+    and how to make it UTF-8: most often a spreadsheet saved it as Latin-1 / Windows-1252."""
+    data = path.read_bytes()
+    try:
+        data.decode(encoding)
+        offset = 0
+    except UnicodeDecodeError as error:
+        offset = error.start
+    line_start = data.rfind(b"\n", 0, offset) + 1
+    line = data.count(b"\n", 0, offset) + 1
+    column = len(data[line_start:offset].decode(encoding, errors="replace")) + 1
+    name = "UTF-8" if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else encoding
+    converted = path.with_name(f"{path.stem}-utf8{path.suffix}")
+    return (f"{path}: line {line}, column {column}: not a {name} {kind} file (byte 0x{data[offset]:02x}); a spreadsheet "
+            f"may have saved it as Latin-1 or Windows-1252: convert it with `iconv -f latin1 -t utf-8 {path} > "
+            f"{converted}` (-f cp1252 for Windows), or import it with `python -m davir.data import {path} "
+            "--encoding latin-1 --out DIR`, which writes a UTF-8 pairs.jsonl")
 
 
 def _manifest_row(row: dict, record: str, base: Path, source: str, problems: Problems) -> FolderRow | None:
