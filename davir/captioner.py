@@ -2,7 +2,7 @@
 
     from davir import ChangeCaptioner
     captioner = ChangeCaptioner.from_pretrained("runs/demo")          # DAVIR or a lightweight run
-    captioner.caption("before.png", "after.png").caption              # paths, PIL images or uint8 arrays
+    captioner.caption("before.png", "after.png").caption              # paths, PIL images or arrays
     captioner.caption([b1, b2], [a1, a2])                              # a batch → a list of results
 
 Two stages, so a DataLoader's workers can run the first while the model runs the second:
@@ -26,9 +26,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from davir.data.images import load_pair, to_rgb
+from davir.data.images import array_to_rgb, load_pair, to_rgb
 from davir.data.records import ChangePair, DataError
-from davir.io import read_json
 from davir.run_paths import RunPaths
 
 ENTITIES_KEPT = 5     # entities reported per pair (the prompt uses the model's top-k of them)
@@ -65,12 +64,7 @@ def _as_image(image, name: str) -> Image.Image:
     if isinstance(image, Image.Image):
         return to_rgb(image)
     if isinstance(image, np.ndarray):
-        array = image if image.dtype == np.uint8 else np.clip(image, 0, 255).astype(np.uint8)
-        if array.ndim == 2:
-            array = np.repeat(array[..., None], 3, axis=2)
-        if array.ndim != 3 or array.shape[2] not in (3, 4):
-            raise DataError(f"{name}: expected an (H, W, 3) RGB array, got shape {image.shape}")
-        return to_rgb(Image.fromarray(array))
+        return array_to_rgb(image, name=name)
     raise TypeError(f"{name}: expected a path, a PIL image or an array, got {type(image).__name__}")
 
 
@@ -81,8 +75,9 @@ class DavirEngine:
 
     def __init__(self, run: RunPaths, device, pretrained: str | Path | None):
         from davir.models.davir import DavirModel
+        from davir.models.davir_checkpoint import read_davir_config
 
-        recorded = read_json(run.model_dir / "davir_config.json")["config"].get("pretrained")
+        recorded = read_davir_config(run.model_dir).pretrained
         base = pretrained or run.resolve(recorded, what="pretrained InstructBLIP folder (model.pretrained)",
                                          flag="--pretrained")
         self.model = DavirModel.from_pretrained(run.model_dir, device=device, pretrained=base).eval()

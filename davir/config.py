@@ -14,6 +14,7 @@ naming the key from the config's root: "optim.batch_size: must be ≥ 1, got 0".
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -177,6 +178,14 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     return plain(value)
 
 
+def _require_finite(key: str, value: Any) -> None:
+    """inf, -inf and nan pass every range check written as a comparison (or none is written): refuse them here."""
+    items = enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)]
+    for index, item in items:
+        if isinstance(item, float) and not math.isfinite(item):
+            raise FieldError(key if index is None else f"{key}[{index}]", f"must be a finite number, got {item}")
+
+
 def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
     """Build dataclass `cls` from a (nested) mapping, rejecting unknown keys."""
     hints = typing.get_type_hints(cls)
@@ -190,6 +199,7 @@ def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
             kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
         except FieldError as error:  # from a nested dataclass: prefix its path
             raise FieldError(f"{key}.{error.key}", error.problem) from None
+        _require_finite(key, kwargs[key])
     try:
         return cls(**kwargs)
     except ConfigError:

@@ -131,7 +131,6 @@ def recorded_paths(run, run_data: dict, *, root: bool, entities: bool) -> dict:
 
 def generate_and_score(args: argparse.Namespace) -> int:
     """--checkpoint: caption the split with the model (sharded over processes), write and score the predictions."""
-    import yaml
     from accelerate import Accelerator
     from accelerate.utils import gather_object
 
@@ -140,6 +139,7 @@ def generate_and_score(args: argparse.Namespace) -> int:
     from davir.data.images import load_mask
     from davir.inference import caption_pairs, load_davir, localisation_summary, resolve_model_dir, run_dir_of
     from davir.metrics.io import write_predictions
+    from davir.run_files import read_run_config, saved_model_state, unfinished_run_note
     from davir.run_paths import RunPaths
     from davir.training.run import run_decoding
 
@@ -150,7 +150,14 @@ def generate_and_score(args: argparse.Namespace) -> int:
                             max_new_tokens=getattr(args, "max_new_tokens", None))
     args.num_beams, args.max_new_tokens = decoding["num_beams"], decoding["max_new_tokens"]
     print(f"decoding: num_beams={args.num_beams}, max_new_tokens={args.max_new_tokens} ({decoding['source']})", file=sys.stderr)
-    run_data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"] if run_dir else {}
+    # --format/--root not given: the run's config.yaml must name them (checked: the file and key are named)
+    needed = tuple(key for key, given in (("data.format", args.format), ("data.root", args.root)) if given is None)
+    run_data = (read_run_config(run_dir, required=needed, hint="pass --format and --root").get("data") or {}
+                if run_dir else {})
+    saved = saved_model_state(model_dir, run_dir)
+    note = unfinished_run_note(saved, run_dir) if run_dir else None
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     if run_dir is not None:  # the run's relative paths are relative to where it was trained, not to here
         run_data = recorded_paths(RunPaths.of(args.checkpoint), run_data,
                                   root=args.root is None, entities=args.entities is None)
@@ -235,7 +242,7 @@ def generate_and_score(args: argparse.Namespace) -> int:
     metrics = read_json(args.out)
     # How many different sentences the model wrote: a collapsed captioner writes one for every pair.
     metrics.update({"distinct_captions": len(set(predictions.values())), "localisation": localisation, "not_captioned": [{"pair_id": p.pair_id, "error": p.error} for p in failed],
-                    "checkpoint": str(model_dir), "limit": args.limit, "decoding": decoding})
+                    "checkpoint": str(model_dir), **saved, "limit": args.limit, "decoding": decoding})
     write_json_atomic(args.out, metrics)
     print(f"predictions, metrics and table in {out_dir}", file=sys.stderr)
     return status

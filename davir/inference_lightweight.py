@@ -26,6 +26,7 @@ from davir.data.records import ChangePair, DataError
 from davir.inference import Prediction
 from davir.io import read_json
 from davir.models.lightweight import LightweightCaptioner, load_lightweight_model
+from davir.run_files import read_lightweight_info
 from davir.text.vocab import Vocabulary
 
 LIGHTWEIGHT_CONFIG = "lightweight_config.json"
@@ -60,7 +61,7 @@ def load_lightweight(model_dir: str | Path, device: str | torch.device | None = 
     config_path = model_dir / LIGHTWEIGHT_CONFIG
     if not config_path.is_file():
         raise DataError(f"{model_dir} is not a saved lightweight model (no {LIGHTWEIGHT_CONFIG})")
-    info = read_json(config_path)
+    info = read_lightweight_info(model_dir)  # each key checked: a damaged file is named with its key
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_lightweight_model(model_dir / info.get("weights", "model.safetensors"), device=device).eval()
@@ -70,6 +71,9 @@ def load_lightweight(model_dir: str | Path, device: str | torch.device | None = 
     bundle = LightweightBundle(model, vocab, info, model_dir)
     if info.get("entity_phrases"):
         phrases = read_json(model_dir / info["entity_phrases"])
+        if not isinstance(phrases, list) or not all(isinstance(phrase, str) for phrase in phrases):
+            raise DataError(f"{model_dir / info['entity_phrases']}: expected a JSON list of entity phrases "
+                            f"(named by key 'entity_phrases' of {config_path})")
         bundle.entity_phrases = list(phrases)
         bundle.entity_index = {phrase: i for i, phrase in enumerate(phrases)}
     return bundle
@@ -163,7 +167,9 @@ def caption_pairs_lightweight(
                 else:
                     for path in (pair.before, pair.after):
                         if not Path(path).is_file():
-                            raise DataError(f"pair {pair.pair_id!r}: image file is missing: {path}")
+                            problem = ("the image path is a folder, not an image file" if Path(path).is_dir()
+                                       else "image file is missing")
+                            raise DataError(f"pair {pair.pair_id!r}: {problem}: {path}")
                 ready.append(pair)
                 entities.append(ids)
             except DataError as error:

@@ -14,14 +14,12 @@ naming the flag to pass.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from davir.data.records import DataError
 from davir.inference import resolve_model_dir, run_dir_of
+from davir.run_files import read_run_config, read_run_info
 
 
 @dataclass
@@ -29,18 +27,15 @@ class RunPaths:
     model_dir: Path                 # the saved model folder (a run's best/ or last/, or a model folder)
     run_dir: Path | None            # the run folder holding config.yaml, if any
     config: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # run_info.json ({} for a run without one)
 
     @classmethod
     def of(cls, checkpoint: str | Path) -> "RunPaths":
         model_dir = resolve_model_dir(checkpoint).resolve()
         run_dir = run_dir_of(model_dir)
-        config = {}
-        if run_dir is not None:
-            try:
-                config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-            except (OSError, yaml.YAMLError) as error:
-                raise DataError(f"{run_dir / 'config.yaml'}: not a readable run config ({error})") from error
-        return cls(model_dir, run_dir, config)
+        if run_dir is None:
+            return cls(model_dir, None)
+        return cls(model_dir, run_dir, read_run_config(run_dir), read_run_info(run_dir) or {})
 
     @property
     def data(self) -> dict:
@@ -56,13 +51,9 @@ class RunPaths:
             run_dir = self.run_dir.resolve()
             if run_dir.parts[-len(parts):] == parts:
                 bases.append(run_dir.parents[len(parts) - 1])
-        if self.run_dir is not None:
-            try:
-                recorded_cwd = json.loads((self.run_dir / "run_info.json").read_text()).get("cwd")
-            except (OSError, ValueError, AttributeError):
-                recorded_cwd = None  # an older run, or an unreadable file: the other bases still apply
-            if isinstance(recorded_cwd, str) and Path(recorded_cwd).is_dir():
-                bases.append(Path(recorded_cwd))
+        recorded_cwd = self.info.get("cwd")  # checked when read; absent in runs of older versions
+        if recorded_cwd and Path(recorded_cwd).is_dir():
+            bases.append(Path(recorded_cwd))
         bases.append(Path.cwd())
         return bases
 

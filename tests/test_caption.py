@@ -157,6 +157,46 @@ def test_python_api_takes_paths_images_and_arrays_like_caption_py(trained, tmp_p
     assert arrays.caption == expected[1] and arrays.error is None
 
 
+def test_python_api_reads_arrays_of_every_common_dtype_in_their_usual_range(trained, tmp_path):
+    from davir import ChangeCaptioner
+    from davir.data.images import array_to_rgb
+
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 1)
+    before, after = (np.asarray(Image.open(pairs / side / "p00.png").convert("RGB")) for side in ("before", "after"))
+    # the same pixels in each common dtype and layout read back as the same uint8 RGB image, exactly
+    same = {
+        "float32 [0, 1]": lambda a: a.astype(np.float32) / 255, "float64 [0, 1]": lambda a: a / 255.0,
+        "float16 [0, 1]": lambda a: (a / 255.0).astype(np.float16), "uint16 0-65535": lambda a: a.astype(np.uint16) * 257,
+        "int64 0-255": lambda a: a.astype(np.int64), "opaque RGBA": lambda a: np.dstack([a, np.full(a.shape[:2], 255, np.uint8)]),
+    }
+    for name, convert in same.items():
+        assert np.array_equal(np.asarray(array_to_rgb(convert(before), name="before")), before), name
+    gray = before[..., 0]
+    assert np.array_equal(np.asarray(array_to_rgb(gray / 255.0, name="g")), np.dstack([gray] * 3))
+    assert np.array_equal(np.asarray(array_to_rgb(gray[..., None], name="g")), np.dstack([gray] * 3))
+    mask = gray > 100  # bool: False black, True white (not 0 and 1, which are both black)
+    assert set(np.unique(np.asarray(array_to_rgb(mask, name="m")))) == {0, 255}
+
+    captioner = ChangeCaptioner.from_pretrained(trained / "runs" / "tiny", device="cpu")
+    expected = captioner.caption(before, after)
+    assert expected.caption and expected.error is None
+    assert captioner.caption(before / 255.0, after.astype(np.float32) / 255).caption == expected.caption
+    assert captioner.caption(before.astype(np.uint16) * 257, after).caption == expected.caption
+    refused = {
+        "float64": (before.astype(np.float64), "[0, 1]", "to 255.0", "/ 255"),
+        "int32": (before.astype(np.int32) + 200, "to 455", "0-255"),
+        "complex128": (before.astype(np.complex128), "complex128", "uint8"),
+        "float32": (np.where(before > 100, np.nan, 0.5).astype(np.float32), "NaN", "[0, 1]"),
+    }
+    for dtype, (array, *words) in refused.items():
+        with pytest.raises(DataError) as caught:
+            captioner.caption(array, after)
+        message = str(caught.value)
+        assert message.startswith("before: ") and dtype in message and all(word in message for word in words), message
+    with pytest.raises(DataError, match=r"after: .*shape \(72, 96, 2\)"):
+        captioner.caption(before, after[..., :2])
+
+
 def test_evaluate_checkpoint_finds_the_runs_data_from_any_folder(trained, tmp_path, capsys, monkeypatch):
     from davir.cli import evaluate as evaluate_script
 
@@ -222,6 +262,57 @@ def test_bad_images_get_a_per_pair_error_and_the_good_pairs_are_kept(trained, tm
     assert "too large to decode safely" in rows["bomb"]["error"] and "bomb.png" in rows["bomb"]["error"]
     assert all(rows[k]["caption"] and rows[k]["error"] is None for k in ("p00", "p01", "one", "two"))
     assert "note: bomb:" in err
+
+
+def test_a_rerun_retries_the_pairs_that_failed_and_replaces_their_rows(trained, tmp_path, capsys):
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 3)
+    image = pairs / "before" / "p01.png"
+    good = image.read_bytes()
+    image.write_bytes(good[: len(good) // 3])  # a cut download
+    out = tmp_path / "out" / "captions.jsonl"
+    argv = lambda out: ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out,  # noqa: E731
+                        "--batch-size", "2", "--workers", "0", "--quiet"]
+    status, stdout, _ = run(argv(out), capsys)
+    rows = rows_of(out)
+    assert status == 0 and "captioned 2 pair(s), 1 not captioned" in stdout
+    assert [r["id"] for r in rows] == ["p00", "p01", "p02"] and "p01.png" in rows[1]["error"]
+
+    image.write_bytes(good)  # fixed: the rerun captions it instead of reporting the old error again
+    status, stdout, err = run(argv(out), capsys)
+    assert status == 0 and "skipping 2 pair(s) already captioned" in err
+    assert "retrying 1 pair(s) that failed in an earlier run" in err
+    assert "captioned 3 pair(s), 0 not captioned; 1 this run (1 retried)" in stdout
+    assert (tmp_path / "out" / "report_files" / "strips" / "0000001.jpg").is_file()
+    # One row per pair, the failed one replaced in place: the output of one run on the fixed folder.
+    fresh = tmp_path / "fresh.jsonl"
+    assert run(argv(fresh), capsys)[0] == 0
+    assert out.read_text() == fresh.read_text()
+    assert "skipping 3 pair(s)" in run(argv(out), capsys)[2] and out.read_text() == fresh.read_text()
+
+
+def test_a_folder_as_an_image_and_a_folder_without_pairs_are_named(trained, tmp_path, capsys):
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 1)
+    manifest = tmp_path / "pairs.csv"
+    manifest.write_text(f"before,after,id\n{pairs / 'before' / 'p00.png'},{pairs / 'after'},folder\n"
+                        f"{pairs / 'before' / 'p00.png'},{pairs / 'after' / 'p00.png'},fine\n")
+    out = tmp_path / "c.jsonl"
+    status, _, _ = run(["--checkpoint", trained / "runs" / "tiny", "--pairs", manifest, "--out", out, "--quiet"],
+                       capsys)
+    rows = {r["id"]: r for r in rows_of(out)}
+    assert status == 0 and rows["fine"]["caption"]
+    assert rows["folder"]["error"] == f"record 'folder': the image path is a folder, not an image file: {pairs / 'after'}"
+
+    lonely = tmp_path / "lonely"  # every image lacks its partner (misnamed files): nothing to caption
+    (lonely / "before").mkdir(parents=True)
+    (lonely / "after").mkdir()
+    for side, name in (("before", "a"), ("before", "b"), ("before", "c"), ("after", "z")):
+        Image.new("RGB", (4, 4)).save(lonely / side / f"{name}.png")
+    status, _, err = run(["--checkpoint", trained / "runs" / "tiny", "--pairs", lonely, "--quiet"], capsys)
+    assert status == 2 and error_line(err) == (
+        f"error: no pairs found in {lonely}: 4 file(s) without a partner, e.g. a.png (before image has no matching "
+        "after image (expected name 'a')); b.png (before image has no matching after image (expected name 'b')); "
+        "c.png (before image has no matching after image (expected name 'c'))")
+    assert not (lonely / "captions.jsonl").exists()
 
 
 def test_outputs_are_checked_before_any_work(trained, tmp_path, capsys, make_read_only):

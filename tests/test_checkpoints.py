@@ -129,6 +129,89 @@ def test_unreadable_rng_state_of_an_old_checkpoint_is_refused(finished_run, tmp_
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# --resume with settings other than the run's: applied and recorded, or refused naming the keys
+# ---------------------------------------------------------------------------------------------------------------
+
+def _lrs(run_dir):
+    rows = {row["step"]: row["train/lr"] for row in read_jsonl(run_dir / "train_log.jsonl")}
+    return [rows[s] for s in sorted(rows)]
+
+
+def test_resume_applies_a_new_lr_from_the_resume_step_and_records_it(finished_run, synth_root, tmp_path, capsys):
+    """optim.lr=5e-4 (the run's: 1e-3) on resume at step 2: the schedule's base rate is halved from step 3 on,
+    run.save_every takes effect too; config.yaml holds the new values, run_info.json since which step."""
+    import yaml
+
+    from davir.cli import train
+
+    run_dir = _copy(finished_run, tmp_path)
+    full = _lrs(finished_run)
+    shutil.rmtree(run_dir / "checkpoints" / "step_4")
+    _kill_after_step_2(run_dir)
+    capsys.readouterr()
+    assert train.main([*_argv(synth_root, run_dir, "optim.lr=5e-4", "run.save_every=1"), "--resume"]) == 0
+    note = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("note: resumed with"))
+    assert "from step 3" in note and "optim.lr 0.001 -> 0.0005" in note and "run.save_every 2 -> 1" in note
+    assert f"learning rate now {full[1] / 2:.3g} (was {full[1]:.3g})" in note
+    lrs = _lrs(run_dir)
+    assert lrs[:2] == full[:2] and lrs[2:] == pytest.approx([lr / 2 for lr in full[2:]], rel=1e-9, abs=1e-12)
+    assert (run_dir / "checkpoints" / "step_3" / "COMPLETE").is_file()
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert (saved["optim"]["lr"], saved["run"]["save_every"]) == (5e-4, 1)
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["resume_changes"] == [{"step": 3, "key": "optim.lr", "from": 1e-3, "to": 5e-4},
+                                      {"step": 3, "key": "run.save_every", "from": 2, "to": 1}]
+    assert info["finished"] is True and info["final_step"] == 4
+
+
+def test_resume_to_a_longer_run_records_the_new_length(finished_run, synth_root, tmp_path, capsys):
+    from davir.cli import train
+
+    run_dir = _copy(finished_run, tmp_path)
+    capsys.readouterr()
+    assert train.main([*_argv(synth_root, run_dir, "optim.max_steps=6"), "--resume"]) == 0
+    assert [row["step"] for row in read_jsonl(run_dir / "train_log.jsonl")] == [1, 2, 3, 4, 5, 6]
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["resume_changes"] == [{"step": 5, "key": "optim.max_steps", "from": 4, "to": 6}]
+    assert (info["max_steps"], info["final_step"]) == (6, 6)
+    capsys.readouterr()
+    assert train.main([*_argv(synth_root, run_dir, "optim.max_steps=5"), "--resume"]) == 2
+    assert "below step 6 that its checkpoint reached" in capsys.readouterr().err
+
+
+def test_resume_history_after_a_fallback_or_a_kill_between_the_two_files():
+    from davir.training.resume import merged_history
+
+    lr = {"key": "optim.lr", "from": 1e-3, "to": 5e-4}
+    # the checkpoint of step 4 was damaged: resumed at step 2, the recorded change (config.yaml has it) applies from 3
+    assert merged_history([{"step": 5, **lr}], [], step=2) == [{"step": 3, **lr}]
+    # killed after run_info.json, before config.yaml: the change is found again, and recorded once
+    assert merged_history([{"step": 5, **lr}], [{"step": 5, **lr}], step=4) == [{"step": 5, **lr}]
+    # the same change made again later is a second entry
+    assert merged_history([{"step": 3, **lr}], [{"step": 7, **lr}], step=6) == [{"step": 3, **lr}, {"step": 7, **lr}]
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["optim.batch_size=2"], "optim.batch_size (4 -> 2)"),
+    (["model.lora.llm_rank=4", "run.seed=3"], "model.lora.llm_rank (16 -> 4), run.seed (0 -> 3)"),
+    (["run.best_metric=BLEU-4"], "run.best_metric ('CIDEr' -> 'BLEU-4')"),
+    (["data.root=/elsewhere"], "data.root ("),
+])
+def test_resume_refuses_settings_that_change_what_is_trained(finished_run, synth_root, tmp_path, capsys, overrides,
+                                                            named):
+    from davir.cli import train
+
+    run_dir = _copy(finished_run, tmp_path)
+    before = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "run_info.json", "train_log.jsonl")}
+    capsys.readouterr()
+    assert train.main([*_argv(synth_root, run_dir, *overrides), "--resume"]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"config error: --resume: {run_dir / 'config.yaml'} was trained with other values")
+    assert named in first
+    assert {name: (run_dir / name).read_bytes() for name in before} == before  # config.yaml still tells the truth
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Model folders (evaluate.py / caption.py / from_pretrained)
 # ---------------------------------------------------------------------------------------------------------------
 

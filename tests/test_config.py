@@ -166,3 +166,28 @@ def test_model_config_checks_name_the_key_too():
 
     with pytest.raises(ConfigError, match=r"defaults.model.fac: FAC lambda_attn must be >= 0"):
         load_config(TrainConfig, None, ["model.fac.lambda_attn=-1"])
+
+
+# --- non-finite numbers (inf, -inf, nan) are refused at load, naming the key ------------------------
+
+@pytest.mark.parametrize("text", ["inf", "-inf", ".inf", "-.inf", "nan", ".nan"])
+def test_non_finite_floats_are_refused_from_yaml_naming_the_key(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"rate: {text}\n")
+    shown = str(float(text.replace(".", "")))  # YAML's .inf is Python's inf
+    with pytest.raises(ConfigError, match=rf"^rate: must be a finite number, got {shown}$"):
+        load_config(Typed, path)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.lr=inf", "optim.lr"), ("optim.lr=-inf", "optim.lr"), ("optim.max_grad_norm=inf", "optim.max_grad_norm"),
+    ("optim.betas=[0.9, inf]", "optim.betas[1]"), ("lightweight.dropout=-inf", "lightweight.dropout"),
+    ("lightweight.decoder_init_std=inf", "lightweight.decoder_init_std"),  # an optional float field
+])
+def test_train_refuses_non_finite_overrides_naming_the_key(override, key, capsys, tmp_path):
+    import train
+
+    assert train.main([override, f"run.output_dir={tmp_path / 'run'}"]) == 2
+    value = override.split("=", 1)[1].strip("[]").split(", ")[-1]
+    assert capsys.readouterr().err.splitlines()[0] == f"config error: {key}: must be a finite number, got {value}"
+    assert not (tmp_path / "run").exists()

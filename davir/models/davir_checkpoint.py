@@ -66,21 +66,21 @@ class DavirCheckpointMixin:
         """Load a folder written by :meth:`save_pretrained`. ``pretrained`` replaces the base-model folder
         recorded in the config (e.g. the run moved to another machine)."""
         directory = Path(directory)
-        meta = read_json(directory / CONFIG_FILE)
-        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION or "config" not in meta:
-            raise DataError(f"{directory / CONFIG_FILE}: not a DAVIR model config of format version {FORMAT_VERSION}")
-        config = DavirModelConfig.from_dict(meta["config"], where=str(directory / CONFIG_FILE))
+        config = read_davir_config(directory)
         if pretrained is not None:
             config.pretrained = str(pretrained)
         processor_dir = directory / PROCESSOR_DIR
         if not processor_dir.is_dir():
             raise DataError(f"{directory}: missing {PROCESSOR_DIR}/ (tokenizers and image processor)")
-        processor = InstructBlipProcessor.from_pretrained(str(processor_dir), local_files_only=True)
+        processor = _load_weights(processor_dir, lambda: InstructBlipProcessor.from_pretrained(
+            str(processor_dir), local_files_only=True), what="the tokenizers and image processor")
         target = torch.device(device) if device is not None else torch.device("cpu")
         if config.pretrained is not None:
             core = load_pretrained_core(config, target)
         else:
-            architecture = InstructBlipConfig.from_pretrained(str(directory / ARCHITECTURE_DIR), local_files_only=True)
+            architecture_dir = directory / ARCHITECTURE_DIR
+            architecture = _load_weights(architecture_dir, lambda: InstructBlipConfig.from_pretrained(
+                str(architecture_dir), local_files_only=True), what="the model architecture")
             core = random_core(architecture, config, target)
         with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
             torch.manual_seed(config.seed)
@@ -117,7 +117,32 @@ class DavirCheckpointMixin:
         return model
 
 
-def _load_weights(path: Path, load):
+def read_davir_config(directory: str | Path) -> DavirModelConfig:
+    """The DavirModelConfig of a saved model folder; a damaged davir_config.json is a DataError naming the
+    file and the key (caption.py and evaluate.py read it before anything else of the folder)."""
+    from davir.config import ConfigError
+
+    path = Path(directory) / CONFIG_FILE
+    meta = read_json(path)
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: expected an object with keys 'format_version' and 'config', "
+                        f"got {type(meta).__name__}")
+    for key in ("format_version", "config"):
+        if key not in meta:
+            raise DataError(f"{path}: missing key '{key}' (not a DAVIR model config of format version {FORMAT_VERSION})")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise DataError(f"{path}: key 'format_version' is {meta['format_version']!r}; this version reads "
+                        f"{FORMAT_VERSION}")
+    if not isinstance(meta["config"], dict):
+        raise DataError(f"{path}: key 'config' must be an object, got {meta['config']!r}")
+    try:
+        return DavirModelConfig.from_dict(meta["config"], where=f"{path}: config")
+    except ConfigError as error:
+        message = str(error)
+        raise DataError(message if message.startswith(str(path)) else f"{path}: config.{message}") from None
+
+
+def _load_weights(path: Path, load, what: str = "these weights"):
     """Run `load` (reading or applying the weights of `path`); a corrupt, empty, truncated or wrong-shape
     file becomes a DataError naming it."""
     try:
@@ -128,5 +153,5 @@ def _load_weights(path: Path, load):
         if isinstance(error, MemoryError):
             raise
         detail = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
-        raise DataError(f"{path}: cannot load these weights ({type(error).__name__}: {detail}); the file is "
+        raise DataError(f"{path}: cannot load {what} ({type(error).__name__}: {detail}); the file is "
                         "corrupt, truncated or from another model — save or copy it again") from error

@@ -26,11 +26,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from davir.errors import DataError
+from davir.run_files import check_keys
 from davir.training.run import list_checkpoints, mark_complete, read_checkpoint_state
 
 MODEL_FILE = "model.safetensors"  # accelerate's name for the (first) model's weights
 RNG_FILE = "random_states_{index}.pkl"
 SHARDED_TYPES = (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+# COMPLETE: the trainer state beside the file manifest (the loop and Validator.restore read these keys)
+TRAINER_STATE_KEYS = {"step": (int,), "best_score": (int, float, type(None)), "best_step": (int, type(None)),
+                      "files": (dict,)}
 
 
 def trainable_state_keys(model: torch.nn.Module) -> set[str]:
@@ -127,12 +131,18 @@ def checkpoint_problems(checkpoint: Path, *, process_index: int = 0) -> list[str
         state = read_checkpoint_state(checkpoint)
     except (OSError, ValueError) as error:
         return [f"{checkpoint / 'COMPLETE'}: unreadable ({error})"]
+    try:
+        check_keys(state, checkpoint / "COMPLETE", TRAINER_STATE_KEYS, ("step",))
+    except DataError as error:  # a key missing or of the wrong type: the step to resume at is unknown
+        return [str(error)]
     problems = []
-    files = state.get("files") if isinstance(state, dict) else None
+    files = state.get("files")
     if isinstance(files, dict):
         for name, expected in files.items():
             path = checkpoint / name
-            if not path.is_file():
+            if not isinstance(expected, dict):
+                problems.append(f"{checkpoint / 'COMPLETE'}: key 'files.{name}' must be an object of bytes and sha256")
+            elif not path.is_file():
                 problems.append(f"{path}: missing")
             elif path.stat().st_size != expected.get("bytes"):
                 problems.append(f"{path}: {path.stat().st_size} bytes, {expected.get('bytes')} when saved (truncated?)")

@@ -28,7 +28,8 @@ from davir.io import append_jsonl
 from davir.training.config import TrainConfig
 from davir.training.checkpoints import (install_trainable_state_hooks, load_checkpoint, save_checkpoint,
                                         usable_checkpoint)
-from davir.training.run import latest_checkpoint, prune_checkpoints, write_run_info
+from davir.training.resume import apply_to_optimizer, describe_changes, plan_resume
+from davir.training.run import latest_checkpoint, mark_run_finished, prune_checkpoints, write_run_info
 from davir.training.tasks import build_task
 from davir.training.validation import Validator
 
@@ -54,6 +55,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
         accelerator.print(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; starting from scratch")
     if (run_dir / "config.yaml").exists() and not resume and not config.run.overwrite:
         raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
+    # --resume with other settings than the run's: refused where unsound, else applied and recorded (resume.py)
+    plan = plan_resume(run_dir, checkpoint, config)
 
     task = build_task(config, accelerator)
     train_loader = torch.utils.data.DataLoader(
@@ -70,16 +73,20 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     if steps_per_epoch == 0:
         raise DataError(f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
                         f"of {config.optim.batch_size} on each of {accelerator.num_processes} processes")
+    max_steps = config.optim.max_steps or config.optim.epochs * steps_per_epoch
+    plan.check_length(max_steps)
     # The run folder is claimed only once start-up succeeded: a run that fails before (missing cache, bad
     # data) leaves nothing behind, so the corrected rerun is not refused as "already holds a run".
     if accelerator.is_main_process:
         if (run_dir / "config.yaml").exists() and not resume:
             shutil.rmtree(run_dir)  # run.overwrite: no stale checkpoints, logs or best/ from the old run
         run_dir.mkdir(parents=True, exist_ok=True)
+        # run_info.json first: a kill between the two leaves a recorded change that the next resume finds again
+        write_run_info(run_dir, seed=config.run.seed, extra={
+            "resumed_from": str(checkpoint) if checkpoint else None, "resume_changes": plan.history,
+            "max_steps": max_steps, "finished": False})  # `finished` is set once last/ is saved
         save_config(config, run_dir / "config.yaml")
-        write_run_info(run_dir, seed=config.run.seed, extra={"resumed_from": str(checkpoint) if checkpoint else None})
     accelerator.wait_for_everyone()
-    max_steps = config.optim.max_steps or config.optim.epochs * steps_per_epoch
     epochs = math.ceil(max_steps / steps_per_epoch)
     describe = getattr(task.train_dataset, "describe", None)
     accelerator.print(
@@ -107,6 +114,9 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
         step = state["step"]
         start_epoch, skip_batches = divmod(step * config.optim.gradient_accumulation_steps, len(train_loader))
         accelerator.print(f"resumed from {checkpoint} at step {step}")
+        if plan.changes:
+            rates = apply_to_optimizer(plan.changes, config, optimizer, scheduler)
+            accelerator.print(f"note: {describe_changes(plan.changes, rates)}")
 
     if config.run.tensorboard:
         accelerator.init_trackers("train", config=task.tracker_config())
@@ -167,6 +177,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
 
     progress.close()
     validator.save_last(step)
+    if accelerator.is_main_process:
+        mark_run_finished(run_dir, step)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return run_dir

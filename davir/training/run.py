@@ -58,6 +58,14 @@ def write_run_info(run_dir: Path, *, seed: int, extra: dict | None = None) -> No
     })
 
 
+def mark_run_finished(run_dir: Path, step: int) -> None:
+    """The final marker: training reached its last step and saved last/ (evaluate.py notes runs without it)."""
+    from davir.run_files import read_run_info
+
+    info = read_run_info(run_dir) or {}
+    write_json_atomic(Path(run_dir) / "run_info.json", {**info, "finished": True, "final_step": step})
+
+
 _STEP = re.compile(r"^step_(\d+)$")
 
 
@@ -109,8 +117,7 @@ def run_decoding(run_dir: str | Path | None, *, num_beams: int | None = None,
     ``run_dir`` is a run folder (holding config.yaml) or a model folder inside one (best/, last/); None or a
     folder without a run config gives the TrainConfig defaults. Returns ``{"num_beams", "max_new_tokens",
     "source"}``, source naming where each value came from (for metrics.json)."""
-    import yaml
-
+    from davir.run_files import read_run_config
     from davir.training.config import RunConfig
 
     defaults = RunConfig()
@@ -120,14 +127,8 @@ def run_decoding(run_dir: str | Path | None, *, num_beams: int | None = None,
         if (candidate / "config.yaml").is_file():
             config_file = candidate / "config.yaml"
             break
-    if config_file is not None:
-        try:
-            raw = yaml.safe_load(config_file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as error:
-            from davir.errors import DataError
-
-            raise DataError(f"{config_file}: cannot read the run config ({error})") from error
-        settings = raw.get("run") or {} if isinstance(raw, dict) else {}
+    if config_file is not None:  # checked: run.num_beams / max_new_tokens are integers ≥ 1 if present
+        settings = read_run_config(config_file).get("run") or {}
     decoding, source = {}, {}
     for key, given in (("num_beams", num_beams), ("max_new_tokens", max_new_tokens)):
         if given is not None:

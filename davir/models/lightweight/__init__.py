@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from davir.data.records import DataError
+from davir.io import atomic_path
 from davir.models.lightweight.base import Encoded, LightweightCaptioner, clevr_pair_loss
 from davir.models.lightweight.cheer import CheerCaptioner
 from davir.models.lightweight.config import METHOD_NAMES, LightweightConfig, paper_settings
@@ -52,12 +53,9 @@ def build_lightweight_model(config: LightweightConfig, **kwargs) -> LightweightC
 
 def save_lightweight_model(model: LightweightCaptioner, path: str | Path) -> None:
     """Write the state dict as safetensors with the config in the metadata (atomic rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     tensors = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
-    save_file(tensors, str(tmp), metadata={CONFIG_METADATA_KEY: json.dumps(model.config.to_dict())})
-    tmp.replace(path)
+    with atomic_path(Path(path)) as tmp:
+        save_file(tensors, str(tmp), metadata={CONFIG_METADATA_KEY: json.dumps(model.config.to_dict())})
 
 
 def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cpu", **kwargs) -> LightweightCaptioner:
@@ -71,7 +69,14 @@ def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cp
         metadata = handle.metadata() or {}
     if CONFIG_METADATA_KEY not in metadata:
         raise DataError(f"{path}: no {CONFIG_METADATA_KEY!r} metadata; not a davir lightweight model file")
-    model = build_lightweight_model(LightweightConfig.from_dict(json.loads(metadata[CONFIG_METADATA_KEY])), **kwargs)
+    try:
+        values = json.loads(metadata[CONFIG_METADATA_KEY])
+        if not isinstance(values, dict):
+            raise ValueError(f"expected an object, got {type(values).__name__}")
+        config = LightweightConfig.from_dict(values)
+    except (ValueError, TypeError) as error:  # malformed JSON, an unknown key, a value of the wrong type or range
+        raise DataError(f"{path}: metadata {CONFIG_METADATA_KEY!r} is not a lightweight model config ({error})") from None
+    model = build_lightweight_model(config, **kwargs)
     try:
         model.load_state_dict(load_file(str(path), device=str(device)))
     except ValueError as error:  # a layout this version refuses, with its reason (e.g. RDD's post-LN encoder)
