@@ -1,19 +1,23 @@
 """The JSONL of `caption.py`: appended in complete lines, resumable, shardable, merged in pair order.
 
     store = CaptionStore(out, settings, num_shards=2, shard_index=0)
-    done = store.open(overwrite=False)      # ids already captioned (repairs a line cut by a kill)
-    store.append(lines)                     # one write of whole lines per batch, then fsync
-    store.finish(order)                     # mark this shard done; the last one merges into `out`
+    store.prepare(overwrite=False, source=…)
+    captioned, failed = store.earlier_rows()  # ids captioned / only failed before (repairs a cut last line)
+    store.append(lines)                     # one write of whole lines per batch, then fsync (all or none)
+    store.finish_shard(); store.merge(…)    # mark this shard done; the last one merges into `out`
 
 One process appends to `out` itself; shard I of N to `out.shard-I-of-N` beside it. `out.manifest.json`
 records the settings the captions were made with: a rerun reuses lines only when they are equal.
 Every line carries the pair's `index` in the input, so the shards merge in order without sorting in
-memory (heapq.merge over the files).
+memory (heapq.merge over the sorted runs of the files). A pair that failed is retried by the next run, whose
+row is appended after the old one: the merge keeps one row per id, a captioned row over a failed one and
+else the later one.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import os
 import time
@@ -21,7 +25,9 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from davir.data.records import DataError
-from davir.io import read_json, write_json_atomic
+from davir.io import append_whole, atomic_path, read_json, write_json_atomic
+
+MAX_RUNS_MERGED = 64  # more sorted runs than this (an input reordered many times): sort in memory instead
 
 
 def _index_key(line: str) -> float:
@@ -55,21 +61,51 @@ def read_complete_lines(path: Path, *, repair: bool) -> Iterator[str]:
     return _lines(path)
 
 
-def _is_sorted(path: Path) -> bool:
-    last = float("-inf")
-    for line in _lines(path):
-        key = _index_key(line)
-        if key < last:
-            return False
-        last = key
-    return True
-
-
 def _lines(path: Path) -> Iterator[str]:
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             if line.endswith("\n") and line.strip():
                 yield line
+
+
+def _numbered(path: Path, start: int = 0, first: int = 0, stop: int | None = None) -> Iterator[tuple[int, int, str]]:
+    """(byte offset, line number, line) of the complete lines of `path` from byte `start` (line `first`) to `stop`."""
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        offset, number = start, first
+        for raw in handle:
+            if stop is not None and offset >= stop:
+                return
+            if raw.endswith(b"\n") and raw.strip():
+                yield offset, number, raw.decode("utf-8")
+            offset, number = offset + len(raw), number + 1
+
+
+def _sorted_runs(path: Path) -> list[tuple[int, int, int | None]]:
+    """(start byte, start line, stop byte) of each stretch of `path` in `index` order: one for a file appended in
+    order, one more per rerun that appended retried pairs after it."""
+    runs, last, start = [], float("-inf"), (0, 0)
+    for offset, number, line in _numbered(path):
+        key = _index_key(line)
+        if key < last:
+            runs.append((*start, offset))
+            start = (offset, number)
+        last = key
+    return runs + [(*start, None)]
+
+
+def _keyed(path: Path, source: int, start: int, first: int, stop: int | None) -> Iterator[tuple]:
+    """(index, (source, line number), line) of one sorted run of `path`."""
+    for _, number, line in _numbered(path, start, first, stop):
+        yield _index_key(line), (source, number), line
+
+
+def _row_id(line: str) -> str:
+    return json.loads(line)["id"]
+
+
+def _is_captioned(line: str) -> bool:
+    return json.loads(line).get("error") is None
 
 
 class CaptionStore:
@@ -117,24 +153,20 @@ class CaptionStore:
         write_json_atomic(self.manifest, {"settings": self.settings, "pairs": source, "status": "running",
                                           "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
-    def done_ids(self) -> set[str]:
-        """Ids with a line in the output or in any shard file (each repaired of a cut last line)."""
-        done: set[str] = set()
+    def earlier_rows(self) -> tuple[set[str], set[str]]:
+        """(ids captioned, ids that only failed) in the output and every shard file (each repaired of a cut last
+        line): a rerun skips the first and retries the second (the image may have been fixed since)."""
+        captioned: set[str] = set()
+        failed: set[str] = set()
         for path in [self.out, *self.leftovers()]:
             for line in read_complete_lines(path, repair=path == self.path or path == self.out):
-                done.add(json.loads(line)["id"])
-        return done
+                (captioned if _is_captioned(line) else failed).add(_row_id(line))
+        return captioned, failed - captioned
 
     def append(self, lines: Iterable[str]) -> None:
-        data = "".join(line if line.endswith("\n") else line + "\n" for line in lines).encode("utf-8")
-        if not data:
-            return
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, data)  # whole lines in one write: a kill leaves none or all of the batch (or a cut tail)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Whole lines in one write: a kill leaves none or all of the batch (or a cut tail, repaired on rerun), a
+        failed write (a full disk) none of it."""
+        append_whole(self.path, "".join(line if line.endswith("\n") else line + "\n" for line in lines).encode("utf-8"))
 
     def finish_shard(self) -> bool:
         """Mark this shard done; True when every shard of the job is (then someone must merge)."""
@@ -145,26 +177,35 @@ class CaptionStore:
                    for i in range(self.num_shards))
 
     def merge(self, extra_lines: Iterable[str], counts: dict) -> None:
-        """Merge the output and every shard file in `index` order (one line per id) into `out`, atomically."""
+        """Merge the output and every shard file in `index` order into `out`, atomically: one line per id, its
+        captioned row over a failed one, else its last (a rerun's retry comes after the row it replaces)."""
         sources = [p for p in [self.out, *self.leftovers()] if p.is_file()]
-        tmp = self.out.with_name(f".{self.out.name}.merge.tmp")
-        seen: set[str] = set()
-        if all(_is_sorted(p) for p in sources):
-            ordered = heapq.merge(*(_lines(p) for p in sources), key=_index_key)
-        else:  # pairs added to the input between runs: sort in memory (rare)
-            ordered = iter(sorted((line for p in sources for line in _lines(p)), key=_index_key))
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for line in ordered:
-                pair_id = json.loads(line)["id"]
-                if pair_id not in seen:
-                    seen.add(pair_id)
+        extra = [line if line.endswith("\n") else line + "\n" for line in extra_lines]
+        best: dict[str, tuple[bool, tuple[int, int]]] = {}  # id -> (captioned, (source, line number)) of its row
+
+        def consider(line: str, place: tuple[int, int]) -> None:
+            rank = (_is_captioned(line), place)
+            best[_row_id(line)] = max(best.get(_row_id(line), rank), rank)
+
+        for source, path in enumerate(sources):
+            for _, number, line in _numbered(path):
+                consider(line, (source, number))
+        for number, line in enumerate(extra):
+            consider(line, (len(sources), number))
+
+        runs = [(p, i, *run) for i, p in enumerate(sources) for run in _sorted_runs(p)]
+        streams = [_keyed(*run) for run in runs]
+        streams.append((_index_key(line), (len(sources), n), line) for n, line in enumerate(extra))
+        if len(runs) <= MAX_RUNS_MERGED:
+            ordered = heapq.merge(*streams, key=lambda item: item[0])  # stable: ties keep the sources' order
+        else:  # pairs reordered in the input between many runs: sort in memory (rare)
+            ordered = iter(sorted(itertools.chain(*streams), key=lambda item: item[0]))
+        with atomic_path(self.out) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+            for _, place, line in ordered:
+                if best[_row_id(line)][1] == place:
                     handle.write(line)
-            for line in extra_lines:
-                if json.loads(line)["id"] not in seen:
-                    handle.write(line if line.endswith("\n") else line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        tmp.replace(self.out)
         for path in self.out.parent.glob(self.out.name + ".shard-*"):
             path.unlink(missing_ok=True)
         manifest = read_json(self.manifest) if self.manifest.is_file() else {"settings": self.settings}

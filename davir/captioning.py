@@ -4,7 +4,8 @@
 
 The pairs stream: read → masks/entities/model inputs (`ChangeCaptioner.prepare`, in DataLoader workers)
 → batched generation → whole JSONL lines appended per batch (davir.caption_store). Memory does not grow
-with the number of pairs; a rerun skips the pairs already captioned with the same settings; under
+with the number of pairs; a rerun skips the pairs already captioned with the same settings and retries the
+ones that failed (their rows are replaced); one run at a time writes an output (davir.locks); under
 `accelerate launch` (or `--num-shards/--shard-index`) each process takes a contiguous share of the pairs
 and the shards are merged in input order. The report is a JPEG strip per pair beside paginated pages.
 """
@@ -24,6 +25,7 @@ from davir.caption_store import CaptionStore
 from davir.data.formats.folder import read_folder
 from davir.data.records import DataError
 from davir.errors import check_output_file
+from davir.locks import output_lock
 
 
 class _Pending:
@@ -89,12 +91,6 @@ def _line(index: int, pair, result) -> str:
 
 def caption_folder(args: argparse.Namespace) -> int:
     """Caption every pair of `args.pairs` with `args.checkpoint`: JSONL + report; 0 when done."""
-    from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
-
-    from davir.captioner import ChangeCaptioner
-    from davir.viz.folder_report import write_folder_report, write_strip
-
     if args.masks_from is not None and not Path(args.masks_from).is_dir():
         raise DataError(f"--masks-from {args.masks_from}: no such folder (a mask cache written by "
                         "`python -m preprocess masks --out …`)")
@@ -105,10 +101,24 @@ def caption_folder(args: argparse.Namespace) -> int:
     html_path = Path(args.html or out.with_name("report.html"))
     check_output_file(out, what="--out", example="captions.jsonl")
     check_output_file(html_path, what="--html", example="report.html")
-    report_dir = html_path.with_name(html_path.stem + "_files")
     num_shards, shard_index, state = _shard_layout(args)
-    main_process = shard_index == 0
+    # A shard locks its own share; `part-` keeps the lock apart from the store's `.shard-*` files, which go.
+    job = None if num_shards == 1 else f"part-{shard_index:05d}-of-{num_shards:05d}"
+    with output_lock(out, what=f"--out {out}" + (f" (shard {shard_index + 1}/{num_shards})" if job else ""),
+                     job=job, wait=bool(getattr(args, "wait_lock", False))):
+        return _caption_locked(args, out, html_path, num_shards, shard_index, state)
 
+
+def _caption_locked(args: argparse.Namespace, out: Path, html_path: Path, num_shards: int, shard_index: int,
+                    state) -> int:
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+
+    from davir.captioner import ChangeCaptioner
+    from davir.viz.folder_report import write_folder_report, write_strip
+
+    report_dir = html_path.with_name(html_path.stem + "_files")
+    main_process = shard_index == 0
     index = read_folder(args.pairs)
     captioner = ChangeCaptioner.from_pretrained(
         args.checkpoint, masks_from=args.masks_from, entities_from=args.entities_from, pretrained=args.pretrained,
@@ -122,16 +132,19 @@ def caption_folder(args: argparse.Namespace) -> int:
         store.prepare(overwrite=args.overwrite, source=str(args.pairs), whole_job=state is not None or num_shards == 1)
     if state is not None:
         state.wait_for_everyone()
-    done = store.done_ids()
+    done, failed_before = store.earlier_rows()
 
     pairs = index.pairs
     share, extra = divmod(len(pairs), num_shards)
     start = shard_index * share + min(shard_index, extra)
     mine = list(enumerate(pairs))[start: start + share + (shard_index < extra)]
     pending = [(i, pair) for i, pair in mine if pair.pair_id not in done]
+    retried = sum(pair.pair_id in failed_before for _, pair in pending)
+    shard_note = f" (shard {shard_index + 1}/{num_shards})" if num_shards > 1 else ""
     if len(pending) < len(mine):
-        print(f"skipping {len(mine) - len(pending)} pair(s) already captioned in {out}"
-              + (f" (shard {shard_index + 1}/{num_shards})" if num_shards > 1 else ""), file=sys.stderr)
+        print(f"skipping {len(mine) - len(pending)} pair(s) already captioned in {out}{shard_note}", file=sys.stderr)
+    if retried:
+        print(f"retrying {retried} pair(s) that failed in an earlier run{shard_note}", file=sys.stderr)
 
     workers = args.workers if args.workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
     loader = DataLoader(_Pending(pending, captioner, args.report_limit), batch_size=args.batch_size,
@@ -160,24 +173,27 @@ def caption_folder(args: argparse.Namespace) -> int:
         print(f"shard {shard_index + 1}/{num_shards}: {counts['captioned']} captioned, {counts['failed']} not, in "
               f"{store.path}; " + ("the main process merges" if state is not None else
                                        "the last shard to finish merges them") + f" into {out}", file=sys.stderr)
-        return 0
+        return 1 if counts["failed"] else 0  # docs/errors.md: 1 = done, some pairs failed (listed in the JSONL)
     skipped_lines = [json.dumps({"id": s.record, "index": None, "caption": None, "entities": [],
                                  "error": f"skipped: {s.reason}"}) for s in index.skipped]
     totals = {"pairs": len(pairs) + len(index.skipped)}
     store.merge(skipped_lines, totals)
-    failed = 0
+    failed = skipped = 0
     with open(out, encoding="utf-8") as handle:
         for line in handle:
-            failed += json.loads(line).get("error") is not None
+            error = json.loads(line).get("error")
+            failed += error is not None
+            skipped += error is not None and error.startswith("skipped: ")  # a reader's documented, counted skip
     write_folder_report(html_path, out, report_dir, title=f"Change captions — {Path(args.pairs).name}",
                         summary={"checkpoint": str(captioner.run.model_dir), "pairs": str(args.pairs),
                                  "captions": str(out)}, limit=args.report_limit)
     rate = f" ({len(pending) / seconds:.1f} pairs/s)" if pending and seconds > 0 else ""
-    print(f"captioned {totals['pairs'] - failed} pair(s), {failed} not captioned; {len(pending)} this run{rate}; "
+    print(f"captioned {totals['pairs'] - failed} pair(s), {failed} not captioned; {len(pending)} this run"
+          f"{f' ({retried} retried)' if retried else ''}{rate}; "
           f"{out}; report {html_path}")
     if failed:
         with open(out, encoding="utf-8") as handle:
             notes = list(itertools.islice((row for row in map(json.loads, handle) if row.get("error")), 5))
         for row in notes:
             print(f"note: {row['id']}: {row['error']}", file=sys.stderr)
-    return 0
+    return 1 if failed > skipped else 0  # docs/errors.md: 1 = done, but some pairs failed; they are listed

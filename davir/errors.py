@@ -78,4 +78,4 @@ def describe_os_error(error: OSError) -> str:
             errno.EROFS: "the file system is read-only", errno.ENOSPC: "free some disk space",
             errno.ENOTDIR: "a path component is a file, not a folder",
             errno.EISDIR: "a folder is in the way of a file"}.get(error.errno)
-    return f"{reason.lower()}: {where or '(no file named)'}" + (f" ({hint})" if hint else "")
+    return (f"{where}: {reason.lower()}" if where else reason.lower()) + (f" ({hint})" if hint else "")

@@ -2,42 +2,88 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from davir.errors import DataError
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder and an atomic rename."""
+def temporary_path(path: Path, suffix: str = ".tmp") -> Path:
+    """A temporary name beside `path`: `.NAME.<pid>.<random>.tmp`, so two processes or threads writing one
+    output never share a temporary (the random part: threads share the pid). Cleanup globs `.NAME.*.tmp`."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+
+
+def name_os_error(error: OSError, path: Path) -> OSError:
+    """`error` naming `path` when it names no file (a failed write() of a full disk names none)."""
+    if error.filename is None:
+        error.filename = str(path)
+    return error
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path, *, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a temporary path to write `path` through; renamed onto `path` when the block succeeds, removed when
+    anything fails (a full disk, a kill the command survives), so `path` is whole or as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temporary_path(path, suffix)
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(path)
-    except BaseException:  # a failed rename (a folder at `path`, a full disk) leaves no stray temporary
-        tmp.unlink(missing_ok=True)
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(error, OSError):
+            name_os_error(error, path)
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file in the same folder and an atomic rename."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:
     write_text_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
 
 
+def append_whole(path: Path, data: bytes) -> None:
+    """Append `data` (whole lines) and fsync; on any failure (a full disk) cut the file back to its old end, so
+    a failed append leaves none of `data` — a kill may still leave a cut last line, which readers repair."""
+    if not data:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        end = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:  # write() may take part of the data when the disk fills; the next call then fails
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException as error:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, end)
+            if isinstance(error, OSError):
+                name_os_error(error, path)
+            raise
+    finally:
+        os.close(fd)
+
+
 def append_jsonl(path: Path, row: Any) -> None:
     """Append one JSON line and flush it to disk (a log that survives a kill up to its last line)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    append_whole(path, (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def read_json(path: Path) -> Any:

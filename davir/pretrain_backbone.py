@@ -39,7 +39,7 @@ from torch import nn
 from davir.data.images import load_rgb
 from davir.data.records import DataError
 from davir.data.synthetic import COLORS, MATERIALS, SHAPES, SIZES, load_synthetic_set
-from davir.io import read_json, write_json_atomic
+from davir.io import atomic_path, read_json, write_json_atomic
 from davir.models.resnet_layout import build_resnet, truncate_at_layer3
 
 IMAGE_SIZE = 224
@@ -182,9 +182,8 @@ def save(model: CellClassifier, out: Path, info: dict[str, Any]) -> None:
     """Write backbone.pth, head.pth and pretrain_info.json (each to a temporary name, then renamed)."""
     out.mkdir(parents=True, exist_ok=True)
     for name, state in (("backbone.pth", model.backbone_state()), ("head.pth", model.head.state_dict())):
-        tmp = out / f".{name}.tmp"
-        torch.save(state, tmp)
-        tmp.replace(out / name)
+        with atomic_path(out / name) as tmp:
+            torch.save(state, tmp)
     write_json_atomic(out / "pretrain_info.json", info)
 
 

@@ -52,6 +52,7 @@ from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.images import load_mask, load_pair
 from davir.data.records import ChangePair, DataError, DatasetIndex
 from davir.errors import check_output_dir
+from davir.locks import output_lock
 from davir.io import read_json, write_json_atomic
 from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary
 from davir.text.extractors import BACKENDS, PhraseExtractor, get_extractor
@@ -317,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk-size", type=int, default=256, help="pairs per entity part file")
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of --split")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--wait-lock", action="store_true",
+                        help="when another run writes the same cache (shard), wait for it instead of stopping")
     return parser
 
 
@@ -507,7 +510,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
-        summary = run(args, argv)
+        check_output_dir(args.out, what="--out")  # before its lock file is made beside it
+        # The whole cache: its manifest and vocabulary are shared by the splits.
+        with output_lock(args.out, what=f"entity cache {args.out}", job="entities", wait=args.wait_lock):
+            summary = run(args, argv)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -47,6 +47,7 @@ from davir.data.feature_cache import (
 from davir.data.formats import FORMATS, read_dataset
 from davir.data.records import DataError
 from davir.errors import check_output_dir
+from davir.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.preprocessing.backbone import (
     AUTHORS_STD, IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD, NO_WEIGHTS, build_backbone, file_sha256, load_resized,
@@ -275,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-missing", action="store_true",
                         help="extract the images present and count missing ones instead of failing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
+    parser.add_argument("--wait-lock", action="store_true",
+                        help="when another run writes the same cache (shard), wait for it instead of stopping")
     return parser
 
 
@@ -282,7 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        record = run(args)
+        check_output_dir(args.out, what="--out")  # before its lock file is made beside it
+        # Per shard, whatever the split: chunk files are named by shard (s000of001-*), not by split.
+        with output_lock(args.out, what=f"feature cache {args.out}",
+                         job=shard_job("features", args.num_shards, args.shard_index), wait=args.wait_lock):
+            record = run(args)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

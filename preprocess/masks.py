@@ -41,6 +41,7 @@ import numpy as np
 from davir.data.caches import MaskCache, cache_key
 from davir.data.records import ChangePair, DataError
 from davir.errors import check_output_dir
+from davir.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, RegionSettings
 from davir.preprocessing.mask_pipeline import (
@@ -251,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--viz-count", type=int, default=16)
     run.add_argument("--overwrite", action="store_true", help="recompute every pair, replacing a cache made with other settings")
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument("--wait-lock", action="store_true",
+                     help="when another run writes the same cache (shard), wait for it instead of stopping")
     return parser
 
 
@@ -385,7 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
-        manifest = run(args, argv)
+        check_output_dir(args.out, what="--out")  # before its lock file is made beside it
+        with output_lock(args.out, what=f"mask cache {args.out}", wait=args.wait_lock,
+                         job=shard_job("masks", args.num_shards, args.shard_index)):
+            manifest = run(args, argv)
     except (DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import pytest
 from davir.data import read_dataset
 from davir.data.caches import MaskCache, cache_key
 from davir.data.images import load_mask
+from davir.io import temporary_path
 from davir.preprocessing import mask_pipeline
 from preprocess import mask_eval, masks
 from davir.preprocessing.change_regions import (
@@ -207,12 +208,15 @@ def test_resume_after_kill_recomputes_only_the_unfinished_pair(synth_root, tmp_p
     json_path.unlink()
     stray = cache.folder / f".{cache_key(victim)}_after.png.tmp"
     stray.write_bytes(b"\x89PNG half")
+    # Today's temporaries carry pid + random part (davir.io.temporary_path): removed just the same.
+    named = temporary_path(cache.folder / f"{cache_key(victim)}_before.png")
+    named.write_bytes(b"\x89PNG half")
     stamps = {i: (cache.folder / f"{cache_key(i)}.json").stat().st_mtime_ns for i in ids if i != victim}
 
     assert _run(base) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["reused"] == 5 and manifest["counts"]["computed"] == 1
-    assert manifest["counts"]["stale_temporaries_removed"] == 1 and not stray.exists()
+    assert manifest["counts"]["stale_temporaries_removed"] == 2 and not stray.exists() and not named.exists()
     assert {i: (cache.folder / f"{cache_key(i)}.json").stat().st_mtime_ns for i in stamps} == stamps
     assert not list(cache.folder.glob(".*.tmp"))
     for pair_id in ids:  # every entry reads back whole

@@ -10,8 +10,10 @@ trained with. A pair that cannot be read (missing or corrupt image, before/after
 
 Any trained model captions: DAVIR and subtraction/SCORER/DIRL/RDD/CHEER. The JSONL is appended per batch in
 whole lines; a rerun skips the pairs already captioned (same model and settings, recorded in
-OUT.manifest.json). `accelerate launch caption.py …` splits the pairs over processes and leaves one
-output in input order; `--num-shards N --shard-index I` does the same for schedulers without accelerate.
+OUT.manifest.json) and retries the ones that failed. One run at a time writes an --out: a second one stops
+(or waits, `--wait-lock`) while OUT.lock names the first. `accelerate launch caption.py …` splits the pairs
+over processes and leaves one output in input order; `--num-shards N --shard-index I` does the same for
+schedulers without accelerate.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from davir.captioning import caption_folder
 from davir.data.records import DataError
+from davir.errors import describe_os_error
 from davir.signals import stop_on_signals
 
 
@@ -38,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true",
                         help="start again instead of resuming (a rerun otherwise skips the pairs already captioned); "
                              "with --num-shards/--shard-index each shard clears only its own share")
+    parser.add_argument("--wait-lock", action="store_true",
+                        help="when another run writes the same --out (OUT.lock), wait for it instead of stopping")
     decoding = parser.add_argument_group("decoding")
     decoding.add_argument("--batch-size", type=int, default=32)
     decoding.add_argument("--num-beams", type=int, default=None,
@@ -71,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         return caption_folder(args)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a full disk, permissions changed mid-run: one line, never a traceback
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
         return 2
 
 

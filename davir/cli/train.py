@@ -9,11 +9,13 @@ The loop itself is davir.training.loop.train.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from davir.config import ConfigError, load_config
 from davir.data.records import DataError
 from davir.errors import check_output_dir, describe_os_error
+from davir.locks import output_lock
 from davir.signals import stop_on_signals
 from davir.training.config import DEFAULT_CONFIG, TrainConfig
 from davir.training.loop import NonFiniteLoss, train
@@ -23,6 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue the run in run.output_dir from its last checkpoint")
+    parser.add_argument("--wait-lock", action="store_true",
+                        help="when another train.py writes the same run folder (RUN.lock), wait for it, not stop")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the YAML config")
     return parser.parse_args(argv)
 
@@ -32,8 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = load_config(TrainConfig, args.config, args.overrides)
-        check_output_dir(config.run.output_dir, what="run folder (run.output_dir)")
-        run_dir = train(config, resume=args.resume)
+        run_folder = check_output_dir(config.run.output_dir, what="run folder (run.output_dir)")
+        # One lock per run folder, held by the main process of an `accelerate launch` (RANK 0) for them all.
+        with output_lock(run_folder, what=f"run folder {run_folder}", wait=args.wait_lock,
+                         enabled=int(os.environ.get("RANK", "0")) == 0):
+            run_dir = train(config, resume=args.resume)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from davir.data.records import DataError
-from davir.io import read_json, write_json_atomic
+from davir.io import atomic_path, read_json, write_json_atomic
 
 FEATURE_SHAPE = (1024, 14, 14)
 FEATURE_TENSOR = "features"
@@ -86,10 +86,9 @@ def next_chunk_number(cache: Path, prefix: str) -> int:
 def write_chunk(path: Path, features: torch.Tensor, keys: list[str]) -> None:
     """One fp16 chunk file, written to a temporary name and renamed (never half a file under `path`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({FEATURE_TENSOR: features.contiguous()}, str(tmp), metadata={KEYS_METADATA: json.dumps(keys)})
-    os.chmod(tmp, 0o644)  # safetensors creates 0600 files; caches are shared read-only data
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        save_file({FEATURE_TENSOR: features.contiguous()}, str(tmp), metadata={KEYS_METADATA: json.dumps(keys)})
+        os.chmod(tmp, 0o644)  # safetensors creates 0600 files; caches are shared read-only data
 
 
 class FeatureCache:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from davir.io import write_text_atomic
+from davir.io import atomic_path, write_text_atomic
 from davir.viz.report import STYLE, overlay_heatmap, overlay_mask
 
 STRIP_HEIGHT = 112
@@ -48,10 +48,8 @@ def write_strip(report_dir: Path, index: int, before: Image.Image, after: Image.
         strip.paste(tile, (x, 0))
         x += tile.width + gap
     path = Path(report_dir) / "strips" / strip_name(index)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    strip.save(tmp, format="JPEG", quality=80, optimize=True)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:  # a full disk or a kill leaves the old strip or none, never half a JPEG
+        strip.save(tmp, format="JPEG", quality=80, optimize=True)
     return path
 
 

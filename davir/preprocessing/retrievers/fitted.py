@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from davir.data.records import DataError
-from davir.io import read_json, write_json_atomic
+from davir.io import atomic_path, read_json, write_json_atomic
 from davir.preprocessing.retrievers.regions import (
     DESCRIPTOR_NAMES, PairRegions, pair_features, region_descriptor, whole_frame_region,
 )
@@ -215,9 +215,8 @@ class FittedRetriever:
         arrays = {"mean": self.mean, "scale": self.scale, "coef": self.coef, "intercept": self.intercept}
         if self.mode == "mixture":
             arrays.update(side_coef=self.side_coef, side_intercept=self.side_intercept)
-        tmp = folder / ".fitted.tmp.npz"
-        np.savez(tmp, **arrays)
-        tmp.replace(folder / "fitted.npz")
+        with atomic_path(folder / "fitted.npz", suffix=".tmp.npz") as tmp:  # np.savez adds .npz to other names
+            np.savez(tmp, **arrays)
         write_json_atomic(folder / "fitted.json", {
             "retriever": self.name, "mode": self.mode, "C": self.C, "phrases": self.phrases, "words": self.words,
             "features": DESCRIPTOR_NAMES, "training": self.training,

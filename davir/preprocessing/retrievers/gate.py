@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from davir.data.records import DataError
-from davir.io import read_json, write_json_atomic
+from davir.io import atomic_path, read_json, write_json_atomic
 from davir.preprocessing.retrievers.fitted import fit_soft_logistic
 from davir.preprocessing.retrievers.regions import DESCRIPTOR_NAMES, EMPTY_FLAG, PairRegions, pair_features
 
@@ -97,9 +97,8 @@ class EntityGate:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         if self.active:
-            tmp = folder / ".gate.tmp.npz"
-            np.savez(tmp, mean=self.mean, scale=self.scale, coef=self.coef, intercept=np.array([self.intercept]))
-            tmp.replace(folder / "gate.npz")
+            with atomic_path(folder / "gate.npz", suffix=".tmp.npz") as tmp:  # np.savez adds .npz to other names
+                np.savez(tmp, mean=self.mean, scale=self.scale, coef=self.coef, intercept=np.array([self.intercept]))
         write_json_atomic(folder / "gate.json", {
             "gate": self.name, "threshold": self.threshold, "C": self.C, "active": self.active,
             "features": DESCRIPTOR_NAMES, "training": self.training,
