@@ -1,30 +1,43 @@
 """Compare runs side by side with the numbers the papers report for the same dataset.
 
-    python -m davir.compare runs/subtraction_demo runs/scorer_demo … [--dataset clevr_change] [--split test]
+    python -m davir.compare runs/lightweight_demo/*/seed* [--dataset clevr_change] [--split test]
         [--out table.md] [--plot bars.png]
+    python -m davir.compare --leaderboard spot_the_diff [RUN…]     # every reported number, its source and protocol
 
 Each RUN is a run folder that `python evaluate.py --checkpoint RUN --split S` has scored: its
 RUN/eval/<format>_<split>/metrics.json is read (the total row and, for CLEVR-Change, the semantic and
-distractor rows). The papers' rows for the dataset (davir.paper_results, methods.md §7.4) follow, for
-the methods among the runs and the subtraction baseline. Values print x100 as papers print them.
-Note that a run on other data (e.g. the built-in synthetic set) is not comparable in absolute terms;
-the paper rows are there to show the expected ordering and gap sizes.
+distractor rows; the stated-difference faithfulness; the compute cost). Runs that differ only by seed
+(`…/<name>/seed<k>` or `<name>_seed<k>`) are one row: mean ± std (min–max) over their seeds, and differences
+between rows that the seed ranges cannot settle are listed. The papers' rows for the dataset
+(davir.paper_results, methods.md §7.4) follow, for the methods among the runs and the subtraction baseline.
+Values print x100 as papers print them. A run on other data (e.g. the built-in synthetic set) is not
+comparable in absolute terms; the paper rows are there to show the expected ordering and gap sizes.
+`--leaderboard` prints davir.leaderboard's table instead: every reported number for the benchmark, marked
+where its protocol differs from the official one davir scores.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from davir.compute_cost import COST_FIELDS, DEVICE_PATH
 from davir.data.records import DataError
 from davir.io import read_json, write_text_atomic
 from davir.paper_results import METRIC_COLUMNS, paper_results
+from davir.seed_spread import inside_spread_lines, spread_text
 
 SETTINGS = ("total", "semantic", "distractor")
+# Stated-difference faithfulness of the total row (metrics.json "faithfulness", davir.metrics.faithfulness).
+FAITHFULNESS_COLUMNS = {"object F1": ("faithfulness", "rows", "total", "objects", "f1"),
+                        "hallucinated": ("faithfulness", "rows", "total", "hallucination_rate")}
+_SEED = re.compile(r"(?:^|[_-])seed\d+$")
 
 
 @dataclass
@@ -36,6 +49,16 @@ class RunResult:
     rows: dict[str, dict[str, float]]  # setting -> metric -> toolkit value (0..1; CIDEr unbounded)
     pairs: dict[str, int]
     path: Path
+    document: dict[str, Any] = field(default_factory=dict)  # the whole metrics.json
+    group: str = ""  # the run's name without its seed: runs of one group are one table row
+
+
+def seed_group(run: Path) -> str:
+    """`runs/x/seed2` → "x", `runs/x_seed2` → "x", anything else its own name."""
+    run = Path(run)
+    if re.fullmatch(r"seed\d+", run.name):
+        return run.parent.name or run.name
+    return _SEED.sub("", run.name) or run.name
 
 
 def read_run(run: Path, *, split: str | None = None) -> RunResult:
@@ -55,6 +78,8 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     if len(found) > 1:
         raise DataError(f"{run} has several evaluations ({', '.join(p.parent.name for p in found)}); pick one with --split")
     metrics = read_json(found[0])
+    if not isinstance(metrics, dict):
+        raise DataError(f"{found[0]}: expected a JSON object written by evaluate.py")
     rows, pairs = {}, {}
     for setting in SETTINGS:
         if setting in metrics.get("rows", {}):
@@ -63,30 +88,102 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     if "total" not in rows:
         raise DataError(f"{found[0]}: no 'total' row; not written by evaluate.py")
     data_format = config.get("data", {}).get("format", "?")
-    return RunResult(run.name, method, data_format, found[0].parent.name.rsplit("_", 1)[-1], rows, pairs, found[0])
+    return RunResult(run.name, method, data_format, found[0].parent.name.rsplit("_", 1)[-1], rows, pairs, found[0],
+                     metrics, seed_group(run))
+
+
+def _lookup(document: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    value: Any = document
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _cell(value) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
-def comparison_table(results: list[RunResult], dataset: str) -> str:
-    """One Markdown table: every run's rows (x100), then the papers' rows for the same dataset."""
-    header = ["source", "method", "setting", *METRIC_COLUMNS, "pairs"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|"]
+def group_runs(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """Runs keyed by seed group (and method and split, so that two methods never share a row), in input order."""
+    groups: dict[str, list[RunResult]] = {}
     for result in results:
-        for setting, metrics in result.rows.items():
-            cells = [f"ours: {result.name} ({result.split})", result.method, setting,
-                     *(_cell(None if metrics.get(m) is None else 100 * metrics[m]) for m in METRIC_COLUMNS),
-                     str(result.pairs.get(setting, ""))]
+        groups.setdefault(f"{result.group} ({result.method}, {result.split})", []).append(result)
+    return groups
+
+
+def _label(runs: list[RunResult]) -> str:
+    first = runs[0]
+    if len(runs) == 1:
+        return f"ours: {first.name} ({first.split})"
+    return f"ours: {first.group} ({first.split}, {len(runs)} seeds)"
+
+
+def comparison_table(results: list[RunResult], dataset: str) -> str:
+    """Markdown tables: every run group's rows (x100, mean ± std (min–max) over seeds) with the papers' rows for
+    the same dataset, the compute cost per group, and the differences the seed spread cannot settle."""
+    header = ["source", "method", "setting", *METRIC_COLUMNS, *FAITHFULNESS_COLUMNS, "pairs"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|"]
+    groups = group_runs(results)
+    spread: dict[str, dict[str, list[float]]] = {}
+    for runs in groups.values():
+        for setting in runs[0].rows:
+            cells = [_label(runs), runs[0].method, setting]
+            for metric in METRIC_COLUMNS:
+                values = [r.rows[setting][metric] for r in runs if r.rows.get(setting, {}).get(metric) is not None]
+                cells.append(spread_text(values, 100.0) if values else "–")
+                if setting == "total":
+                    spread.setdefault(metric, {})[_label(runs)] = values
+            for title, path in FAITHFULNESS_COLUMNS.items():
+                values = [v for v in (_lookup(r.document, path) for r in runs) if v is not None] if setting == "total" else []
+                cells.append(spread_text(values, 100.0) if values else "–")
+                if setting == "total":
+                    spread.setdefault(title, {})[_label(runs)] = values
+            cells.append(str(runs[0].pairs.get(setting, "")))
             lines.append("| " + " | ".join(cells) + " |")
     methods = {r.method for r in results} | {"subtraction"}
     for row in paper_results(dataset, methods):
-        cells = [f"paper: {row.source}", row.method, row.setting, *(_cell(row.scores[m]) for m in METRIC_COLUMNS), ""]
+        cells = [f"paper: {row.source}", row.method, row.setting, *(_cell(row.scores[m]) for m in METRIC_COLUMNS),
+                 *("–" for _ in FAITHFULNESS_COLUMNS), ""]
         lines.append("| " + " | ".join(cells) + " |")
-    note = (f"Scores x100 (CIDEr = CIDEr-D). Paper rows: each method's own paper on {dataset} "
+    note = (f"Scores x100 (CIDEr = CIDEr-D); ours: mean ± std (min–max) over seeds; object F1 / hallucinated: "
+            f"stated-difference faithfulness. Paper rows: each method's own paper on {dataset} "
             "(methods.md §7.4); runs on other data are comparable in ordering, not in absolute value.")
-    return "\n".join(lines) + "\n\n" + note + "\n"
+    text = "\n".join(lines) + "\n\n" + note + "\n"
+    text += cost_table(groups)
+    flags = inside_spread_lines(spread)
+    if flags and len(groups) > 1:
+        text += "\nInside the seed spread (min–max ranges overlap; these seeds do not settle the order):\n\n"
+        text += "\n".join(flags) + "\n"
+    return text
+
+
+def cost_table(groups: dict[str, list[RunResult]]) -> str:
+    """The compute cost of each run group (davir.compute_cost; mean ± std (min–max) over seeds), or "" if no
+    run recorded one."""
+    if not any(_lookup(r.document, path) is not None for runs in groups.values() for r in runs
+               for _, path, _, _ in COST_FIELDS):
+        return ""
+    lines = ["", "Compute cost (training wall time includes validation and checkpoints; peak memory: CUDA allocator "
+             "on a GPU, process RSS on a CPU):", "",
+             "| run | " + " | ".join(title for title, *_ in COST_FIELDS) + " | device |",
+             "|---" + "|---:" * len(COST_FIELDS) + "|---|"]
+    for runs in groups.values():
+        cells = []
+        for _, path, scale, digits in COST_FIELDS:
+            values = [v for v in (_lookup(r.document, path) for r in runs) if v is not None]
+            cells.append(spread_text(values, scale, digits))
+        devices = {str(d) for d in (_device(r.document) for r in runs) if d}
+        lines.append(f"| {_label(runs)} | " + " | ".join(cells) + f" | {', '.join(sorted(devices)) or '?'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _device(document: dict[str, Any]) -> str | None:
+    value: Any = document
+    for key in DEVICE_PATH:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def bar_chart(results: list[RunResult], dataset: str, path: Path) -> None:
@@ -129,7 +226,10 @@ def bar_chart(results: list[RunResult], dataset: str, path: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m davir.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders scored by evaluate.py --checkpoint")
+    parser.add_argument("runs", nargs="*", type=Path, help="run folders scored by evaluate.py --checkpoint")
+    parser.add_argument("--leaderboard", metavar="BENCHMARK",
+                        help="print every reported number for BENCHMARK (spot_the_diff, clevr_change, ier, levir_cc, "
+                             "clevr_dc) with its source and protocol mark, the RUNs beside them")
     parser.add_argument("--dataset", help="dataset of the paper rows (default: the runs' data.format)")
     parser.add_argument("--split", help="which evaluation of each run (when a run has several)")
     parser.add_argument("--out", type=Path, help="write the Markdown table here")
@@ -140,13 +240,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if not args.runs and not args.leaderboard:
+            raise DataError("give the run folders to compare, or --leaderboard BENCHMARK")
         results = [read_run(run, split=args.split) for run in args.runs]
-        dataset = args.dataset or results[0].dataset
-        table = comparison_table(results, dataset)
+        if args.leaderboard:
+            from davir.leaderboard import leaderboard_table
+            from davir.paper_results import PAPER_RESULTS
+
+            known = sorted({r.dataset for r in PAPER_RESULTS})
+            if args.leaderboard not in known:
+                raise DataError(f"--leaderboard {args.leaderboard}: no reported numbers for it; choose one of {', '.join(known)}")
+            table = leaderboard_table(args.leaderboard, results)
+        else:
+            table = comparison_table(results, args.dataset or results[0].dataset)
+        dataset = args.dataset or (results[0].dataset if results else args.leaderboard)
         print(table, end="")
         if args.out:
             write_text_atomic(args.out, table)
         if args.plot:
+            if not results:
+                raise DataError("--plot draws the runs: give run folders")
             bar_chart(results, dataset, args.plot)
             print(f"wrote {args.plot}", file=sys.stderr)
     except DataError as error:

@@ -68,10 +68,17 @@ def report_scores(predictions: dict[str, str], args: argparse.Namespace, *, pred
         synthetic_text += format_synthetic_table(synthetic)
         print(synthetic_text, end="")
         text += synthetic_text
+    from davir.metrics.faithfulness import format_faithfulness_table, score_faithfulness
+
+    faithfulness = score_faithfulness(predictions, references, groups)
+    faithfulness_text = ("\nStated-difference faithfulness: are the objects and changes each caption states the ones "
+                         "its references state?\n\n" + format_faithfulness_table(faithfulness))
+    print(faithfulness_text, end="")
+    text += faithfulness_text
     if args.markdown is not None:
         write_text_atomic(args.markdown, text)
     if args.out is not None:
-        extra = {"predictions": predictions_source, "references": reference_source}
+        extra = {"predictions": predictions_source, "references": reference_source, "faithfulness": faithfulness}
         if synthetic is not None:
             extra["synthetic"] = synthetic.to_dict()
         write_results_json(args.out, rows, per_image=[TOTAL], extra=extra)
@@ -201,6 +208,9 @@ def generate_and_score(args: argparse.Namespace) -> int:
             raise DataError(f"{len(missing)} pairs of {args.split} have no entities in {cache_dir} (e.g. {missing[:3]}); run "
                             f"`python -m preprocess entities --format {args.format} --root {args.root} --split {args.split} --out {cache_dir} …`")
         entity_source = lambda pair, before, after: [e for e, _ in cache.get(pair.pair_id)[:k]]
+    from davir.compute_cost import CostMeter
+
+    meter = CostMeter(accelerator.device)  # captioning only: scoring (Java, CPU) is not the model's cost
     with accelerator.split_between_processes(pairs) as shard:
         shard_predictions = caption_lightweight(shard, progress=accelerator.is_local_main_process) if lightweight else caption_pairs(model, shard, batch_size=args.batch_size, num_beams=args.num_beams,
                                           max_new_tokens=args.max_new_tokens, entity_source=entity_source,
@@ -208,6 +218,9 @@ def generate_and_score(args: argparse.Namespace) -> int:
     all_predictions = gather_object(shard_predictions)
     if not accelerator.is_main_process:
         return 0
+    captioning_cost = meter.record(pairs=len(all_predictions), model=None if lightweight else model,
+                                   processes=accelerator.num_processes, batch_size=args.batch_size,
+                                   num_beams=args.num_beams)
     failed = [p for p in all_predictions if p.error]
     for prediction in failed[:5]:
         print(f"note: not captioned: {prediction.error}", file=sys.stderr)
@@ -238,8 +251,14 @@ def generate_and_score(args: argparse.Namespace) -> int:
         with open(args.markdown, "a", encoding="utf-8") as handle:
             handle.write("\n" + line + "\n")
     from davir.io import read_json, write_json_atomic
+    from davir.run_files import read_run_info
 
     metrics = read_json(args.out)
+    training_cost = (read_run_info(run_dir) or {}).get("compute") if run_dir else None
+    metrics["compute"] = {"captioning": captioning_cost, "training": training_cost}
+    print(f"captioning: {captioning_cost['pairs']} pairs in {captioning_cost['wall_s']:.1f} s "
+          f"({captioning_cost['pairs_per_s']} pairs/s) on {captioning_cost['device']}, "
+          f"peak memory {captioning_cost['peak_memory_mb']:.0f} MiB ({captioning_cost['peak_memory']})", file=sys.stderr)
     # How many different sentences the model wrote: a collapsed captioner writes one for every pair.
     metrics.update({"distinct_captions": len(set(predictions.values())), "localisation": localisation, "not_captioned": [{"pair_id": p.pair_id, "error": p.error} for p in failed],
                     "checkpoint": str(model_dir), **saved, "limit": args.limit, "decoding": decoding})

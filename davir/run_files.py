@@ -87,7 +87,8 @@ def read_run_config(run_dir_or_file: str | Path, *, required: tuple[str, ...] = 
 
 
 RUN_INFO_KEYS = {"cwd": (str,), "seed": (int,), "command": (list,), "resumed_from": (str, type(None)),
-                 "resume_changes": (list,), "max_steps": (int,), "finished": (bool,), "final_step": (int,)}
+                 "resume_changes": (list,), "max_steps": (int,), "finished": (bool,), "final_step": (int,),
+                 "compute": (dict,)}
 
 
 def read_run_info(run_dir: str | Path) -> dict | None:

@@ -13,7 +13,9 @@ overrides it was trained with), which is trained again with a note rather than r
 ``vars:`` in the sweep file (``--var KEY=VALUE`` on the command line) fill ``{KEY}`` in configs and overrides,
 so one sweep file serves any data folder (the Makefile's ``DEMO_DIR``).
 The summary (``OUT/summary.md`` and ``OUT/summary.json``) holds the caption metrics, the built-in set's
-type/object accuracy and, for DAVIR, the attention share inside the ground-truth change mask.
+type/object accuracy, the stated-difference faithfulness, for DAVIR the attention share inside the ground-truth
+change mask, and each run's compute cost; every cell is mean ± std (min–max) over the seeds, and score
+differences between variants whose seed ranges overlap are listed as not settled.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,10 +31,12 @@ from typing import Any
 
 import yaml
 
+from davir.compute_cost import COST_FIELDS, DEVICE_PATH
 from davir.config import ConfigError
 from davir.data.records import DataError
 from davir.io import read_json, write_json_atomic, write_text_atomic
 from davir.metrics.captions import shared_meteor
+from davir.seed_spread import inside_spread, inside_spread_lines, spread_record, spread_text
 from davir.signals import stop_on_signals
 
 @dataclass(frozen=True)
@@ -59,7 +62,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("attn. in mask", ("localisation", "attention_share_in_mask"), scale=1.0, digits=3,
            note="the attention share (share of last-layer CLS attention inside the ground-truth change mask)"),
     Column("distinct captions", ("distinct_captions",), scale=1.0, digits=0, note="the number of distinct captions"),
+    Column("object F1", ("faithfulness", "rows", "total", "objects", "f1")),
+    Column("hallucinated", ("faithfulness", "rows", "total", "hallucination_rate")),
 )
+# Compute cost (metrics.json "compute", davir.compute_cost): units in the titles.
+COST_COLUMNS: tuple[Column, ...] = tuple(Column(title, path, scale, digits) for title, path, scale, digits in COST_FIELDS)
 TYPE_ROWS = ("color", "material", "add", "drop", "move", "distractor")
 
 
@@ -222,49 +229,73 @@ def _lookup(document: dict[str, Any], keys: tuple[str, ...]) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def _cell_text(values: list[float], scale: float, digits: int = 1) -> str:
-    if not values:
-        return "—"
-    mean, std = mean_std([v * scale for v in values])
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
+def _column_values(runs: list[dict[str, Any]], path: tuple[str, ...]) -> list[float]:
+    return [v for v in (_lookup(m, path) for m in runs) if v is not None]
 
 
 def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
-    """Markdown tables (overall; CIDEr per change type) and their JSON, from each variant's metrics.json files."""
-    columns = [c for c in COLUMNS if any(_lookup(m, c.path) is not None for runs in results.values() for m in runs)]
+    """Markdown tables (scores; CIDEr per change type; compute cost) and their JSON, from each variant's
+    metrics.json files: every cell mean ± std (min–max) over seeds, then the score differences between
+    variants that the seed spread cannot settle (davir.seed_spread)."""
+    def present(column: Column) -> bool:
+        return any(_lookup(m, column.path) is not None for runs in results.values() for m in runs)
+
+    columns = [c for c in COLUMNS if present(c)]
+    cost_columns = [c for c in COST_COLUMNS if present(c)]
     seeds = ", ".join(map(str, sweep.seeds))
     unscaled = [c.note or c.title for c in columns if c.scale == 1.0]
     scale_note = "x100" + (" except " + " and ".join(unscaled) if unscaled else "")
-    lines = [f"## {sweep.title}", "", f"{sweep.split} split; mean ± std over seeds {seeds}; {scale_note}.", "",
+    lines = [f"## {sweep.title}", "", f"{sweep.split} split; mean ± std (min–max) over seeds {seeds}; {scale_note}.", "",
              "| variant | " + " | ".join(c.title for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     summary: dict[str, Any] = {"title": sweep.title, "split": sweep.split, "seeds": sweep.seeds, "variants": {}}
+    spread_columns: dict[str, dict[str, list[float]]] = {}
     for name, runs in results.items():
         cells, record = [], {}
         for column in columns:
-            values = [v for v in (_lookup(m, column.path) for m in runs) if v is not None]
-            cells.append(_cell_text(values, column.scale, column.digits))
-            mean, std = mean_std(values) if values else (None, None)
-            record[column.title] = {"values": values, "mean": mean, "std": std}
+            values = _column_values(runs, column.path)
+            cells.append(spread_text(values, column.scale, column.digits))
+            record[column.title] = spread_record(values)
+            spread_columns.setdefault(column.title, {})[name] = values
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         summary["variants"][name] = record
     types = [t for t in TYPE_ROWS if any(t in m.get("rows", {}) for runs in results.values() for m in runs)]
     if types:
-        lines += ["", "CIDEr per change type (x100, mean ± std):", "",
+        lines += ["", "CIDEr per change type (x100, mean ± std (min–max)):", "",
                   "| variant | " + " | ".join(types) + " |", "|---" * (len(types) + 1) + "|"]
         for name, runs in results.items():
             cells = []
             for change_type in types:
-                values = [v for v in (_lookup(m, ("rows", change_type, "metrics", "CIDEr")) for m in runs)
-                          if v is not None]
-                cells.append(_cell_text(values, 100.0))
+                values = _column_values(runs, ("rows", change_type, "metrics", "CIDEr"))
+                cells.append(spread_text(values, 100.0))
                 summary["variants"][name][f"CIDEr {change_type}"] = values
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if cost_columns:
+        lines += ["", "Compute cost per run (mean ± std (min–max); training wall time includes validation and "
+                  "checkpoints; peak memory: CUDA allocator on a GPU, process RSS on a CPU):", "",
+                  "| variant | " + " | ".join(c.title for c in cost_columns) + " | device |",
+                  "|---" * (len(cost_columns) + 2) + "|"]
+        for name, runs in results.items():
+            cells = []
+            for column in cost_columns:
+                values = _column_values(runs, column.path)
+                cells.append(spread_text(values, column.scale, column.digits))
+                summary["variants"][name][column.title] = spread_record(values)
+            devices = sorted({str(_lookup_text(m, DEVICE_PATH) or "?") for m in runs})
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {', '.join(devices)} |")
+    flags = inside_spread_lines(spread_columns)
+    summary["inside_spread"] = {title: inside_spread(values) for title, values in spread_columns.items()}
+    if flags and len(results) > 1:
+        lines += ["", "Inside the seed spread (min–max ranges overlap; these seeds do not settle the order):", "", *flags]
     return "\n".join(lines) + "\n", summary
+
+
+def _lookup_text(document: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    value: Any = document
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
 
 
 def run_sweep(sweep: Sweep, extra: list[str] | None = None) -> str:

@@ -67,6 +67,25 @@ def test_evaluate_checkpoint_writes_predictions_metrics_and_types(trained_run):
     assert (out / "metrics.md").read_text().count("|") > 10
 
 
+def test_evaluate_checkpoint_records_cost_and_faithfulness(trained_run, capsys):
+    """Issue 33: metrics.json holds the captioning cost beside the training cost (run_info.json) and the
+    stated-difference faithfulness block is printed."""
+    run_dir, _ = trained_run
+    assert evaluate_script.main(["--checkpoint", str(run_dir), "--split", "test", "--limit", "4",
+                                 "--metrics", "BLEU", "--no-spice", "--batch-size", "4"]) == 0
+    captured = capsys.readouterr()
+    assert "Stated-difference faithfulness" in captured.out and "| total | 4 |" in captured.out
+    metrics = json.loads((run_dir / "eval" / "clevr_change_test-limit4" / "metrics.json").read_text())
+    captioning, training = metrics["compute"]["captioning"], metrics["compute"]["training"]
+    assert captioning["pairs"] == 4 and captioning["num_beams"] >= 1 and captioning["device"].startswith("cpu")
+    parameters = captioning["parameters"]  # the tiny DAVIR model: LoRA trains a small part of it
+    assert 0 < parameters["trainable"] < parameters["total"]
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert training == info["compute"] and training["optimizer_steps"] == 2 and training["pairs"] == 2 * 4
+    assert "captioning: 4 pairs in" in captured.err
+    assert metrics["faithfulness"]["rows"]["total"]["pairs"] == 4
+
+
 def test_evaluate_on_another_root_keeps_the_runs_own_results(trained_run, tmp_path):
     """Issue 18 case 20: another --root (or a --limit) gets its own eval folder; the earlier result stays."""
     import hashlib

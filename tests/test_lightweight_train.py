@@ -202,6 +202,10 @@ def test_one_step_on_the_real_clevr_change_images(shared_datasets, tmp_path):
     run = train(config)
     assert json.loads((run / "train_log.jsonl").read_text().splitlines()[0])["step"] == 1
     assert (run / "last" / "lightweight_config.json").is_file()
+    cost = read_json(run / "run_info.json")["compute"]  # issue 33: what the training cost
+    assert (cost["pairs"], cost["optimizer_steps"], cost["processes"]) == (4, 1, 1)  # 1 step × batch 4
+    assert 0 < cost["parameters"]["trainable"] <= cost["parameters"]["total"] and cost["device"].startswith("cpu")
+    assert cost["pairs_per_s"] == pytest.approx(4 / cost["wall_s"], rel=1e-2) and cost["peak_memory_mb"] > 0
     # every word of the faked change and no-change captions, plus the 4 special tokens
     assert len(read_json(run / "last" / "vocab.json")) == 4 + len({"the", "red", "cube", "has", "been", "moved",
                                                                     "no", "change", "was", "made"})
@@ -220,8 +224,9 @@ def test_compare_tables_runs_beside_the_papers(tmp_path):
     assert (result.method, result.dataset, result.split) == ("scorer", "clevr_change", "test")
     table = comparison_table([result], "clevr_change")
     lines = table.splitlines()
-    assert "| ours: scorer_run (test) | scorer | total | 25.0 | 30.0 | 50.0 | 123.4 | – | 200 |" in lines
-    assert "| paper: SCORER Table 1 | scorer | total | 56.3 | 41.2 | 74.5 | 126.8 | 33.3 |  |" in lines
+    # one run: plain values; no faithfulness in this metrics.json: "–" under object F1 and hallucinated
+    assert "| ours: scorer_run (test) | scorer | total | 25.0 | 30.0 | 50.0 | 123.4 | – | – | – | 200 |" in lines
+    assert "| paper: SCORER Table 1 | scorer | total | 56.3 | 41.2 | 74.5 | 126.8 | 33.3 | – | – |  |" in lines
     assert any("subtraction" in line and "119.7" in line for line in lines)  # the baseline is always shown
     assert not any("| cheer |" in line for line in lines)  # only the methods among the runs
     bar_chart([result], "clevr_change", tmp_path / "bars.png")

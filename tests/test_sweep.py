@@ -9,8 +9,8 @@ import pytest
 
 from davir.config import ConfigError
 from davir.data.records import DataError
-from davir.sweep import (CELL_RECORD, Sweep, Variant, cell_dir, cell_recipe, load_sweep, mean_std, run_cell,
-                         set_vars, summarise)
+from davir.seed_spread import mean_std
+from davir.sweep import CELL_RECORD, Sweep, Variant, cell_dir, cell_recipe, load_sweep, run_cell, set_vars, summarise
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,8 +37,13 @@ def test_summary_table_mean_and_std(tmp_path):
         "FAC": [_metrics(0.9, 4.0, 0.30, color_cider=2.0)],
     }
     text, summary = summarise(sweep, results)
-    # type accuracy 50/60/70 → 60.0 ± 10.0; CIDEr 100/200/300 → 200.0 ± 100.0; share 0.120 ± 0.020
-    assert "| plain | 60.0 ± 10.0 | 80.0 ± 0.0 | 50.0 ± 0.0 | 50.0 ± 0.0 | 200.0 ± 100.0 | 0.120 ± 0.020 |" in text
+    # type accuracy 50/60/70 → 60.0 ± 10.0 (50–70); CIDEr 100/200/300 → 200.0 ± 100.0; share 0.120 ± 0.020
+    assert ("| plain | 60.0 ± 10.0 (50.0–70.0) | 80.0 ± 0.0 (80.0–80.0) | 50.0 ± 0.0 (50.0–50.0) | 50.0 ± 0.0 (50.0–50.0) "
+            "| 200.0 ± 100.0 (100.0–300.0) | 0.120 ± 0.020 (0.100–0.140) |") in text
+    # FAC's one run (type 90, CIDEr 400) is outside plain's ranges; object acc. 80 = 80 is inside
+    assert "- object acc.: plain ≈ FAC" in text and "- type acc." not in text and "- CIDEr" not in text
+    assert summary["inside_spread"]["type acc."] == [] and summary["inside_spread"]["object acc."] == [("plain", "FAC")]
+    assert summary["variants"]["plain"]["type acc."]["min"] == 0.5 and summary["variants"]["plain"]["type acc."]["max"] == 0.7
     assert "| FAC | 90.0 | 80.0 | 50.0 | 50.0 | 400.0 | 0.300 |" in text
     assert "| FAC | 200.0 |" in text  # CIDEr of the colour changes
     assert "METEOR" not in text  # no run reports it: no empty column
@@ -56,10 +61,31 @@ def test_summary_counts_distinct_captions_and_the_none_type(tmp_path):
         runs.append(document)
     text, summary = summarise(sweep, {"m": runs})
     # none 90/80 → 85.0 ± 7.1; distinct 40/51 → 45.5 → "46 ± 8" (no decimals: a count, not a x100 score)
-    assert "| m | 50.0 ± 0.0 | 80.0 ± 0.0 | 50.0 ± 0.0 | 85.0 ± 7.1 | 50.0 ± 0.0 | 100.0 ± 0.0 | 46 ± 8 |" in text
+    assert ("| m | 50.0 ± 0.0 (50.0–50.0) | 80.0 ± 0.0 (80.0–80.0) | 50.0 ± 0.0 (50.0–50.0) | 85.0 ± 7.1 (80.0–90.0) "
+            "| 50.0 ± 0.0 (50.0–50.0) | 100.0 ± 0.0 (100.0–100.0) | 46 ± 8 (40–51) |") in text
     assert "| variant | type acc. | object acc. | exact | none type acc. | BLEU-4 | CIDEr | distinct captions |" in text
     assert "except the number of distinct captions" in text
     assert summary["variants"]["m"]["distinct captions"]["values"] == [40.0, 51.0]
+
+
+def test_summary_shows_faithfulness_and_compute_cost(tmp_path):
+    sweep = Sweep(title="t", out=tmp_path, variants=[], seeds=[0, 1])
+    runs = []
+    for f1, params, wall, caption_rate in ((0.6, 1_500_000, 120.0, 40.0), (0.8, 1_500_000, 180.0, 50.0)):
+        document = _metrics(0.5, 1.0)
+        document["faithfulness"] = {"rows": {"total": {"objects": {"f1": f1}, "hallucination_rate": 1 - f1}}}
+        document["compute"] = {"training": {"parameters": {"total": params, "trainable": params // 3}, "pairs": 16000,
+                                            "wall_s": wall, "pairs_per_s": 16000 / wall, "peak_memory_mb": 900.0,
+                                            "device": "cpu (2 cores, 1 torch thread)"},
+                               "captioning": {"pairs_per_s": caption_rate}}
+        runs.append(document)
+    text, summary = summarise(sweep, {"m": runs})
+    assert "| object F1 | hallucinated |" in text
+    assert "| 70.0 ± 14.1 (60.0–80.0) | 30.0 ± 14.1 (20.0–40.0) |" in text  # F1 60/80; 1 − F1 40/20
+    # params 1.50 M, trainable 0.50 M; 16000 pairs; 2.0/3.0 min → 2.5 ± 0.7; 133.3/88.9 pairs/s → 111.1 ± 31.4
+    assert ("| m | 1.50 ± 0.00 (1.50–1.50) | 0.50 ± 0.00 (0.50–0.50) | 16000 ± 0 (16000–16000) | 2.5 ± 0.7 (2.0–3.0) "
+            "| 111.1 ± 31.4 (88.9–133.3) | 900 ± 0 (900–900) | 45.0 ± 7.1 (40.0–50.0) | cpu (2 cores, 1 torch thread) |") in text
+    assert summary["variants"]["m"]["train min"]["values"] == [120.0, 180.0]  # as metrics.json has them (s)
 
 
 def test_finished_cell_is_not_trained_again(tmp_path):

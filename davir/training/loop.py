@@ -21,6 +21,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from davir.compute_cost import CostMeter
 from davir.config import ConfigError, save_config
 from davir.data.dataset import collate_examples
 from davir.data.records import DataError
@@ -124,6 +125,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     validator.restore(checkpoint)
     progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
     window_start, window_pairs = time.perf_counter(), 0
+    meter, pairs_seen, first_step = CostMeter(accelerator.device), 0, step  # this session's cost (run_info.json)
 
     for epoch in range(start_epoch, epochs):
         if step >= max_steps:  # resumed from the last step's checkpoint (killed before `last`): nothing left to train
@@ -150,6 +152,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             window_pairs += len(batch["pair_id"]) * accelerator.num_processes
+            pairs_seen += len(batch["pair_id"]) * accelerator.num_processes
             if not accelerator.sync_gradients:
                 continue
             step += 1
@@ -178,7 +181,10 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     progress.close()
     validator.save_last(step)
     if accelerator.is_main_process:
-        mark_run_finished(run_dir, step)
+        # wall time includes validation and checkpoint saving: what the run took, not the bare step rate
+        cost = meter.record(pairs=pairs_seen, model=accelerator.unwrap_model(model), optimizer_steps=step - first_step,
+                            processes=accelerator.num_processes, resumed_at_step=first_step or None)
+        mark_run_finished(run_dir, step, compute=cost)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return run_dir

@@ -58,12 +58,14 @@ def write_run_info(run_dir: Path, *, seed: int, extra: dict | None = None) -> No
     })
 
 
-def mark_run_finished(run_dir: Path, step: int) -> None:
-    """The final marker: training reached its last step and saved last/ (evaluate.py notes runs without it)."""
+def mark_run_finished(run_dir: Path, step: int, *, compute: dict | None = None) -> None:
+    """The final marker: training reached its last step and saved last/ (evaluate.py notes runs without it).
+    ``compute`` (davir.compute_cost) is what this training session cost."""
     from davir.run_files import read_run_info
 
     info = read_run_info(run_dir) or {}
-    write_json_atomic(Path(run_dir) / "run_info.json", {**info, "finished": True, "final_step": step})
+    extra = {"compute": compute} if compute is not None else {}
+    write_json_atomic(Path(run_dir) / "run_info.json", {**info, "finished": True, "final_step": step, **extra})
 
 
 _STEP = re.compile(r"^step_(\d+)$")
