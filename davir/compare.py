@@ -31,7 +31,7 @@ from davir.compute_cost import COST_FIELDS, DEVICE_PATH
 from davir.data.records import DataError
 from davir.io import read_json, write_text_atomic
 from davir.paper_results import METRIC_COLUMNS, paper_results
-from davir.seed_spread import inside_spread_lines, spread_text
+from davir.seed_spread import inside_spread_lines, metric_at, spread_text
 
 SETTINGS = ("total", "semantic", "distractor")
 # Stated-difference faithfulness of the total row (metrics.json "faithfulness", davir.metrics.faithfulness).
@@ -92,15 +92,6 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
                      metrics, seed_group(run))
 
 
-def _lookup(document: dict[str, Any], keys: tuple[str, ...]) -> float | None:
-    value: Any = document
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _cell(value) -> str:
     return "–" if value is None else f"{value:.1f}"
 
@@ -136,7 +127,7 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
                 if setting == "total":
                     spread.setdefault(metric, {})[_label(runs)] = values
             for title, path in FAITHFULNESS_COLUMNS.items():
-                values = [v for v in (_lookup(r.document, path) for r in runs) if v is not None] if setting == "total" else []
+                values = [v for v in (metric_at(r.document, path) for r in runs) if v is not None] if setting == "total" else []
                 cells.append(spread_text(values, 100.0) if values else "–")
                 if setting == "total":
                     spread.setdefault(title, {})[_label(runs)] = values
@@ -162,7 +153,7 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
 def cost_table(groups: dict[str, list[RunResult]]) -> str:
     """The compute cost of each run group (davir.compute_cost; mean ± std (min–max) over seeds), or "" if no
     run recorded one."""
-    if not any(_lookup(r.document, path) is not None for runs in groups.values() for r in runs
+    if not any(metric_at(r.document, path) is not None for runs in groups.values() for r in runs
                for _, path, _, _ in COST_FIELDS):
         return ""
     lines = ["", "Compute cost (training wall time includes validation and checkpoints; peak memory: CUDA allocator "
@@ -172,7 +163,7 @@ def cost_table(groups: dict[str, list[RunResult]]) -> str:
     for runs in groups.values():
         cells = []
         for _, path, scale, digits in COST_FIELDS:
-            values = [v for v in (_lookup(r.document, path) for r in runs) if v is not None]
+            values = [v for v in (metric_at(r.document, path) for r in runs) if v is not None]
             cells.append(spread_text(values, scale, digits))
         devices = {str(d) for d in (_device(r.document) for r in runs) if d}
         lines.append(f"| {_label(runs)} | " + " | ".join(cells) + f" | {', '.join(sorted(devices)) or '?'} |")

@@ -12,6 +12,17 @@ from __future__ import annotations
 
 import statistics
 from itertools import combinations
+from typing import Any
+
+
+def metric_at(document: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    """The number at `keys` in a metrics.json document, or None where the path or a number is missing."""
+    value: Any = document
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

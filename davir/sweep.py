@@ -36,7 +36,7 @@ from davir.config import ConfigError
 from davir.data.records import DataError
 from davir.io import read_json, write_json_atomic, write_text_atomic
 from davir.metrics.captions import shared_meteor
-from davir.seed_spread import inside_spread, inside_spread_lines, spread_record, spread_text
+from davir.seed_spread import inside_spread, inside_spread_lines, metric_at, spread_record, spread_text
 from davir.signals import stop_on_signals
 
 @dataclass(frozen=True)
@@ -220,17 +220,8 @@ def run_cell(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> Pat
     return done
 
 
-def _lookup(document: dict[str, Any], keys: tuple[str, ...]) -> float | None:
-    value: Any = document
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return float(value) if isinstance(value, (int, float)) else None
-
-
 def _column_values(runs: list[dict[str, Any]], path: tuple[str, ...]) -> list[float]:
-    return [v for v in (_lookup(m, path) for m in runs) if v is not None]
+    return [v for v in (metric_at(m, path) for m in runs) if v is not None]
 
 
 def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
@@ -238,7 +229,7 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
     metrics.json files: every cell mean ± std (min–max) over seeds, then the score differences between
     variants that the seed spread cannot settle (davir.seed_spread)."""
     def present(column: Column) -> bool:
-        return any(_lookup(m, column.path) is not None for runs in results.values() for m in runs)
+        return any(metric_at(m, column.path) is not None for runs in results.values() for m in runs)
 
     columns = [c for c in COLUMNS if present(c)]
     cost_columns = [c for c in COST_COLUMNS if present(c)]

@@ -69,3 +69,21 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def two_pair_clevr_change(tmp_path) -> Path:
+    """A CLEVR-Change folder of two test pairs (a colour and a material change), each with its distractor."""
+    import json
+
+    root = tmp_path / "clevr_change"
+    root.mkdir()
+    (root / "splits.json").write_text(json.dumps({"train": [], "val": [], "test": [1, 8001]}))
+    (root / "type_mapping.json").write_text(json.dumps({"color": ["000001.png"], "material": ["008001.png"]}))
+    (root / "change_captions.json").write_text(json.dumps({
+        "CLEVR_default_000001.png": ["the red cube became blue"],
+        "CLEVR_default_008001.png": ["the metal ball became rubber"]}))
+    (root / "no_change_captions.json").write_text(json.dumps({
+        "CLEVR_default_000001.png": ["the scene remains the same"],
+        "CLEVR_default_008001.png": ["no change has occurred"]}))
+    return root

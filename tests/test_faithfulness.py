@@ -135,19 +135,10 @@ def test_object_f1_ranks_the_runs_as_exact_object_accuracy_does(reader):
     assert rho >= 0.8, (rho, list(zip(accuracy, f1)))
 
 
-def test_evaluate_prints_and_writes_the_faithfulness_block(tmp_path, capsys):
+def test_evaluate_prints_and_writes_the_faithfulness_block(tmp_path, capsys, two_pair_clevr_change):
     from davir.cli import evaluate
 
-    root = tmp_path / "clevr_change"
-    root.mkdir()
-    (root / "splits.json").write_text(json.dumps({"train": [], "val": [], "test": [1, 8001]}))
-    (root / "type_mapping.json").write_text(json.dumps({"color": ["000001.png"], "material": ["008001.png"]}))
-    (root / "change_captions.json").write_text(json.dumps({
-        "CLEVR_default_000001.png": ["the red cube became blue"],
-        "CLEVR_default_008001.png": ["the metal ball became rubber"]}))
-    (root / "no_change_captions.json").write_text(json.dumps({
-        "CLEVR_default_000001.png": ["the scene remains the same"],
-        "CLEVR_default_008001.png": ["no change has occurred"]}))
+    root = two_pair_clevr_change
     predictions = tmp_path / "predictions.json"
     predictions.write_text(json.dumps([
         {"image_id": "000001.png", "caption": "the red cube became blue"},

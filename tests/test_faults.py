@@ -37,6 +37,27 @@ def data(tmp_path_factory):
     return root
 
 
+def tiny_caption_run(data: Path, folder: Path, *, pairs: int) -> tuple[Path, Path]:
+    """A 1-step DAVIR checkpoint (FOLDER/run) on `data` and a FOLDER/pairs.csv of its first `pairs` image pairs."""
+    from davir.config import load_config
+    from davir.training import loop
+    from davir.training.config import TrainConfig
+    from preprocess import masks as masks_job
+
+    assert masks_job.main(["--format", "clevr_change", "--root", str(data), "--split", "train", "--out",
+                           str(folder / "masks"), "--limit", "4", "--workers", "1", "--no-progress"]) == 0
+    loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
+        f"data.root={data}", f"data.masks={folder / 'masks'}", "data.entities=null", "model.fac.lambda_attn=0",
+        "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+        "optim.batch_size=2", "optim.max_steps=1", "run.eval_every=0", "run.val_max_pairs=2",
+        "run.tensorboard=false", f"run.output_dir={folder / 'run'}"]))
+    manifest = folder / "pairs.csv"
+    rows = ["id,before,after"] + [f"p{i:02d},{path},{str(path).replace('images', 'sc_images').replace('default', 'semantic')}"
+                                 for i, path in enumerate(sorted((data / "images").iterdir())[:pairs])]
+    manifest.write_text("\n".join(rows) + "\n")
+    return folder / "run", manifest
+
+
 def run(argv: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *argv], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
 
@@ -196,24 +217,9 @@ def test_caption_killed_twice_resumes_byte_identical(data, tmp_path):
     """caption.py SIGKILLed at seeded moments while it appends batches, rerun: the JSONL equals an uninterrupted
     run's byte for byte (no lost, repeated or broken line), and the report is complete."""
     from davir.cli import caption as caption_cli
-    from davir.config import load_config
-    from davir.training import loop
-    from davir.training.config import TrainConfig
-    from preprocess import masks as masks_job
 
     rng = random.Random(187)
-    assert masks_job.main(["--format", "clevr_change", "--root", str(data), "--split", "train", "--out",
-                           str(tmp_path / "masks"), "--limit", "4", "--workers", "1", "--no-progress"]) == 0
-    run_dir = tmp_path / "run"
-    loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-        f"data.root={data}", f"data.masks={tmp_path / 'masks'}", "data.entities=null", "model.fac.lambda_attn=0",
-        "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
-        "optim.batch_size=2", "optim.max_steps=1", "run.eval_every=0", "run.val_max_pairs=2",
-        "run.tensorboard=false", f"run.output_dir={run_dir}"]))
-    pairs = tmp_path / "pairs.csv"
-    rows = ["id,before,after"] + [f"p{i:02d},{path},{str(path).replace('images', 'sc_images').replace('default', 'semantic')}"
-                                 for i, path in enumerate(sorted((data / "images").iterdir())[:24])]
-    pairs.write_text("\n".join(rows) + "\n")
+    run_dir, pairs = tiny_caption_run(data, tmp_path, pairs=24)
     argv = lambda out: ["--checkpoint", str(run_dir), "--pairs", str(pairs), "--out", str(out),  # noqa: E731
                         "--batch-size", "2", "--workers", "0", "--quiet"]
     assert caption_cli.main(argv(tmp_path / "reference" / "c.jsonl")) == 0

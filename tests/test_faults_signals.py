@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from davir.io import read_jsonl
-from tests.test_faults import ENV, REPO, data, no_temporaries, tree  # noqa: F401  (data: the fixture)
+from tests.test_faults import ENV, REPO, data, no_temporaries, tiny_caption_run, tree  # noqa: F401  (data: the fixture)
 
 
 def _alive(pid: int) -> bool:
@@ -146,23 +146,9 @@ def test_a_stopped_main_returns_the_status_with_one_line_and_restores_the_handle
 def captioning(data, tmp_path_factory, one_torch_thread):
     """A 1-step checkpoint, a pairs.csv of 16 pairs and an uninterrupted run's JSONL (as in tests/test_faults.py)."""
     from davir.cli import caption as caption_cli
-    from davir.config import load_config
-    from davir.training import loop
-    from davir.training.config import TrainConfig
-    from preprocess import masks as masks_job
 
     folder = tmp_path_factory.mktemp("captioning")
-    assert masks_job.main(["--format", "clevr_change", "--root", str(data), "--split", "train", "--out",
-                           str(folder / "masks"), "--limit", "4", "--workers", "1", "--no-progress"]) == 0
-    loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-        f"data.root={data}", f"data.masks={folder / 'masks'}", "data.entities=null", "model.fac.lambda_attn=0",
-        "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
-        "optim.batch_size=2", "optim.max_steps=1", "run.eval_every=0", "run.val_max_pairs=2",
-        "run.tensorboard=false", f"run.output_dir={folder / 'run'}"]))
-    pairs = folder / "pairs.csv"
-    rows = ["id,before,after"] + [f"p{i:02d},{path},{str(path).replace('images', 'sc_images').replace('default', 'semantic')}"
-                                 for i, path in enumerate(sorted((data / "images").iterdir())[:16])]
-    pairs.write_text("\n".join(rows) + "\n")
+    _, pairs = tiny_caption_run(data, folder, pairs=16)
 
     def argv(out: Path, workers: int) -> list[str]:
         return ["--checkpoint", str(folder / "run"), "--pairs", str(pairs), "--out", str(out), "--batch-size", "2",

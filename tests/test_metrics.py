@@ -381,17 +381,8 @@ def load_evaluate_module():
     return module
 
 
-def test_evaluate_cli_per_type_table_through_the_data_layer(tmp_path, capsys):
-    root = tmp_path / "clevr_change"
-    root.mkdir()
-    (root / "splits.json").write_text(json.dumps({"train": [], "val": [], "test": [1, 8001]}))
-    (root / "type_mapping.json").write_text(json.dumps({"color": ["000001.png"], "material": ["008001.png"]}))
-    (root / "change_captions.json").write_text(json.dumps({
-        "CLEVR_default_000001.png": ["the red cube became blue"],
-        "CLEVR_default_008001.png": ["the metal ball became rubber"]}))
-    (root / "no_change_captions.json").write_text(json.dumps({
-        "CLEVR_default_000001.png": ["the scene remains the same"],
-        "CLEVR_default_008001.png": ["no change has occurred"]}))
+def test_evaluate_cli_per_type_table_through_the_data_layer(tmp_path, capsys, two_pair_clevr_change):
+    root = two_pair_clevr_change
     predictions = tmp_path / "total_results.json"
     predictions.write_text(json.dumps([
         {"image_id": "000001.png", "caption": "the red cube became blue"},
