@@ -137,8 +137,8 @@ def _caption_locked(args: argparse.Namespace, out: Path, html_path: Path, num_sh
     pairs = index.pairs
     share, extra = divmod(len(pairs), num_shards)
     start = shard_index * share + min(shard_index, extra)
-    mine = list(enumerate(pairs))[start: start + share + (shard_index < extra)]
-    pending = [(i, pair) for i, pair in mine if pair.pair_id not in done]
+    mine = range(start, start + share + (shard_index < extra))  # indices: no list of 1,000,000 tuples beside pending
+    pending = [(i, pairs[i]) for i in mine if pairs[i].pair_id not in done]
     retried = sum(pair.pair_id in failed_before for _, pair in pending)
     shard_note = f" (shard {shard_index + 1}/{num_shards})" if num_shards > 1 else ""
     if len(pending) < len(mine):

@@ -21,6 +21,10 @@
    (CACHE/entities/part-<split>-<position>.json). Finished pairs are skipped, so a killed run resumes.
    CACHE/entities/manifest.json records the settings; a rerun with other settings is refused.
 
+`accelerate launch -m preprocess entities …` runs steps 1-3 on the main process while the others wait, then
+splits step 4 (pair i to process i % N, each on its own device) and the main process writes the manifest
+once every share is stored: the entity table equals a one-process run's.
+
 `--masks` is a MaskCache folder (`python -m preprocess masks … --out MASKCACHE`) or the word `gt`
 for the ground-truth masks a dataset ships (the built-in synthetic set's `gt_masks/`). The fitted
 retriever is fitted with the fit split's masks from the same source unless `--fit-masks` names
@@ -41,219 +45,32 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Iterable, Protocol
 
 import numpy as np
 
 from davir.data import read_dataset
-from davir.data.caches import EntityCache, MaskCache, PairMasks
-from davir.data.images import load_mask, load_pair
-from davir.data.records import ChangePair, DataError, DatasetIndex
+from davir.data.caches import EntityCache
+from davir.data.images import load_pair
+from davir.data.records import DataError
 from davir.errors import check_output_dir
-from davir.locks import output_lock
+from davir.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
-from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary
-from davir.text.extractors import BACKENDS, PhraseExtractor, get_extractor
+from davir.text.extractors import BACKENDS
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, entity_options, entity_profile, profile_deviations
 from davir.preprocessing.retrievers import (
     FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, EntityGate, FittedRetriever,
-    PairRegions, frame_pair_features, pair_features, pair_regions, retrieve_image_level, retrieve_top_k,
+    retrieve_image_level, retrieve_top_k,
 )
 from davir.signals import stop_on_signals
+from preprocess.entity_fit import (  # noqa: F401 - GroundTruthMasks, SubjectExtractor: entities.X for callers
+    FITTED_INPUT, GroundTruthMasks, SubjectExtractor, fit_shared_parts, load_or_build_vocabulary, load_pair_regions,
+    open_mask_source,
+)
+from preprocess.processes import ProcessLayout, process_layout
 
-GT_MASKS = "gt"
 ENTITY_GATES = ("fitted", "none")
 REGION, IMAGE = "region", "image"  # settings["retrieval"]: DAVIR's masked regions (Eq. 9) or CHEER's whole frames (§4.8)
-FITTED_INPUT = {False: "regions", True: "whole_frame"}  # what a fitted retriever was fitted on; absent = regions
-
-
-# ---------------------------------------------------------------------------------------------------
-# Mask sources: a MaskCache folder, or the dataset's own ground-truth masks
-# ---------------------------------------------------------------------------------------------------
-
-class MaskSource(Protocol):
-    def read(self, pair: ChangePair) -> PairMasks: ...
-
-    def describe(self) -> str: ...
-
-
-class CachedMasks:
-    """Masks written by `python -m preprocess masks` (davir.data.caches.MaskCache)."""
-
-    def __init__(self, root: str | Path):
-        if not Path(root).is_dir():
-            raise DataError(f"mask cache folder {root} does not exist; run `python -m preprocess masks --out {root} …`")
-        self.cache = MaskCache(root)
-
-    def read(self, pair: ChangePair) -> PairMasks:
-        return self.cache.read(pair.pair_id)
-
-    def describe(self) -> str:
-        return str(self.cache.root)
-
-
-class GroundTruthMasks:
-    """The ground-truth change masks a reader attaches to each pair (`gt_mask_before`/`gt_mask_after`)."""
-
-    def read(self, pair: ChangePair) -> PairMasks:
-        if not pair.has_gt_mask:
-            raise DataError(f"pair {pair.pair_id!r} has no ground-truth masks (only the built-in synthetic set "
-                            "ships them); pass a mask cache to --masks instead of 'gt'")
-        return PairMasks(before=load_mask(pair.gt_mask_before, record=pair.pair_id),
-                         after=load_mask(pair.gt_mask_after, record=pair.pair_id), info={"pair_id": pair.pair_id})
-
-    def describe(self) -> str:
-        return GT_MASKS
-
-
-def open_mask_source(spec: str) -> MaskSource:
-    return GroundTruthMasks() if spec == GT_MASKS else CachedMasks(spec)
-
-
-def load_pair_regions(pair: ChangePair, masks: MaskSource, *, mask_source: str, pad: float,
-                      weighting: str) -> PairRegions:
-    """Load a pair's images and masks and cut out both change regions (Eq. 8)."""
-    before, after = load_pair(pair)
-    return pair_regions(pair.pair_id, np.asarray(before), np.asarray(after), masks.read(pair),
-                        mask_source=mask_source, pad=pad, weighting=weighting)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Vocabulary and training labels
-# ---------------------------------------------------------------------------------------------------
-
-def split_captions(index: DatasetIndex) -> list[str]:
-    return [caption for pair in index for caption in pair.captions]
-
-
-class SubjectExtractor:
-    """CHEER §4.8: a caption's entity is its *subject* (`PhraseExtractor.subject`), not every noun phrase.
-
-    Wraps an extractor so that `phrases(caption)` is ``[subject]`` (or ``[]``): the vocabulary, the fitted
-    retriever's labels and the entity evaluation then all count subjects only. "the red cube changed to
-    blue" names "red cube", never "blue".
-    """
-
-    def __init__(self, base: PhraseExtractor):
-        self.base = base
-        self.backend = base.backend
-
-    def phrases(self, caption: str) -> list[str]:
-        subject = self.base.subject(caption)
-        return [subject] if subject else []
-
-    def subject(self, caption: str) -> str | None:
-        return self.base.subject(caption)
-
-    def describe(self) -> dict:
-        return {**self.base.describe(), "entities": "subjects"}
-
-
-def vocabulary_extractor(backend: str, captions: list[str], subjects: bool) -> PhraseExtractor:
-    extractor = get_extractor(backend, corpus=captions)
-    return SubjectExtractor(extractor) if subjects else extractor  # type: ignore[return-value]
-
-
-def load_or_build_vocabulary(path: Path, fit_index: DatasetIndex, *, min_count: int,
-                             backend: str, subjects: bool = False) -> tuple[EntityVocabulary, PhraseExtractor]:
-    """CACHE/vocab.json if present (checked against the settings), else built from the fit split.
-
-    `subjects` (CHEER's image-level entities): the vocabulary holds the captions' subject phrases only.
-    """
-    captions = split_captions(fit_index)
-    if path.is_file():
-        vocabulary = EntityVocabulary.load(path)
-        expected = {"format": fit_index.format, "split": fit_index.split}
-        found = {key: vocabulary.source.get(key) for key in expected}
-        stored_subjects = vocabulary.extractor.get("entities") == "subjects"
-        if found != expected or vocabulary.min_count != min_count or stored_subjects != subjects or (
-                backend != "auto" and vocabulary.extractor.get("backend") != backend):
-            raise DataError(f"{path} was built from {found} with min_count {vocabulary.min_count} and back-end "
-                            f"{vocabulary.extractor.get('backend')!r} (subjects only: {stored_subjects}); this run asks "
-                            f"for {expected}, {min_count}, {backend!r} (subjects only: {subjects}) (use another --out)")
-        return vocabulary, vocabulary_extractor(vocabulary.extractor.get("backend", "auto"), captions, subjects)
-    if not captions:
-        raise DataError(f"split {fit_index.split!r} of {fit_index.root} has no captions to build the entity "
-                        "vocabulary from (CLEVR-style sets need change_captions.json)")
-    extractor = vocabulary_extractor(backend, captions, subjects)
-    vocabulary = build_vocabulary(captions, min_count=min_count, extractor=extractor,
-                                  source={"format": fit_index.format, "root": str(fit_index.root),
-                                          "split": fit_index.split})
-    if not vocabulary.phrases:
-        raise DataError(f"no noun phrase occurs in ≥ {min_count} captions of split {fit_index.split!r}")
-    vocabulary.save(path)
-    return vocabulary, extractor
-
-
-def reference_labels(captions: Iterable[str], extractor: PhraseExtractor, vocabulary: set[str]) -> dict[str, float]:
-    """Each vocabulary phrase the references name → the share of references naming it."""
-    captions = list(captions)
-    counts: Counter[str] = Counter()
-    for caption in captions:
-        counts.update(p for p in set(extractor.phrases(caption)) if p in vocabulary)
-    return {phrase: count / len(captions) for phrase, count in counts.items()}
-
-
-# ---------------------------------------------------------------------------------------------------
-# Retrievers
-# ---------------------------------------------------------------------------------------------------
-
-def _progress(iterable, total: int, desc: str, enabled: bool):
-    if not enabled:
-        return iterable
-    from tqdm import tqdm
-
-    return tqdm(iterable, total=total, desc=desc, file=sys.stderr)
-
-
-def fit_split_descriptors(fit_index: DatasetIndex, masks: MaskSource | None, vocabulary: EntityVocabulary,
-                          extractor: PhraseExtractor, *, region_options: dict, limit: int | None = None,
-                          progress: bool = True, image_level: bool = False, named_only: bool = True
-                          ) -> tuple[list[np.ndarray], list[dict[str, float]]]:
-    """The (2, F) descriptors and reference labels of the fit split's pairs (the first `limit`).
-
-    Region level: the descriptors of the masked change regions. `image_level`: of the two whole frames
-    (no masks; `masks` may be None). `named_only` keeps only the pairs whose references name a
-    vocabulary phrase (all the fitted retriever uses); the entity gate also needs the others.
-    """
-    phrases = set(vocabulary.phrases)
-    pairs = fit_index.pairs[:limit] if limit is not None else fit_index.pairs
-    labelled = [(pair, reference_labels(pair.captions, extractor, phrases)) for pair in pairs]
-    if named_only:
-        labelled = [(pair, label) for pair, label in labelled if label]
-    if not any(label for _, label in labelled):
-        raise DataError(f"no pair of split {fit_index.split!r} names a vocabulary phrase in its references")
-    features, labels = [], []
-    what = "frames" if image_level else "regions"
-    for pair, label in _progress(labelled, len(labelled), f"fit {what} ({fit_index.split})", progress):
-        if image_level:
-            before, after = load_pair(pair)
-            features.append(frame_pair_features(np.asarray(before), np.asarray(after)))
-        else:
-            features.append(pair_features(load_pair_regions(pair, masks, **region_options)))  # not the crops
-        labels.append(label)
-    return features, labels
-
-
-def fit_fitted_retriever(features: list[np.ndarray], labels: list[dict[str, float]], vocabulary: EntityVocabulary, *,
-                         mode: str, C: float, fit_split: str, image_level: bool = False) -> FittedRetriever:
-    """The `fitted` retriever, fitted on `fit_split_descriptors` (pairs naming no phrase are skipped by the fit)."""
-    retriever = FittedRetriever(mode=mode, C=C)
-    retriever.fit_features(features, labels, vocabulary.phrases)
-    retriever.training["fit_split"] = fit_split
-    retriever.training["input"] = FITTED_INPUT[image_level]
-    return retriever
-
-
-def fit_entity_gate(features: list[np.ndarray], labels: list[dict[str, float]], *, threshold: float,
-                    fit_split: str) -> EntityGate:
-    """The entity gate, fitted on `fit_split_descriptors(…, named_only=False)`: does a pair name an entity?"""
-    gate = EntityGate(threshold=threshold)
-    gate.fit(features, [bool(label) for label in labels])
-    gate.training["fit_split"] = fit_split
-    return gate
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -392,7 +209,11 @@ def run_settings(args: argparse.Namespace) -> dict:
     return settings
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> dict:
+def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None = None) -> dict:
+    """Entities of one split; under `accelerate launch` in order: (1) the main process builds the vocabulary and
+    fits the retriever and gate on the fit split while the others wait, (2) every process retrieves for its share
+    of the pairs, (3) the main process writes the manifest once every share is stored."""
+    layout = layout or process_layout()
     if args.top_k < 1 or args.chunk_size < 1 or args.vocab_min_count < 1:
         raise DataError("--top-k, --chunk-size and --vocab-min-count must be at least 1")
     check_mode_arguments(args)
@@ -413,28 +234,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
     target = read_dataset(args.format, args.root, args.split)
     fit_index = target if args.fit_split == args.split else read_dataset(args.format, args.root, args.fit_split)
-    vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
-                                                     backend=args.phrase_backend, subjects=args.image_level)
 
     if args.retriever == "clip":  # first, so a missing checkpoint is reported before any fitting
-        retriever = ClipRetriever(args.clip_model, args.clip_checkpoint, config=args.clip_config, device=args.device,
-                                  prompt=args.clip_prompt, batch_size=args.batch_size)
+        retriever = ClipRetriever(args.clip_model, args.clip_checkpoint, config=args.clip_config,
+                                  device=args.device or layout.device, prompt=args.clip_prompt,
+                                  batch_size=args.batch_size)
     retriever_folder, gate_folder = out / "retriever", out / "gate"
-    fit_retriever = args.retriever == "fitted" and not FittedRetriever.exists(retriever_folder)
-    fit_gate = settings.get("entity_gate") == "fitted" and not EntityGate.exists(gate_folder)
-    if fit_retriever or fit_gate:  # one pass over the fit split serves both
-        fit_masks = None if args.image_level else (
-            masks if args.fit_masks in (None, args.masks) else open_mask_source(args.fit_masks))
-        features, labels = fit_split_descriptors(fit_index, fit_masks, vocabulary, extractor,
-                                                 region_options=region_options, limit=args.fit_limit,
-                                                 progress=progress, image_level=args.image_level,
-                                                 named_only=not fit_gate)
-        if fit_retriever:
-            fit_fitted_retriever(features, labels, vocabulary, mode=args.fitted_mode, C=args.fitted_C,
-                                 fit_split=fit_index.split, image_level=args.image_level).save(retriever_folder)
-        if fit_gate:
-            fit_entity_gate(features, labels, threshold=args.gate_threshold,
-                            fit_split=fit_index.split).save(gate_folder)
+    layout.main_first(lambda: fit_shared_parts(args, out, fit_index, masks, settings, manifest, region_options))
+    vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
+                                                     backend=args.phrase_backend, subjects=args.image_level)
     gate = EntityGate.load(gate_folder) if settings.get("entity_gate") == "fitted" else None
     if gate is not None and gate.threshold != args.gate_threshold:
         raise DataError(f"{gate_folder} holds an entity gate with threshold {gate.threshold}; use another --out")
@@ -446,14 +254,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             raise DataError(f"{retriever_folder} holds a fitted retriever with mode {retriever.mode!r}, C "
                             f"{retriever.C}, fitted on {fitted_on}; use another --out")
     retriever.prepare(vocabulary.phrases)
-    write_json_atomic(manifest_path, manifest)  # pin the settings before the first part is written
 
     cache = EntityCache(out)
-    # A killed run may leave the temporary file of the part it was writing: remove this split's (issue 18).
-    for stale in cache.folder.glob(f".part-{args.split}-*.tmp") if cache.folder.is_dir() else []:
-        stale.unlink(missing_ok=True)
-    pairs = target.pairs[: args.limit] if args.limit is not None else target.pairs
-    position = {pair.pair_id: i for i, pair in enumerate(pairs)}
+    whole = target.pairs[: args.limit] if args.limit is not None else target.pairs
+    pairs = layout.share(whole)
+    layout.announce(len(pairs), len(whole))
+    position = {pair.pair_id: i for i, pair in enumerate(whole)}
     todo = [pair for pair in pairs if not cache.has(pair.pair_id)]
     started = time.time()
     withheld = 0
@@ -461,7 +267,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), desc=f"entities ({args.split})", file=sys.stderr)
+        bar = tqdm(total=len(todo), desc=f"entities ({args.split})" + (f" {layout.describe()}" if layout.count > 1
+                                                                      else ""), file=sys.stderr)
     for start in range(0, len(todo), args.chunk_size):
         chunk = todo[start:start + args.chunk_size]
         if args.image_level:
@@ -474,19 +281,26 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             withheld += sum(1 for pair, found in zip(regions, retrieved)
                             if not found and not (pair.before.empty and pair.after.empty))
         # Part names come from the split position of the chunk's first pair, so a resumed run never
-        # overwrites a part an earlier run finished.
+        # overwrites a part an earlier run finished, nor one process another's.
         cache.write_part(f"{args.split}-{position[chunk[0].pair_id]:07d}",
                          {pair.pair_id: entities for pair, entities in zip(chunk, retrieved)})
         if bar is not None:
             bar.update(len(chunk))
     if bar is not None:
         bar.close()
+    written, withheld = (sum(values) for values in zip(*layout.gather((len(todo), withheld))))
+    summary = {"split": args.split, "pairs": len(whole), "written": written, "skipped_existing": len(whole) - written,
+               "withheld_by_gate": withheld, "vocabulary": len(vocabulary),
+               "seconds": round(time.time() - started, 1), "out": str(out)}
+    if not layout.is_main:  # the main process writes the manifest of the whole split
+        return summary
+    pairs = whole
 
     done = sum(1 for pair in pairs if cache.has(pair.pair_id))
     table = cache.table()
     without_entity = sum(1 for pair in pairs if pair.pair_id in table and not table[pair.pair_id])
     manifest["splits"][args.split] = {
-        "root": str(Path(target.root).resolve()), "pairs": len(pairs), "with_entities": done, "written_now": len(todo),
+        "root": str(Path(target.root).resolve()), "pairs": len(pairs), "with_entities": done, "written_now": written,
         "without_entity": without_entity,
         "skipped_by_reader": len(target.skipped), "status": "complete" if done == len(pairs) else "incomplete",
     }
@@ -500,9 +314,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "profile_deviations": {k: {"profile": a, "chosen": b} for k, (a, b) in deviations.items()},
     })
     write_json_atomic(manifest_path, manifest)
-    return {"split": args.split, "pairs": len(pairs), "written": len(todo), "skipped_existing": len(pairs) - len(todo),
-            "withheld_by_gate": withheld, "vocabulary": len(vocabulary), "seconds": round(time.time() - started, 1),
-            "out": str(out)}
+    return summary
 
 
 @stop_on_signals()
@@ -511,13 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_output_dir(args.out, what="--out")  # before its lock file is made beside it
-        # The whole cache: its manifest and vocabulary are shared by the splits.
-        with output_lock(args.out, what=f"entity cache {args.out}", job="entities", wait=args.wait_lock):
-            summary = run(args, argv)
+        layout = process_layout()
+        # The whole cache (its manifest and vocabulary are shared by the splits), held by the one process or by
+        # the main process of a launch, which writes them; each other process of a launch locks its share.
+        job = "entities" if layout.is_main else shard_job("entities", layout.count, layout.index)
+        with output_lock(args.out, what=f"entity cache {args.out}", job=job, wait=args.wait_lock):
+            summary = run(args, argv, layout)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     import json
 
-    print(json.dumps(summary, indent=2))
+    if layout.is_main:
+        print(json.dumps(summary, indent=2))
     return 0

@@ -15,8 +15,10 @@ fp16 range; ``zero_init_residual`` would leave an 11-pixel receptive field) and 
 torchvision bottleneck ResNet whose layer3 gives 1024 channels loads through ``--weights`` (the layout is read
 off the state dict): the demo uses the tiny one shipped in assets/tiny_resnet (docs/tiny_backbone.md).
 
-Cache layout (atomic writes; a rerun skips every image already stored, so a killed run resumes; K
-processes with ``--num-shards K --shard-index I`` split the images and can write into one cache):
+Cache layout (atomic writes; a rerun skips every image already stored, so a killed run resumes; the N
+processes of ``accelerate launch -m preprocess features …`` split the images (image i to process i % N, each on
+its own device; the main process writes index.json once all are stored), as K hand-started processes with
+``--num-shards K --shard-index I`` do):
 
     CACHE/manifest.json                         extraction settings (identical for every run into CACHE)
     CACHE/features/s{I}of{K}-{n}.safetensors    tensor "features" (N, 1024, 14, 14) fp16; metadata "keys"
@@ -54,6 +56,7 @@ from davir.preprocessing.backbone import (
     normalize_batch,
 )
 from davir.signals import stop_on_signals
+from preprocess.processes import ProcessLayout, process_layout
 
 MISSING_EXAMPLES = 20
 
@@ -94,8 +97,9 @@ class Settings:
         }
 
 
-def check_manifest(cache: Path, settings: Settings) -> None:
-    """Write manifest.json, or refuse a cache made with other settings (mixed features would be silent garbage)."""
+def check_manifest(cache: Path, settings: Settings, write: bool = True) -> None:
+    """Write manifest.json (`write`: the main process of a launch), or refuse a cache made with other settings
+    (mixed features would be silent garbage)."""
     path = cache / "manifest.json"
     wanted = settings.manifest()
     if path.is_file():
@@ -107,11 +111,15 @@ def check_manifest(cache: Path, settings: Settings) -> None:
                 f"{[existing.get(k) for k in differing]} vs {[wanted[k] for k in differing]}); use another --out"
             )
         return
-    write_json_atomic(path, wanted)
+    if write:
+        write_json_atomic(path, wanted)
 
 
 # --- extraction ------------------------------------------------------------------------------------
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, launched_on: str | None = None) -> torch.device:
+    """--device; `auto` is this process's accelerate device under `accelerate launch` (`launched_on`)."""
+    if name == "auto" and launched_on is not None:
+        return torch.device(launched_on)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -194,17 +202,20 @@ def split_images(index, dataset_root: Path) -> list[tuple[str, Path]]:
     return list(seen.items())
 
 
-def run(args: argparse.Namespace) -> dict:
-    """The `features` command: returns the run record (also written to CACHE/runs/)."""
+def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
+    """The `features` command: returns the run record (also written to CACHE/runs/; under `accelerate launch` the
+    whole run's, merged by the main process, which also writes index.json once every share is stored)."""
     if args.num_shards < 1 or not 0 <= args.shard_index < args.num_shards:
         raise DataError(f"--shard-index must be in 0..{args.num_shards - 1}, got {args.shard_index}")
+    layout = layout or process_layout(args.num_shards, args.shard_index)
     if args.random_init and args.weights:
         raise DataError("--weights and --random-init exclude each other")
     started = time.perf_counter()
     root, cache = Path(args.root), check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
     index = read_dataset(args.format, root, args.split)
     images = split_images(index, root)
-    mine = images[args.shard_index::args.num_shards]
+    mine = layout.share(images)
+    layout.announce(len(mine), len(images), "images")
 
     if args.random_init:
         weights_id = f"random-init(seed={args.seed},branches=1/sqrt(blocks))"  # not the zero-branch v1
@@ -216,7 +227,7 @@ def run(args: argparse.Namespace) -> dict:
         weights_id = f"sha256:{file_sha256(Path(args.weights))}"
     std = AUTHORS_STD if args.std_typo else IMAGENET_STD
     cache.mkdir(parents=True, exist_ok=True)
-    check_manifest(cache, Settings(weights_id, tuple(std), str(root.resolve())))
+    check_manifest(cache, Settings(weights_id, tuple(std), str(root.resolve())), write=layout.is_main)
 
     done = scan_index(cache)
     todo = [(key, path) for key, path in mine if key not in done]
@@ -230,27 +241,45 @@ def run(args: argparse.Namespace) -> dict:
     missing_keys = {key for key, _ in missing}
     todo = [(key, path) for key, path in todo if key not in missing_keys]
     written = 0
-    device = pick_device(args.device)
+    device = pick_device(args.device, layout.device)
     if todo:
         backbone = build_backbone(args.weights, random_init=args.random_init, seed=args.seed)
         written = extract_images(
-            todo, cache, backbone, std=std, chunk_prefix=f"s{args.shard_index:03d}of{args.num_shards:03d}",
+            todo, cache, backbone, std=std, chunk_prefix=f"s{layout.index:03d}of{layout.count:03d}",
             device=device, batch_size=args.batch_size or default_batch_size(device), workers=args.workers,
             chunk_size=args.chunk_size,
             progress=not args.no_progress, description=f"features {args.split}",
         )
-    entries = write_index(cache)
+    entries = {} if layout.launched else write_index(cache)  # a launch: the main process, once all are done
     seconds = time.perf_counter() - started
     record = {
-        "format": args.format, "split": args.split, "shard": [args.shard_index, args.num_shards],
+        "format": args.format, "split": args.split, "shard": [layout.index, layout.count],
         "images_in_split": len(images), "images_in_shard": len(mine), "extracted": written,
         "already_cached": len(mine) - len(todo) - len(missing), "missing": len(missing),
         "missing_examples": [str(p) for _, p in missing[:MISSING_EXAMPLES]],
         "cache_entries": len(entries), "device": str(device), "seconds": round(seconds, 3),
         "skipped_records": len(index.skipped),
     }
-    write_json_atomic(cache / "runs" / f"{args.split}-s{args.shard_index:03d}of{args.num_shards:03d}.json", record)
-    return record
+    write_json_atomic(cache / "runs" / f"{args.split}-s{layout.index:03d}of{layout.count:03d}.json", record)
+    if not layout.launched:
+        return record
+    return merge_process_records(layout.gather(record), cache, split=args.split, write=layout.is_main,
+                                 seconds=time.perf_counter() - started)
+
+
+def merge_process_records(records: list[dict], cache: Path, *, split: str, write: bool, seconds: float) -> dict:
+    """The record of a whole `accelerate launch` (as one process's run would read) from its processes' records;
+    `write` (the main process): index.json of every chunk and `runs/SPLIT-s000of001.json`."""
+    counted = ("images_in_shard", "extracted", "already_cached", "missing")
+    merged = {**records[0], "shard": [0, 1], "processes": [
+        {"index": i, "images": r["images_in_shard"], "extracted": r["extracted"], "device": r["device"],
+         "seconds": r["seconds"]} for i, r in enumerate(records)],
+        **{key: sum(r[key] for r in records) for key in counted}, "seconds": round(seconds, 3)}
+    merged["missing_examples"] = [e for r in records for e in r["missing_examples"]][:MISSING_EXAMPLES]
+    if write:
+        merged["cache_entries"] = len(write_index(cache))
+        write_json_atomic(cache / "runs" / f"{split}-s000of001.json", merged)
+    return merged
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -286,14 +315,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_output_dir(args.out, what="--out")  # before its lock file is made beside it
+        layout = process_layout(args.num_shards, args.shard_index)
         # Per shard, whatever the split: chunk files are named by shard (s000of001-*), not by split.
         with output_lock(args.out, what=f"feature cache {args.out}",
-                         job=shard_job("features", args.num_shards, args.shard_index), wait=args.wait_lock):
-            record = run(args)
+                         job=shard_job("features", layout.count, layout.index), wait=args.wait_lock):
+            record = run(args, layout)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(record, indent=2))
+    if not layout.launched or layout.is_main:
+        print(json.dumps(record, indent=2))
     return 0
 
 

@@ -19,8 +19,11 @@ matching, a 2-px misalignment tolerance, both images segmented. The manifest rec
 Resumable: a pair is done once its JSON exists (written last, atomically), so a rerun skips finished
 pairs and a killed run picks up where it stopped; temporary files of unfinished pairs are removed
 first. A rerun with different settings into the same cache is refused (use a new --out or
---overwrite). `--num-shards K --shard-index I` process every K-th pair (pairs i with i % K == I in
-the reader's order), each shard writing its own `manifest-shard-I.json`; `read_manifest` merges them.
+--overwrite). `accelerate launch [--num_machines M --machine_rank R] -m preprocess masks …` splits the pairs
+over N processes (process I takes pairs i with i % N == I of the first --limit, each on its own device) and
+the main process writes one `manifest.json` once every share is done; the cache is byte-identical to a
+one-process run's. Without accelerate, `--num-shards K --shard-index I` process every K-th pair by hand,
+each shard writing its own `manifest-shard-I.json`; `read_manifest` merges them.
 Pairs whose images are missing or corrupt are counted and listed in the manifest (exit status 1),
 never silently dropped; a rerun retries them.
 """
@@ -28,6 +31,7 @@ never silently dropped; a rerun retries them.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
@@ -50,6 +54,7 @@ from davir.preprocessing.mask_pipeline import (
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, mask_options, mask_profile, profile_deviations
 from davir.preprocessing.segmenters import CLASSICAL_METHODS, SEGMENTERS, build_segmenter
 from davir.signals import ignore_interrupts, stop_on_signals
+from preprocess.processes import ProcessLayout, process_layout
 
 MANIFEST_VERSION = 1
 
@@ -85,12 +90,36 @@ def draw_viz(prepared: Prepared, result: PairResult, folder: Path, caption: str 
 # Manifest and resume
 # ----------------------------------------------------------------------------------------------
 
-def write_manifest(cache: MaskCache, manifest: dict, num_shards: int, shard_index: int) -> None:
-    """`MaskCache.write_manifest` for an unsharded run; the shard's own file otherwise."""
-    if num_shards == 1:
-        cache.write_manifest(manifest)
-    else:
-        write_json_atomic(manifest_path(cache.root, num_shards, shard_index), manifest)
+def own_manifest_path(root: Path, layout: ProcessLayout) -> Path:
+    """Where this run records its progress: `manifest.json` (one process), `manifest-shard-I.json` (a hand-set
+    shard, merged by `read_manifest`), `manifest-process-I-of-N.json` (a process of an `accelerate launch`,
+    folded into `manifest.json` by the main process at the end and then removed)."""
+    if layout.launched:
+        return Path(root) / f"manifest-process-{layout.index}-of-{layout.count}.json"
+    return manifest_path(root, layout.count, layout.index)
+
+
+def pair_list(pairs: list[ChangePair]) -> dict:
+    """The pairs a manifest covers, as a count and a digest of their ids in order (1,000,000 ids stay small)."""
+    digest = hashlib.sha256("\n".join(p.pair_id for p in pairs).encode("utf-8")).hexdigest()
+    return {"count": len(pairs), "sha256": digest}
+
+
+def merge_process_manifests(parts: list[dict], pairs: list[ChangePair], seconds: float) -> dict:
+    """The whole cache's manifest from the processes' own (in process order), as one process would write it."""
+    merged = {key: value for key, value in parts[0].items() if key not in ("counts", "failures", "seconds")}
+    merged["shard"] = {"count": 1, "index": 0}
+    merged["processes"] = [{"index": i, "pairs": p["counts"]["pairs"], "computed": p["counts"]["computed"],
+                            "failed": p["counts"]["failed"], "seconds": p.get("seconds")} for i, p in enumerate(parts)]
+    shared = ("reader_skipped",)  # what every process counts of the whole split, not of its share
+    merged["counts"] = {key: parts[0]["counts"][key] if key in shared else sum(p["counts"][key] for p in parts)
+                        for key in parts[0]["counts"]}
+    order = {p.pair_id: i for i, p in enumerate(pairs)}
+    merged["failures"] = sorted((f for p in parts for f in p["failures"]), key=lambda f: order.get(f["record"], -1))
+    merged["pair_list"] = pair_list(pairs)
+    merged["status"] = "complete" if not merged["failures"] else "incomplete"
+    merged["seconds"] = round(seconds, 2)
+    return merged
 
 
 def remove_stale_temporaries(cache: MaskCache, pair_ids: list[str]) -> int:
@@ -272,8 +301,9 @@ def region_settings(args: argparse.Namespace) -> RegionSettings:
     return RegionSettings(**{name: getattr(args, name) for name in names if hasattr(args, name)})
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    """Compute (or resume) the masks of one split/shard; returns the manifest written."""
+def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None = None) -> dict:
+    """Compute (or resume) the masks of one split/shard; returns the manifest written (under `accelerate launch`:
+    the whole cache's, merged from every process's share)."""
     from tqdm import tqdm
 
     from davir.data import read_dataset
@@ -284,8 +314,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         check_output_dir(args.viz, what="--viz")
     deviations = apply_profile(args)
     settings = region_settings(args)
-    if args.segmenter == "sam":
-        segmenter_options = {"checkpoint": args.sam_checkpoint, "model_type": args.sam_type, "device": args.device,
+    layout = layout or process_layout(args.num_shards, args.shard_index)
+    if args.segmenter == "sam":  # one GPU per process of a launch, unless --device names one
+        segmenter_options = {"checkpoint": args.sam_checkpoint, "model_type": args.sam_type,
+                             "device": args.device or layout.device,
                              "batch_size": args.sam_batch_size}
     else:
         segmenter_options = {"method": args.classical_method, "contrast_threshold": args.contrast_threshold}
@@ -297,22 +329,27 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                                                 if k not in ("device", "batch_size")}}
 
     index = read_dataset(args.format, args.root, args.split)
-    pairs = shard_pairs(index.pairs, args.num_shards, args.shard_index)
-    if args.limit is not None:
-        pairs = pairs[:args.limit]
+    if layout.launched:  # the processes share the --limit of one run, so the cache is the same whatever N
+        whole = index.pairs[:args.limit] if args.limit is not None else index.pairs
+        pairs = layout.share(whole)
+    else:  # a hand-set shard: --limit counts within the shard, as it always has
+        pairs = shard_pairs(index.pairs, layout.count, layout.index)[:args.limit]
+    layout.announce(len(pairs), len(whole) if layout.launched else len(index.pairs))
     cache = MaskCache(args.out)
-    path = manifest_path(cache.root, args.num_shards, args.shard_index)
-    if path.is_file() and not args.overwrite:
-        previous = read_json(path)
+    path = own_manifest_path(cache.root, layout)
+    earlier = [path, *([cache.root / "manifest.json"] if layout.launched else [])]
+    for previous_path in [p for p in earlier if p.is_file()] if not args.overwrite else []:
+        previous = read_json(previous_path)
         if previous.get("comparable_settings") != comparable:
-            raise DataError(f"{path}: this cache was made with other settings; use a new --out, or --overwrite "
-                            f"to recompute every pair (before: {previous.get('comparable_settings')}, now: {comparable})")
+            raise DataError(f"{previous_path}: this cache was made with other settings; use a new --out, or "
+                            f"--overwrite to recompute every pair (before: {previous.get('comparable_settings')}, "
+                            f"now: {comparable})")
     todo = pairs if args.overwrite else [p for p in pairs if not cache.has(p.pair_id)]
     removed = remove_stale_temporaries(cache, [p.pair_id for p in todo])
     manifest = {
         "version": MANIFEST_VERSION, "command": "python -m preprocess masks " + " ".join(argv),
         "format": args.format, "root": str(Path(args.root).resolve()), "split": args.split,
-        "shard": {"count": args.num_shards, "index": args.shard_index},
+        "shard": {"count": 1, "index": 0} if layout.launched else {"count": layout.count, "index": layout.index},
         "settings": all_settings, "comparable_settings": comparable, "status": "running",
         # derived from the settings (davir.preprocessing.profiles), recorded for the reader
         "profile": mask_profile(all_settings), "profile_requested": args.profile,
@@ -322,7 +359,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                    "stale_temporaries_removed": removed, "reader_skipped": len(index.skipped)},
         "failures": [],
     }
-    write_manifest(cache, manifest, args.num_shards, args.shard_index)
+    write_json_atomic(path, manifest)
 
     workers = (os.cpu_count() or 1) if args.workers == 0 else args.workers
     viz_ids = {p.pair_id for p in todo[:args.viz_count]} if args.viz else set()
@@ -330,7 +367,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     stage = "prepare" if args.segmenter == "sam" else "all"
     initargs = (settings, args.segmenter, segmenter_options, args.segment_both, str(cache.root), args.viz, stage)
     counts = manifest["counts"]
-    progress = tqdm(total=len(jobs), desc=f"masks {args.split}", unit="pair", disable=args.no_progress)
+    progress = tqdm(total=len(jobs), desc=f"masks {args.split}" + (f" {layout.describe()}" if layout.count > 1 else ""),
+                    unit="pair", disable=args.no_progress)
     by_id = {p.pair_id: p for p in todo}
 
     def record(pair_id: str, summary: dict | None, error: str | None) -> None:
@@ -379,8 +417,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     manifest["status"] = "complete" if counts["failed"] == 0 else "incomplete"
     manifest["counts"]["in_cache"] = sum(cache.has(p.pair_id) for p in pairs)
     manifest["seconds"] = round(time.time() - started, 2)
-    write_manifest(cache, manifest, args.num_shards, args.shard_index)
-    return manifest
+    if not layout.launched:
+        manifest["pair_list"] = pair_list(pairs)
+        write_json_atomic(path, manifest)
+        return manifest
+    write_json_atomic(path, manifest)  # this share's record, kept if another process is killed
+    merged = merge_process_manifests(layout.gather(manifest), whole, time.time() - started)
+    if layout.is_main:  # every share is complete now: one manifest for the whole cache
+        cache.write_manifest(merged)
+        for part in cache.root.glob("manifest-process-*-of-*.json"):
+            part.unlink(missing_ok=True)
+    return merged
 
 
 @stop_on_signals()
@@ -389,17 +436,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_output_dir(args.out, what="--out")  # before its lock file is made beside it
+        layout = process_layout(args.num_shards, args.shard_index)
         with output_lock(args.out, what=f"mask cache {args.out}", wait=args.wait_lock,
-                         job=shard_job("masks", args.num_shards, args.shard_index)):
-            manifest = run(args, argv)
+                         job=shard_job("masks", layout.count, layout.index)):
+            manifest = run(args, argv, layout)
     except (DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     counts = manifest["counts"]
-    print(json.dumps({"out": args.out, "status": manifest["status"], **counts}, indent=2))
+    speaks = not layout.launched or layout.is_main  # one summary for a launch; every process exits with its status
+    if speaks:
+        print(json.dumps({"out": args.out, "status": manifest["status"], **counts}, indent=2))
     if counts["failed"]:
-        for failure in manifest["failures"][:10]:
+        for failure in manifest["failures"][:10] if speaks else []:
             print(f"failed: {failure['record']}: {failure['reason']}", file=sys.stderr)
-        print(f"{counts['failed']} pair(s) failed (listed in the manifest); rerun to retry them", file=sys.stderr)
+        if speaks:
+            print(f"{counts['failed']} pair(s) failed (listed in the manifest); rerun to retry them", file=sys.stderr)
         return 1
     return 0

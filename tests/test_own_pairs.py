@@ -272,6 +272,28 @@ def test_import_writes_a_normalised_manifest_that_reads_back(tmp_path):
     assert report["captions"]["vocabulary"] == 6
 
 
+def test_import_resolves_linked_folders_and_linked_files_in_the_manifest_it_writes(tmp_path):
+    """pairs.jsonl names the real files: a symlinked folder and a symlinked file are both followed (the import
+    resolves each folder once, then looks at each file), and extra JSONL keys stay in the order first seen."""
+    solid(tmp_path / "store" / "a.png", 1)
+    solid(tmp_path / "store" / "b.png", 2)
+    solid(tmp_path / "store" / "c.png", 3)
+    solid(tmp_path / "store" / "d.png", 4)
+    (tmp_path / "linked").symlink_to(tmp_path / "store", target_is_directory=True)
+    (tmp_path / "store" / "b-link.png").symlink_to(tmp_path / "store" / "b.png")
+    (tmp_path / "pairs.jsonl").write_text(
+        '{"id": "x", "before": "linked/a.png", "after": "linked/b-link.png", "caption": "a cup", "zone": 3, '
+        '"camera": "c1"}\n{"id": "y", "before": "store/c.png", "after": "store/d.png", "caption": "a cup", '
+        '"operator": "ann", "zone": 4}\n')
+    out = tmp_path / "imported"
+    assert run("-m", "davir.data", "import", str(tmp_path), "--out", str(out)).returncode == 0
+    first = json.loads((out / "pairs.jsonl").read_text().splitlines()[0])
+    assert (first["before"], first["after"]) == (str(tmp_path / "store" / "a.png"), str(tmp_path / "store" / "b.png"))
+    index = read_folder(tmp_path / "pairs.jsonl")
+    assert [p.meta for p in index.pairs] == [{"zone": 3, "camera": "c1"}, {"operator": "ann", "zone": 4}]
+    assert "'zone', 'camera', 'operator'" in index.notes[0]
+
+
 # --- verify: is my download complete? ----------------------------------------------------------------------------
 
 def test_verify_lists_missing_and_broken_images_with_their_records(tmp_path):

@@ -57,8 +57,8 @@ def resolve_user_path(base: Path, value: str, *, source: str, record: str) -> Pa
     """
     if not isinstance(value, str) or not value.strip():
         raise DataError(f"{source}: {record}: image path is empty or not a string: {value!r}")
-    path = Path(os.path.expanduser(value.strip()))
-    return Path(os.path.normpath(path if path.is_absolute() else Path(base) / path))
+    text = os.path.expanduser(value.strip())  # strings, not pathlib, until the end: a manifest has a million rows
+    return Path(os.path.normpath(text if os.path.isabs(text) else os.path.join(base, text)))
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
@@ -31,7 +33,7 @@ from davir.data.formats.folder_rows import Problems
 from davir.data.images import upright_size
 from davir.data.records import DataError
 from davir.data.stats import has_words
-from davir.io import write_json_atomic, write_text_atomic
+from davir.io import atomic_path, write_json_atomic
 
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 LONG_CAPTION_WORDS = 40  # more words than a change caption usually has (and than 30 new tokens hold)
@@ -58,11 +60,36 @@ def _image_facts(path: Path) -> tuple[tuple[int, int] | None, str | None, str | 
     return size, hashlib.blake2b(data, digest_size=16).hexdigest(), None
 
 
+class _ChangePairs(Sequence):
+    """The good pairs as ChangePairs, made when read: the merged rows are in memory already, and a million
+    ChangePairs beside them would double what the import holds."""
+
+    def __init__(self):
+        self.rows: list[tuple] = []  # (FolderPair, split)
+
+    def append(self, pair, split: str) -> None:
+        self.rows.append((pair, split))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [to_change_pair(*row) for row in self.rows[index]]
+        return to_change_pair(*self.rows[index])
+
+    def __iter__(self):
+        return (to_change_pair(*row) for row in self.rows)
+
+
 def caption_statistics(captions: list[str]) -> dict:
     """Counts of captions, words per caption, vocabulary (lower-cased words) and its rare words."""
-    tokens = [WORD.findall(caption.lower()) for caption in captions]
-    lengths = [len(words) for words in tokens]
-    vocabulary = Counter(word for words in tokens for word in words)
+    lengths: list[int] = []
+    vocabulary: Counter[str] = Counter()
+    for caption in captions:  # one caption's words at a time: a million captions' word lists would not fit
+        words = WORD.findall(caption.lower())
+        lengths.append(len(words))
+        vocabulary.update(words)
     if not captions:
         return {"captions": 0}
     return {
@@ -86,18 +113,20 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
     problems.source = contents.source
     split_of = assign_splits(contents.pairs, options)
 
-    facts: dict[Path, tuple] = {}
+    facts: dict[str, tuple] = {}  # by path text: hashing a str is far cheaper than a Path's, a million times over
 
     def image(path: Path, record: str, role: str):
-        if path not in facts:
-            facts[path] = _image_facts(path)
-        size, digest, problem = facts[path]
+        key = str(path)
+        found = facts.get(key)
+        if found is None:
+            found = facts[key] = _image_facts(path)
+        size, digest, problem = found
         if problem:
             problems.add(record, f"{role}: {problem}")
         return size, digest
 
     holders: dict[str, dict[str, str]] = defaultdict(dict)  # image hash -> split -> first record using it
-    good, uncaptioned, warnings = [], 0, []
+    good, uncaptioned, warnings = _ChangePairs(), 0, []
     for pair in contents.pairs:
         record = pair.records[0] if len(pair.records) == 1 else f"{pair.records[0]} (id {pair.pair_id!r})"
         bad = len(problems.items)
@@ -129,7 +158,7 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
                 if digest is not None:
                     holders[digest].setdefault(split, record)
         if len(problems.items) == bad:
-            good.append(to_change_pair(pair, split))
+            good.append(pair, split)
     for digest, by_split in holders.items():
         if len(by_split) > 1:
             named = sorted(by_split.items(), key=lambda item: ("train", "val", "test").index(item[0]))
@@ -156,17 +185,43 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
     }
 
 
-def normalised_manifest(pairs) -> str:
-    lines = []
+class _Resolver:
+    """`Path.resolve()` of many files in few folders: each folder resolved once, then one lstat per file (a
+    symlinked file is still followed), instead of an lstat per component of every path."""
+
+    def __init__(self):
+        self.folders: dict[str, str] = {}
+
+    def __call__(self, path: Path) -> str:
+        folder, name = os.path.split(str(path))
+        if name in ("", ".", ".."):
+            return str(path.resolve())
+        real = self.folders.get(folder)
+        if real is None:
+            real = self.folders[folder] = os.path.realpath(folder or ".")
+        joined = os.path.join(real, name)
+        return os.path.realpath(joined) if os.path.islink(joined) else joined
+
+
+def normalised_lines(pairs):
+    """pairs.jsonl, one line per pair (absolute resolved paths), as a stream of lines."""
+    resolve = _Resolver()
     for pair in pairs:
-        row = {"id": pair.pair_id, "before": str(pair.before.resolve()), "after": str(pair.after.resolve()),
+        row = {"id": pair.pair_id, "before": resolve(pair.before), "after": resolve(pair.after),
                "captions": list(pair.captions), "split": pair.split}
         if pair.gt_mask_after is not None:
-            row["mask"] = str(pair.gt_mask_after.resolve())
+            row["mask"] = resolve(pair.gt_mask_after)
             if pair.gt_mask_before != pair.gt_mask_after:
-                row["mask_before"] = str(pair.gt_mask_before.resolve())
-        lines.append(json.dumps(row, ensure_ascii=False))
-    return "\n".join(lines) + "\n"
+                row["mask_before"] = resolve(pair.gt_mask_before)
+        yield json.dumps(row, ensure_ascii=False) + "\n"
+
+
+def write_normalised_manifest(path: Path, pairs) -> None:
+    """pairs.jsonl written line by line through a temporary file (atomic; never the whole text in memory)."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        handle.writelines(normalised_lines(pairs))
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def write_summary(path: Path, report: dict, pairs) -> None:
@@ -213,5 +268,5 @@ def import_pairs(source: str | Path, out: str | Path, **kwargs) -> tuple[int, di
         return 2, report
     if not pairs:
         raise DataError(f"{source}: no pairs to import")
-    write_text_atomic(manifest, normalised_manifest(pairs))
+    write_normalised_manifest(manifest, pairs)
     return 0, report

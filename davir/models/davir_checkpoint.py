@@ -75,6 +75,8 @@ class DavirCheckpointMixin:
         processor = _load_weights(processor_dir, lambda: InstructBlipProcessor.from_pretrained(
             str(processor_dir), local_files_only=True), what="the tokenizers and image processor")
         target = torch.device(device) if device is not None else torch.device("cpu")
+        if target.type == "cpu":  # accelerate's CPU processes are "cpu:0"; safetensors accepts only "cpu"
+            target = torch.device("cpu")
         if config.pretrained is not None:
             core = load_pretrained_core(config, target)
         else:

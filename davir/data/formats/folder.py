@@ -209,7 +209,7 @@ def to_change_pair(pair: FolderPair, split: str) -> ChangePair:
     first = pair.first
     mask_before = first.mask_before or first.mask
     return ChangePair(pair_id=pair.pair_id, before=first.before, after=first.after, captions=tuple(pair.captions),
-                      split=split, gt_mask_before=mask_before, gt_mask_after=first.mask, meta=dict(first.meta))
+                      split=split, gt_mask_before=mask_before, gt_mask_after=first.mask, meta=dict(first.meta or {}))
 
 
 @register_format("folder", splits=(*SPLITS, ALL))
@@ -220,7 +220,9 @@ def read_folder(path: str | Path, split: str = ALL, *, options: SplitOptions = S
     contents = folder_contents(path)
     split_of = assign_splits(contents.pairs, options)
     pairs, skipped = [], list(contents.skipped)
-    for pair in contents.pairs:
+    merged, contents.pairs = contents.pairs, []
+    for position, pair in enumerate(merged):
+        merged[position] = None  # each merged row freed once its record exists: the peak of 1,000,000 pairs
         if split != ALL and split_of[pair.pair_id] != split:
             continue
         if split in ("train", "val") and not pair.captions:

@@ -14,7 +14,7 @@ import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from davir.data.images import resolve_user_path
 from davir.data.records import DataError
@@ -43,7 +43,7 @@ class Problems:
         return [f"{self.source}: {record}: {message}" for record, message in self.items]
 
 
-@dataclass
+@dataclass(slots=True)  # a 1,000,000-row manifest holds a million of them: no per-object __dict__
 class FolderRow:
     """One row of a manifest (or one matched file pair) with its paths resolved."""
 
@@ -57,10 +57,10 @@ class FolderRow:
     mask_before: Path | None = None
     empty_caption: bool = False  # a caption cell was present but blank
     explicit_id: bool = True
-    meta: dict = field(default_factory=dict)
+    meta: dict | None = None  # the row's other columns; None when it has none (most rows: no dict each)
 
 
-@dataclass
+@dataclass(slots=True)
 class FolderPair:
     """The merged rows of one id."""
 
@@ -110,19 +110,20 @@ def caption_list(value: Any, *, record: str, field_name: str, problems: Problems
     return captions, blank
 
 
-def _csv_rows(path: Path, problems: Problems, encoding: str | None) -> tuple[list[tuple[str, dict]], list[str]]:
+def _csv_rows(path: Path, problems: Problems, encoding: str | None, columns: list[str]) -> Iterator[tuple[str, dict]]:
+    """(record, row) per data line, streamed (a manifest of a million rows is never held as dicts); `columns`
+    is filled from the header."""
     with open(path, newline="", encoding=encoding or "utf-8-sig") as handle:  # -sig: Excel writes a BOM
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:
             raise DataError(f"{path}: the manifest is empty; it needs a header naming the columns before,after[,id,caption,split,mask]")
-        columns = [name.strip().lower() for name in header]
+        columns.extend(name.strip().lower() for name in header)
         if "before" not in columns or "after" not in columns:
             raise DataError(f"{path}: the header must name the columns before,after[,id,caption,split,mask]; got {header}")
         duplicated = sorted({name for name in columns if columns.count(name) > 1 and name})
         if duplicated:
             raise DataError(f"{path}: the header names the column(s) {', '.join(duplicated)} more than once")
-        rows = []
         for cells in reader:
             number = reader.line_num  # the line a spreadsheet shows (header = line 1)
             if not any(cell.strip() for cell in cells):
@@ -131,12 +132,12 @@ def _csv_rows(path: Path, problems: Problems, encoding: str | None) -> tuple[lis
                 problems.add(f"line {number}", f"{len(cells)} values but the header names {len(columns)} columns "
                              f"(extra: {cells[len(columns):]!r:.60}); quote a caption that contains a comma")
                 cells = cells[: len(columns)]
-            rows.append((f"line {number}", {name: cell for name, cell in zip(columns, cells) if name}))
-    return rows, columns
+            yield f"line {number}", {name: cell for name, cell in zip(columns, cells) if name}
 
 
-def _jsonl_rows(path: Path, problems: Problems, encoding: str | None) -> tuple[list[tuple[str, dict]], list[str]]:
-    rows, columns = [], []
+def _jsonl_rows(path: Path, problems: Problems, encoding: str | None, columns: list[str]) -> Iterator[tuple[str, dict]]:
+    """(record, row) per line, streamed; `columns` collects the keys in order of first appearance."""
+    known: set[str] = set()
     with open(path, encoding=encoding or "utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -149,9 +150,11 @@ def _jsonl_rows(path: Path, problems: Problems, encoding: str | None) -> tuple[l
             if not isinstance(row, dict):
                 problems.add(f"line {number}", f"expected an object with \"before\" and \"after\", got {row!r:.60}")
                 continue
-            columns.extend(key for key in row if key not in columns)
-            rows.append((f"line {number}", row))
-    return rows, columns
+            for key in row:
+                if key not in known:
+                    known.add(key)
+                    columns.append(key)
+            yield f"line {number}", row
 
 
 def manifest_rows(path: Path, problems: Problems, encoding: str | None = None
@@ -163,24 +166,24 @@ def manifest_rows(path: Path, problems: Problems, encoding: str | None = None
     if suffix not in (".csv", ".jsonl"):
         raise DataError(f"{path}: a pair manifest must be a .csv or .jsonl file")
     kind = "CSV" if suffix == ".csv" else "JSON-lines"
+    base, columns, rows, count = path.parent, [], [], 0
     try:
-        raw, columns = (_csv_rows if suffix == ".csv" else _jsonl_rows)(path, problems, encoding)
+        for record, row in (_csv_rows if suffix == ".csv" else _jsonl_rows)(path, problems, encoding, columns):
+            count += 1
+            parsed = _manifest_row(row, record, base, str(path), problems)
+            if parsed is not None:
+                parsed.meta = {name: value for name, value in row.items()
+                               if name not in COLUMNS and value not in (None, "")} or None
+                rows.append(parsed)
     except LookupError as error:
         raise DataError(f"--encoding {encoding}: unknown encoding (e.g. utf-8, latin-1, cp1252)") from error
     except UnicodeDecodeError as error:  # a binary or mis-encoded file
         raise DataError(_undecodable(path, kind, encoding or "utf-8")) from error
     except csv.Error as error:
         raise DataError(f"{path}: not a UTF-8 {kind} file ({error})") from error
-    if not raw and not problems.items:
+    if not count and not problems.items:
         raise DataError(f"{path}: the manifest lists no pairs (a header and no rows); add one row per pair")
     unused = [name for name in columns if name not in COLUMNS]
-    base = path.parent
-    rows = []
-    for record, row in raw:
-        parsed = _manifest_row(row, record, base, str(path), problems)
-        if parsed is not None:
-            parsed.meta = {name: row[name] for name in unused if row.get(name) not in (None, "")}
-            rows.append(parsed)
     return rows, unused, columns
 
 
@@ -265,7 +268,8 @@ def merge_rows(rows: list[FolderRow], problems: Problems) -> list[FolderPair]:
     for row in rows:
         pair = merged.get(row.pair_id)
         if pair is None:
-            merged[row.pair_id] = FolderPair(row, [row.record], list(row.captions), row.split,
+            # the row's own caption list (made for it alone) grows with the id's later rows: no copy per pair
+            merged[row.pair_id] = FolderPair(row, [row.record], row.captions, row.split,
                                              [row.record] if row.empty_caption else [])
             continue
         first = pair.first
