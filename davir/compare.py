@@ -31,7 +31,7 @@ from davir.compute_cost import COST_FIELDS, DEVICE_PATH
 from davir.data.records import DataError
 from davir.io import read_json, write_text_atomic
 from davir.paper_results import METRIC_COLUMNS, paper_results
-from davir.seed_spread import inside_spread_lines, metric_at, spread_text
+from davir.seed_spread import inside_spread_lines, metric_at, spread_text, value_at
 
 SETTINGS = ("total", "semantic", "distractor")
 # Stated-difference faithfulness of the total row (metrics.json "faithfulness", davir.metrics.faithfulness).
@@ -171,9 +171,7 @@ def cost_table(groups: dict[str, list[RunResult]]) -> str:
 
 
 def _device(document: dict[str, Any]) -> str | None:
-    value: Any = document
-    for key in DEVICE_PATH:
-        value = value.get(key) if isinstance(value, dict) else None
+    value = value_at(document, DEVICE_PATH)
     return value if isinstance(value, str) else None
 
 

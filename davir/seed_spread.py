@@ -15,13 +15,19 @@ from itertools import combinations
 from typing import Any
 
 
-def metric_at(document: dict[str, Any], keys: tuple[str, ...]) -> float | None:
-    """The number at `keys` in a metrics.json document, or None where the path or a number is missing."""
+def value_at(document: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    """The value at `keys` in a metrics.json / run_info.json document, or None where the path is missing."""
     value: Any = document
     for key in keys:
         if not isinstance(value, dict) or key not in value:
             return None
         value = value[key]
+    return value
+
+
+def metric_at(document: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    """The number at `keys` in a metrics.json document, or None where the path or a number is missing."""
+    value = value_at(document, keys)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

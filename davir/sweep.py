@@ -36,7 +36,7 @@ from davir.config import ConfigError
 from davir.data.records import DataError
 from davir.io import read_json, write_json_atomic, write_text_atomic
 from davir.metrics.captions import shared_meteor
-from davir.seed_spread import inside_spread, inside_spread_lines, metric_at, spread_record, spread_text
+from davir.seed_spread import inside_spread, inside_spread_lines, metric_at, spread_record, spread_text, value_at
 from davir.signals import stop_on_signals
 
 @dataclass(frozen=True)
@@ -271,22 +271,13 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
                 values = _column_values(runs, column.path)
                 cells.append(spread_text(values, column.scale, column.digits))
                 summary["variants"][name][column.title] = spread_record(values)
-            devices = sorted({str(_lookup_text(m, DEVICE_PATH) or "?") for m in runs})
+            devices = sorted({str(value_at(m, DEVICE_PATH) or "?") for m in runs})
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {', '.join(devices)} |")
     flags = inside_spread_lines(spread_columns)
     summary["inside_spread"] = {title: inside_spread(values) for title, values in spread_columns.items()}
     if flags and len(results) > 1:
         lines += ["", "Inside the seed spread (min–max ranges overlap; these seeds do not settle the order):", "", *flags]
     return "\n".join(lines) + "\n", summary
-
-
-def _lookup_text(document: dict[str, Any], keys: tuple[str, ...]) -> Any:
-    value: Any = document
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return value
 
 
 def run_sweep(sweep: Sweep, extra: list[str] | None = None) -> str:
