@@ -104,8 +104,10 @@ def _row_id(line: str) -> str:
     return json.loads(line)["id"]
 
 
-def _is_captioned(line: str) -> bool:
-    return json.loads(line).get("error") is None
+def _id_and_captioned(line: str) -> tuple[str, bool]:
+    """A row's id and whether it holds a caption (no error), from one parse of the line."""
+    row = json.loads(line)
+    return row["id"], row.get("error") is None
 
 
 class CaptionStore:
@@ -160,7 +162,8 @@ class CaptionStore:
         failed: set[str] = set()
         for path in [self.out, *self.leftovers()]:
             for line in read_complete_lines(path, repair=path == self.path or path == self.out):
-                (captioned if _is_captioned(line) else failed).add(_row_id(line))
+                row_id, is_captioned = _id_and_captioned(line)
+                (captioned if is_captioned else failed).add(row_id)
         return captioned, failed - captioned
 
     def append(self, lines: Iterable[str]) -> None:
@@ -184,8 +187,9 @@ class CaptionStore:
         best: dict[str, tuple[bool, tuple[int, int]]] = {}  # id -> (captioned, (source, line number)) of its row
 
         def consider(line: str, place: tuple[int, int]) -> None:
-            rank = (_is_captioned(line), place)
-            best[_row_id(line)] = max(best.get(_row_id(line), rank), rank)
+            row_id, is_captioned = _id_and_captioned(line)
+            rank = (is_captioned, place)
+            best[row_id] = max(best.get(row_id, rank), rank)
 
         for source, path in enumerate(sources):
             for _, number, line in _numbered(path):
