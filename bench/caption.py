@@ -96,7 +96,7 @@ def evaluate_generation(checkpoint: Path, data: Path, entities: Path, split: str
 
     from davir.data.caches import EntityCache
     from davir.data.formats import read_dataset
-    from davir.inference import caption_pairs, load_davir, resolve_model_dir
+    from davir.inference.davir_generation import caption_pairs, load_davir, resolve_model_dir
 
     torch.set_num_threads(1)
     model = load_davir(resolve_model_dir(checkpoint), device="cpu")

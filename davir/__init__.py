@@ -8,7 +8,7 @@ __all__ = ["ChangeCaptioner", "__version__"]
 def __getattr__(name: str):
     # `from davir import ChangeCaptioner` without importing torch/transformers for every `import davir`.
     if name == "ChangeCaptioner":
-        from davir.captioner import ChangeCaptioner
+        from davir.inference.captioner import ChangeCaptioner
 
         return ChangeCaptioner
     raise AttributeError(f"module 'davir' has no attribute {name!r}")

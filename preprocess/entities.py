@@ -54,7 +54,7 @@ from davir.data.caches import EntityCache
 from davir.data.images import load_pair
 from davir.data.records import DataError
 from davir.errors import check_output_dir
-from davir.locks import output_lock, shard_job
+from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.text.extractors import BACKENDS
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, entity_options, entity_profile, profile_deviations
@@ -62,7 +62,7 @@ from davir.preprocessing.retrievers import (
     FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, EntityGate, FittedRetriever,
     retrieve_image_level, retrieve_top_k,
 )
-from davir.signals import stop_on_signals
+from davir.runtime.signals import stop_on_signals
 from preprocess.entity_fit import (  # noqa: F401 - GroundTruthMasks, SubjectExtractor: entities.X for callers
     FITTED_INPUT, GroundTruthMasks, SubjectExtractor, fit_shared_parts, load_or_build_vocabulary, load_pair_regions,
     open_mask_source,

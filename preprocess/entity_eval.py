@@ -26,7 +26,7 @@ from davir.data.caches import EntityCache
 from davir.data.records import DISTRACTOR, ChangePair, DataError
 from davir.errors import check_output_file
 from davir.io import write_json_atomic
-from davir.signals import START_AGAIN, stop_on_signals
+from davir.runtime.signals import START_AGAIN, stop_on_signals
 from davir.text.entity_vocabulary import EntityVocabulary
 from davir.text.extractors import PhraseExtractor, get_extractor
 

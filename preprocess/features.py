@@ -49,13 +49,13 @@ from davir.data.feature_cache import (
 from davir.data.formats import FORMATS, read_dataset
 from davir.data.records import DataError
 from davir.errors import check_output_dir
-from davir.locks import output_lock, shard_job
+from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.preprocessing.backbone import (
     AUTHORS_STD, IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD, NO_WEIGHTS, build_backbone, file_sha256, load_resized,
     normalize_batch,
 )
-from davir.signals import stop_on_signals
+from davir.runtime.signals import stop_on_signals
 from preprocess.processes import ProcessLayout, process_layout
 
 MISSING_EXAMPLES = 20

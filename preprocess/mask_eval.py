@@ -28,7 +28,7 @@ from davir.data.images import load_mask
 from davir.data.records import DataError
 from davir.errors import check_output_file
 from davir.io import write_json_atomic
-from davir.signals import START_AGAIN, stop_on_signals
+from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
 def iou(pred: np.ndarray, gt: np.ndarray) -> float:

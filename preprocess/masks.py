@@ -45,7 +45,7 @@ import numpy as np
 from davir.data.caches import MaskCache, cache_key
 from davir.data.records import ChangePair, DataError
 from davir.errors import check_output_dir
-from davir.locks import output_lock, shard_job
+from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, RegionSettings
 from davir.preprocessing.mask_pipeline import (
@@ -53,7 +53,7 @@ from davir.preprocessing.mask_pipeline import (
 )
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, mask_options, mask_profile, profile_deviations
 from davir.preprocessing.segmenters import CLASSICAL_METHODS, SEGMENTERS, build_segmenter
-from davir.signals import ignore_interrupts, stop_on_signals
+from davir.runtime.signals import ignore_interrupts, stop_on_signals
 from preprocess.processes import ProcessLayout, process_layout
 
 MANIFEST_VERSION = 1
@@ -190,7 +190,7 @@ def _summary(result: PairResult) -> dict:
 
 
 def _init_pool_worker(*initargs) -> None:
-    ignore_interrupts()  # Ctrl-C reaches the whole group; the parent stops the pool (davir.signals)
+    ignore_interrupts()  # Ctrl-C reaches the whole group; the parent stops the pool (davir.runtime.signals)
     _init_worker(*initargs)
 
 

@@ -370,7 +370,7 @@ def test_a_lightweight_run_captions_a_folder_as_evaluate_does(trained, tmp_path,
     `caption_pairs_lightweight` gives from the `preprocess features` cache."""
     from davir.data.feature_cache import FeatureCache
     from davir.data.formats import read_dataset
-    from davir.inference_lightweight import caption_pairs_lightweight, load_lightweight
+    from davir.inference.lightweight import caption_pairs_lightweight, load_lightweight
     from preprocess.features import main as features_main
     from tests.test_lightweight_train import TINY
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from davir.compare import comparison_table, main, read_run, seed_group
-from davir.seed_spread import inside_spread, spread_text
+from davir.compare.runs import comparison_table, main, read_run, seed_group
+from davir.compare.seed_spread import inside_spread, spread_text
 
 
 def _run(folder: Path, method: str, cider: float, f1: float | None = None, *, wall: float = 60.0,

@@ -1,4 +1,4 @@
-"""davir.compute_cost: parameter counts, wall time, pairs/s and peak memory of a stage."""
+"""davir.runtime.cost: parameter counts, wall time, pairs/s and peak memory of a stage."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from davir.compute_cost import CostMeter, parameter_counts
+from davir.runtime.cost import CostMeter, parameter_counts
 
 
 def test_parameter_counts_by_hand():

@@ -13,7 +13,7 @@ from PIL import Image
 from transformers import InstructBlipProcessor
 
 from davir.errors import DataError
-from davir.losses import fac_attention_loss
+from davir.models.losses import fac_attention_loss
 from davir.models.davir import DavirModel, build_davir_model
 from davir.models.davir_config import DavirModelConfig
 from davir.models.davir_core import clip_image_processor, random_core

@@ -193,7 +193,7 @@ def test_sweep_killed_resumes_with_the_same_table(data, tmp_path):
                          {"name": "lr b", "config": str(REPO / "configs" / "demo.yaml"), "overrides": ["optim.lr=3e-4"]}]}))
         return path
 
-    from davir import sweep
+    from davir.sweep import grid as sweep
 
     # the uninterrupted sweep and the final rerun in this process, at 1 thread as the killed one: the same
     # arithmetic, bit for bit (and no second start of torch)
@@ -208,7 +208,7 @@ def test_sweep_killed_resumes_with_the_same_table(data, tmp_path):
                      for folder in (tmp_path / "reference", out))
         assert (got["rows"], got["synthetic"]) == (want["rows"], want["synthetic"]), cell
         assert json.loads(Path(got["predictions"]).read_text()) == json.loads(Path(want["predictions"]).read_text())
-    from davir.sweep import COST_COLUMNS
+    from davir.sweep.grid import COST_COLUMNS
 
     def scores(summary: dict) -> dict:
         """The summary less what differs between two runs of the same cells: minutes and the compute cost."""

@@ -99,7 +99,7 @@ def assert_whole_lines(path: Path) -> None:
 
 LONG_COMMAND_MAINS = ["davir/cli/caption.py", "davir/cli/train.py", "davir/cli/evaluate.py", "preprocess/masks.py",
                       "preprocess/entities.py", "preprocess/features.py", "preprocess/mask_eval.py",
-                      "preprocess/entity_eval.py", "davir/data/__main__.py", "davir/sweep.py"]
+                      "preprocess/entity_eval.py", "davir/data/__main__.py", "davir/sweep/grid.py"]
 
 
 def test_every_long_command_main_stops_on_signals():
@@ -116,7 +116,7 @@ def test_every_long_command_main_stops_on_signals():
 
 
 def test_a_stopped_main_returns_the_status_with_one_line_and_restores_the_handlers(capsys):
-    from davir.signals import stop_on_signals
+    from davir.runtime.signals import stop_on_signals
 
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     reached = []

@@ -11,7 +11,7 @@ from PIL import Image
 
 from davir.config import load_config
 from davir.data.synthetic import SynthConfig, generate_dataset
-from davir.inference import attention_localisation, localisation_summary, Prediction, resolve_model_dir
+from davir.inference.davir_generation import attention_localisation, localisation_summary, Prediction, resolve_model_dir
 from davir.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

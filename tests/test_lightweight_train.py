@@ -78,7 +78,7 @@ def run_config(tiny_data: dict, method: str, tmp_path: Path, *extra: str) -> Tra
 
 @pytest.mark.parametrize("method", ["subtraction", "scorer", "dirl", "rdd", "cheer"])
 def test_train_save_load_caption(method, tiny_data, tmp_path, capsys):
-    from davir.inference_lightweight import caption_pairs_lightweight, load_lightweight
+    from davir.inference.lightweight import caption_pairs_lightweight, load_lightweight
     from davir.data.feature_cache import FeatureCache
     from davir.training.loop import train
 
@@ -212,7 +212,7 @@ def test_one_step_on_the_real_clevr_change_images(shared_datasets, tmp_path):
 
 
 def test_compare_tables_runs_beside_the_papers(tmp_path):
-    from davir.compare import bar_chart, comparison_table, read_run
+    from davir.compare.runs import bar_chart, comparison_table, read_run
 
     run = tmp_path / "scorer_run"
     (run / "eval" / "clevr_change_test").mkdir(parents=True)
@@ -238,7 +238,7 @@ def test_compare_tables_runs_beside_the_papers(tmp_path):
 def test_every_method_trains_and_scores_on_a_folder_of_own_pairs_through_a_sweep(tiny_data, tmp_path):
     """Issue 17: the five `configs/<method>_folder.yaml` on a user's pairs.csv (captions, splits) — features of the
     folder, then one `davir.sweep` that trains and scores each method with `evaluate.py --format folder`."""
-    from davir import sweep
+    from davir.sweep import grid as sweep
     from davir.data.__main__ import main as data_main
     from preprocess.features import main as features_main
 

@@ -17,7 +17,7 @@ import pytest
 
 from davir.cli import caption as caption_script
 from davir.cli import train as train_script
-from davir.locks import LockHeld, lock_path, output_lock
+from davir.runtime.locks import LockHeld, lock_path, output_lock
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -26,7 +26,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 HOLDER = """
 import sys, time
 from pathlib import Path
-from davir.locks import output_lock
+from davir.runtime.locks import output_lock
 with output_lock(sys.argv[1], what="--out " + sys.argv[1]):
     print("holding", flush=True)
     while not Path(sys.argv[2]).exists():
@@ -128,7 +128,7 @@ def test_the_lock_goes_on_an_exception_and_a_dead_holders_lock_is_taken_over(tmp
 
 
 def test_wait_lock_waits_for_the_holder_then_proceeds(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("davir.locks.POLL_SECONDS", 0.05)
+    monkeypatch.setattr("davir.runtime.locks.POLL_SECONDS", 0.05)
     out = tmp_path / "captions.jsonl"
     holder = Holder(out, tmp_path)
     result = {}
@@ -153,7 +153,7 @@ def test_wait_lock_waits_for_the_holder_then_proceeds(tmp_path, capsys, monkeypa
 RACER = """
 import json, os, sys, time
 from pathlib import Path
-from davir.locks import LockHeld, output_lock
+from davir.runtime.locks import LockHeld, output_lock
 target, start, log, wait = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4] == "wait"
 while not start.exists():
     time.sleep(0.001)
@@ -197,11 +197,11 @@ def test_concurrent_writers_never_hold_one_lock_together(tmp_path):
     assert not lock_path(target).exists()
 
 
-# A long command's main, stopped by SIGTERM while it holds its lock (davir.signals turns it into exit 143).
+# A long command's main, stopped by SIGTERM while it holds its lock (davir.runtime.signals turns it into exit 143).
 STOPPED_HOLDER = """
 import sys, time
-from davir.locks import output_lock
-from davir.signals import stop_on_signals
+from davir.runtime.locks import output_lock
+from davir.runtime.signals import stop_on_signals
 
 @stop_on_signals()
 def main():

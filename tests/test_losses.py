@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from davir.losses import (
+from davir.models.losses import (
     FacConfig,
     attention_ce,
     attention_kl,

@@ -13,7 +13,7 @@ import torch
 
 from davir.config import load_config
 from davir.errors import DataError
-from davir.losses import FacConfig, fac_attention_loss
+from davir.models.losses import FacConfig, fac_attention_loss
 from davir.preprocessing.profiles import (ENTITY_OPTIONS, MASK_OPTIONS, check_cache_profiles, entity_profile,
                                           mask_profile)
 from davir.training.config import TrainConfig

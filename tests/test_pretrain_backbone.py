@@ -12,7 +12,7 @@ import torch
 
 from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.models.resnet_layout import backbone_from_state_dict, random_backbone, resnet_layout
-from davir.pretrain_backbone import ATTRIBUTES, CellClassifier, cell_labels, main
+from davir.pretrain_backbone.train import ATTRIBUTES, CellClassifier, cell_labels, main
 from preprocess.features import build_backbone
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "tiny_resnet"

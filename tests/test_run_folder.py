@@ -222,7 +222,7 @@ def lightweight_model(tmp_path):
     (lambda d: d.update(entity_phrases="vocab.json"), "expected a JSON list of entity phrases"),
 ])
 def test_a_damaged_lightweight_config_is_named_with_its_key(runs, lightweight_model, tmp_path, capsys, edit, expected):
-    from davir.inference_lightweight import load_lightweight
+    from davir.inference.lightweight import load_lightweight
 
     root, _, _ = runs
     load_lightweight(lightweight_model, device="cpu")  # intact, it loads
@@ -238,7 +238,7 @@ def test_a_damaged_lightweight_config_is_named_with_its_key(runs, lightweight_mo
 def test_a_damaged_config_in_the_lightweight_weights_file_is_named(lightweight_model):
     from safetensors.torch import load_file, save_file
 
-    from davir.inference_lightweight import load_lightweight
+    from davir.inference.lightweight import load_lightweight
 
     weights = lightweight_model / "model.safetensors"
     save_file(load_file(str(weights)), str(weights), metadata={"davir.lightweight_config": '{"method": "subtraction", '

@@ -9,8 +9,8 @@ import pytest
 
 from davir.config import ConfigError
 from davir.data.records import DataError
-from davir.seed_spread import mean_std
-from davir.sweep import CELL_RECORD, Sweep, Variant, cell_dir, cell_recipe, load_sweep, run_cell, set_vars, summarise
+from davir.compare.seed_spread import mean_std
+from davir.sweep.grid import CELL_RECORD, Sweep, Variant, cell_dir, cell_recipe, load_sweep, run_cell, set_vars, summarise
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
 
 
 def test_variant_filter_rejects_unknown_names(tmp_path, capsys):
-    from davir.sweep import main
+    from davir.sweep.grid import main
 
     assert main([str(REPO / "configs" / "sweeps" / "ablation_demo.yaml"), "--variants", "no such"]) == 2
     assert "no variants ['no_such']" in capsys.readouterr().err

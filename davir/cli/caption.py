@@ -22,10 +22,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from davir.captioning import caption_folder
+from davir.inference.folder import caption_folder
 from davir.data.records import DataError
 from davir.errors import describe_os_error
-from davir.signals import stop_on_signals
+from davir.runtime.signals import stop_on_signals
 
 
 def build_parser() -> argparse.ArgumentParser:

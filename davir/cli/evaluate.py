@@ -21,9 +21,9 @@ from pathlib import Path
 
 from davir.data.records import DataError
 from davir.errors import describe_os_error
-from davir.evaluation import check_outputs, generate_and_score, report_scores
+from davir.evaluation.scoring import check_outputs, generate_and_score, report_scores
 from davir.metrics import METRICS, MetricsError, load_predictions
-from davir.signals import START_AGAIN, stop_on_signals
+from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,8 +15,8 @@ import sys
 from davir.config import ConfigError, load_config
 from davir.data.records import DataError
 from davir.errors import check_output_dir, describe_os_error
-from davir.locks import output_lock
-from davir.signals import stop_on_signals
+from davir.runtime.locks import output_lock
+from davir.runtime.signals import stop_on_signals
 from davir.training.config import DEFAULT_CONFIG, TrainConfig
 from davir.training.loop import NonFiniteLoss, train
 

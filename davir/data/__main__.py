@@ -8,7 +8,7 @@ import json
 import sys
 
 from davir.data.records import DataError
-from davir.signals import START_AGAIN, stop_on_signals
+from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
 def _verify(args) -> int:

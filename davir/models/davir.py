@@ -32,7 +32,7 @@ from peft import PeftModel, get_peft_model
 from torch import nn
 from transformers import InstructBlipForConditionalGeneration, InstructBlipProcessor
 
-from davir.losses import IGNORE_INDEX, FacConfig, caption_cross_entropy, davir_total_loss, fac_attention_loss
+from davir.models.losses import IGNORE_INDEX, FacConfig, caption_cross_entropy, davir_total_loss, fac_attention_loss
 from davir.models.attention import ClsAttentionHook, cls_to_patch_map, last_layer_attention_module
 from davir.models.davir_checkpoint import DavirCheckpointMixin
 from davir.models.davir_config import DavirModelConfig

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import torch
 
-from davir.losses import FacConfig
+from davir.models.losses import FacConfig
 from davir.models.davir_lora import LoraSettings
 from davir.models.epc import EpcConfig
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from davir.losses import caption_cross_entropy
+from davir.models.losses import caption_cross_entropy
 from davir.models.davir import DavirModel
 from davir.pretrain_tiny.data import Normaliser, SceneTensors
 from davir.pretrain_tiny.model import DESCRIBE_PROMPT

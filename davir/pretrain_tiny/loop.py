@@ -20,7 +20,7 @@ from davir.data.synthetic import (
     load_synthetic_set,
 )
 from davir.io import read_json, write_json_atomic
-from davir.losses import FacConfig
+from davir.models.losses import FacConfig
 from davir.metrics.synthetic import pair_truths
 from davir.models.davir import build_davir_model
 from davir.models.davir_config import DavirModelConfig

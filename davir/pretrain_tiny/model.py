@@ -10,7 +10,7 @@ from davir.data.synthetic import (
     SHAPE_WORDS,
     SIZE_WORDS,
 )
-from davir.losses import FacConfig
+from davir.models.losses import FacConfig
 from davir.models.davir import DavirModel, build_davir_model
 from davir.models.davir_config import DavirModelConfig
 from davir.models.epc import EpcConfig

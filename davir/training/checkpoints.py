@@ -26,7 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from davir.errors import DataError
-from davir.run_files import check_keys
+from davir.runs.files import check_keys
 from davir.training.run import list_checkpoints, mark_complete, read_checkpoint_state
 
 MODEL_FILE = "model.safetensors"  # accelerate's name for the (first) model's weights

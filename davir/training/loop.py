@@ -21,7 +21,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from davir.compute_cost import CostMeter
+from davir.runtime.cost import CostMeter
 from davir.config import ConfigError, save_config
 from davir.data.dataset import collate_examples
 from davir.data.records import DataError

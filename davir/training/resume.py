@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from davir.config import ConfigError, from_dict, load_yaml_text
-from davir.run_files import read_run_config, read_run_info
+from davir.runs.files import read_run_config, read_run_info
 from davir.training.config import TrainConfig
 from davir.training.run import read_checkpoint_state
 

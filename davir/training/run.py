@@ -48,7 +48,7 @@ def git_state(repo: Path | None = None) -> dict[str, str | bool | None]:
 def write_run_info(run_dir: Path, *, seed: int, extra: dict | None = None) -> None:
     write_json_atomic(run_dir / "run_info.json", {
         "command": sys.argv,
-        "cwd": str(Path.cwd()),  # what the config's relative paths are relative to (davir.run_paths)
+        "cwd": str(Path.cwd()),  # what the config's relative paths are relative to (davir.runs.paths)
         "seed": seed,
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -60,8 +60,8 @@ def write_run_info(run_dir: Path, *, seed: int, extra: dict | None = None) -> No
 
 def mark_run_finished(run_dir: Path, step: int, *, compute: dict | None = None) -> None:
     """The final marker: training reached its last step and saved last/ (evaluate.py notes runs without it).
-    ``compute`` (davir.compute_cost) is what this training session cost."""
-    from davir.run_files import read_run_info
+    ``compute`` (davir.runtime.cost) is what this training session cost."""
+    from davir.runs.files import read_run_info
 
     info = read_run_info(run_dir) or {}
     extra = {"compute": compute} if compute is not None else {}
@@ -119,7 +119,7 @@ def run_decoding(run_dir: str | Path | None, *, num_beams: int | None = None,
     ``run_dir`` is a run folder (holding config.yaml) or a model folder inside one (best/, last/); None or a
     folder without a run config gives the TrainConfig defaults. Returns ``{"num_beams", "max_new_tokens",
     "source"}``, source naming where each value came from (for metrics.json)."""
-    from davir.run_files import read_run_config
+    from davir.runs.files import read_run_config
     from davir.training.config import RunConfig
 
     defaults = RunConfig()

@@ -16,7 +16,7 @@ from davir.data.synthetic.draw import Sprite
 from davir.data.synthetic.render import full_mask, render
 from davir.data.synthetic.scenes import sample_scene
 from davir.data.synthetic.world import BASE_CAMERA, SceneObject, View
-from davir.signals import ignore_interrupts
+from davir.runtime.signals import ignore_interrupts
 
 PNG_COMPRESS_LEVEL = 1  # zlib level: writing dominates the run time; level 1 is ~2x faster, files ~15% larger
 
@@ -118,7 +118,7 @@ def build_scene(index: int, change_type: str, config: SynthConfig, out: Path | N
 
 def worker_init() -> None:
     cv2.setNumThreads(1)
-    ignore_interrupts()  # Ctrl-C reaches the whole group; the parent stops the pool (davir.signals)
+    ignore_interrupts()  # Ctrl-C reaches the whole group; the parent stops the pool (davir.runtime.signals)
 
 
 def build_task(task: tuple[int, str, SynthConfig, str]) -> dict[str, Any]:

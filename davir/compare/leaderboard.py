@@ -1,4 +1,4 @@
-"""The leaderboard of one benchmark: every reported number (davir.paper_results) with its source and protocol,
+"""The leaderboard of one benchmark: every reported number (davir.compare.paper_results) with its source and protocol,
 and your runs beside them (`python -m davir.compare --leaderboard BENCHMARK [RUN…]`).
 
 Published change-captioning numbers are not all comparable: papers score other splits, other reference files
@@ -17,7 +17,7 @@ from typing import Any
 
 from davir.metrics.captions import TOTAL
 from davir.metrics.protocols import PROTOCOLS
-from davir.paper_results import METRIC_COLUMNS, leaderboard_rows
+from davir.compare.paper_results import METRIC_COLUMNS, leaderboard_rows
 
 MARKS = {True: "=", False: "≠", None: "?"}
 
@@ -89,7 +89,7 @@ def leaderboard_table(benchmark: str, results: list[Any] | None = None) -> str:
                      f"{mark} {what}", str(entry.path)]
         lines.append(f"| {rank} | " + " | ".join(cells) + " |")
     if not rows:
-        lines.append(f"\n(no reported numbers for {benchmark} in davir.paper_results)")
+        lines.append(f"\n(no reported numbers for {benchmark} in davir.compare.paper_results)")
     lines += ["", "Scores x100 (CIDEr = CIDEr-D); `setting`: total / semantic / all pairs, or unstated where the "
               "source does not say.", "",
               "Protocol marks against what davir scores — " + official_protocol_text(benchmark) + ":",

@@ -8,9 +8,9 @@
 Two stages, so a DataLoader's workers can run the first while the model runs the second:
 `prepare(pair)` (CPU: load at the working resolution, change masks, entities, the model's input tensors)
 and `generate(prepared)` (a batched forward pass). `caption.py` streams a folder through the same two
-(davir.captioning). Masks and entities are made with the settings of the caches the model was trained
+(davir.inference.folder). Masks and entities are made with the settings of the caches the model was trained
 with (davir.preprocessing.online); every path the run recorded is found from any working directory
-(davir.run_paths).
+(davir.runs.paths).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from PIL import Image
 
 from davir.data.images import array_to_rgb, load_pair, to_rgb
 from davir.data.records import ChangePair, DataError
-from davir.run_paths import RunPaths
+from davir.runs.paths import RunPaths
 
 ENTITIES_KEPT = 5     # entities reported per pair (the prompt uses the model's top-k of them)
 LOAD_MAX_SIDE = 1024  # images are decoded at no more than ~this long side (the masks work at 224, the models at ≤ 224)
@@ -106,7 +106,7 @@ class LightweightEngine:
     kind = "lightweight"
 
     def __init__(self, run: RunPaths, device, backbone_weights: str | Path | None):
-        from davir.inference_lightweight import OnlineFeatures, load_lightweight
+        from davir.inference.lightweight import OnlineFeatures, load_lightweight
 
         self.bundle = load_lightweight(run.model_dir, device=device)
         self.features = OnlineFeatures(backbone_weights, device=self.bundle.device,

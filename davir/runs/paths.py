@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from davir.data.records import DataError
-from davir.inference import resolve_model_dir, run_dir_of
-from davir.run_files import read_run_config, read_run_info
+from davir.inference.davir_generation import resolve_model_dir, run_dir_of
+from davir.runs.files import read_run_config, read_run_info
 
 
 @dataclass

@@ -3,9 +3,9 @@
     caption_folder(options)   # options of davir.cli.caption (an argparse namespace or the same attributes)
 
 The pairs stream: read → masks/entities/model inputs (`ChangeCaptioner.prepare`, in DataLoader workers)
-→ batched generation → whole JSONL lines appended per batch (davir.caption_store). Memory does not grow
+→ batched generation → whole JSONL lines appended per batch (davir.inference.caption_store). Memory does not grow
 with the number of pairs; a rerun skips the pairs already captioned with the same settings and retries the
-ones that failed (their rows are replaced); one run at a time writes an output (davir.locks); under
+ones that failed (their rows are replaced); one run at a time writes an output (davir.runtime.locks); under
 `accelerate launch` (or `--num-shards/--shard-index`) each process takes a contiguous share of the pairs
 and the shards are merged in input order. The report is a JPEG strip per pair beside paginated pages.
 """
@@ -21,11 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from davir.caption_store import CaptionStore
+from davir.inference.caption_store import CaptionStore
 from davir.data.formats.folder import read_folder
 from davir.data.records import DataError
 from davir.errors import check_output_file
-from davir.locks import output_lock
+from davir.runtime.locks import output_lock
 
 
 class _Pending:
@@ -114,7 +114,7 @@ def _caption_locked(args: argparse.Namespace, out: Path, html_path: Path, num_sh
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from davir.captioner import ChangeCaptioner
+    from davir.inference.captioner import ChangeCaptioner
     from davir.viz.folder_report import write_folder_report, write_strip
 
     report_dir = html_path.with_name(html_path.stem + "_files")

@@ -9,10 +9,10 @@ RUN/eval/<format>_<split>/metrics.json is read (the total row and, for CLEVR-Cha
 distractor rows; the stated-difference faithfulness; the compute cost). Runs that differ only by seed
 (`…/<name>/seed<k>` or `<name>_seed<k>`) are one row: mean ± std (min–max) over their seeds, and differences
 between rows that the seed ranges cannot settle are listed. The papers' rows for the dataset
-(davir.paper_results, methods.md §7.4) follow, for the methods among the runs and the subtraction baseline.
+(davir.compare.paper_results, methods.md §7.4) follow, for the methods among the runs and the subtraction baseline.
 Values print x100 as papers print them. A run on other data (e.g. the built-in synthetic set) is not
 comparable in absolute terms; the paper rows are there to show the expected ordering and gap sizes.
-`--leaderboard` prints davir.leaderboard's table instead: every reported number for the benchmark, marked
+`--leaderboard` prints davir.compare.leaderboard's table instead: every reported number for the benchmark, marked
 where its protocol differs from the official one davir scores.
 """
 
@@ -27,11 +27,11 @@ from typing import Any
 
 import yaml
 
-from davir.compute_cost import COST_FIELDS, DEVICE_PATH
+from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
 from davir.data.records import DataError
 from davir.io import read_json, write_text_atomic
-from davir.paper_results import METRIC_COLUMNS, paper_results
-from davir.seed_spread import inside_spread_lines, metric_at, spread_text, value_at
+from davir.compare.paper_results import METRIC_COLUMNS, paper_results
+from davir.compare.seed_spread import inside_spread_lines, metric_at, spread_text, value_at
 
 SETTINGS = ("total", "semantic", "distractor")
 # Stated-difference faithfulness of the total row (metrics.json "faithfulness", davir.metrics.faithfulness).
@@ -151,7 +151,7 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
 
 
 def cost_table(groups: dict[str, list[RunResult]]) -> str:
-    """The compute cost of each run group (davir.compute_cost; mean ± std (min–max) over seeds), or "" if no
+    """The compute cost of each run group (davir.runtime.cost; mean ± std (min–max) over seeds), or "" if no
     run recorded one."""
     if not any(metric_at(r.document, path) is not None for runs in groups.values() for r in runs
                for _, path, _, _ in COST_FIELDS):
@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             raise DataError("give the run folders to compare, or --leaderboard BENCHMARK")
         results = [read_run(run, split=args.split) for run in args.runs]
         if args.leaderboard:
-            from davir.leaderboard import leaderboard_table
-            from davir.paper_results import PAPER_RESULTS
+            from davir.compare.leaderboard import leaderboard_table
+            from davir.compare.paper_results import PAPER_RESULTS
 
             known = sorted({r.dataset for r in PAPER_RESULTS})
             if args.leaderboard not in known:
@@ -255,7 +255,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -31,13 +31,13 @@ from typing import Any
 
 import yaml
 
-from davir.compute_cost import COST_FIELDS, DEVICE_PATH
+from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
 from davir.config import ConfigError
 from davir.data.records import DataError
 from davir.io import read_json, write_json_atomic, write_text_atomic
 from davir.metrics.captions import shared_meteor
-from davir.seed_spread import inside_spread, inside_spread_lines, metric_at, spread_record, spread_text, value_at
-from davir.signals import stop_on_signals
+from davir.compare.seed_spread import inside_spread, inside_spread_lines, metric_at, spread_record, spread_text, value_at
+from davir.runtime.signals import stop_on_signals
 
 @dataclass(frozen=True)
 class Column:
@@ -65,7 +65,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("object F1", ("faithfulness", "rows", "total", "objects", "f1")),
     Column("hallucinated", ("faithfulness", "rows", "total", "hallucination_rate")),
 )
-# Compute cost (metrics.json "compute", davir.compute_cost): units in the titles.
+# Compute cost (metrics.json "compute", davir.runtime.cost): units in the titles.
 COST_COLUMNS: tuple[Column, ...] = tuple(Column(title, path, scale, digits) for title, path, scale, digits in COST_FIELDS)
 TYPE_ROWS = ("color", "material", "add", "drop", "move", "distractor")
 
@@ -227,7 +227,7 @@ def _column_values(runs: list[dict[str, Any]], path: tuple[str, ...]) -> list[fl
 def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
     """Markdown tables (scores; CIDEr per change type; compute cost) and their JSON, from each variant's
     metrics.json files: every cell mean ± std (min–max) over seeds, then the score differences between
-    variants that the seed spread cannot settle (davir.seed_spread)."""
+    variants that the seed spread cannot settle (davir.compare.seed_spread)."""
     def present(column: Column) -> bool:
         return any(metric_at(m, column.path) is not None for runs in results.values() for m in runs)
 
@@ -335,7 +335,3 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "" if sweep.split == "test" else f"_{sweep.split}"
     print(f"summary written to {sweep.out / f'summary{suffix}.md'}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -341,7 +341,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(info["curve"][-1]))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,10 +23,10 @@ from tqdm.auto import tqdm
 
 from davir.data.caches import EntityCache
 from davir.data.records import ChangePair, DataError
-from davir.inference import Prediction
+from davir.inference.davir_generation import Prediction
 from davir.io import read_json
 from davir.models.lightweight import LightweightCaptioner, load_lightweight_model
-from davir.run_files import read_lightweight_info
+from davir.runs.files import read_lightweight_info
 from davir.text.vocab import Vocabulary
 
 LIGHTWEIGHT_CONFIG = "lightweight_config.json"

@@ -144,10 +144,10 @@ def generate_and_score(args: argparse.Namespace) -> int:
     from davir.data.caches import EntityCache, MaskCache
     from davir.data.formats import read_dataset
     from davir.data.images import load_mask
-    from davir.inference import caption_pairs, load_davir, localisation_summary, resolve_model_dir, run_dir_of
+    from davir.inference.davir_generation import caption_pairs, load_davir, localisation_summary, resolve_model_dir, run_dir_of
     from davir.metrics.io import write_predictions
-    from davir.run_files import read_run_config, saved_model_state, unfinished_run_note
-    from davir.run_paths import RunPaths
+    from davir.runs.files import read_run_config, saved_model_state, unfinished_run_note
+    from davir.runs.paths import RunPaths
     from davir.training.run import run_decoding
 
     model_dir = resolve_model_dir(args.checkpoint)
@@ -179,7 +179,7 @@ def generate_and_score(args: argparse.Namespace) -> int:
     pairs = index.pairs[: args.limit] if args.limit else index.pairs
     lightweight = (model_dir / "lightweight_config.json").is_file()
     if lightweight:  # subtraction / SCORER / DIRL / RDD / CHEER on cached (or online) ResNet features
-        from davir.inference_lightweight import run_captioner
+        from davir.inference.lightweight import run_captioner
 
         caption_lightweight = run_captioner(model_dir, run_data, root=args.root, entities=args.entities,
                                             device=accelerator.device, batch_size=args.batch_size,
@@ -208,7 +208,7 @@ def generate_and_score(args: argparse.Namespace) -> int:
             raise DataError(f"{len(missing)} pairs of {args.split} have no entities in {cache_dir} (e.g. {missing[:3]}); run "
                             f"`python -m preprocess entities --format {args.format} --root {args.root} --split {args.split} --out {cache_dir} …`")
         entity_source = lambda pair, before, after: [e for e, _ in cache.get(pair.pair_id)[:k]]
-    from davir.compute_cost import CostMeter
+    from davir.runtime.cost import CostMeter
 
     meter = CostMeter(accelerator.device)  # captioning only: scoring (Java, CPU) is not the model's cost
     with accelerator.split_between_processes(pairs) as shard:
@@ -251,7 +251,7 @@ def generate_and_score(args: argparse.Namespace) -> int:
         with open(args.markdown, "a", encoding="utf-8") as handle:
             handle.write("\n" + line + "\n")
     from davir.io import read_json, write_json_atomic
-    from davir.run_files import read_run_info
+    from davir.runs.files import read_run_info
 
     metrics = read_json(args.out)
     training_cost = (read_run_info(run_dir) or {}).get("compute") if run_dir else None

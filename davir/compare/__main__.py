@@ -1,0 +1,5 @@
+import sys
+
+from davir.compare.runs import main
+
+sys.exit(main())

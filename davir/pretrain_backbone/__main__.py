@@ -1,0 +1,5 @@
+import sys
+
+from davir.pretrain_backbone.train import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from davir.sweep.grid import main
+
+sys.exit(main())
