@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from davir.compare.runs import comparison_table, main, read_run, seed_group
+from davir.cli.compare import main
+from davir.compare.runs import compare_runs, comparison_table, read_run, seed_group
 from davir.compare.seed_spread import inside_spread, spread_text
 
 
@@ -87,6 +88,18 @@ def test_leaderboard_marks_protocols_and_ranks_runs_beside_the_papers(tmp_path, 
 
     assert main(["--leaderboard", "levir_cc"]) == 0
     assert "| ccexpert | all | 65.49 | 41.82 | 76.55 | 143.32 | – | ≠ captions lower-cased" in capsys.readouterr().out
+
+
+def test_compare_runs_from_python_reads_the_runs_and_names_the_paper_dataset(tmp_path):
+    runs = [_run(tmp_path / "scorer" / f"seed{s}", "scorer", c) for s, c in enumerate([1.2, 1.4])]
+    comparison = compare_runs(runs)
+    assert [r.path for r in comparison.results] == [read_run(run).path for run in runs]
+    assert comparison.dataset == "clevr_change"
+    assert comparison.table == comparison_table(comparison.results, "clevr_change")
+    assert "| ours: scorer (test, 2 seeds) | scorer | total |" in comparison.table
+    assert compare_runs(runs, dataset="spot_the_diff").dataset == "spot_the_diff"
+    board = compare_runs([], leaderboard="levir_cc")
+    assert board.results == [] and board.dataset == "levir_cc" and "| ccexpert |" in board.table
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -193,7 +193,7 @@ def test_sweep_killed_resumes_with_the_same_table(data, tmp_path):
                          {"name": "lr b", "config": str(REPO / "configs" / "demo.yaml"), "overrides": ["optim.lr=3e-4"]}]}))
         return path
 
-    from davir.sweep import grid as sweep
+    from davir.cli import sweep
 
     # the uninterrupted sweep and the final rerun in this process, at 1 thread as the killed one: the same
     # arithmetic, bit for bit (and no second start of torch)

@@ -99,7 +99,7 @@ def assert_whole_lines(path: Path) -> None:
 
 LONG_COMMAND_MAINS = ["davir/cli/caption.py", "davir/cli/train.py", "davir/cli/evaluate.py", "preprocess/masks.py",
                       "preprocess/entities.py", "preprocess/features.py", "preprocess/mask_eval.py",
-                      "preprocess/entity_eval.py", "davir/data/__main__.py", "davir/sweep/grid.py"]
+                      "preprocess/entity_eval.py", "davir/data/__main__.py", "davir/cli/sweep.py"]
 
 
 def test_every_long_command_main_stops_on_signals():

@@ -12,7 +12,10 @@ import torch
 
 from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.models.resnet_layout import backbone_from_state_dict, random_backbone, resnet_layout
-from davir.pretrain_backbone.train import ATTRIBUTES, CellClassifier, cell_labels, main
+from davir.cli.pretrain_backbone import main
+from davir.config import ConfigError
+from davir.pretrain_backbone.train import (ATTRIBUTES, CellClassifier, PretrainSettings, ProbeSettings, cell_labels,
+                                          probe_backbone)
 from preprocess.features import build_backbone
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "tiny_resnet"
@@ -45,6 +48,11 @@ def test_pretrain_command_writes_weights_that_preprocess_features_loads(tmp_path
                  "--eval-every", "1", "--eval-scenes", "1"]) == 0
     info = json.loads((out / "pretrain_info.json").read_text())
     assert [point["step"] for point in info["curve"]] == [0, 1, 2]
+    assert info["command"] == (f"python -m davir.pretrain_backbone --data {data} --out {out} --max-steps 2 --minutes 5 "
+                               "--batch-size 2 --eval-every 1 --eval-scenes 1")
+    assert info["settings"] == {"data": str(data), "out": str(out), "minutes": 5.0, "max_steps": 2, "batch_size": 2,
+                                "crop_cells": 7, "lr": 2e-3, "seed": 0, "threads": 1, "eval_every": 1,
+                                "eval_scenes": 1, "train_limit": None}
     assert info["layout"]["blocks"] == [1, 1, 1]
     state = torch.load(out / "backbone.pth", weights_only=True)
     assert not any(k.startswith(("fc.", "layer4.")) for k in state)
@@ -60,6 +68,27 @@ def test_pretrain_command_writes_weights_that_preprocess_features_loads(tmp_path
 def test_cli_reports_a_missing_set(tmp_path, capsys):
     assert main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "o"), "--max-steps", "1"]) == 2
     assert "nothing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("eval_every", 0, "eval_every: must be ≥ 1, got 0"),
+    ("crop_cells", 15, r"crop_cells: must be in \[1, 14\], got 15"),
+])
+def test_settings_out_of_range_name_the_field(tmp_path, capsys, field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        PretrainSettings(data=tmp_path, out=tmp_path / "o", **{field: value})
+    assert main(["--data", str(tmp_path), "--out", str(tmp_path / "o"), f"--{field.replace('_', '-')}", str(value)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {field}: must be")
+
+
+def test_probe_from_python_fits_every_attribute_on_the_shipped_backbone(tmp_path):
+    data = tmp_path / "set"
+    generate_dataset(data, SynthConfig(scenes=6, seed=5, width=128, height=96), workers=1)
+    result = probe_backbone(ProbeSettings(data=data, weights=ASSET / "backbone.pth", scenes=3))
+    assert result["weights"] == str(ASSET / "backbone.pth") and result["data"] == str(data)
+    assert result["train_cells"] > 0 and result["test_cells"] > 0
+    assert result["object_vs_floor"] > 0.9  # the shipped backbone tells objects from floor
+    assert all(0.0 <= result[name] <= 1.0 and 0.0 < result[f"{name}_majority"] <= 1.0 for name in ATTRIBUTES)
 
 
 def test_shipped_backbone_loads_and_is_small():

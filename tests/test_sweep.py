@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 from davir.config import ConfigError
 from davir.data.records import DataError
 from davir.compare.seed_spread import mean_std
-from davir.sweep.grid import CELL_RECORD, Sweep, Variant, cell_dir, cell_recipe, load_sweep, run_cell, set_vars, summarise
+from davir.sweep.grid import (CELL_RECORD, Sweep, Variant, cell_dir, cell_recipe, load_sweep, run_cell, run_sweep, set_vars,
+                              summarise)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,8 +102,8 @@ def test_finished_cell_is_not_trained_again(tmp_path):
 
 
 def test_cell_made_with_other_settings_is_trained_again_not_reported(tmp_path, monkeypatch, capsys):
-    """The stale cell is retrained (here: the training entry point is called with the new recipe)."""
-    from davir.cli import train
+    """The stale cell is retrained (here: the training function gets the config of the new recipe)."""
+    from davir.training import loop
 
     sweep = Sweep(title="t", out=tmp_path, variants=[Variant("A", "configs/demo.yaml")], seeds=[0],
                   overrides=["data.root={demo_dir}/data"], vars={"demo_dir": "outputs/demo"})
@@ -112,18 +114,59 @@ def test_cell_made_with_other_settings_is_trained_again_not_reported(tmp_path, m
     assert cell_recipe(sweep, sweep.variants[0], 0, [])["overrides"] == ["data.root=outputs/demo/data", "run.seed=0"]
 
     calls = []
-    monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or 2)  # "fails": the test stops there
+
+    def fails(config, **_):  # the test stops at the training
+        calls.append(config)
+        raise DataError("no data here")
+
+    monkeypatch.setattr(loop, "train", fails)
     sweep.vars["demo_dir"] = "/elsewhere"
-    with pytest.raises(DataError, match="training A seed 0 failed"):
+    with pytest.raises(DataError, match=f"training A seed 0 failed \\(run folder {run}\\): no data here"):
         run_cell(sweep, sweep.variants[0], 0, [])
     assert "made with other settings (data.root=/elsewhere/data, data.root=outputs/demo/data)" in capsys.readouterr().out
-    assert calls and "data.root=/elsewhere/data" in calls[0] and "run.overwrite=true" in calls[0]
+    assert len(calls) == 1 and calls[0].data.root == "/elsewhere/data"
+    assert calls[0].run.output_dir == str(run) and calls[0].run.overwrite is True and calls[0].run.seed == 0
+    assert not list(tmp_path.rglob("*.lock"))  # the run folder's lock is released on the failure
 
     calls.clear()
     (run / CELL_RECORD).unlink()  # a cell of an older sweep: nothing says what it was made with
     with pytest.raises(DataError):
         run_cell(sweep, sweep.variants[0], 0, [])
     assert len(calls) == 1 and "no sweep_cell.json" in capsys.readouterr().out
+
+    calls.clear()  # a bad override is the config's error, named with the cell
+    with pytest.raises(DataError, match=r"training A seed 0 failed .*optim\.lr"):
+        run_cell(sweep, sweep.variants[0], 0, ["optim.lr=fast"])
+    assert calls == []
+
+
+def test_run_sweep_from_python_picks_seeds_and_variants_and_writes_the_summary(tmp_path, monkeypatch):
+    """The typed entry point, no command line: finished cells are read (not trained), the choice of seeds,
+    variants and split is the call's, the sweep object is left as it was."""
+    from davir.sweep import grid
+
+    def no_training(run, recipe, *, label):
+        raise AssertionError(f"{label} should not be trained")
+
+    monkeypatch.setattr(grid, "_train_cell", no_training)
+    sweep = Sweep(title="t", out=tmp_path / "default", seeds=[0, 1, 2],
+                  variants=[Variant("A", "configs/demo.yaml"), Variant("B b", "configs/demo.yaml", ["optim.lr=1e-4"])])
+    out = tmp_path / "picked"
+    for seed, cider in ((0, 1.0), (1, 3.0)):
+        picked = dataclasses.replace(sweep, out=out)
+        run = cell_dir(picked, sweep.variants[1], seed)
+        (run / "eval" / "clevr_change_val").mkdir(parents=True)
+        (run / "eval" / "clevr_change_val" / "metrics.json").write_text(json.dumps(_metrics(0.5, cider)))
+        (run / CELL_RECORD).write_text(json.dumps(cell_recipe(picked, sweep.variants[1], seed, ["run.eval_every=0"])))
+    result = run_sweep(sweep, seeds=[0, 1], variants=["b_b"], extra=["run.eval_every=0"], split="val", out=out)
+    assert (result.markdown_path, result.json_path) == (out / "summary_val.md", out / "summary_val.json")
+    assert result.markdown_path.read_text() == result.text
+    assert json.loads(result.json_path.read_text()) == json.loads(json.dumps(result.summary))
+    assert result.summary["split"] == "val" and result.summary["seeds"] == [0, 1] and list(result.summary["variants"]) == ["B b"]
+    assert "| B b |" in result.text and "200.0 ± 141.4 (100.0–300.0)" in result.text  # CIDEr 100/300
+    assert sweep.seeds == [0, 1, 2] and len(sweep.variants) == 2 and sweep.out == tmp_path / "default"
+    with pytest.raises(ConfigError, match=r"sweep 't': no variants \['c'\]"):
+        run_sweep(sweep, variants=["c"])
 
 
 def test_sweep_variables_fill_configs_and_overrides(tmp_path):
@@ -166,7 +209,7 @@ def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
 
 
 def test_variant_filter_rejects_unknown_names(tmp_path, capsys):
-    from davir.sweep.grid import main
+    from davir.cli.sweep import main
 
     assert main([str(REPO / "configs" / "sweeps" / "ablation_demo.yaml"), "--variants", "no such"]) == 2
     assert "no variants ['no_such']" in capsys.readouterr().err

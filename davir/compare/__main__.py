@@ -1,5 +1,9 @@
+"""Runs side by side (seeds pooled), the published numbers with their sources, the leaderboard.
+
+    python -m davir.compare runs/lightweight_demo/*/seed* [--dataset clevr_change]
+"""
 import sys
 
-from davir.compare.runs import main
+from davir.cli.compare import main
 
 sys.exit(main())

@@ -1,37 +1,31 @@
-"""Compare runs side by side with the numbers the papers report for the same dataset.
+"""Compare runs side by side with the numbers the papers report for the same dataset (`python -m davir.compare`,
+davir.cli.compare; from Python `compare_runs`, or `read_run` + `comparison_table` / `bar_chart`).
 
-    python -m davir.compare runs/lightweight_demo/*/seed* [--dataset clevr_change] [--split test]
-        [--out table.md] [--plot bars.png]
-    python -m davir.compare --leaderboard spot_the_diff [RUN…]     # every reported number, its source and protocol
-
-Each RUN is a run folder that `python evaluate.py --checkpoint RUN --split S` has scored: its
+Each run is a run folder that `python evaluate.py --checkpoint RUN --split S` has scored: its
 RUN/eval/<format>_<split>/metrics.json is read (the total row and, for CLEVR-Change, the semantic and
 distractor rows; the stated-difference faithfulness; the compute cost). Runs that differ only by seed
 (`…/<name>/seed<k>` or `<name>_seed<k>`) are one row: mean ± std (min–max) over their seeds, and differences
 between rows that the seed ranges cannot settle are listed. The papers' rows for the dataset
 (davir.compare.paper_results, methods.md §7.4) follow, for the methods among the runs and the subtraction baseline.
-Values print x100 as papers print them. A run on other data (e.g. the built-in synthetic set) is not
-comparable in absolute terms; the paper rows are there to show the expected ordering and gap sizes.
-`--leaderboard` prints davir.compare.leaderboard's table instead: every reported number for the benchmark, marked
-where its protocol differs from the official one davir scores.
+A run on other data (e.g. the built-in synthetic set) is not comparable in absolute terms; the paper rows are
+there to show the expected ordering and gap sizes.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
-from davir.data.records import DataError
-from davir.io import read_json, write_text_atomic
 from davir.compare.paper_results import METRIC_COLUMNS, paper_results
 from davir.compare.seed_spread import inside_spread_lines, metric_at, spread_text, value_at
+from davir.errors import DataError
+from davir.io import read_json
+from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
 
 SETTINGS = ("total", "semantic", "distractor")
 # Stated-difference faithfulness of the total row (metrics.json "faithfulness", davir.metrics.faithfulness).
@@ -212,46 +206,30 @@ def bar_chart(results: list[RunResult], dataset: str, path: Path) -> None:
     plt.close(fig)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m davir.compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="*", type=Path, help="run folders scored by evaluate.py --checkpoint")
-    parser.add_argument("--leaderboard", metavar="BENCHMARK",
-                        help="print every reported number for BENCHMARK (spot_the_diff, clevr_change, ier, levir_cc, "
-                             "clevr_dc) with its source and protocol mark, the RUNs beside them")
-    parser.add_argument("--dataset", help="dataset of the paper rows (default: the runs' data.format)")
-    parser.add_argument("--split", help="which evaluation of each run (when a run has several)")
-    parser.add_argument("--out", type=Path, help="write the Markdown table here")
-    parser.add_argument("--plot", type=Path, help="write a bar chart PNG here")
-    return parser
+@dataclass(frozen=True)
+class Comparison:
+    """`compare_runs`'s answer: the Markdown table, the runs it read, and the dataset of its paper rows."""
+
+    table: str
+    results: list[RunResult]
+    dataset: str | None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if not args.runs and not args.leaderboard:
-            raise DataError("give the run folders to compare, or --leaderboard BENCHMARK")
-        results = [read_run(run, split=args.split) for run in args.runs]
-        if args.leaderboard:
-            from davir.compare.leaderboard import leaderboard_table
-            from davir.compare.paper_results import PAPER_RESULTS
+def compare_runs(runs: Sequence[str | Path], *, dataset: str | None = None, split: str | None = None,
+                 leaderboard: str | None = None) -> Comparison:
+    """The comparison table of `runs` (their `split` evaluation) beside the papers' rows for `dataset` (default: the
+    first run's data format), or with `leaderboard` the leaderboard of that benchmark with the runs in it."""
+    if not runs and not leaderboard:
+        raise DataError("give the run folders to compare, or --leaderboard BENCHMARK")
+    results = [read_run(Path(run), split=split) for run in runs]
+    if leaderboard:
+        from davir.compare.leaderboard import leaderboard_table
+        from davir.compare.paper_results import PAPER_RESULTS
 
-            known = sorted({r.dataset for r in PAPER_RESULTS})
-            if args.leaderboard not in known:
-                raise DataError(f"--leaderboard {args.leaderboard}: no reported numbers for it; choose one of {', '.join(known)}")
-            table = leaderboard_table(args.leaderboard, results)
-        else:
-            table = comparison_table(results, args.dataset or results[0].dataset)
-        dataset = args.dataset or (results[0].dataset if results else args.leaderboard)
-        print(table, end="")
-        if args.out:
-            write_text_atomic(args.out, table)
-        if args.plot:
-            if not results:
-                raise DataError("--plot draws the runs: give run folders")
-            bar_chart(results, dataset, args.plot)
-            print(f"wrote {args.plot}", file=sys.stderr)
-    except DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+        known = sorted({r.dataset for r in PAPER_RESULTS})
+        if leaderboard not in known:
+            raise DataError(f"--leaderboard {leaderboard}: no reported numbers for it; choose one of {', '.join(known)}")
+        table = leaderboard_table(leaderboard, results)
+    else:
+        table = comparison_table(results, dataset or results[0].dataset)
+    return Comparison(table, results, dataset or (results[0].dataset if results else leaderboard))

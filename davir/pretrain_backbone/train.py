@@ -17,17 +17,18 @@ Output: ``OUT/backbone.pth`` (a torchvision state dict without fc/layer4, loaded
 ``OUT/pretrain_info.json`` (command, versions, layout, curve of held-out cell accuracy).
 ``python -m davir.pretrain_backbone probe --data SET [--weights OUT/backbone.pth]`` fits linear probes on
 layer3 cells of a set, for the shipped backbone or a random-init ResNet-101 (docs/tiny_backbone.md).
+From Python: ``pretrain_backbone(PretrainSettings(data=…, out=…))`` and ``probe_backbone(ProbeSettings(data=…))``;
+the command line is davir.cli.pretrain_backbone.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import math
 import platform
-import shlex
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from davir.config import require
 from davir.data.images import load_rgb
-from davir.data.records import DataError
 from davir.data.synthetic import COLORS, MATERIALS, SHAPES, SIZES, load_synthetic_set
+from davir.errors import DataError
 from davir.io import atomic_path, read_json, write_json_atomic
 from davir.models.resnet_layout import build_resnet, truncate_at_layer3
 
@@ -171,6 +173,54 @@ def random_crops(images: torch.Tensor, labels: torch.Tensor, cells: int, generat
     return torch.stack(out_images), torch.stack(out_labels)
 
 
+# --- settings -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PretrainSettings:
+    """What `pretrain_backbone` trains on, where it writes and how long (the command's flags, same defaults)."""
+
+    data: str | Path  # a synthetic set (python -m davir.data synth), not the demo's seed
+    out: str | Path  # folder for backbone.pth, head.pth, pretrain_info.json
+    minutes: float = 15.0  # wall-clock training budget
+    max_steps: int = 0  # stop after this many steps (0 = time only)
+    batch_size: int = 24
+    crop_cells: int = 7  # crop side in 16-pixel cells (14 = whole image)
+    lr: float = 2e-3
+    seed: int = 0
+    threads: int = 1
+    eval_every: int = 200
+    eval_scenes: int = 60  # held-out test scenes (3 images each)
+    train_limit: int | None = None  # use only the first N train scenes
+
+    def __post_init__(self) -> None:
+        require("minutes", self.minutes, at_least=0)
+        require("max_steps", self.max_steps, at_least=0)
+        require("batch_size", self.batch_size, at_least=1)
+        require("crop_cells", self.crop_cells, at_least=1, at_most=GRID)
+        require("threads", self.threads, at_least=1)
+        require("eval_every", self.eval_every, at_least=1)
+        require("eval_scenes", self.eval_scenes, at_least=1)
+        require("train_limit", self.train_limit, at_least=1)
+
+    def record(self) -> dict[str, Any]:
+        """The settings as pretrain_info.json keeps them (paths as text)."""
+        return {**dataclasses.asdict(self), "data": str(self.data), "out": str(self.out)}
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What `probe_backbone` probes: a set's train and test splits, with a backbone file or a random-init one."""
+
+    data: str | Path  # a synthetic set (train and test splits are probed)
+    weights: str | Path | None = None  # backbone state dict (None: a random-init ResNet-101)
+    seed: int = 0  # seed of the random-init backbone
+    scenes: int = 150  # scenes per split (their before images)
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        require("scenes", self.scenes, at_least=1)
+        require("threads", self.threads, at_least=1)
+
+
 # --- training -------------------------------------------------------------------------------------
 def package_versions() -> dict[str, str]:
     import torchvision
@@ -187,35 +237,37 @@ def save(model: CellClassifier, out: Path, info: dict[str, Any]) -> None:
     write_json_atomic(out / "pretrain_info.json", info)
 
 
-def pretrain(args: argparse.Namespace) -> dict[str, Any]:
-    torch.set_num_threads(args.threads)
-    root, out = Path(args.data), Path(args.out)
+def pretrain_backbone(settings: PretrainSettings, *, command: str | None = None) -> dict[str, Any]:
+    """Train until the time budget (or `max_steps`) is spent, saving at every held-out evaluation; returns the
+    info written to OUT/pretrain_info.json. `command`: the command line recorded there (None from Python)."""
+    torch.set_num_threads(settings.threads)
+    root, out = Path(settings.data), Path(settings.out)
     config = load_synthetic_set(root)["config"]
     started = time.perf_counter()
-    train_images, train_labels = load_cells(root, "train", limit=args.train_limit)
-    eval_images, eval_labels = load_cells(root, "test", limit=args.eval_scenes)
+    train_images, train_labels = load_cells(root, "train", limit=settings.train_limit)
+    eval_images, eval_labels = load_cells(root, "test", limit=settings.eval_scenes)
     print(f"loaded {len(train_images)} train / {len(eval_images)} held-out images in "
           f"{time.perf_counter() - started:.0f} s", flush=True)
-    model = CellClassifier(args.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
-    generator = torch.Generator().manual_seed(args.seed)
-    budget = args.minutes * 60.0
+    model = CellClassifier(settings.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=1e-4)
+    generator = torch.Generator().manual_seed(settings.seed)
+    budget = settings.minutes * 60.0
     info: dict[str, Any] = {
-        "command": "python -m davir.pretrain_backbone " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": command,
         "data": {"root": str(root), "config": config, "train_images": len(train_images),
                  "eval_images": len(eval_images)},
         "layout": {"class": "torchvision.models.resnet.ResNet(Bottleneck)", "blocks": BLOCKS,
                    "width_per_group": WIDTH_PER_GROUP, "output": "layer3, 1024 x 14 x 14"},
         "attributes": {name: ["background", *classes] for name, classes in ATTRIBUTES.items()},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("func",)},
+        "settings": settings.record(),
         "versions": package_versions(), "curve": [],
     }
     step, loop_start, running = 0, time.perf_counter(), []
     # Cosine schedule over the wall-clock budget (steps are not known in advance on a shared machine).
     while True:
         elapsed = time.perf_counter() - loop_start
-        done = elapsed >= budget or (args.max_steps and step >= args.max_steps)
-        if step % args.eval_every == 0 or done:
+        done = elapsed >= budget or (settings.max_steps and step >= settings.max_steps)
+        if step % settings.eval_every == 0 or done:
             accuracy = cell_accuracy(model, eval_images, eval_labels)
             loss = float(np.mean(running)) if running else None
             info["curve"].append({"step": step, "seconds": round(elapsed, 1), "train_loss": loss, **accuracy})
@@ -227,13 +279,13 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         if done:
             return info
         progress = min(elapsed / budget, 1.0)
-        if args.max_steps:
-            progress = max(progress, step / args.max_steps)
-        lr = args.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * progress))
+        if settings.max_steps:
+            progress = max(progress, step / settings.max_steps)
+        lr = settings.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * progress))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        rows = torch.randint(0, len(train_images), (args.batch_size,), generator=generator)
-        images, labels = random_crops(train_images[rows], train_labels[rows], args.crop_cells, generator)
+        rows = torch.randint(0, len(train_images), (settings.batch_size,), generator=generator)
+        images, labels = random_crops(train_images[rows], train_labels[rows], settings.crop_cells, generator)
         loss = cell_loss(model(normalize(images)), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -274,21 +326,22 @@ def probe_cells(backbone: nn.Module, root: Path, split: str, scenes: int, rng: n
     return np.concatenate(features), np.concatenate(kept)
 
 
-def probe(args: argparse.Namespace) -> dict[str, Any]:
+def probe_backbone(settings: ProbeSettings) -> dict[str, Any]:
     """Linear probes (logistic regression on standardised layer3 cell features): what a cell encodes about
     the object over it. Fitted on cells of train-split before images, scored on test-split ones."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    torch.set_num_threads(args.threads)
-    root = Path(args.data)
-    backbone = load_backbone(args.weights, args.seed)
+    torch.set_num_threads(settings.threads)
+    root = Path(settings.data)
+    weights = None if settings.weights is None else str(settings.weights)
+    backbone = load_backbone(weights, settings.seed)
     rng = np.random.default_rng(0)
-    x_train, y_train = probe_cells(backbone, root, "train", args.scenes, rng)
-    x_test, y_test = probe_cells(backbone, root, "test", args.scenes, rng)
+    x_train, y_train = probe_cells(backbone, root, "train", settings.scenes, rng)
+    x_test, y_test = probe_cells(backbone, root, "test", settings.scenes, rng)
     scaler = StandardScaler().fit(x_train)
     x_train, x_test = scaler.transform(x_train), scaler.transform(x_test)
-    result: dict[str, Any] = {"weights": args.weights or f"random-init ResNet-101 (seed {args.seed})",
+    result: dict[str, Any] = {"weights": weights or f"random-init ResNet-101 (seed {settings.seed})",
                               "data": str(root), "train_cells": len(x_train), "test_cells": len(x_test)}
     occupied_train, occupied_test = y_train[:, 0] > 0, y_test[:, 0] > 0
     presence = LogisticRegression(max_iter=500, C=0.1).fit(x_train, occupied_train)
@@ -299,45 +352,3 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         counts = np.bincount(y_test[occupied_test, a])
         result[f"{name}_majority"] = round(float(counts.max() / counts.sum()), 4)
     return result
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m davir.pretrain_backbone", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command")
-    train = commands.add_parser("train", help="pretrain (the default command)")
-    for sub in (parser, train):
-        sub.add_argument("--data", help="a synthetic set (python -m davir.data synth), not the demo's seed")
-        sub.add_argument("--out", help="folder for backbone.pth, head.pth, pretrain_info.json")
-        sub.add_argument("--minutes", type=float, default=15.0, help="wall-clock training budget")
-        sub.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time only)")
-        sub.add_argument("--batch-size", type=int, default=24)
-        sub.add_argument("--crop-cells", type=int, default=7, help="crop side in 16-pixel cells (14 = whole image)")
-        sub.add_argument("--lr", type=float, default=2e-3)
-        sub.add_argument("--seed", type=int, default=0)
-        sub.add_argument("--threads", type=int, default=1)
-        sub.add_argument("--eval-every", type=int, default=200)
-        sub.add_argument("--eval-scenes", type=int, default=60, help="held-out test scenes (3 images each)")
-        sub.add_argument("--train-limit", type=int, default=None, help="use only the first N train scenes")
-    probe_parser = commands.add_parser("probe", help="linear probes of a backbone's layer3 cells")
-    probe_parser.add_argument("--data", required=True, help="a synthetic set (train and test splits are probed)")
-    probe_parser.add_argument("--weights", help="backbone state dict (default: a random-init ResNet-101)")
-    probe_parser.add_argument("--seed", type=int, default=0, help="seed of the random-init backbone")
-    probe_parser.add_argument("--scenes", type=int, default=150, help="scenes per split (their before images)")
-    probe_parser.add_argument("--threads", type=int, default=1)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "probe":
-            print(json.dumps(probe(args), indent=2))
-            return 0
-        if not args.data or not args.out:
-            raise DataError("--data and --out are required")
-        info = pretrain(args)
-    except DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(json.dumps(info["curve"][-1]))
-    return 0

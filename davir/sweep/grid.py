@@ -1,43 +1,42 @@
-"""Train and score a grid of runs (variants × seeds) and print one table of mean ± std.
+"""Train and score a grid of runs (variants × seeds) and summarise it as one table of mean ± std.
 
-    python -m davir.sweep configs/sweeps/ablation_demo.yaml        # DAVIR FAC/EPC ablation (paper Table 4)
-    python -m davir.sweep configs/sweeps/lightweight_demo.yaml     # the five lightweight methods
-    python -m davir.sweep SWEEP.yaml --seeds 0 --set optim.max_steps=50   # quicker, fewer seeds
-
-A sweep file names the variants (a training config + key=value overrides each), the seeds and the output
-folder. Every (variant, seed) is one ordinary run folder, trained and scored through the functions behind
-``train.py`` and ``evaluate.py --checkpoint`` (davir.cli) exactly as a user would run them, so any cell can be inspected or re-scored on
-its own. A cell whose evaluation exists is not redone: an interrupted sweep continues where it stopped —
-unless the cell was made with other settings (its ``sweep_cell.json`` records the config file's hash and the
-overrides it was trained with), which is trained again with a note rather than reported as this sweep's.
-``vars:`` in the sweep file (``--var KEY=VALUE`` on the command line) fill ``{KEY}`` in configs and overrides,
-so one sweep file serves any data folder (the Makefile's ``DEMO_DIR``).
-The summary (``OUT/summary.md`` and ``OUT/summary.json``) holds the caption metrics, the built-in set's
-type/object accuracy, the stated-difference faithfulness, for DAVIR the attention share inside the ground-truth
-change mask, and each run's compute cost; every cell is mean ± std (min–max) over the seeds, and score
-differences between variants whose seed ranges overlap are listed as not settled.
+A sweep file (`load_sweep`) names the variants (a training config + key=value overrides each), the seeds and
+the output folder; `run_sweep(sweep, seeds=…, variants=…, extra=…, split=…)` runs it from Python and
+`python -m davir.sweep SWEEP.yaml` (davir.cli.sweep) from the shell. Every (variant, seed) is one ordinary
+run folder, trained as ``train.py --config CONFIG OVERRIDES`` and scored as ``evaluate.py --checkpoint`` would,
+so any cell can be inspected or re-scored on its own. A cell whose evaluation exists is not redone: an
+interrupted sweep continues where it stopped — unless the cell was made with other settings (its
+``sweep_cell.json`` records the config file's hash and the overrides it was trained with), which is trained
+again with a note rather than reported as this sweep's. ``vars:`` in the sweep file fill ``{KEY}`` in configs
+and overrides, so one sweep file serves any data folder. The summary (``OUT/summary.md`` and
+``OUT/summary.json``) holds the caption metrics, the built-in set's type/object accuracy, the stated-difference
+faithfulness, for DAVIR the attention share inside the ground-truth change mask, and each run's compute cost;
+every cell is mean ± std (min–max) over the seeds, and score differences between variants whose seed ranges
+overlap are listed as not settled.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import hashlib
+import os
 import re
-import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
-from davir.config import ConfigError
-from davir.data.records import DataError
+from davir.compare.seed_spread import inside_spread, inside_spread_lines, metric_at, spread_record, spread_text, value_at
+from davir.config import ConfigError, load_config
+from davir.errors import DataError, check_output_dir, describe_os_error
 from davir.io import read_json, write_json_atomic, write_text_atomic
 from davir.metrics.captions import shared_meteor
-from davir.compare.seed_spread import inside_spread, inside_spread_lines, metric_at, spread_record, spread_text, value_at
-from davir.runtime.signals import stop_on_signals
+from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
+from davir.runtime.locks import output_lock
+
 
 @dataclass(frozen=True)
 class Column:
@@ -90,8 +89,13 @@ class Sweep:
     split: str = "test"
     seed_keys: list[str] = field(default_factory=lambda: ["run.seed"])
     overrides: list[str] = field(default_factory=list)
-    evaluate_args: list[str] = field(default_factory=lambda: ["--no-spice"])
+    evaluate_args: list[str] = field(default_factory=lambda: ["--no-spice"])  # evaluate.py options
     vars: dict[str, str] = field(default_factory=dict)
+    path: Path | None = None  # the sweep file, for messages
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else f"sweep {self.title!r}"
 
     def fill(self, text: str) -> str:
         """`text` with each ``{name}`` replaced by the sweep's variable of that name (an unknown one is an error)."""
@@ -129,7 +133,8 @@ def load_sweep(path: str | Path) -> Sweep:
     if len(set(slugs)) != len(slugs):
         raise ConfigError(f"{path}: variant names must differ after slugging ({slugs})")
     sweep = Sweep(title=str(raw.get("title", path.stem)), out=Path(raw.get("out", f"runs/{path.stem}")),
-                  variants=parsed, seeds=[int(s) for s in raw.get("seeds", [0])], split=str(raw.get("split", "test")))
+                  variants=parsed, seeds=[int(s) for s in raw.get("seeds", [0])], split=str(raw.get("split", "test")),
+                  path=path)
     for key in ("seed_keys", "overrides", "evaluate_args"):
         if key in raw:
             setattr(sweep, key, [str(v) for v in raw[key]])
@@ -197,8 +202,6 @@ def _stale_reason(run: Path, recipe: dict[str, Any]) -> str | None:
 
 def run_cell(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> Path:
     """Train (from scratch; a finished training of the same recipe is kept) and score one cell; returns its metrics.json."""
-    from davir.cli import evaluate, train  # the same entry points as train.py and evaluate.py
-
     run = cell_dir(sweep, variant, seed)
     recipe = cell_recipe(sweep, variant, seed, extra)
     stale = _stale_reason(run, recipe) if run.exists() else None
@@ -208,16 +211,42 @@ def run_cell(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> Pat
     if done is not None and stale is None:
         return done
     if stale is not None or not (run / "last").is_dir():
-        overrides = [*recipe["overrides"], f"run.output_dir={run}", "run.overwrite=true"]
-        if train.main(["--config", recipe["config"], *overrides]) != 0:
-            raise DataError(f"training {variant.name} seed {seed} failed (run folder {run})")
+        _train_cell(run, recipe, label=f"{variant.name} seed {seed}")
         write_json_atomic(run / CELL_RECORD, recipe)
-    if evaluate.main(["--checkpoint", str(run), "--split", sweep.split, *sweep.evaluate_args]) != 0:
-        raise DataError(f"evaluating {run} failed")
+    _evaluate_cell(run, sweep.split, sweep.evaluate_args)
     done = metrics_path(run, sweep.split)
     if done is None:
         raise DataError(f"{run}: evaluate.py wrote no metrics.json")
     return done
+
+
+def _train_cell(run: Path, recipe: dict[str, Any], *, label: str) -> None:
+    """Train a cell from scratch into `run` as ``train.py --config CONFIG OVERRIDES`` does (the run folder's
+    lock included); any failure is one DataError naming the cell."""
+    from davir.training.config import TrainConfig  # torch: only when a cell is trained
+    from davir.training.loop import NonFiniteLoss, train
+
+    overrides = [*recipe["overrides"], f"run.output_dir={run}", "run.overwrite=true"]
+    try:
+        config = load_config(TrainConfig, recipe["config"], overrides)
+        run_folder = check_output_dir(config.run.output_dir, what="run folder (run.output_dir)")
+        # the main process of an `accelerate launch` (RANK 0) holds the lock for them all, as train.py does
+        with output_lock(run_folder, what=f"run folder {run_folder}", enabled=int(os.environ.get("RANK", "0")) == 0):
+            run_dir = train(config)
+    except (ConfigError, DataError, NonFiniteLoss, OSError) as error:
+        problem = describe_os_error(error) if isinstance(error, OSError) else str(error)
+        raise DataError(f"training {label} failed (run folder {run}): {problem}") from error
+    print(f"run folder: {run_dir}", flush=True)
+
+
+def _evaluate_cell(run_dir: Path, split: str, evaluate_args: list[str]) -> None:
+    """Score a trained cell on `split` as ``evaluate.py --checkpoint RUN --split SPLIT EVALUATE_ARGS`` does."""
+    # TODO(evaluate_run): call davir.evaluation.evaluate_run(run_dir, split, ...) once it exists, with the
+    # sweep file's evaluate_args (evaluate.py options) turned into its keywords.
+    from davir.cli import evaluate
+
+    if evaluate.main(["--checkpoint", str(run_dir), "--split", split, *evaluate_args]) != 0:
+        raise DataError(f"evaluating {run_dir} failed")
 
 
 def _column_values(runs: list[dict[str, Any]], path: tuple[str, ...]) -> list[float]:
@@ -280,58 +309,46 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
     return "\n".join(lines) + "\n", summary
 
 
-def run_sweep(sweep: Sweep, extra: list[str] | None = None) -> str:
-    """Every cell, then the summary (written to OUT/summary.md and OUT/summary.json); returns the Markdown."""
+@dataclass(frozen=True)
+class SweepResult:
+    """What `run_sweep` wrote: the Markdown tables, their JSON, and where both are."""
+
+    text: str
+    summary: dict[str, Any]
+    markdown_path: Path
+    json_path: Path
+
+
+def select_variants(sweep: Sweep, names: Sequence[str]) -> list[Variant]:
+    """The sweep's variants named in `names` (names or folder slugs), in the sweep's order; an unknown one is an error."""
+    wanted = {Variant(name, "").slug for name in names}
+    unknown = wanted - {v.slug for v in sweep.variants}
+    if unknown:
+        raise ConfigError(f"{sweep.where}: no variants {sorted(unknown)}; it has {[v.slug for v in sweep.variants]}")
+    return [v for v in sweep.variants if v.slug in wanted]
+
+
+def run_sweep(sweep: Sweep, *, seeds: Sequence[int] | None = None, variants: Sequence[str] | None = None,
+              extra: Sequence[str] = (), split: str | None = None, out: str | Path | None = None) -> SweepResult:
+    """Every cell, then the summary (OUT/summary.md and OUT/summary.json; ``summary_SPLIT.*`` off the test split).
+
+    `seeds`, `split` and `out` replace the sweep's own, `variants` (names or slugs) picks some of its variants,
+    and `extra` are key=value overrides applied to every cell. `sweep` itself is not changed."""
+    sweep = dataclasses.replace(sweep, seeds=list(seeds or sweep.seeds), split=split or sweep.split,
+                                out=Path(out) if out else sweep.out,
+                                variants=select_variants(sweep, variants) if variants else sweep.variants)
     results: dict[str, list[dict[str, Any]]] = {}
     started = time.time()
-    for variant in sweep.variants:
-        results[variant.name] = []
-        for seed in sweep.seeds:
-            print(f"[sweep] {variant.name} · seed {seed} ({(time.time() - started) / 60:.1f} min)", flush=True)
-            results[variant.name].append(read_json(run_cell(sweep, variant, seed, extra or [])))
-    text, summary = summarise(sweep, results)
-    summary["minutes"] = round((time.time() - started) / 60, 2)
-    suffix = "" if sweep.split == "test" else f"_{sweep.split}"  # a val scoring keeps the test summary
-    write_text_atomic(sweep.out / f"summary{suffix}.md", text)
-    write_json_atomic(sweep.out / f"summary{suffix}.json", summary)
-    return text
-
-
-@stop_on_signals(rerun="rerun the same command to resume (finished cells are kept)")
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m davir.sweep", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", help="sweep YAML (configs/sweeps/)")
-    parser.add_argument("--seeds", type=int, nargs="+", help="override the sweep's seeds")
-    parser.add_argument("--out", type=Path, help="override the sweep's output folder")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        help="key=value override applied to every run (repeatable)")
-    parser.add_argument("--split", help="score on this split instead of the sweep's (trained cells are only re-scored), "
-                                        "e.g. --split val to choose between variants without looking at test")
-    parser.add_argument("--var", dest="vars", action="append", default=[], metavar="NAME=VALUE",
-                        help="set a variable of the sweep file (its vars:), e.g. --var demo_dir=/data/demo (repeatable)")
-    parser.add_argument("--variants", nargs="+",
-                        help="run only these variants (names or folder slugs), e.g. to share a sweep between machines")
-    args = parser.parse_args(argv)
-    try:
-        sweep = load_sweep(args.sweep)
-        set_vars(sweep, args.vars)
-        if args.variants:
-            wanted = {Variant(name, "").slug for name in args.variants}
-            unknown = wanted - {v.slug for v in sweep.variants}
-            if unknown:
-                raise ConfigError(f"{args.sweep}: no variants {sorted(unknown)}; it has "
-                                  f"{[v.slug for v in sweep.variants]}")
-            sweep.variants = [v for v in sweep.variants if v.slug in wanted]
-        sweep.seeds = args.seeds or sweep.seeds
-        sweep.split = args.split or sweep.split
-        sweep.out = args.out or sweep.out
-        with shared_meteor():  # one METEOR java process for all the cells' evaluations
-            text = run_sweep(sweep, args.overrides)
-    except (ConfigError, DataError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(text, end="")
-    suffix = "" if sweep.split == "test" else f"_{sweep.split}"
-    print(f"summary written to {sweep.out / f'summary{suffix}.md'}", file=sys.stderr)
-    return 0
+    with shared_meteor():  # one METEOR java process for all the cells' evaluations
+        for variant in sweep.variants:
+            results[variant.name] = []
+            for seed in sweep.seeds:
+                print(f"[sweep] {variant.name} · seed {seed} ({(time.time() - started) / 60:.1f} min)", flush=True)
+                results[variant.name].append(read_json(run_cell(sweep, variant, seed, list(extra))))
+        text, summary = summarise(sweep, results)
+        summary["minutes"] = round((time.time() - started) / 60, 2)
+        suffix = "" if sweep.split == "test" else f"_{sweep.split}"  # a val scoring keeps the test summary
+        markdown_path, json_path = sweep.out / f"summary{suffix}.md", sweep.out / f"summary{suffix}.json"
+        write_text_atomic(markdown_path, text)
+        write_json_atomic(json_path, summary)
+    return SweepResult(text, summary, markdown_path, json_path)

@@ -1,0 +1,63 @@
+"""Compare runs side by side with the numbers the papers report for the same dataset.
+
+    python -m davir.compare runs/lightweight_demo/*/seed* [--dataset clevr_change] [--split test]
+        [--out table.md] [--plot bars.png]
+    python -m davir.compare --leaderboard spot_the_diff [RUN…]     # every reported number, its source and protocol
+
+Each RUN is a run folder that `python evaluate.py --checkpoint RUN --split S` has scored: its
+RUN/eval/<format>_<split>/metrics.json is read (the total row and, for CLEVR-Change, the semantic and
+distractor rows; the stated-difference faithfulness; the compute cost). Runs that differ only by seed
+(`…/<name>/seed<k>` or `<name>_seed<k>`) are one row: mean ± std (min–max) over their seeds, and differences
+between rows that the seed ranges cannot settle are listed. The papers' rows for the dataset
+(davir.compare.paper_results, methods.md §7.4) follow, for the methods among the runs and the subtraction baseline.
+Values print x100 as papers print them. A run on other data (e.g. the built-in synthetic set) is not
+comparable in absolute terms; the paper rows are there to show the expected ordering and gap sizes.
+`--leaderboard` prints davir.compare.leaderboard's table instead: every reported number for the benchmark, marked
+where its protocol differs from the official one davir scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from davir.compare.runs import bar_chart, compare_runs
+from davir.errors import DataError
+from davir.io import write_text_atomic
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m davir.compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", type=Path, help="run folders scored by evaluate.py --checkpoint")
+    parser.add_argument("--leaderboard", metavar="BENCHMARK",
+                        help="print every reported number for BENCHMARK (spot_the_diff, clevr_change, ier, levir_cc, "
+                             "clevr_dc) with its source and protocol mark, the RUNs beside them")
+    parser.add_argument("--dataset", help="dataset of the paper rows (default: the runs' data.format)")
+    parser.add_argument("--split", help="which evaluation of each run (when a run has several)")
+    parser.add_argument("--out", type=Path, help="write the Markdown table here")
+    parser.add_argument("--plot", type=Path, help="write a bar chart PNG here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        comparison = compare_runs(args.runs, dataset=args.dataset, split=args.split, leaderboard=args.leaderboard)
+        print(comparison.table, end="")
+        if args.out:
+            write_text_atomic(args.out, comparison.table)
+        if args.plot:
+            if not comparison.results:
+                raise DataError("--plot draws the runs: give run folders")
+            bar_chart(comparison.results, comparison.dataset, args.plot)
+            print(f"wrote {args.plot}", file=sys.stderr)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
