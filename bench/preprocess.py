@@ -47,7 +47,7 @@ from davir.data.caches import MaskCache  # noqa: E402
 from davir.data.images import load_rgb  # noqa: E402
 from davir.preprocessing.change_regions import RegionSettings  # noqa: E402
 from davir.preprocessing.mask_pipeline import finish_pair, prepare_pair, segment_requests  # noqa: E402
-from davir.preprocessing.segmenters import build_segmenter  # noqa: E402
+from davir.preprocessing.segmenters import SamSegmenter, build_segmenter  # noqa: E402
 
 
 def synthetic_root(folder: Path, scenes: int) -> Path:
@@ -101,8 +101,7 @@ def bench_sam(pairs, settings: RegionSettings, batch_size: int, model_type: str 
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sam = (model if model is not None else sam_model_registry[model_type]()).to(device).eval()  # random weights
-    segmenter = build_segmenter("sam", checkpoint=None, model_type=model_type, device=device,
-                                batch_size=batch_size, model=sam)
+    segmenter = SamSegmenter(None, model_type, device=device, batch_size=batch_size, model=sam)
     prepared = [prepare_pair(pair, settings) for pair in pairs]  # the CPU stage, shared by both
 
     def sync() -> None:

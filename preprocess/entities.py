@@ -7,9 +7,11 @@
 1. Entity vocabulary (methods.md §5.8): the noun phrases of the `--fit-split` captions (davir.text),
    kept when ≥ `--vocab-min-count` captions name them (with `--image-level`, CHEER §4.8: each caption's
    subject phrase only); saved as CACHE/vocab.json and reused.
-2. Retriever (davir.preprocessing.retrievers): `fitted` (default; no weights) is fitted on the fit split's
-   masked change regions, each pair labelled with the vocabulary phrases of its references, and
-   stored in CACHE/retriever/; `clip` loads open_clip from `--clip-checkpoint` (a local file).
+2. Retriever (davir.preprocessing.retrievers.RETRIEVERS): `fitted` (default; no weights) is fitted on the fit
+   split's masked change regions, each pair labelled with the vocabulary phrases of its references, and
+   stored in CACHE/retriever/; `clip` loads open_clip from `--clip-checkpoint` (a local file). Each retriever's
+   own options (`--fitted-mode`, `--clip-model`, …; see --help) go to that retriever only; one of another
+   retriever than the run's is refused.
 3. Entity gate (`--entity-gate fitted`, the region-level default [D]; davir.preprocessing.retrievers.EntityGate):
    a logistic regression on the fit split's change regions that tells a region whose references name
    an entity from one whose references name none (CLEVR-style distractors: a camera or light change
@@ -52,17 +54,17 @@ import numpy as np
 from davir.data import read_dataset
 from davir.data.caches import EntityCache
 from davir.data.images import load_pair
-from davir.data.records import DataError
-from davir.errors import check_output_dir
+from davir.errors import DataError, check_output_dir
 from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.text.extractors import BACKENDS
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, entity_options, entity_profile, profile_deviations
 from davir.preprocessing.retrievers import (
-    FITTED_MODES, IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, ClipRetriever, EntityGate, FittedRetriever,
-    retrieve_image_level, retrieve_top_k,
+    IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, RETRIEVERS, EntityGate, retrieve_image_level, retrieve_top_k,
 )
 from davir.runtime.signals import stop_on_signals
+from preprocess.component_options import (add_component_arguments, check_component_options, component_checkpoint,
+                                          component_settings)
 from preprocess.entity_fit import (  # noqa: F401 - GroundTruthMasks, SubjectExtractor: entities.X for callers
     FITTED_INPUT, GroundTruthMasks, SubjectExtractor, fit_shared_parts, load_or_build_vocabulary, load_pair_regions,
     open_mask_source,
@@ -96,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "Eq. 8), no entity gate — DAVIR as written; toolkit (default): the fitted retriever, "
                              "each image's own binary mask, the entity gate [D]. Explicit flags override single "
                              "settings (the cache then records profile 'custom').")
-    parser.add_argument("--retriever", choices=("fitted", "clip"), default=None, help="default: the profile's")
+    parser.add_argument("--retriever", choices=list(RETRIEVERS), default=None,
+                        help="default: the profile's (davir.preprocessing.retrievers.RETRIEVERS; each one's own "
+                             "options below)")
     parser.add_argument("--fit-split", default="train", help="split whose captions (and regions) fit the vocabulary/retriever")
     parser.add_argument("--top-k", type=int, default=5,
                         help="entities stored per pair (DAVIR uses the first k=1; CHEER K=3: --top-k 3)")
@@ -113,30 +117,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mask-weighting", choices=MASK_WEIGHTINGS, default=None,
                         help="binary: I ⊙ M at full resolution; soft: I ⊙ upsampled M^ of Eq. 6")
     parser.add_argument("--pad", type=float, default=0.1, help="crop box padding, share of the mask box")
-    parser.add_argument("--fitted-mode", choices=FITTED_MODES, default="mixture",
-                        help="fitted: weight the two regions by a learned 'caption describes the before image' "
-                             "probability, or take Eq. 9's max")
-    parser.add_argument("--fitted-C", type=float, default=1.0, help="inverse L2 strength of the logistic regression")
     parser.add_argument("--entity-gate", choices=ENTITY_GATES, default=None,
                         help="region level: 'fitted' (default [D]) withholds the entities of a pair whose change "
                              "region names nothing, by a gate fitted on --fit-split (davir.preprocessing.retrievers."
                              "EntityGate); 'none' retrieves for every pair with a region, as Eq. 9 does")
     parser.add_argument("--gate-threshold", type=float, default=0.5,
                         help="keep a pair's entities when the gate's P(it names an entity) is at least this")
-    parser.add_argument("--clip-model", default=None,
-                        help="open_clip model name (default ViT-L-14-quickgelu: OpenAI's CLIP weights were trained "
-                             "with QuickGELU; plain ViT-L-14 is the LAION/DataComp variant and silently degrades "
-                             "OpenAI embeddings)")
-    parser.add_argument("--clip-checkpoint", default=None, help="local open_clip state dict for --clip-model")
-    parser.add_argument("--clip-config", default=None, help="JSON model config to register (custom architectures)")
-    parser.add_argument("--clip-prompt", default="a photo of {phrase}")
-    parser.add_argument("--device", default=None, help="CLIP device (default: cuda when available)")
-    parser.add_argument("--batch-size", type=int, default=32, help="CLIP images/texts per forward pass")
+    parser.add_argument("--device", default=None,
+                        help="device of a retriever with a model, e.g. CLIP (default: cuda when available; under "
+                             "accelerate launch the process's own)")
     parser.add_argument("--chunk-size", type=int, default=256, help="pairs per entity part file")
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of --split")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--wait-lock", action="store_true",
                         help="when another run writes the same cache (shard), wait for it instead of stopping")
+    add_component_arguments(RETRIEVERS, parser)  # an option of another retriever than the one in use is refused
     return parser
 
 
@@ -146,8 +141,12 @@ def apply_profile(args: argparse.Namespace) -> dict:
     options = entity_options(args.profile)
     keys = ("retriever", "clip_model") if args.image_level else tuple(options)
     chosen = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+    args.retriever = args.retriever or options["retriever"]
+    check_component_options(RETRIEVERS, args.retriever, args)
+    # A profile value of another retriever's option (clip_model with the fitted one) is not filled in.
+    owners = {dest: name for name in RETRIEVERS for _, dest in RETRIEVERS[name].flags()}
     for key in keys:
-        if getattr(args, key) is None:
+        if getattr(args, key) is None and owners.get(key, args.retriever) == args.retriever:
             setattr(args, key, options[key])
     if args.image_level:
         args.mask_source = args.mask_source or "per_image"
@@ -198,11 +197,16 @@ def run_settings(args: argparse.Namespace) -> dict:
                         entity_gate=entity_gate(args))
         if settings["entity_gate"] == "fitted":
             settings["gate_threshold"] = args.gate_threshold
-    if args.retriever == "fitted":
-        settings.update(fitted_mode=args.fitted_mode, fitted_C=args.fitted_C)
-    else:
-        settings.update(clip_model=args.clip_model, clip_checkpoint=args.clip_checkpoint, clip_prompt=args.clip_prompt)
-    if args.retriever == "fitted" or settings.get("entity_gate") == "fitted":  # what the fitted parts see
+    entry = RETRIEVERS[args.retriever]
+    own = entry.compared(component_settings(RETRIEVERS, args.retriever, args))  # its settings, under its own names
+    if entry.weights:
+        own[entry.weights.key] = component_checkpoint(RETRIEVERS, args.retriever, args)
+    clashes = sorted(set(own) & set(settings))
+    if clashes:
+        raise ValueError(f"retriever {args.retriever!r}: settings {clashes} clash with the job's; prefix them with "
+                         "the retriever's name")
+    settings.update(own)
+    if entry.declared.get("fit") or settings.get("entity_gate") == "fitted":  # what the fitted parts see
         settings["fit_limit"] = args.fit_limit
         if not args.image_level:
             settings["fit_masks"] = args.fit_masks or args.masks
@@ -235,24 +239,29 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     target = read_dataset(args.format, args.root, args.split)
     fit_index = target if args.fit_split == args.split else read_dataset(args.format, args.root, args.fit_split)
 
-    if args.retriever == "clip":  # first, so a missing checkpoint is reported before any fitting
-        retriever = ClipRetriever(args.clip_model, args.clip_checkpoint, config=args.clip_config,
-                                  device=args.device or layout.device, prompt=args.clip_prompt,
-                                  batch_size=args.batch_size)
     retriever_folder, gate_folder = out / "retriever", out / "gate"
+    entry = RETRIEVERS[args.retriever]
+    fitted_here = entry.declared.get("fit") is not None  # fitted on the fit split below, then loaded from its folder
+
+    def build_retriever():
+        return entry.build(component_settings(RETRIEVERS, args.retriever, args),
+                           checkpoint=component_checkpoint(RETRIEVERS, args.retriever, args),
+                           device=args.device or layout.device, folder=retriever_folder)
+
+    if not fitted_here:  # first, so a missing checkpoint is reported before any fitting
+        retriever = build_retriever()
     layout.main_first(lambda: fit_shared_parts(args, out, fit_index, masks, settings, manifest, region_options))
     vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
                                                      backend=args.phrase_backend, subjects=args.image_level)
     gate = EntityGate.load(gate_folder) if settings.get("entity_gate") == "fitted" else None
     if gate is not None and gate.threshold != args.gate_threshold:
         raise DataError(f"{gate_folder} holds an entity gate with threshold {gate.threshold}; use another --out")
-    if args.retriever == "fitted":
-        retriever = FittedRetriever.load(retriever_folder)
-        fitted_on = retriever.training.get("input", FITTED_INPUT[False])
-        if (retriever.mode, retriever.C, fitted_on) != (args.fitted_mode, args.fitted_C,
-                                                        FITTED_INPUT[args.image_level]):
-            raise DataError(f"{retriever_folder} holds a fitted retriever with mode {retriever.mode!r}, C "
-                            f"{retriever.C}, fitted on {fitted_on}; use another --out")
+    if fitted_here:  # its builder checks the stored settings; here what it was fitted on
+        retriever = build_retriever()
+        fitted_on = getattr(retriever, "training", {}).get("input", FITTED_INPUT[False])
+        if fitted_on != FITTED_INPUT[args.image_level]:
+            raise DataError(f"{retriever_folder} holds a {args.retriever} retriever fitted on {fitted_on}, not on "
+                            f"{FITTED_INPUT[args.image_level]}; use another --out")
     retriever.prepare(vocabulary.phrases)
 
     cache = EntityCache(out)

@@ -17,13 +17,16 @@ import numpy as np
 
 from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.images import load_mask, load_pair
-from davir.data.records import ChangePair, DataError, DatasetIndex
+from davir.data.records import ChangePair, DatasetIndex
+from davir.errors import DataError
 from davir.io import write_json_atomic
+from davir.preprocessing.components import Component
 from davir.preprocessing.retrievers import (
-    EntityGate, FittedRetriever, PairRegions, frame_pair_features, pair_features, pair_regions,
+    RETRIEVERS, EntityGate, PairRegions, Retriever, frame_pair_features, pair_features, pair_regions,
 )
 from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary
 from davir.text.extractors import PhraseExtractor, get_extractor
+from preprocess.component_options import component_settings
 
 GT_MASKS = "gt"
 FITTED_INPUT = {False: "regions", True: "whole_frame"}  # what a fitted retriever was fitted on; absent = regions
@@ -197,11 +200,11 @@ def fit_split_descriptors(fit_index: DatasetIndex, masks: MaskSource | None, voc
     return features, labels
 
 
-def fit_fitted_retriever(features: list[np.ndarray], labels: list[dict[str, float]], vocabulary: EntityVocabulary, *,
-                         mode: str, C: float, fit_split: str, image_level: bool = False) -> FittedRetriever:
-    """The `fitted` retriever, fitted on `fit_split_descriptors` (pairs naming no phrase are skipped by the fit)."""
-    retriever = FittedRetriever(mode=mode, C=C)
-    retriever.fit_features(features, labels, vocabulary.phrases)
+def fit_retriever(entry: Component, settings, features: list[np.ndarray], labels: list[dict[str, float]],
+                  vocabulary: EntityVocabulary, *, fit_split: str, image_level: bool = False) -> Retriever:
+    """A retriever that declares `fit` (the `fitted` one), fitted on `fit_split_descriptors` (pairs naming no
+    phrase are skipped by the fit); its `training` records the split and the input (regions or whole frames)."""
+    retriever = entry.declared["fit"](settings, features, labels, vocabulary.phrases)
     retriever.training["fit_split"] = fit_split
     retriever.training["input"] = FITTED_INPUT[image_level]
     return retriever
@@ -224,18 +227,19 @@ def fit_shared_parts(args: argparse.Namespace, out: Path, fit_index: DatasetInde
     vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
                                                      backend=args.phrase_backend, subjects=args.image_level)
     retriever_folder, gate_folder = out / "retriever", out / "gate"
-    fit_retriever = args.retriever == "fitted" and not FittedRetriever.exists(retriever_folder)
+    entry = RETRIEVERS[args.retriever]
+    fits_retriever = entry.declared.get("fit") is not None and not entry.declared["is_fitted"](retriever_folder)
     fit_gate = settings.get("entity_gate") == "fitted" and not EntityGate.exists(gate_folder)
-    if fit_retriever or fit_gate:  # one pass over the fit split serves both
+    if fits_retriever or fit_gate:  # one pass over the fit split serves both
         fit_masks = None if args.image_level else (
             masks if args.fit_masks in (None, args.masks) else open_mask_source(args.fit_masks))
         features, labels = fit_split_descriptors(fit_index, fit_masks, vocabulary, extractor,
                                                  region_options=region_options, limit=args.fit_limit,
                                                  progress=not args.no_progress, image_level=args.image_level,
                                                  named_only=not fit_gate)
-        if fit_retriever:
-            fit_fitted_retriever(features, labels, vocabulary, mode=args.fitted_mode, C=args.fitted_C,
-                                 fit_split=fit_index.split, image_level=args.image_level).save(retriever_folder)
+        if fits_retriever:
+            fit_retriever(entry, component_settings(RETRIEVERS, args.retriever, args), features, labels, vocabulary,
+                          fit_split=fit_index.split, image_level=args.image_level).save(retriever_folder)
         if fit_gate:
             fit_entity_gate(features, labels, threshold=args.gate_threshold,
                             fit_split=fit_index.split).save(gate_folder)

@@ -7,7 +7,9 @@
 Per pair: difference map at a working resolution → threshold δ → DBSCAN clusters → box + centre
 prompts (Eq. 2, davir.preprocessing.change_regions) → segmenter in the before and the after image
 (davir.preprocessing.segmenters) → IoU filter against the cluster regions and union (Eq. 3) → per-image PNG
-masks and a JSON of boxes, scores and kept clusters (davir.data.caches.MaskCache).
+masks and a JSON of boxes, scores and kept clusters (davir.data.caches.MaskCache). Segmenters are built
+through the SEGMENTERS registry; each one's own options (`--classical-method`, `--sam-type`, …; see --help)
+go to that segmenter only, and one of another segmenter than the run's is refused.
 
 Masks are at image resolution, each in its own image's frame (before-frame = the before image after
 `load_pair`'s size policy, i.e. resized to the after size when the two differ, as for IER).
@@ -43,8 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from davir.data.caches import MaskCache, cache_key
-from davir.data.records import ChangePair, DataError
-from davir.errors import check_output_dir
+from davir.data.records import ChangePair
+from davir.errors import DataError, check_output_dir
 from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, RegionSettings
@@ -52,8 +54,9 @@ from davir.preprocessing.mask_pipeline import (
     PairResult, Prepared, compute_pair, finish_pair, manifest_path, prepare_pair, segment_requests,
 )
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, mask_options, mask_profile, profile_deviations
-from davir.preprocessing.segmenters import CLASSICAL_METHODS, SEGMENTERS, build_segmenter
+from davir.preprocessing.segmenters import SEGMENTERS
 from davir.runtime.signals import ignore_interrupts, stop_on_signals
+from preprocess.component_options import add_component_arguments, component_checkpoint, component_settings
 from preprocess.processes import ProcessLayout, process_layout
 
 MANIFEST_VERSION = 1
@@ -153,19 +156,23 @@ def shard_pairs(pairs: list[ChangePair], num_shards: int, shard_index: int) -> l
 _WORKER: dict = {}
 
 
-def _init_worker(settings: RegionSettings, segmenter_name: str, segmenter_options: dict, segment_both: bool,
+def _init_worker(settings: RegionSettings, segmenter_build: tuple | None, segment_both: bool,
                  cache_root: str, viz_folder: str | None, stage: str) -> None:
+    """`segmenter_build` = (builder, typed settings, checkpoint, device) of the registry entry: the workers get the
+    builder itself, not a name, so they need no registry of their own (a spawned worker re-imports modules)."""
     import cv2
 
     cv2.setNumThreads(1)  # parallelism is across pairs; OpenCV's own threads would oversubscribe the cores
     _WORKER.update(settings=settings, segment_both=segment_both, cache=MaskCache(cache_root),
                    viz=None if viz_folder is None else Path(viz_folder), stage=stage)
     if stage == "all":
-        _WORKER["segmenter"] = build_segmenter(segmenter_name, **segmenter_options)
+        build, segmenter_settings, checkpoint, device = segmenter_build
+        _WORKER["segmenter"] = build(segmenter_settings, checkpoint=checkpoint, device=device)
 
 
 def _run_pair(job: tuple[ChangePair, bool]):
-    """Worker body: the whole pair (classical) or only the CPU stage (SAM); DataError → a counted failure."""
+    """Worker body: the whole pair (a segmenter registered `in_workers`, e.g. classical) or only the CPU stage
+    (SAM); DataError → a counted failure."""
     pair, with_viz = job
     try:
         if _WORKER["stage"] == "prepare":
@@ -201,8 +208,8 @@ def _iterate(jobs, workers: int, initargs: tuple, chunksize: int = 4):
         for job in jobs:
             yield _run_pair(job)
         return
-    # fork is cheap for the classical path; with SAM loaded (maybe on a GPU) the workers are spawned,
-    # since a forked copy of a CUDA process is unsafe.
+    # fork is cheap for the in-worker (classical) path; with SAM loaded (maybe on a GPU) the workers are
+    # spawned, since a forked copy of a CUDA process is unsafe.
     method = "fork" if sys.platform.startswith("linux") and initargs[-1] == "all" else "spawn"
     with multiprocessing.get_context(method).Pool(workers, initializer=_init_pool_worker, initargs=initargs) as pool:
         # Ordered (imap) so the SAM stage can batch and the viz picks are reproducible.
@@ -214,8 +221,6 @@ def _iterate(jobs, workers: int, initargs: tuple, chunksize: int = 4):
 # ----------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from davir.preprocessing.segmenters import SAM_BUILDERS
-
     defaults = RegionSettings()
     parser = argparse.ArgumentParser(prog="python -m preprocess masks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -234,15 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "images [D]. Explicit flags below override single settings (the cache then records "
                               "profile 'custom').")
 
-    seg = parser.add_argument_group("segmenter")
-    seg.add_argument("--segmenter", choices=sorted(SEGMENTERS), default=None, help="default: the profile's")
-    seg.add_argument("--classical-method", choices=CLASSICAL_METHODS, default="contrast")
-    seg.add_argument("--contrast-threshold", type=float, default=0.1,
-                     help="classical/contrast: mean-RGB difference from the inpainted background that counts as object")
-    seg.add_argument("--sam-checkpoint", default=None, help="local SAM state dict (.pth)")
-    seg.add_argument("--sam-type", default="vit_h", choices=sorted({"vit_h", "vit_l", "vit_b", *SAM_BUILDERS}))
-    seg.add_argument("--sam-batch-size", type=int, default=8, help="images per image-encoder batch")
-    seg.add_argument("--device", default=None, help="SAM device (default: cuda when available)")
+    seg = parser.add_argument_group("segmenter (davir.preprocessing.segmenters.SEGMENTERS; each one's own options below)")
+    seg.add_argument("--segmenter", choices=list(SEGMENTERS), default=None, help="default: the profile's")
+    seg.add_argument("--device", default=None,
+                     help="device of a segmenter with a model, e.g. SAM (default: cuda when available; under "
+                          "accelerate launch the process's own)")
     both = seg.add_mutually_exclusive_group()
     both.add_argument("--segment-both", dest="segment_both", action="store_true", default=None,
                       help="segment the before and the after image (toolkit profile; finds removed objects)")
@@ -283,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true")
     run.add_argument("--wait-lock", action="store_true",
                      help="when another run writes the same cache (shard), wait for it instead of stopping")
+    add_component_arguments(SEGMENTERS, parser)  # an option of another segmenter than the one in use is refused
     return parser
 
 
@@ -315,18 +317,17 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     deviations = apply_profile(args)
     settings = region_settings(args)
     layout = layout or process_layout(args.num_shards, args.shard_index)
-    if args.segmenter == "sam":  # one GPU per process of a launch, unless --device names one
-        segmenter_options = {"checkpoint": args.sam_checkpoint, "model_type": args.sam_type,
-                             "device": args.device or layout.device,
-                             "batch_size": args.sam_batch_size}
-    else:
-        segmenter_options = {"method": args.classical_method, "contrast_threshold": args.contrast_threshold}
-    # Build once here: a bad checkpoint or option fails before any work, and SAM lives in this process.
-    segmenter = build_segmenter(args.segmenter, **segmenter_options)
+    entry = SEGMENTERS[args.segmenter]
+    # One device per process of a launch, unless --device names one (a segmenter without a model ignores it).
+    segmenter_build = (entry.build, component_settings(SEGMENTERS, args.segmenter, args),
+                       component_checkpoint(SEGMENTERS, args.segmenter, args), args.device or layout.device)
+    # Build once here: a bad checkpoint or option fails before any work, and a model segmenter lives in this process.
+    build, segmenter_settings, checkpoint, device = segmenter_build
+    segmenter = build(segmenter_settings, checkpoint=checkpoint, device=device)
     all_settings = {"regions": settings.to_dict(), "segmenter": segmenter.settings(),
                     "segment_both": args.segment_both, "size_policy": "resize_before_to_after"}
     comparable = {**all_settings, "segmenter": {k: v for k, v in segmenter.settings().items()
-                                                if k not in ("device", "batch_size")}}
+                                                if k not in entry.uncompared_keys()}}
 
     index = read_dataset(args.format, args.root, args.split)
     if layout.launched:  # the processes share the --limit of one run, so the cache is the same whatever N
@@ -364,8 +365,10 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     workers = (os.cpu_count() or 1) if args.workers == 0 else args.workers
     viz_ids = {p.pair_id for p in todo[:args.viz_count]} if args.viz else set()
     jobs = [(p, p.pair_id in viz_ids) for p in todo]
-    stage = "prepare" if args.segmenter == "sam" else "all"
-    initargs = (settings, args.segmenter, segmenter_options, args.segment_both, str(cache.root), args.viz, stage)
+    stage = "all" if entry.declared.get("in_workers") else "prepare"
+    # Only in-worker segmenters travel to the workers (a spawned worker unpickles the builder by reference).
+    initargs = (settings, segmenter_build if stage == "all" else None, args.segment_both, str(cache.root), args.viz,
+                stage)
     counts = manifest["counts"]
     progress = tqdm(total=len(jobs), desc=f"masks {args.split}" + (f" {layout.describe()}" if layout.count > 1 else ""),
                     unit="pair", disable=args.no_progress)
@@ -385,8 +388,9 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     if stage == "all":
         for pair_id, summary, error in _iterate(jobs, workers, initargs):
             record(pair_id, summary, error)
-    else:  # SAM: CPU stage in the workers, batched segmentation and Eq. 3 here
+    else:  # a model segmenter (SAM): CPU stage in the workers, batched segmentation and Eq. 3 here
         batch: list[Prepared] = []
+        batch_size = max(1, int(getattr(segmenter, "batch_size", 1)))
 
         def flush() -> None:
             requests = [r for prepared in batch for r in segment_requests(prepared, args.segment_both)]
@@ -408,7 +412,7 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
                 record(pair_id, None, error)
                 continue
             batch.append(prepared)
-            if len(batch) * images_per_pair >= args.sam_batch_size:
+            if len(batch) * images_per_pair >= batch_size:
                 flush()
         if batch:
             flush()

@@ -322,7 +322,7 @@ def test_sam_batched_path_matches_the_official_predictor(tiny_sam_checkpoint):
     from segment_anything import SamPredictor
 
     before, after = two_square_pair()
-    segmenter = build_segmenter("sam", checkpoint=tiny_sam_checkpoint, model_type="tiny_test", device="cpu")
+    segmenter = build_segmenter("sam", checkpoint=tiny_sam_checkpoint, sam_type="tiny_test", device="cpu")
     assert segmenter.bf16 is False  # fp32 on the CPU
     regions = find_change_regions(before, after, RegionSettings(**LITERAL, cluster_stride=1))
     requests = [SegmentRequest(after, regions.prompts_after, regions.regions_after),

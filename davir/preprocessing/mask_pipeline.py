@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from davir.data.images import load_pair
-from davir.data.records import ChangePair, DataError
+from davir.data.records import ChangePair
+from davir.errors import DataError
 from davir.io import read_json
 from davir.preprocessing.change_regions import ChangeRegions, RegionSettings, change_mask_union, find_change_regions
 from davir.preprocessing.segmenters import Candidates, SegmentRequest

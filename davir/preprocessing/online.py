@@ -11,36 +11,25 @@ from pathlib import Path
 import numpy as np
 
 from davir.data.caches import PairMasks
-from davir.data.records import ChangePair, DataError
+from davir.data.records import ChangePair
+from davir.errors import DataError
 from davir.io import read_json
 from davir.preprocessing.change_regions import RegionSettings, find_change_regions
 from davir.preprocessing.mask_pipeline import Prepared, compute_pair, finish_pair, read_manifest, segment_requests
-from davir.preprocessing.segmenters import build_segmenter
+from davir.preprocessing.segmenters import SEGMENTERS, build_segmenter
 
 
-def segmenter_from_settings(recorded: dict, *, cache: Path, sam_checkpoint: str | Path | None = None,
+def segmenter_from_settings(recorded: dict | None, *, cache: Path, sam_checkpoint: str | Path | None = None,
                             device: str | None = None):
-    """The segmenter a mask cache's manifest recorded (`Segmenter.settings()`), rebuilt with the same settings.
+    """The segmenter a mask cache's manifest recorded (`Segmenter.settings()`), rebuilt through SEGMENTERS.
 
-    A SAM checkpoint is looked for where the manifest says, unless `sam_checkpoint` replaces it (a run
-    moved to another machine); a missing one is a DataError naming the cache, the path and the flag.
+    A segmenter with weights finds them where the manifest says, unless `sam_checkpoint` (caption.py's
+    --sam-checkpoint: the weights of the cache's segmenter) replaces them (a run moved to another machine);
+    a missing file is a DataError naming the cache, the path and the flag. The device is the captioning one.
     """
     recorded = dict(recorded or {"segmenter": "classical"})
-    name = recorded.pop("segmenter", "classical")
-    if name == "classical":
-        return build_segmenter("classical", **{k: v for k, v in recorded.items()
-                                               if k in ("method", "contrast_threshold", "pad", "crop_size",
-                                                        "grabcut_iterations")})
-    if name == "sam":
-        checkpoint = Path(sam_checkpoint or recorded.get("sam_checkpoint") or "")
-        if not checkpoint.is_file():
-            raise DataError(f"mask cache {cache} was made with SAM {recorded.get('sam_type')} from "
-                            f"{recorded.get('sam_checkpoint')}, which is not found: pass --sam-checkpoint PATH "
-                            "(the same SAM weights file)")
-        # bf16 is a device choice (GPU only), not a mask setting: decided for the device captioning runs on.
-        return build_segmenter("sam", checkpoint=checkpoint, model_type=recorded.get("sam_type", "vit_h"),
-                               device=device, batch_size=int(recorded.get("batch_size", 8)))
-    raise DataError(f"mask cache {cache}: unknown segmenter {name!r} in its manifest")
+    return SEGMENTERS.rebuild(recorded.get("segmenter", "classical"), recorded, where=f"mask cache {cache}",
+                              checkpoint=sam_checkpoint, override_flag="--sam-checkpoint", device=device)
 
 
 class OnlineMasks:
@@ -94,7 +83,7 @@ class OnlineEntities:
 
     def __init__(self, cache_dir: str | Path, *, clip_checkpoint: str | Path | None = None):
         from davir.text.entity_vocabulary import EntityVocabulary
-        from davir.preprocessing.retrievers import ClipRetriever, EntityGate, FittedRetriever
+        from davir.preprocessing.retrievers import RETRIEVERS, EntityGate
 
         cache_dir = Path(cache_dir)
         self.cache_dir = cache_dir
@@ -104,15 +93,11 @@ class OnlineEntities:
                             "it must be the folder `python -m preprocess entities --out …` wrote for training")
         settings = read_json(manifest_path)["settings"]
         self.vocabulary = EntityVocabulary.load(cache_dir / "vocab.json")
-        if settings["retriever"] == "fitted":
-            self.retriever = FittedRetriever.load(cache_dir / "retriever")
-        else:
-            checkpoint = clip_checkpoint or settings["clip_checkpoint"]
-            if not Path(checkpoint).is_file():
-                raise DataError(f"entity cache {cache_dir} ranks entities with CLIP {settings['clip_model']} from "
-                                f"{settings['clip_checkpoint']}, which is not found: pass --clip-checkpoint PATH")
-            options = {"prompt": settings["clip_prompt"]} if settings.get("clip_prompt") else {}
-            self.retriever = ClipRetriever(settings["clip_model"], checkpoint, **options)
+        # Any registered retriever, with its recorded settings; its weights file unless caption.py's
+        # --clip-checkpoint (the weights of the cache's retriever) replaces it.
+        self.retriever = RETRIEVERS.rebuild(settings["retriever"], settings, where=f"entity cache {cache_dir}",
+                                            checkpoint=clip_checkpoint, override_flag="--clip-checkpoint",
+                                            folder=cache_dir / "retriever")
         self.retriever.prepare(self.vocabulary.phrases)
         self.gate = EntityGate.load(cache_dir / "gate") if settings.get("entity_gate") == "fitted" else None
         # CHEER's caches rank whole frames (§4.8) and need no masks; DAVIR's rank masked regions (Eq. 9).

@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.models.clip_loader import load_open_clip
+from davir.preprocessing.components import option
 from davir.preprocessing.retrievers.regions import PairRegions
 
 DEFAULT_PROMPT = "a photo of {phrase}"
+
+
+@dataclass(frozen=True)
+class ClipSettings:
+    """The CLIP retriever's settings; the weights file (`--clip-checkpoint`) and the device are given beside them."""
+
+    clip_model: str = field(default="ViT-L-14-quickgelu", metadata=option(
+        "--clip-model", "open_clip model name (OpenAI's CLIP weights were trained with QuickGELU; plain ViT-L-14 "
+        "is the LAION/DataComp variant and silently degrades OpenAI embeddings)"))
+    clip_prompt: str = field(default=DEFAULT_PROMPT, metadata=option("--clip-prompt"))
+    # Not recorded (a cache names the architecture by clip_model): registers a custom architecture's config.
+    clip_config: str | None = field(default=None, metadata=option(
+        "--clip-config", "JSON model config to register (custom architectures)", type=str, compared=False))
+    batch_size: int = field(default=32, metadata=option("--batch-size", "CLIP images/texts per forward pass",
+                                                        compared=False))
 
 
 def square_pad(image: np.ndarray) -> np.ndarray:
@@ -39,6 +56,13 @@ class ClipRetriever:
         self.model, self.preprocess, self.tokenizer = load_open_clip(model_name, checkpoint, config=config,
                                                                      device=self.device)
         self.text_embeddings = None
+
+    @classmethod
+    def build(cls, settings: ClipSettings, *, checkpoint: str | Path | None, device: str | None = None,
+              folder=None) -> "ClipRetriever":
+        """The registry's builder (`folder` is not used: nothing is fitted)."""
+        return cls(settings.clip_model, checkpoint, config=settings.clip_config, device=device,
+                   prompt=settings.clip_prompt, batch_size=settings.batch_size)
 
     def embed_texts(self, phrases: Sequence[str]) -> np.ndarray:
         """L2-normalised text embeddings of the prompted phrases."""

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import atomic_path, read_json, write_json_atomic
+from davir.preprocessing.components import option
 from davir.preprocessing.retrievers.regions import (
     DESCRIPTOR_NAMES, PairRegions, pair_features, region_descriptor, whole_frame_region,
 )
 
 
 FITTED_MODES = ("mixture", "max")
+
+
+@dataclass(frozen=True)
+class FittedSettings:
+    """The fitted retriever's settings (recorded in an entity cache's manifest under these names)."""
+
+    fitted_mode: str = field(default="mixture", metadata=option(
+        "--fitted-mode", "weight the two regions by a learned 'caption describes the before image' probability, "
+        "or take Eq. 9's max", choices=FITTED_MODES))
+    fitted_C: float = field(default=1.0, metadata=option("--fitted-C", "inverse L2 strength of the logistic regression"))
 
 
 def phrase_words(phrases: Sequence[str]) -> tuple[list[str], np.ndarray]:
@@ -254,3 +266,20 @@ class FittedRetriever:
 
     def describe(self) -> dict:
         return {"retriever": self.name, "mode": self.mode, "C": self.C, "training": self.training}
+
+    # -- the registry's hooks: fitted on the fit split by `preprocess entities`, loaded from its folder ---------
+    @classmethod
+    def fit_new(cls, settings: FittedSettings, features: Sequence[np.ndarray], labels: Sequence[dict[str, float]],
+                phrases: Sequence[str]) -> "FittedRetriever":
+        retriever = cls(mode=settings.fitted_mode, C=settings.fitted_C)
+        retriever.fit_features(features, labels, phrases)
+        return retriever
+
+    @classmethod
+    def build(cls, settings: FittedSettings, *, checkpoint=None, device=None, folder: str | Path) -> "FittedRetriever":
+        """The retriever fitted into `folder` (an entity cache's retriever/), checked against `settings`."""
+        retriever = cls.load(folder)
+        if (retriever.mode, retriever.C) != (settings.fitted_mode, settings.fitted_C):
+            raise DataError(f"{folder} holds a fitted retriever with mode {retriever.mode!r}, C {retriever.C}, not "
+                            f"{settings.fitted_mode!r}, {settings.fitted_C}; use another --out")
+        return retriever

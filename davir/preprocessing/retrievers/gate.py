@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import atomic_path, read_json, write_json_atomic
 from davir.preprocessing.retrievers.fitted import fit_soft_logistic
 from davir.preprocessing.retrievers.regions import DESCRIPTOR_NAMES, EMPTY_FLAG, PairRegions, pair_features

@@ -1,8 +1,18 @@
-"""The segmentation model S of DAVIR §3.1, `M_c = S(I, P_c)`, behind a small registry.
+"""The segmentation model S of DAVIR §3.1, `M_c = S(I, P_c)`, behind a registry (davir.preprocessing.components).
 
     segmenter = build_segmenter("classical")                     # weight-free default
-    segmenter = build_segmenter("sam", checkpoint="sam_vit_h_4b8939.pth", model_type="vit_h")
+    segmenter = build_segmenter("sam", SamSettings(sam_type="vit_h"), checkpoint="sam_vit_h_4b8939.pth")
     candidates = segmenter.segment([SegmentRequest(image, prompts, regions), ...])
+    segmenter = SEGMENTERS.rebuild(name, manifest_settings, where=…)  # what a mask cache recorded
+
+A new segmenter is a class with `name`, `segment(requests)` and `settings()` (a dict holding
+`"segmenter": name` and every settings field) and one line:
+`SEGMENTERS.register(name, ItsSettings, ItsClass.build, weights=…, in_workers=…)`. `ItsSettings` is a
+dataclass whose fields with `option("--flag")` become `preprocess masks` options of this segmenter only.
+`in_workers=True` (classical): each worker process of `preprocess masks --workers N` builds its own and
+segments whole pairs — for cheap CPU segmenters. Otherwise (SAM, the default) the workers only load the
+images and find the change regions, and the one segmenter in the main process segments them in batches of
+its `batch_size`.
 
 `segment` takes a batch of images with their prompts and returns, per image and prompt, a (K, H, W)
 bool array of candidate masks (SAM: K = 3, multimask output; classical: K = 1) and K scores. The
@@ -22,24 +32,20 @@ IoU filter of Eq. 3 (davir.preprocessing.change_regions.change_mask_union) picks
 
 from __future__ import annotations
 
-from typing import Callable
-
-from davir.data.records import DataError
+from davir.preprocessing.components import Registry, Weights
 from davir.preprocessing.segmenters.base import Candidates, Segmenter, SegmentRequest
-from davir.preprocessing.segmenters.classical import CLASSICAL_METHODS, ClassicalSegmenter
-from davir.preprocessing.segmenters.sam import SAM_BUILDERS, SamSegmenter, load_sam
+from davir.preprocessing.segmenters.classical import CLASSICAL_METHODS, ClassicalSegmenter, ClassicalSettings
+from davir.preprocessing.segmenters.sam import SAM_BUILDERS, SamSegmenter, SamSettings, load_sam
 
-__all__ = ["CLASSICAL_METHODS", "SAM_BUILDERS", "SEGMENTERS", "Candidates", "ClassicalSegmenter", "SamSegmenter",
-           "SegmentRequest", "Segmenter", "build_segmenter", "load_sam"]
+__all__ = ["CLASSICAL_METHODS", "SAM_BUILDERS", "SEGMENTERS", "Candidates", "ClassicalSegmenter", "ClassicalSettings",
+           "SamSegmenter", "SamSettings", "SegmentRequest", "Segmenter", "build_segmenter", "load_sam"]
 
-SEGMENTERS: dict[str, Callable[..., Segmenter]] = {
-    "classical": ClassicalSegmenter,
-    "sam": SamSegmenter,
-}
+SEGMENTERS: Registry[Segmenter] = Registry("segmenter", "--segmenter")
+SEGMENTERS.register("classical", ClassicalSettings, ClassicalSegmenter.build, in_workers=True)
+SEGMENTERS.register("sam", SamSettings, SamSegmenter.build,
+                    weights=Weights("sam_checkpoint", "--sam-checkpoint", "a local SAM .pth, e.g. sam_vit_h_4b8939.pth"))
 
 
-def build_segmenter(name: str, **options) -> Segmenter:
-    """The segmenter registered under `name`, built with its keyword options."""
-    if name not in SEGMENTERS:
-        raise DataError(f"unknown segmenter {name!r}; choose from {', '.join(SEGMENTERS)}")
-    return SEGMENTERS[name](**options)
+def build_segmenter(name: str, settings=None, *, checkpoint=None, device: str | None = None, **fields) -> Segmenter:
+    """The segmenter registered under `name`, from its typed settings (or their fields as keywords)."""
+    return SEGMENTERS.build(name, settings, checkpoint=checkpoint, device=device, **fields)

@@ -6,14 +6,28 @@ from that estimate where they touch R_c; `grabcut` seeds OpenCV GrabCut with the
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
+
 import cv2
 import numpy as np
 
 from davir.preprocessing.change_regions import Prompt, fill_holes
+from davir.preprocessing.components import option
 from davir.preprocessing.segmenters.base import Candidates, SegmentRequest
 
 CLASSICAL_METHODS = ("contrast", "grabcut", "region")
 
+
+@dataclass(frozen=True)
+class ClassicalSettings:
+    """The classical segmenter's settings; the fields with a flag are `preprocess masks` options."""
+
+    method: str = field(default="contrast", metadata=option("--classical-method", choices=CLASSICAL_METHODS))
+    contrast_threshold: float = field(default=0.1, metadata=option(
+        "--contrast-threshold", "contrast: mean-RGB difference from the inpainted background that counts as object"))
+    pad: float = 0.25
+    crop_size: int = 160
+    grabcut_iterations: int = 2
 
 
 def _disk(radius: int) -> np.ndarray:
@@ -34,6 +48,11 @@ class ClassicalSegmenter:
         self.pad = pad
         self.crop_size = crop_size
         self.grabcut_iterations = grabcut_iterations
+
+    @classmethod
+    def build(cls, settings: ClassicalSettings, *, checkpoint=None, device=None) -> "ClassicalSegmenter":
+        """The registry's builder: no weights, CPU only (`checkpoint` and `device` are not used)."""
+        return cls(**asdict(settings))
 
     def settings(self) -> dict:
         return {"segmenter": self.name, "method": self.method, "contrast_threshold": self.contrast_threshold,

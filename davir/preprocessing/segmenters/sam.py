@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.preprocessing.change_regions import Prompt
+from davir.preprocessing.components import option
 from davir.preprocessing.segmenters.base import Candidates, SegmentRequest
-
 
 
 def _sam_builders() -> dict[str, Callable]:
@@ -21,6 +22,21 @@ def _sam_builders() -> dict[str, Callable]:
 
 # name -> builder(checkpoint=None) -> Sam; extra architectures (e.g. a tiny test model) can be added.
 SAM_BUILDERS: dict[str, Callable] = {}
+
+
+def sam_types() -> list[str]:
+    """The SAM architectures `--sam-type` offers (without importing segment_anything)."""
+    return sorted({"vit_h", "vit_l", "vit_b", *SAM_BUILDERS})
+
+
+@dataclass(frozen=True)
+class SamSettings:
+    """SAM's settings; the weights file and the device are given beside them (`SamSegmenter.build`)."""
+
+    sam_type: str = field(default="vit_h", metadata=option("--sam-type", "SAM architecture of the checkpoint",
+                                                           choices=sam_types))
+    batch_size: int = field(default=8, metadata=option("--sam-batch-size", "images per image-encoder batch",
+                                                       compared=False))
 
 
 def load_sam(checkpoint: str | Path | None, model_type: str = "vit_h", device: str | None = None):
@@ -71,6 +87,12 @@ class SamSegmenter:
         # bf16 autocast for the image encoder on a GPU only; CPU bf16 is slow and loses accuracy.
         self.bf16 = (self.device.type == "cuda") if bf16 is None else bf16
         self._torch = torch
+
+    @classmethod
+    def build(cls, settings: SamSettings, *, checkpoint: str | Path | None, device: str | None = None
+              ) -> "SamSegmenter":
+        """The registry's builder. bf16 follows the device (a GPU), so it is never restored from a record."""
+        return cls(checkpoint, settings.sam_type, device=device, batch_size=settings.batch_size)
 
     def settings(self) -> dict:
         return {"segmenter": self.name, "sam_type": self.model_type, "sam_checkpoint": self.checkpoint,

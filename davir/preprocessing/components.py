@@ -1,0 +1,167 @@
+"""Registries of preprocessing components (segmenters, retrievers): name → builder of its own typed settings.
+
+    SEGMENTERS.register("toy", ToySettings, ToySegmenter)              # one line beside the class
+    segmenter = build_segmenter("toy", ToySettings(toy_grow=2))        # typed settings + local weights/device
+    segmenter = SEGMENTERS.rebuild(name, recorded, where="mask cache C")  # what a cache recorded, rebuilt
+
+The shape of segment-anything's `sam_model_registry` (name → builder(checkpoint=…)) and open_clip's
+`create_model(name, pretrained=path)`. A component declares everything the jobs and the online path need:
+
+* `settings`: a dataclass of its options. A field made with `option("--flag", help)` is a CLI option of
+  the jobs (`preprocess masks` / `preprocess entities`), given to this component only; a field without
+  one is still recorded and restored. `compared=False` (in `option` or the field's metadata) marks a field
+  that changes speed, not results (a batch size): a rerun into a cache does not compare it.
+* `build(settings, *, checkpoint, device, **context)`: the component (a class works).
+* `weights`: the local weights file it needs, if any — which settings key records its path (a segmenter's
+  `settings()` holds it; the entity job records a retriever's) and which job flag gives it
+  (`--sam-checkpoint`); the online path finds it there unless the caller passes another.
+
+Rebuilding from a record takes the fields the record holds and the defaults for the others, so a
+component can gain a field without invalidating older caches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+from davir.errors import DataError
+
+T = TypeVar("T")
+DEVICE_KEY = "device"  # recorded by components that run on a device; never compared, never restored
+
+
+def option(flag: str, help: str = "", *, choices: tuple | Callable[[], Any] | None = None,
+           compared: bool = True, type: Callable | None = None) -> dict:
+    """Field metadata of a settings dataclass: the job CLI flag that sets this field.
+
+    `choices` may be a callable, evaluated when the parser is built (registries filled late, e.g. SAM types).
+    """
+    return {"flag": flag, "help": help, "choices": choices, "compared": compared, "type": type}
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The local weights file a component needs: recorded under `key` in its settings, given with `flag`."""
+
+    key: str
+    flag: str
+    what: str = "the same weights file"
+
+    @property
+    def dest(self) -> str:
+        return _dest(self.flag)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Component(Generic[T]):
+    """One registered component: its settings type, its builder, its weights, and what else it declares."""
+
+    kind: str
+    name: str
+    settings: type
+    build: Callable[..., T]
+    weights: Weights | None = None
+    declared: dict = field(default_factory=dict)
+
+    def cli_fields(self) -> list[tuple[dataclasses.Field, str]]:
+        """(field, option dest) of the fields the jobs expose as flags."""
+        return [(f, _dest(f.metadata["flag"])) for f in dataclasses.fields(self.settings) if "flag" in f.metadata]
+
+    def flags(self) -> list[tuple[str, str]]:
+        """(flag, dest) of every CLI option of this component, its weights flag included."""
+        found = [(f.metadata["flag"], dest) for f, dest in self.cli_fields()]
+        return found + ([(self.weights.flag, self.weights.dest)] if self.weights else [])
+
+    def uncompared_keys(self) -> tuple[str, ...]:
+        """Recorded keys that change speed or placement, not results (left out when a rerun is compared)."""
+        keys = [f.name for f in dataclasses.fields(self.settings) if not f.metadata.get("compared", True)]
+        return (DEVICE_KEY, *keys)
+
+    def compared(self, settings: Any) -> dict:
+        """The fields of `settings` that a cache is compared on, as a dict in field order."""
+        skip = set(self.uncompared_keys())
+        return {k: v for k, v in dataclasses.asdict(settings).items() if k not in skip}
+
+    def settings_from_record(self, recorded: dict) -> Any:
+        """Typed settings from a recorded dict: the fields it holds (not null), defaults for the others."""
+        values = {f.name: recorded[f.name] for f in dataclasses.fields(self.settings)
+                  if f.name != DEVICE_KEY and recorded.get(f.name) is not None}
+        try:
+            return self.settings(**values)
+        except (TypeError, ValueError) as error:
+            raise DataError(f"{self.kind} {self.name!r}: the recorded settings {recorded} do not fit: {error}") from error
+
+
+class Registry(Generic[T]):
+    """name → Component for one kind ("segmenter", "retriever"), chosen on the CLI with `selector`."""
+
+    def __init__(self, kind: str, selector: str):
+        self.kind, self.selector = kind, selector
+        self.entries: dict[str, Component[T]] = {}
+
+    def register(self, name: str, settings: type, build: Callable[..., T], *, weights: Weights | None = None,
+                 **declared) -> Component[T]:
+        """Add a component (or replace one of that name). Its flags must not be another component's."""
+        if not dataclasses.is_dataclass(settings):
+            raise TypeError(f"{self.kind} {name!r}: settings must be a dataclass, got {settings!r}")
+        entry = Component(self.kind, name, settings, build, weights, declared)
+        taken = {flag: other.name for other in self.entries.values() if other.name != name
+                 for flag, _ in other.flags()}
+        clashes = [flag for flag, _ in entry.flags() if flag in taken]
+        if clashes:
+            raise ValueError(f"{self.kind} {name!r}: flag(s) {clashes} already belong to {taken[clashes[0]]!r}")
+        self.entries[name] = entry
+        return entry
+
+    def unregister(self, name: str) -> None:
+        self.entries.pop(name, None)
+
+    def __getitem__(self, name: str) -> Component[T]:
+        if name not in self.entries:
+            raise DataError(f"unknown {self.kind} {name!r}; choose from {', '.join(sorted(self.entries))}")
+        return self.entries[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.entries))
+
+    def build(self, name: str, settings: Any = None, *, checkpoint: str | Path | None = None,
+              device: str | None = None, **fields_and_context) -> T:
+        """The component `name` from its typed settings (default: the dataclass defaults; keyword fields
+        of the settings may be given instead, e.g. `build("sam", sam_type="vit_b", checkpoint=…)`)."""
+        entry = self[name]
+        names = {f.name for f in dataclasses.fields(entry.settings)}
+        given = {k: fields_and_context.pop(k) for k in list(fields_and_context) if k in names}
+        if settings is None:
+            settings = entry.settings(**given)
+        elif given:
+            settings = dataclasses.replace(settings, **given)
+        return entry.build(settings, checkpoint=checkpoint, device=device, **fields_and_context)
+
+    # -- rebuilding what a cache recorded ----------------------------------------------------------
+    def rebuild(self, name: str, recorded: dict, *, where: str, checkpoint: str | Path | None = None,
+                override_flag: str | None = None, device: str | None = None, **context) -> T:
+        """The component a cache recorded (`recorded`: its settings), with a local weights file from the record
+        unless `checkpoint` replaces it (a run moved to another machine); a missing file is a DataError naming
+        `where`, the path and the flag that gives `checkpoint` (`override_flag`, default the job's flag)."""
+        if name not in self.entries:
+            raise DataError(f"{where}: unknown {self.kind} {name!r} in its manifest; registered: "
+                            f"{', '.join(sorted(self.entries))} (register it before building from this cache)")
+        entry = self.entries[name]
+        path = None
+        if entry.weights:
+            path = Path(checkpoint or recorded.get(entry.weights.key) or "")
+            if not path.is_file():
+                raise DataError(f"{where} was made with {self.kind} {name!r} from {recorded.get(entry.weights.key)}, "
+                                f"which is not found: pass {override_flag or entry.weights.flag} PATH "
+                                f"({entry.weights.what})")
+        return entry.build(entry.settings_from_record(recorded), checkpoint=path, device=device, **context)

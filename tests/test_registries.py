@@ -1,0 +1,197 @@
+"""The segmenter and retriever registries, end to end with components defined here and registered in one line:
+`preprocess masks` → `preprocess entities` → the online path of caption.py (davir.preprocessing.online), which
+must rebuild both from the caches' manifests and give a pair the masks and entities the caches hold."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from davir.data import read_dataset
+from davir.data.caches import EntityCache, MaskCache
+from davir.data.images import load_pair
+from davir.errors import DataError
+from davir.preprocessing.components import Weights, option
+from davir.preprocessing.online import OnlineEntities, OnlineMasks
+from davir.preprocessing.retrievers import RETRIEVERS
+from davir.preprocessing.segmenters import SEGMENTERS, Candidates
+from preprocess import entities, masks
+
+
+class ToySegmenter:
+    """Each prompt's change region R_c dilated by `toy_grow` px: one candidate, score 1."""
+
+    name = "toy"
+
+    @dataclass(frozen=True)
+    class Settings:
+        toy_grow: int = field(default=1, metadata=option("--toy-grow", "px the change region grows by"))
+
+    def __init__(self, settings: Settings, *, checkpoint=None, device=None):
+        self.grow = settings.toy_grow
+
+    def settings(self) -> dict:
+        return {"segmenter": self.name, "toy_grow": self.grow}
+
+    def segment(self, requests):
+        kernel = np.ones((2 * self.grow + 1, 2 * self.grow + 1), np.uint8)
+        return [[Candidates(cv2.dilate(region.astype(np.uint8), kernel).astype(bool)[None], np.ones(1, np.float32))
+                 for region in request.regions] for request in requests]
+
+
+class ToyRetriever:
+    """Weights = a JSON colour table; a phrase scores −sharpness × the RGB distance of its colour word to the mean
+    colour of the changed region (the after one, else the before one); a phrase without a colour word −1000."""
+
+    name = "toy"
+
+    @dataclass(frozen=True)
+    class Settings:
+        toy_sharpness: float = field(default=1.0, metadata=option("--toy-sharpness", "score per RGB unit"))
+
+    def __init__(self, settings: Settings, *, checkpoint, device=None, folder=None):
+        self.sharpness, self.table = settings.toy_sharpness, json.loads(Path(checkpoint).read_text())
+
+    def prepare(self, phrases):
+        self.phrases = list(phrases)
+
+    def _scores(self, colour: np.ndarray) -> np.ndarray:
+        def one(phrase):
+            named = [np.asarray(self.table[w], float) for w in phrase.split() if w in self.table]
+            return -self.sharpness * min(np.linalg.norm(colour - c) for c in named) if named else -1000.0
+        return np.array([one(p) for p in self.phrases])
+
+    def score(self, pairs):
+        rows = []
+        for pair in pairs:
+            region = pair.before if pair.after.empty else pair.after
+            weight = region.mask[..., None]
+            rows.append(self._scores((region.crop * weight).sum((0, 1)) / max(weight.sum(), 1e-6)))
+        return np.array(rows).reshape(len(pairs), len(self.phrases))
+
+    def frame_scores(self, images):
+        return np.array([self._scores(np.asarray(image, float).mean((0, 1))) for image in images])
+
+    def describe(self) -> dict:
+        return {"retriever": self.name, "sharpness": self.sharpness}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The toys registered (once each; removed afterwards so other modules see the shipped registries), a tiny
+    synthetic set, its toy masks (two worker processes) and toy entities of the test split."""
+    SEGMENTERS.register("toy", ToySegmenter.Settings, ToySegmenter, in_workers=True)
+    RETRIEVERS.register("toy", ToyRetriever.Settings, ToyRetriever, weights=Weights("toy_table", "--toy-table"))
+    try:
+        yield _make_world(tmp_path_factory.mktemp("registries"))
+    finally:
+        SEGMENTERS.unregister("toy")
+        RETRIEVERS.unregister("toy")
+
+
+def _make_world(base: Path) -> dict:
+    from davir.data.synthetic import SynthConfig, generate_dataset
+
+    generate_dataset(base / "data", SynthConfig(scenes=12, seed=3, width=96, height=72, val_fraction=0.0,
+                                                test_fraction=0.5), workers=1)
+    table = base / "colours.json"
+    table.write_text(json.dumps({"red": [173, 35, 35], "blue": [42, 75, 215], "green": [29, 105, 20],
+                                 "yellow": [255, 238, 51], "gray": [87, 87, 87], "cyan": [41, 208, 208],
+                                 "purple": [129, 38, 192], "brown": [129, 74, 25]}))
+    common = ["--format", "clevr_change", "--root", str(base / "data"), "--split", "test", "--no-progress"]
+    assert masks.main([*common, "--out", str(base / "masks"), "--segmenter", "toy", "--toy-grow", "2",
+                       "--workers", "2"]) == 0
+    assert entities.main([*common, "--masks", str(base / "masks"), "--out", str(base / "entities"), "--fit-split",
+                          "test", "--vocab-min-count", "1", "--retriever", "toy", "--toy-table", str(table),
+                          "--toy-sharpness", "0.5", "--entity-gate", "none"]) == 0
+    pairs = read_dataset("clevr_change", base / "data", "test")
+    return {"base": base, "common": common, "table": table, "pairs": pairs}
+
+
+def test_the_jobs_build_and_record_the_registered_toys(world):
+    base = world["base"]
+    manifest = json.loads((base / "masks" / "manifest.json").read_text())
+    assert manifest["settings"]["segmenter"] == {"segmenter": "toy", "toy_grow": 2}
+    assert manifest["status"] == "complete" and manifest["counts"]["computed"] == len(world["pairs"].pairs) > 0
+    assert manifest["profile"] == "custom"
+    # The toy's masks are unions of regions dilated by a 5×5 square, so an opening by that square keeps them.
+    cache, square = MaskCache(base / "masks"), np.ones((5, 5), np.uint8)
+    stored = [cache.read(p.pair_id).after for p in world["pairs"].pairs]
+    assert sum(mask.any() for mask in stored) >= 3
+    assert all(np.array_equal(cv2.morphologyEx(m.astype(np.uint8), cv2.MORPH_OPEN, square).astype(bool), m)
+               for m in stored)
+    settings = json.loads((base / "entities" / "entities" / "manifest.json").read_text())["settings"]
+    assert (settings["retriever"], settings["toy_sharpness"], settings["toy_table"]) == ("toy", 0.5, str(world["table"]))
+    assert not any(key.startswith(("clip_", "fitted_")) for key in settings)  # the other retrievers' options stay out
+    table = EntityCache(base / "entities").table()
+    named = [found for found in table.values() if found]
+    assert named and all(len(found) <= 5 and found == sorted(found, key=lambda e: -e[1]) for found in named)
+
+
+def test_one_worker_gives_the_masks_of_two(world, tmp_path):
+    """The toy reaches the (forked) worker processes: one in-process worker writes the same masks as two."""
+    assert masks.main([*world["common"], "--out", str(tmp_path / "one"), "--segmenter", "toy", "--toy-grow", "2",
+                       "--workers", "1"]) == 0
+    one, two = MaskCache(tmp_path / "one"), MaskCache(world["base"] / "masks")
+    for pair in world["pairs"].pairs:
+        a, b = one.read(pair.pair_id), two.read(pair.pair_id)
+        assert np.array_equal(a.before, b.before) and np.array_equal(a.after, b.after)
+
+
+def test_online_path_rebuilds_both_toys_from_the_manifests(world):
+    base = world["base"]
+    online_masks = OnlineMasks.from_cache(base / "masks")
+    online_entities = OnlineEntities(base / "entities")
+    assert isinstance(online_masks.segmenter, ToySegmenter) and online_masks.segmenter.grow == 2
+    assert isinstance(online_entities.retriever, ToyRetriever) and online_entities.retriever.sharpness == 0.5
+    cached_masks, cached_entities = MaskCache(base / "masks"), EntityCache(base / "entities")
+    for pair in world["pairs"].pairs:
+        made, stored = online_masks(pair), cached_masks.read(pair.pair_id)
+        assert np.array_equal(made.before, stored.before) and np.array_equal(made.after, stored.after)
+        before, after = (np.asarray(image) for image in load_pair(pair))
+        found = online_entities(pair.pair_id, before, after, made, 5)
+        assert [(e, s) for e, s in found] == [(e, s) for e, s in cached_entities.get(pair.pair_id)], pair.pair_id
+
+
+def test_the_online_path_names_what_is_missing(world, tmp_path, monkeypatch):
+    """A weights file that moved: caption.py's --clip-checkpoint (the cache's retriever's weights) finds it."""
+    base, cache = world["base"], tmp_path / "entities"
+    shutil.copytree(base / "entities", cache)
+    manifest = json.loads((cache / "entities" / "manifest.json").read_text())
+    gone = tmp_path / "gone.json"
+    manifest["settings"]["toy_table"] = str(gone)
+    (cache / "entities" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=rf"entity cache {cache} was made with retriever 'toy' from {gone}, which is "
+                                        "not found: pass --clip-checkpoint PATH"):
+        OnlineEntities(cache)
+    assert OnlineEntities(cache, clip_checkpoint=world["table"]).retriever.table["red"] == [173, 35, 35]
+    monkeypatch.delitem(SEGMENTERS.entries, "toy")
+    with pytest.raises(DataError, match=rf"mask cache {base / 'masks'}: unknown segmenter 'toy' in its manifest"):
+        OnlineMasks.from_cache(base / "masks")
+
+
+@pytest.mark.parametrize("job, argv, message", [
+    ("masks", ["--segmenter", "toy", "--classical-method", "grabcut"],
+     "--classical-method is an option of segmenter 'classical', but this run uses segmenter 'toy'"),
+    ("masks", ["--toy-grow", "3"], "--toy-grow is an option of segmenter 'toy', but this run uses segmenter 'classical'"),
+    ("masks", ["--profile", "paper", "--contrast-threshold", "0.2"],
+     "--contrast-threshold is an option of segmenter 'classical', but this run uses segmenter 'sam'"),
+    ("entities", ["--retriever", "toy", "--fitted-mode", "max"],
+     "--fitted-mode is an option of retriever 'fitted', but this run uses retriever 'toy'"),
+    ("entities", ["--clip-model", "RN50"], "--clip-model is an option of retriever 'clip', but this run uses "
+                                          "retriever 'fitted'"),
+])
+def test_an_option_of_another_component_is_refused(world, tmp_path, capsys, job, argv, message):
+    if job == "masks":
+        status = masks.main([*world["common"], "--out", str(tmp_path / "c"), *argv])
+    else:
+        status = entities.main([*world["common"], "--masks", str(world["base"] / "masks"), "--out", str(tmp_path / "c"),
+                                *argv])
+    assert status == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.json"))
