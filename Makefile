@@ -33,7 +33,7 @@ test: install
 
 DEMO_SCENES ?= 1500
 DEMO_SEED ?= 0
-TINY_BACKBONE ?= assets/tiny_resnet/backbone.pth
+TINY_BACKBONE ?= davir/assets/tiny_resnet/backbone.pth
 DEMO_DATA := $(DEMO_DIR)/data
 SPLITS := train val test
 
@@ -85,7 +85,7 @@ ablation-demo: install $(DEMO_READY)
 	$(PY) -m davir.sweep configs/sweeps/ablation_demo.yaml --var demo_dir=$(DEMO_DIR) --out $(ABLATION_RUNS) $(SWEEP_ARGS)
 
 # The five lightweight methods on the same data: layer3 grid features of the shipped tiny pretrained ResNet
-# (assets/tiny_resnet, docs/tiny_backbone.md; no ImageNet weights can be downloaded here), CHEER's image-level
+# (davir/assets/tiny_resnet, docs/tiny_backbone.md; no ImageNet weights can be downloaded here), CHEER's image-level
 # entities, then 3 seeds each (runs/lightweight_demo/summary.md).
 # Two 1-thread processes at a time (2 cores): feature shards; then CHEER's entities → CHEER, RDD in one process
 # while subtraction, DIRL, SCORER run in the other (about equal work, by measured cost); then one summary pass.

@@ -2,7 +2,7 @@
 
     python bench/features.py                 # GPU if available (bf16 + channels_last), else a small CPU run
     python bench/features.py --images 2048 --batch-size 128 --workers 8
-    python bench/features.py --weights assets/tiny_resnet/backbone.pth --images 256 --batch-size 8,64 --workers 0 --threads 1
+    python bench/features.py --weights davir/assets/tiny_resnet/backbone.pth --images 256 --batch-size 8,64 --workers 0 --threads 1
 
 Images are the real CLEVR-Change fixtures (480×320 PNG) from ../shared/datasets, cycled to the requested
 count under distinct keys, so every one is decoded, resized, run and written. The backbone is a seeded

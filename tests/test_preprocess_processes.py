@@ -98,7 +98,7 @@ def test_cluster_recipe_on_two_processes_resumes_a_kill_and_matches_one_process(
     assert masks.main([*common, "--out", str(one / "masks")]) == 0
     assert entities.main([*common, "--masks", str(one / "masks"), "--out", str(one / "entities"),
                           "--fit-split", "test"]) == 0
-    weights = str(REPO / "assets" / "tiny_resnet" / "backbone.pth")
+    weights = str(REPO / "davir" / "assets" / "tiny_resnet" / "backbone.pth")
     assert features.main([*common, "--out", str(one / "features"), "--weights", weights, "--workers", "0"]) == 0
 
     env = cpu_env(free_port())

@@ -18,7 +18,7 @@ from davir.pretrain_backbone.train import (ATTRIBUTES, CellClassifier, PretrainS
                                           probe_backbone)
 from preprocess.features import build_backbone
 
-ASSET = Path(__file__).resolve().parents[1] / "assets" / "tiny_resnet"
+ASSET = Path(__file__).resolve().parents[1] / "davir" / "assets" / "tiny_resnet"
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

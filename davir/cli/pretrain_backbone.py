@@ -1,7 +1,7 @@
 """`python -m davir.pretrain_backbone`: pretrain the tiny ResNet backbone of the lightweight demo, or probe one.
 
     python -m davir.data synth --out /tmp/synth_bb --scenes 1500 --seed 17       # not the demo's seed 0
-    python -m davir.pretrain_backbone --data /tmp/synth_bb --out assets/tiny_resnet --minutes 15
+    python -m davir.pretrain_backbone --data /tmp/synth_bb --out davir/assets/tiny_resnet --minutes 15
     python -m davir.pretrain_backbone probe --data SET [--weights OUT/backbone.pth]
 
 The flags are the fields of davir.pretrain_backbone.train.PretrainSettings / ProbeSettings (docs/tiny_backbone.md).

@@ -1,7 +1,7 @@
 """ResNet-class backbones truncated after layer3, built to fit a state dict (ResNet-101 or the tiny demo one).
 
 `preprocess features --weights FILE` loads ImageNet ResNet-101 weights and the shipped tiny backbone
-(`assets/tiny_resnet/backbone.pth`, made by `python -m davir.pretrain_backbone`) through the same path:
+(`davir/assets/tiny_resnet/backbone.pth`, made by `python -m davir.pretrain_backbone`) through the same path:
 the number of bottleneck blocks per stage and the bottleneck width are read off the state dict's keys and
 shapes, so any torchvision ``ResNet(Bottleneck, …)`` whose layer3 gives 1024 channels at stride 16 loads.
 """

@@ -48,7 +48,7 @@ def build_backbone(weights: str | Path | None, *, random_init: bool = False, see
     """torchvision bottleneck ResNet truncated after layer3 (conv1, bn1, relu, maxpool, layer1-3), in eval mode.
 
     The layout (blocks per stage, bottleneck width) is read from the weights, so ImageNet ResNet-101 and
-    the shipped tiny backbone (assets/tiny_resnet, `python -m davir.pretrain_backbone`) load alike.
+    the shipped tiny backbone (davir/assets/tiny_resnet, `python -m davir.pretrain_backbone`) load alike.
     `random_init` is a seeded ResNet-101 whose residual branches all contribute (see `random_backbone`).
     """
     from davir.models.resnet_layout import LayoutError, backbone_from_state_dict, random_backbone
@@ -75,8 +75,9 @@ def build_backbone(weights: str | Path | None, *, random_init: bool = False, see
     return backbone.eval().requires_grad_(False)
 
 
-# The repository's tiny pretrained backbone (`python -m davir.pretrain_backbone`); absent from a wheel install.
-SHIPPED_BACKBONE = Path(__file__).resolve().parents[2] / "assets" / "tiny_resnet" / "backbone.pth"
+# The demo's tiny pretrained backbone (`python -m davir.pretrain_backbone`, docs/tiny_backbone.md), package data so
+# that an installed davir finds it too.
+SHIPPED_BACKBONE = Path(__file__).resolve().parents[1] / "assets" / "tiny_resnet" / "backbone.pth"
 
 
 def shipped_backbone_matching(fingerprint: str | None) -> Path | None:

@@ -1,7 +1,7 @@
 """Pretrain the tiny ResNet backbone whose layer3 grid features the lightweight demo methods read.
 
     python -m davir.data synth --out /tmp/synth_bb --scenes 1500 --seed 17       # not the demo's seed 0
-    python -m davir.pretrain_backbone --data /tmp/synth_bb --out assets/tiny_resnet --minutes 15
+    python -m davir.pretrain_backbone --data /tmp/synth_bb --out davir/assets/tiny_resnet --minutes 15
 
 The lightweight methods are designed on ImageNet ResNet-101 layer3 features, which cannot be downloaded
 here; a random backbone sees almost nothing (docs/tiny_backbone.md). This command trains a torchvision
