@@ -23,6 +23,10 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):  # asked for: usage on stdout, success
+        print(__doc__)
+        print(f"usage: python -m preprocess {{{','.join(COMMANDS)}}} [options]  (COMMAND --help for its options)")
+        return 0
     if not argv or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)
         print(f"usage: python -m preprocess {{{','.join(COMMANDS)}}} [options]", file=sys.stderr)

@@ -395,3 +395,12 @@ def test_caches_built_for_other_data_are_refused_and_a_failed_start_leaves_no_ru
     assert first_error_line(capsys).startswith(
         f"error: {entities / 'entities' / 'part-train-0000000.json'}: pair '0' entry 0: expected [entity, score]")
     assert not (run / "config.yaml").exists() and not (run / "run_info.json").exists()
+
+
+def test_preprocess_help_is_usage_and_success(capsys):
+    """`python -m preprocess --help` answers with the commands on stdout and status 0; no command is still an error."""
+    assert preprocess_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: python -m preprocess" in out and "mask-eval" in out
+    assert preprocess_main([]) == 2
+    assert "usage: python -m preprocess" in capsys.readouterr().err
