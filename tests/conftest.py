@@ -87,3 +87,38 @@ def two_pair_clevr_change(tmp_path) -> Path:
         "CLEVR_default_000001.png": ["the scene remains the same"],
         "CLEVR_default_008001.png": ["no change has occurred"]}))
     return root
+
+
+@pytest.fixture(scope="session")
+def synthetic_set(tmp_path_factory):
+    """synthetic_set(scenes, seed, **size): a built-in synthetic CLEVR-Change-layout set, made once per session
+    (per pytest-xdist worker) for each distinct request and shared by every test that asks for the same one.
+    Tests only read it; one that changes files copies it first."""
+    from davir.data.synthetic import SynthConfig, generate_dataset
+
+    made: dict[tuple, Path] = {}
+
+    def make(scenes: int, seed: int, *, width: int = 96, height: int = 72, **settings) -> Path:
+        key = (scenes, seed, width, height, tuple(sorted(settings.items())))
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"synth_{scenes}_{seed}")
+            generate_dataset(root, SynthConfig(scenes=scenes, seed=seed, width=width, height=height, **settings),
+                             workers=1)
+            made[key] = root
+        return made[key]
+
+    return make
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """{step: train/loss} of a run folder's train_log.jsonl, in step order (a resumed step's last value)."""
+    from davir.io import read_jsonl
+
+    losses = {row["step"]: row["train/loss"] for row in read_jsonl(Path(run_dir) / "train_log.jsonl")}
+    return dict(sorted(losses.items()))
+
+
+@pytest.fixture(scope="session")
+def losses_of():
+    """losses_of(run_dir) -> {step: train/loss}: the loss curve a run logged (for resume-equals-uninterrupted checks)."""
+    return train_losses

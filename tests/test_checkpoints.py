@@ -13,7 +13,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,10 +22,8 @@ TINY = "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers
 
 
 @pytest.fixture(scope="module")
-def synth_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synth")
-    generate_dataset(root, SynthConfig(scenes=30, seed=0, width=96, height=72), workers=1)
-    return root
+def synth_root(synthetic_set):
+    return synthetic_set(30, 0)
 
 
 def _argv(root, out, *extra):
@@ -34,11 +31,6 @@ def _argv(root, out, *extra):
             "data.entities=null", "model.fac.lambda_attn=0", "model.epc.use_entities=false", TINY,
             "optim.batch_size=4", "optim.max_steps=4", "run.log_every=1", "run.save_every=2", "run.eval_every=0",
             "run.val_max_pairs=4", "run.tensorboard=false", f"run.output_dir={out}", *extra]
-
-
-def _losses(run_dir):
-    rows = {row["step"]: row["train/loss"] for row in read_jsonl(run_dir / "train_log.jsonl")}
-    return [rows[s] for s in sorted(rows)]
 
 
 def _kill_after_step_2(run_dir):
@@ -80,11 +72,11 @@ def test_lora_checkpoint_holds_only_the_trainable_weights(finished_run):
 
 
 @pytest.mark.parametrize("damage", ["truncated_weights", "truncated_optimizer", "corrupt_rng"])
-def test_resume_falls_back_past_a_damaged_checkpoint(finished_run, synth_root, tmp_path, capsys, damage):
+def test_resume_falls_back_past_a_damaged_checkpoint(finished_run, synth_root, tmp_path, capsys, damage, losses_of):
     from davir.cli import train
 
     run_dir = _copy(finished_run, tmp_path)
-    full = _losses(finished_run)
+    full = list(losses_of(finished_run).values())
     name = {"truncated_weights": "model.safetensors", "truncated_optimizer": "optimizer.bin",
             "corrupt_rng": "random_states_0.pkl"}[damage]
     path = run_dir / "checkpoints" / "step_4" / name
@@ -97,7 +89,7 @@ def test_resume_falls_back_past_a_damaged_checkpoint(finished_run, synth_root, t
     warning = next(line for line in out.splitlines() if line.startswith("warning:"))
     assert "falls back to" in warning and str(run_dir / "checkpoints" / "step_2") in warning and str(path) in warning
     assert "resumed from" in out and "step_2 at step 2" in out
-    assert _losses(run_dir) == pytest.approx(full, rel=1e-5, abs=1e-6)
+    assert list(losses_of(run_dir).values()) == pytest.approx(full, rel=1e-5, abs=1e-6)
 
 
 def test_resume_refuses_when_every_checkpoint_is_damaged(finished_run, synth_root, tmp_path, capsys):

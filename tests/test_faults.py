@@ -21,7 +21,6 @@ import yaml
 
 from davir.data.caches import EntityCache
 from davir.data.synthetic import SynthConfig, generate_dataset
-from davir.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -145,11 +144,7 @@ def test_features_killed_resume_byte_identical(data, tmp_path):
         assert torch.equal(got.get(key), want.get(key)), key
 
 
-def _losses(run_dir: Path) -> dict[int, float]:
-    return {row["step"]: row["train/loss"] for row in read_jsonl(run_dir / "train_log.jsonl")}
-
-
-def test_training_killed_resumes_loss_for_loss(data, tmp_path):
+def test_training_killed_resumes_loss_for_loss(data, tmp_path, losses_of):
     rng = random.Random(184)
     argv = lambda out: ["train.py", f"data.root={data}", "data.masks=null", "data.entities=null",  # noqa: E731
                         "model.fac.lambda_attn=0", "model.epc.use_entities=false",
@@ -163,14 +158,14 @@ def test_training_killed_resumes_loss_for_loss(data, tmp_path):
     assert kill_while_working(argv(out), first.is_file, rng, max_delay=1.0)
     resumed = run([*argv(out), "--resume"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    want, got = _losses(tmp_path / "reference"), _losses(out)
+    want, got = losses_of(tmp_path / "reference"), losses_of(out)
     assert sorted(got) == sorted(want) == list(range(1, 5))
     assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-5, abs=1e-6)
     # Killed after the last step's checkpoint but before `last` was written: the resume trains no step 5.
     shutil.rmtree(tmp_path / "reference" / "last")
     finished = run([*argv(tmp_path / "reference"), "--resume"])
     assert finished.returncode == 0, finished.stderr[-2000:]
-    assert sorted(_losses(tmp_path / "reference")) == [1, 2, 3, 4]
+    assert sorted(losses_of(tmp_path / "reference")) == [1, 2, 3, 4]
     assert (tmp_path / "reference" / "last").is_dir()
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from davir.io import read_jsonl
 from tests.test_faults import ENV, REPO, data, no_temporaries, tiny_caption_run, tree  # noqa: F401  (data: the fixture)
 
 
@@ -176,13 +175,9 @@ def test_caption_stopped_by_sigterm_ends_its_worker_and_resumes_byte_identical(c
     no_temporaries(tmp_path)
 
 
-def _losses(run_dir: Path) -> dict[int, float]:
-    return {row["step"]: row["train/loss"] for row in read_jsonl(run_dir / "train_log.jsonl")}
-
-
 @pytest.mark.faults
 @pytest.mark.usefixtures("one_torch_thread")  # the in-process runs compute as the 1-thread command does (ENV)
-def test_training_stopped_by_sigterm_resumes_loss_for_loss(data, tmp_path):
+def test_training_stopped_by_sigterm_resumes_loss_for_loss(data, tmp_path, losses_of):
     from davir.cli import train as train_cli
 
     def overrides(out: Path, workers: int) -> list[str]:
@@ -202,7 +197,7 @@ def test_training_stopped_by_sigterm_resumes_loss_for_loss(data, tmp_path):
                            rerun="rerun with --resume to continue from the last complete checkpoint")
     assert_whole_lines(out / "train_log.jsonl")
     assert train_cli.main([*overrides(out, 0), "--resume"]) == 0  # data.num_workers may differ on resume
-    want, got = _losses(tmp_path / "reference"), _losses(out)
+    want, got = losses_of(tmp_path / "reference"), losses_of(out)
     assert sorted(got) == sorted(want) == [1, 2, 3]
     assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-5, abs=1e-6)
 

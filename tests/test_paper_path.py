@@ -35,10 +35,6 @@ from davir.io import read_jsonl  # noqa: E402
 SPLITS = ("train", "val", "test")
 
 
-def _losses(run_dir: Path) -> dict[int, float]:
-    return {row["step"]: row["train/loss"] for row in read_jsonl(run_dir / "train_log.jsonl")}
-
-
 def _reset_accelerate_state():
     # The paper config trains in bf16: a process-wide AcceleratorState left by an earlier test (mixed precision
     # "no") would refuse it, and ours would refuse theirs, as two trainings in one Python process would.
@@ -108,7 +104,7 @@ def paper_run(paper_world, tmp_path_factory):
     return run_dir
 
 
-def test_paper_path_train_resume_evaluate(paper_world, paper_run, tmp_path, capsys):
+def test_paper_path_train_resume_evaluate(paper_world, paper_run, tmp_path, capsys, losses_of):
     from davir.cli import evaluate, train
 
     w = paper_world
@@ -123,7 +119,7 @@ def test_paper_path_train_resume_evaluate(paper_world, paper_run, tmp_path, caps
     shutil.copytree(paper_run, run_dir)  # the copy is killed and resumed below
     out = (run_dir / "stdout.txt").read_text()
     assert "caption_mode sample: 32 pairs" in out and "= 4 optimizer steps in total" in out
-    full = _losses(run_dir)
+    full = losses_of(run_dir)
     assert sorted(full) == [1, 2, 3, 4] and all(np.isfinite(list(full.values())))
 
     # The checkpoint holds what training changed (LoRA + buffers), none of the frozen base weights.
@@ -140,7 +136,7 @@ def test_paper_path_train_resume_evaluate(paper_world, paper_run, tmp_path, caps
     log = (run_dir / "train_log.jsonl").read_text().splitlines()
     (run_dir / "train_log.jsonl").write_text("\n".join(log[:2]) + "\n")
     assert train.main([*_train_argv(w, run_dir), "--resume"]) == 0
-    resumed = _losses(run_dir)
+    resumed = losses_of(run_dir)
     assert [resumed[s] for s in (1, 2)] == [full[1], full[2]]
     assert [resumed[s] for s in (3, 4)] == pytest.approx([full[3], full[4]], rel=1e-4, abs=1e-5)
 

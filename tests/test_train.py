@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from davir.config import load_config
-from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.io import read_jsonl
 from davir.models.davir import DavirModel
 from davir.training.config import TrainConfig
@@ -22,10 +21,8 @@ from davir.training import loop as train_script  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def synth_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synth")
-    generate_dataset(root, SynthConfig(scenes=40, seed=0, width=96, height=72), workers=1)
-    return root
+def synth_root(synthetic_set):
+    return synthetic_set(40, 0)
 
 
 def _config(root, out, *extra):
@@ -36,16 +33,11 @@ def _config(root, out, *extra):
         "run.val_max_pairs=4", "run.tensorboard=false", f"run.output_dir={out}", *extra])
 
 
-def _losses(run_dir):
-    rows = {row["step"]: row["train/loss"] for row in read_jsonl(run_dir / "train_log.jsonl")}
-    return [rows[s] for s in sorted(rows)]
-
-
-def test_run_folder_and_resume_reproduces_the_loss_curve(synth_root, tmp_path):
+def test_run_folder_and_resume_reproduces_the_loss_curve(synth_root, tmp_path, losses_of):
     torch.set_num_threads(1)
     run_dir = tmp_path / "run"
     train_script.train(_config(synth_root, run_dir))
-    full = _losses(run_dir)
+    full = list(losses_of(run_dir).values())
     assert len(full) == 4 and all(torch.isfinite(torch.tensor(full)))
     info = json.loads((run_dir / "run_info.json").read_text())
     assert info["seed"] == 0 and info["packages"]["torch"] and "commit" in info["git"]
@@ -58,7 +50,7 @@ def test_run_folder_and_resume_reproduces_the_loss_curve(synth_root, tmp_path):
     log = (run_dir / "train_log.jsonl").read_text().splitlines()
     (run_dir / "train_log.jsonl").write_text("\n".join(log[:2]) + "\n")
     train_script.train(_config(synth_root, run_dir), resume=True)
-    resumed = _losses(run_dir)
+    resumed = list(losses_of(run_dir).values())
     assert resumed[:2] == full[:2]
     assert resumed[2:] == pytest.approx(full[2:], rel=1e-5, abs=1e-6)
 
