@@ -23,6 +23,7 @@ from davir.models.lightweight import (
 from davir.models.lightweight.attention import (
     MAX_LOG_SCALE, ScorerAttention, batch_token_matching, merge_heads, token_wise_matching,
 )
+from davir.models.lightweight.config import keys_of
 from davir.models.lightweight.cheer import EnhancementModule, enhancement_probability, gated_residual
 from davir.models.lightweight.decoder import beam_decode, greedy_decode, sinusoidal_table
 from davir.models.lightweight.dirl import ccr_features, cross_modal_contrastive_loss, difference_tokens
@@ -43,12 +44,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def tiny_config(method: str, **overrides) -> LightweightConfig:
     values = dict(
-        method=method, feat_dim=C, hidden=16, heads=2, word_emb=12, ffn_dim=32, vocab_size=12, max_len=7,
+        feat_dim=C, hidden=16, heads=2, word_emb=12, ffn_dim=32, vocab_size=12, max_len=7,
         dropout=0.0, encoder_layers=2, entity_dim=ENT_DIM, acr_text_dim=TEXT_DIM, acr_token_width=8,
         rdd_objects=3, rdd_actions=2,
     )
-    values.update(overrides)
-    return LightweightConfig(**values)
+    values = {key: value for key, value in values.items() if key in keys_of(method)}  # each method takes its own
+    return LightweightConfig(method=method, **{**values, **overrides})
 
 
 def tiny_batch(seed: int = 0) -> dict:
@@ -190,8 +191,8 @@ def test_scorer_attention_has_no_output_projection():
 @pytest.mark.parametrize("method", ["scorer", "cheer"])
 def test_difference_init_starts_the_fusion_as_after_minus_before(method):
     """[D] difference_init: SCORER's Eq. 7 / CHEER's Eq. 12 fusion of [X_bef; X_aft] starts as ReLU(X_aft − X_bef)."""
-    config = LightweightConfig(method=method, hidden=4, heads=2, word_emb=4, ffn_dim=8, dropout=0.0, entity_dim=12,
-                               difference_init=True)
+    config = LightweightConfig(method=method, hidden=4, heads=2, word_emb=4, ffn_dim=8, dropout=0.0,
+                               difference_init=True, **({"entity_dim": 12} if method == "cheer" else {}))
     fuse = (lambda model: model.fuse)
     model = build_lightweight_model(config).eval()
     before = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])
@@ -214,7 +215,7 @@ def test_matching_init_makes_the_first_cross_view_attention_find_each_tokens_cou
     share = {}
     for tied in (False, True):
         config = LightweightConfig(method=method, hidden=64, heads=4, word_emb=32, ffn_dim=128, dropout=0.0,
-                                   entity_dim=12, matching_init=tied, encoder_layers=1)
+                                   matching_init=tied, encoder_layers=1, **({"entity_dim": 12} if method == "cheer" else {}))
         model = build_lightweight_model(config)
         if method == "dirl":
             attention = model.cross_layers[0].attention
@@ -419,7 +420,7 @@ def test_training_steps_reduce_the_loss(method):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_safetensors_round_trip_gives_identical_captions(method, tmp_path):
     torch.manual_seed(2)
-    model = build_lightweight_model(tiny_config(method, entity_bank_size=5 if method == "cheer" else 0))
+    model = build_lightweight_model(tiny_config(method, **({"entity_bank_size": 5} if method == "cheer" else {})))
     batch = tiny_batch(1)
     before = model.generate(batch["feat_before"], batch["feat_after"], **extras(batch))
     save_lightweight_model(model, tmp_path / "model.safetensors")

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from davir.models.lightweight import LightweightConfig, build_lightweight_model, clevr_pair_loss
+from davir.models.lightweight.config import keys_of
 from davir.models.lightweight.decoder import width_scaled_std
 from davir.models.lightweight.dirl import difference_tokens
 from davir.models.lightweight.frontend import FeatureFrontend
@@ -27,12 +28,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def config(method: str, **overrides) -> LightweightConfig:
-    return LightweightConfig(**{
-        "method": method, "feat_dim": C, "grid_size": GRID, "hidden": 32, "heads": 4, "word_emb": 16, "ffn_dim": 64,
+    values = {
+        "feat_dim": C, "grid_size": GRID, "hidden": 32, "heads": 4, "word_emb": 16, "ffn_dim": 64,
         "vocab_size": WORDS, "max_len": 3, "dropout": 0.0, "encoder_layers": 1, "entity_dim": ENT_DIM,
         "acr_text_dim": TEXT_DIM, "acr_token_width": 8, "rdd_objects": 4, "rdd_actions": 2, "rdd_distill_steps": 1,
-        **overrides,
-    })
+    }
+    values = {key: value for key, value in values.items() if key in keys_of(method)}  # each method takes its own
+    return LightweightConfig(method=method, **{**values, **overrides})
 
 
 def change_batch(batch: int, generator: torch.Generator) -> dict:

@@ -13,9 +13,11 @@ from typing import Literal
 
 from davir.config import FieldError, require
 from davir.models.davir_config import DavirModelConfig
-from davir.models.lightweight.config import LightweightConfig
+from davir.models.lightweight.section import MOVED_DATA_KEYS, LightweightSection, resolve_lightweight
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+# Package data, so an installed davir has it too; the repository's configs/demo.yaml is its copy for users and the
+# Makefile (tests/test_install.py keeps the two equal).
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 
 @dataclass
@@ -37,10 +39,12 @@ class DataConfig:
     # The caches record the dataset root they were built from and must match data.root; when the dataset
     # has moved since, name its old root here to accept them (docs/errors.md).
     moved_from: str | None = None
-    text_encoder: str | None = None  # local open_clip checkpoint (CHEER entities, RDD attributes); unset: random-init tower
-    text_encoder_model: str | None = None  # open_clip model name (default: ViT-L-14 for CHEER, ViT-B-32 for RDD)
-    text_encoder_config: str | None = None  # JSON open_clip model config to register (custom or tiny towers)
-    acr_prompts: Literal["learned", "fixed"] = "learned"  # RDD ACR: CoOp prompts through the tower, or fixed features
+    # Moved to lightweight.* (CHEER/RDD settings): read here only from configs of earlier versions, whose every
+    # config.yaml has them; TrainConfig moves them (null in configs written since).
+    text_encoder: str | None = None
+    text_encoder_model: str | None = None
+    text_encoder_config: str | None = None
+    acr_prompts: Literal["learned", "fixed"] | None = None
     # The preprocessing profile the caches must come from (davir.preprocessing.profiles: paper, toolkit); None = no
     # check. A cache of another profile is refused unless allow_profile_mismatch is set.
     preprocessing_profile: Literal["paper", "toolkit"] | None = None
@@ -119,6 +123,15 @@ class TrainConfig:
     method: str = "davir"
     data: DataConfig = field(default_factory=DataConfig)
     model: DavirModelConfig = field(default_factory=DavirModelConfig)
-    lightweight: LightweightConfig = field(default_factory=LightweightConfig)
+    # A lightweight method's settings: YAML gives only the keys it changes, flat, the common ones and the method's
+    # own (davir.models.lightweight.section); built into the method's settings class (ScorerSettings, …), or
+    # NoLightweightSettings for davir. A key of another method is an error.
+    lightweight: LightweightSection = field(default_factory=LightweightSection)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        moved = {key: getattr(self.data, key) for key in MOVED_DATA_KEYS if getattr(self.data, key) is not None}
+        for key in moved:
+            setattr(self.data, key, None)
+        self.lightweight = resolve_lightweight(self.method, self.lightweight, moved)

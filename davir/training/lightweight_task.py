@@ -8,17 +8,20 @@ offers the same interface as `DavirTask` (model, train/val datasets, losses, gen
   captions, methods.md §0.5) and saved with the model;
 * CLEVR-Change-format data trains on *scenes* (§0.6): the semantic pair and the distractor pair of each
   scene (paired by `scene_id`) go through `clevr_pair_loss` (role swap p = 0.5, losses 0.5/0.5); other
-  formats train on plain pairs; validation always scores plain pairs;
-* CHEER reads the top-K retrieved entities of each pair from an entity cache (`data.entities`,
-  `python -m preprocess entities … --top-k 3`) and embeds the cache's entity vocabulary with a frozen
+  formats train on plain pairs; validation always scores plain pairs.
+
+What a method needs beside the features, its settings class declares (davir.models.lightweight.config):
+
+* `uses_entities` (CHEER): the top-K retrieved entities of each pair from an entity cache (`data.entities`,
+  `python -m preprocess entities … --top-k 3`); the cache's entity vocabulary is embedded with a frozen
   open_clip text tower into an entity bank stored in the model (§4.8);
-* RDD's ACR reads the noun / verb segments of each training caption (`davir.text.extractors.
+* `uses_attributes` (RDD's ACR): the noun / verb segments of each training caption (`davir.text.extractors.
   extract_attributes`, §3.8) joined with "and", through the frozen text tower with 4 learnable prompt
-  tokens (`data.acr_prompts: learned`, the paper's default) or as fixed precomputed text features
+  tokens (`lightweight.acr_prompts: learned`, the paper's default) or as fixed precomputed text features
   (`fixed`, the paper's "Fixed Prompt" row; much cheaper on a CPU).
 
-The text tower comes from a local open_clip checkpoint (`data.text_encoder`); without one a seeded
-random-init tower of the same architecture is used and the run log (and the saved model's
+The text tower (`uses_text_tower`) comes from a local open_clip checkpoint (`lightweight.text_encoder`); without
+one a seeded random-init tower of the same architecture is used and the run log (and the saved model's
 lightweight_config.json) says so — its features only separate strings, they carry no CLIP semantics.
 """
 
@@ -40,18 +43,17 @@ from davir.data.formats import read_dataset
 from davir.data.records import DISTRACTOR, ChangePair, DataError
 from davir.io import write_json_atomic
 from davir.models.lightweight import (
-    METHOD_NAMES, LightweightCaptioner, LightweightConfig, build_lightweight_model, clevr_pair_loss, prompt_texts,
+    LightweightCaptioner, LightweightConfig, build_lightweight_model, clevr_pair_loss, method_names, prompt_texts,
     save_lightweight_model,
 )
 from davir.text.vocab import Vocabulary, tokenize
-from davir.training.tasks import flat_scalars, move_to_device, register_task, require_cached
+from davir.training.tasks import flat_scalars, move_to_device, register_task_family, require_cached
 
 LIGHTWEIGHT_CONFIG = "lightweight_config.json"
 WEIGHTS_FILE = "model.safetensors"
 VOCAB_FILE = "vocab.json"
 ENTITY_FILE = "entity_phrases.json"
 SCENE_FORMATS = ("clevr_change",)  # formats whose records are scenes with a semantic and a distractor pair
-DEFAULT_TEXT_MODELS = {"cheer": "ViT-L-14", "rdd": "ViT-B-32"}  # CLIP ViT-L/14 [BG]; RDD's variant is unstated [D]
 TEXT_SEED = 0
 
 
@@ -124,7 +126,7 @@ def load_text_encoder(model_name: str, checkpoint: str | None, *, config: str | 
         open_clip.add_model_config(Path(config))
     model_config = open_clip.get_model_config(model_name)
     if model_config is None:
-        raise DataError(f"unknown open_clip model {model_name!r} (set data.text_encoder_config to its JSON config)")
+        raise DataError(f"unknown open_clip model {model_name!r} (set lightweight.text_encoder_config to its JSON config)")
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
@@ -219,7 +221,7 @@ def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256, poo
     return mean.float(), std.float()
 
 
-@register_task(*METHOD_NAMES)
+@register_task_family(method_names)
 class LightweightTask:
     """One lightweight change captioner on cached grid features (see the module docstring)."""
 
@@ -252,7 +254,7 @@ class LightweightTask:
             raise DataError(f"{data.format} {data.train_split} at {data.root} has no captions to build the vocabulary from")
         self.vocab = Vocabulary.build(captions)
         longest = max(len(tokenize(c)) for c in captions) + 2
-        lw: LightweightConfig = dataclasses.replace(config.lightweight, method=method)
+        lw: LightweightConfig = config.lightweight  # the settings of `method` (TrainConfig built them)
         if longest > lw.max_len:
             raise DataError(f"the longest training caption has {longest} tokens with <START>/<END>, more than "
                             f"lightweight.max_len={lw.max_len}; raise it")
@@ -274,15 +276,14 @@ class LightweightTask:
 
         # Text tower (CHEER entity bank, RDD attribute tokens).
         self.text_encoder: TextEncoder | None = None
-        if method in DEFAULT_TEXT_MODELS:
-            model_name = data.text_encoder_model or DEFAULT_TEXT_MODELS[method]
-            self.text_encoder = load_text_encoder(model_name, data.text_encoder, config=data.text_encoder_config)
+        if lw.uses_text_tower:
+            model_name = lw.text_model
+            self.text_encoder = load_text_encoder(model_name, lw.text_encoder, config=lw.text_encoder_config)
             if self.text_encoder.random_init:
-                self.note(f"no open_clip weights (data.text_encoder unset): using a RANDOM-INIT {model_name} text tower "
-                          f"({self.text_encoder.weights}); its features separate strings but carry no CLIP semantics")
+                self.note(f"no open_clip weights (lightweight.text_encoder unset): using a RANDOM-INIT {model_name} text "
+                          f"tower ({self.text_encoder.weights}); its features separate strings but carry no CLIP semantics")
             width, out_dim = text_tower_dims(self.text_encoder.module)
-            wanted = ({"entity_dim": out_dim} if method == "cheer"
-                      else {"acr_text_dim": out_dim, "acr_token_width": width})
+            wanted = lw.text_tower_sizes(width, out_dim)
             changed = {k: v for k, v in wanted.items() if getattr(lw, k) != v}
             if changed:
                 self.note(f"text tower {model_name} sets {changed} (config had "
@@ -293,12 +294,12 @@ class LightweightTask:
         self.entity_phrases: list[str] | None = None
         self.entity_index: dict[str, int] = {}
         entity_field = None
-        if method == "cheer":
-            entity_field = self._cheer_entities(data, train_pairs, val_pairs, lw.cheer_entities, source)
-            lw = dataclasses.replace(lw, entity_bank_size=len(self.entity_phrases))
+        if lw.uses_entities:
+            entity_field = self._cheer_entities(data, train_pairs, val_pairs, lw.entities_per_pair, source)
+            lw = lw.with_entity_bank(len(self.entity_phrases))
 
-        # RDD: the attribute text path.
-        self.acr_learned = method == "rdd" and data.acr_prompts == "learned"
+        # RDD: the attribute text path (learned prompts run the tower inside the model).
+        self.acr_learned = lw.attaches_text_tower
         self._segment_cache: dict[str, tuple[str, str]] = {}
         self._text_features: dict[str, torch.Tensor] = {}
         self._text_ids: dict[str, torch.Tensor] = {}
@@ -310,13 +311,13 @@ class LightweightTask:
             mean, std = feature_statistics(self.features, train_pairs, pool=lw.feature_pool)
             self.model.frontend.set_feature_statistics(mean.to(accelerator.device), std.to(accelerator.device))
         self.feature_source = self._preloaded_features(train_pairs + list(val_pairs), lw)
-        if method == "cheer":
+        if lw.uses_entities:
             bank = self.text_encoder.encode(self.entity_phrases)
             self.model.set_entity_bank(bank.to(accelerator.device))
         self.feature_weights = str(self.features.manifest.get("weights"))
 
         # Datasets.
-        val_fields = [FeatureField(self.feature_source)] + ([EntityField(self.entity_cache, top_k=lw.cheer_entities)]
+        val_fields = [FeatureField(self.feature_source)] + ([EntityField(self.entity_cache, top_k=lw.entities_per_pair)]
                                                        if entity_field else [])
         if self.scene_mode:
             if data.caption_mode != "sample":
@@ -325,7 +326,7 @@ class LightweightTask:
             scenes, no_change, distractor_ids = pair_scenes(train_pairs, f"{data.format} {data.train_split}")
             fields = [FeatureField(self.feature_source, distractor=True)]
             if entity_field:
-                fields += [entity_field, DistractorEntityField(self.entity_cache, lw.cheer_entities, distractor_ids)]
+                fields += [entity_field, DistractorEntityField(self.entity_cache, lw.entities_per_pair, distractor_ids)]
             self.train_dataset = SceneCaptionDataset(scenes, no_change, fields, seed=config.run.seed)
         else:
             fields = [FeatureField(self.feature_source)] + ([entity_field] if entity_field else [])
@@ -418,9 +419,9 @@ class LightweightTask:
 
     def _extras(self, batch: dict[str, Any], device, *, caption_key: str, entity_key: str) -> dict[str, Any]:
         extras: dict[str, Any] = {}
-        if self.config.method == "cheer":
+        if self.lightweight.uses_entities:
             extras["entities"] = self.entity_ids(batch[entity_key], device)
-        if self.config.method == "rdd":
+        if self.lightweight.uses_attributes:
             extras["attributes"] = self.attributes(batch[caption_key], device)
         return extras
 
@@ -449,7 +450,7 @@ class LightweightTask:
     def generate(self, batch: dict[str, Any], *, max_new_tokens: int = 30, num_beams: int = 1) -> list[str]:
         model = self.unwrapped()
         device = batch["feat_before"].device
-        entities = self.entity_ids(batch["entities"], device) if self.config.method == "cheer" else None
+        entities = self.entity_ids(batch["entities"], device) if self.lightweight.uses_entities else None
         ids = model.generate(batch["feat_before"], batch["feat_after"], max_len=min(max_new_tokens, model.config.max_len),
                              beam_size=num_beams, entities=entities)
         return [self.vocab.decode(row) for row in ids]
@@ -471,7 +472,7 @@ class LightweightTask:
             "entity_phrases": ENTITY_FILE if self.entity_phrases is not None else None,
             "features": {"weights": self.feature_weights, "cache": str(self.config.data.features)},
             "text_encoder": self.text_encoder.describe() if self.text_encoder else None,
-            "acr_prompts": self.config.data.acr_prompts if self.config.method == "rdd" else None,
+            "acr_prompts": getattr(model.config, "acr_prompts", None),  # RDD's setting; null for the others
             "data_format": self.config.data.format,
             "notes": self.notes,
         })

@@ -9,15 +9,16 @@ register themselves under the `config.method` names they serve, as segment-anyth
 
     task = build_task(config, accelerator)      # TASKS[config.method](config, accelerator)
 
-A new method is one module (model + a task, or a lightweight model registered in
-davir.models.lightweight) plus one config; list its module in TASK_MODULES so it is imported on demand.
+A new method is one module (model + a task, or a lightweight captioner and its settings registered with
+`davir.models.lightweight.registry.register_method`, which LightweightTask serves) plus one config; list a
+task's module in TASK_MODULES so it is imported on demand.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from accelerate import Accelerator
@@ -43,18 +44,41 @@ def register_task(*methods: str):
     return decorate
 
 
+# A task serving a family of methods that grows after it is imported (LightweightTask: every method registered
+# with davir.models.lightweight.registry.register_method, a user's own included): (the family's names now, task).
+TASK_FAMILIES: list[tuple[Callable[[], Iterable[str]], Callable[..., Any]]] = []
+
+
+def register_task_family(names: Callable[[], Iterable[str]]):
+    """Class decorator: `build_task` builds this task for every method `names()` lists when it is called."""
+
+    def decorate(cls):
+        TASK_FAMILIES.append((names, cls))
+        return cls
+
+    return decorate
+
+
 def registered_methods() -> list[str]:
     for module in TASK_MODULES:
         importlib.import_module(module)
-    return sorted(TASKS)
+    return sorted(set(TASKS).union(*(names() for names, _ in TASK_FAMILIES)))
+
+
+def task_class(method: str) -> Callable[..., Any]:
+    """The task that trains `method`; a DataError listing the registered methods when none does."""
+    methods = registered_methods()
+    if method in TASKS:
+        return TASKS[method]
+    for names, cls in TASK_FAMILIES:
+        if method in names():
+            return cls
+    raise DataError(f"method: no task is registered for {method!r}; choose from {', '.join(methods)}")
 
 
 def build_task(config, accelerator: Accelerator):
     """The task registered for `config.method`, built on `config`."""
-    methods = registered_methods()
-    if config.method not in TASKS:
-        raise DataError(f"method: no task is registered for {config.method!r}; choose from {', '.join(methods)}")
-    return TASKS[config.method](config, accelerator)
+    return task_class(config.method)(config, accelerator)
 
 
 def flat_scalars(obj: Any, prefix: str = "") -> dict[str, int | float | str | bool]:

@@ -1,6 +1,6 @@
 """The lightweight change captioners on one ResNet-101 front-end and one decoder (methods.md §0-§4, §7.2-7.3).
 
-    config = LightweightConfig(method="scorer", vocab_size=76, max_len=24)
+    config = LightweightConfig(method="scorer", vocab_size=76, max_len=24)   # a ScorerSettings
     model = build_lightweight_model(config)
     out = model(feat_before, feat_after, captions_in, captions_target)   # {"loss", "caption_loss", "cv_loss", ...}
     ids = model.generate(feat_before, feat_after, max_len=24, beam_size=1)
@@ -13,6 +13,9 @@
 | `dirl`        | MLP + cross-correlation; F − MHCA     | standard             | λ_d L_dirl + λ_c L_ccr               |
 | `rdd`         | GDE + object/action distilling + MF   | learned positions    | λ_1 L_N2O + λ_2 L_V2A                |
 | `cheer`       | CRE/DRE HRD layers (+ entities)       | gated dual cross-attn| λ_v (L_C + L_D) + λ_m L_I            |
+
+Each method is one module: its settings dataclass (the common `LightweightConfig` fields + its own) and its
+captioner, registered together in `METHODS` (registry.py); importing this package registers all five.
 """
 
 from __future__ import annotations
@@ -26,29 +29,26 @@ from safetensors.torch import load_file, save_file
 from davir.data.records import DataError
 from davir.io import atomic_path
 from davir.models.lightweight.base import Encoded, LightweightCaptioner, clevr_pair_loss
-from davir.models.lightweight.cheer import CheerCaptioner
-from davir.models.lightweight.config import METHOD_NAMES, LightweightConfig, paper_settings
-from davir.models.lightweight.dirl import DirlCaptioner
-from davir.models.lightweight.rdd import RddCaptioner, prompt_texts
-from davir.models.lightweight.scorer import ScorerCaptioner
-from davir.models.lightweight.subtraction import SubtractionCaptioner
+from davir.models.lightweight.config import LightweightConfig, TextTowerSettings, paper_settings
+from davir.models.lightweight.registry import METHODS, LightweightMethod, get_method, method_names
+# the methods register themselves, in this order
+from davir.models.lightweight.subtraction import SubtractionCaptioner, SubtractionSettings  # noqa: I001
+from davir.models.lightweight.scorer import ScorerCaptioner, ScorerSettings
+from davir.models.lightweight.dirl import DirlCaptioner, DirlSettings
+from davir.models.lightweight.rdd import RddCaptioner, RddSettings, prompt_texts
+from davir.models.lightweight.cheer import CheerCaptioner, CheerSettings
 
-METHODS: dict[str, type[LightweightCaptioner]] = {
-    "subtraction": SubtractionCaptioner,
-    "scorer": ScorerCaptioner,
-    "dirl": DirlCaptioner,
-    "rdd": RddCaptioner,
-    "cheer": CheerCaptioner,
-}
+METHOD_NAMES = method_names()  # the registry's names, for callers of the former constant
 
 CONFIG_METADATA_KEY = "davir.lightweight_config"
 
 
 def build_lightweight_model(config: LightweightConfig, **kwargs) -> LightweightCaptioner:
     """The model of `config.method`; extra keyword arguments go to its class (RDD: `text_tower=`)."""
-    if config.method not in METHODS:
-        raise ValueError(f"unknown lightweight method {config.method!r}; choose from {', '.join(METHODS)}")
-    return METHODS[config.method](config, **kwargs)
+    method = get_method(config.method)
+    if type(config) is not method.settings:
+        raise TypeError(f"{config.method} is built from {method.settings.__name__}, got {type(config).__name__}")
+    return method.captioner(config, **kwargs)
 
 
 def save_lightweight_model(model: LightweightCaptioner, path: str | Path) -> None:
@@ -58,8 +58,13 @@ def save_lightweight_model(model: LightweightCaptioner, path: str | Path) -> Non
         save_file(tensors, str(tmp), metadata={CONFIG_METADATA_KEY: json.dumps(model.config.to_dict())})
 
 
-def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cpu", **kwargs) -> LightweightCaptioner:
-    """Rebuild a model saved by `save_lightweight_model` (config from the file's metadata)."""
+def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cpu", drop_foreign_keys: bool = False,
+                           **kwargs) -> LightweightCaptioner:
+    """Rebuild a model saved by `save_lightweight_model` (config from the file's metadata).
+
+    Files of earlier versions hold every method's keys and load as they are; `drop_foreign_keys` also
+    accepts another config that names keys of other methods (to convert it: load, then save again).
+    """
     from safetensors import safe_open
 
     path = Path(path)
@@ -73,7 +78,7 @@ def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cp
         values = json.loads(metadata[CONFIG_METADATA_KEY])
         if not isinstance(values, dict):
             raise ValueError(f"expected an object, got {type(values).__name__}")
-        config = LightweightConfig.from_dict(values)
+        config = LightweightConfig.from_dict(values, drop_foreign_keys=drop_foreign_keys)
     except (ValueError, TypeError) as error:  # malformed JSON, an unknown key, a value of the wrong type or range
         raise DataError(f"{path}: metadata {CONFIG_METADATA_KEY!r} is not a lightweight model config ({error})") from None
     model = build_lightweight_model(config, **kwargs)
@@ -85,7 +90,9 @@ def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cp
 
 
 __all__ = [
-    "METHODS", "METHOD_NAMES", "CheerCaptioner", "DirlCaptioner", "Encoded", "LightweightCaptioner",
-    "LightweightConfig", "RddCaptioner", "ScorerCaptioner", "SubtractionCaptioner", "build_lightweight_model",
-    "clevr_pair_loss", "load_lightweight_model", "paper_settings", "prompt_texts", "save_lightweight_model",
+    "METHODS", "METHOD_NAMES", "CheerCaptioner", "CheerSettings", "DirlCaptioner", "DirlSettings", "Encoded",
+    "LightweightCaptioner", "LightweightConfig", "LightweightMethod", "RddCaptioner", "RddSettings", "ScorerCaptioner",
+    "ScorerSettings", "SubtractionCaptioner", "SubtractionSettings", "TextTowerSettings", "build_lightweight_model",
+    "clevr_pair_loss", "get_method", "load_lightweight_model", "method_names", "paper_settings", "prompt_texts",
+    "save_lightweight_model",
 ]

@@ -16,6 +16,8 @@ Total (Eq. 19): ``L = L_S + λ_v (L_C + L_D) + λ_m L_I`` with λ_v = 0.75, λ_m
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +25,40 @@ from torch import nn
 
 from davir.models.lightweight.attention import init_as_difference, tie_query_key
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
-from davir.models.lightweight.config import LightweightConfig
+from davir.models.lightweight.config import TextTowerSettings
 from davir.models.lightweight.losses import gate_consistency_loss, map_correlation_loss
+from davir.models.lightweight.registry import register_method
 from davir.models.lightweight.scorer import ReconstructionLayer, cross_view_contrastive_loss
+
+
+@dataclass
+class CheerSettings(TextTowerSettings):
+    """CHEER (§4): L = L_S + λ_v (L_C + L_D) + λ_m L_I."""
+
+    uses_entities: ClassVar[bool] = True
+    default_text_model: ClassVar[str] = "ViT-L-14"  # CLIP ViT-L/14 [BG]
+
+    cheer_entities: int = 3  # K retrieved entities [P]
+    entity_dim: int = 768  # CLIP ViT-L/14 text embedding [BG]
+    entity_bank_size: int = 0  # >0: entities may be given as ids into a stored (M, entity_dim) bank
+    gate_weight: float = 0.75  # λ_v [P]
+    cheer_contrastive_weight: float = 0.5  # λ_m [P]
+    # "correlation" [D]: 1 − Pearson correlation of the two match maps over positions; "gate": MSE on the
+    # post-sigmoid gates (B,N,D), minimised by constant gates; "map": MSE on max_j P (B,N)
+    gate_loss_on: Literal["gate", "map", "correlation"] = "correlation"
+    enhance_temperature: float = 0.1  # initial τ_e of the CRE/DRE softmax [D]
+    mtm_mode: Literal["summed_heads", "per_head_mean"] = "summed_heads"  # L_I's token matching, as SCORER's
+
+    @property
+    def entities_per_pair(self) -> int:
+        return self.cheer_entities
+
+    def text_tower_sizes(self, width: int, out_dim: int) -> dict[str, int]:
+        return {"entity_dim": out_dim}
+
+    def with_entity_bank(self, size: int) -> "CheerSettings":
+        """These settings with a stored bank of `size` entity embeddings (batches then carry ids into it)."""
+        return replace(self, entity_bank_size=size)
 
 
 def enhancement_probability(target: torch.Tensor, source: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -69,7 +102,7 @@ class EnhancementModule(nn.Module):
 class HrdLayer(nn.Module):
     """The commonality half of one HRD layer: CRE + entity DRE (L_C) and the contrastive MHCA (L_I)."""
 
-    def __init__(self, config: LightweightConfig):
+    def __init__(self, config: CheerSettings):
         super().__init__()
         dim = config.hidden
         self.commonality = EnhancementModule(dim, "commonality", config.enhance_temperature)
@@ -102,10 +135,11 @@ def cross_image_interaction(layer: HrdLayer, common_before: torch.Tensor, common
     return refined_before, refined_after, sim_ba, sim_ab
 
 
+@register_method("cheer", CheerSettings)
 class CheerCaptioner(LightweightCaptioner):
     """CHEER: entity projection + HRD encoder + gated dual cross-attention decoder + L_C, L_D, L_I."""
 
-    def __init__(self, config: LightweightConfig):
+    def __init__(self, config: CheerSettings):
         super().__init__(config)
         dim = config.hidden
         self.entity_projection = nn.Sequential(nn.Linear(config.entity_dim, dim), nn.LayerNorm(dim))
@@ -124,7 +158,7 @@ class CheerCaptioner(LightweightCaptioner):
             init_as_difference(self.fuse[0])
 
     @classmethod
-    def decoder_kind(cls, config: LightweightConfig) -> str:
+    def decoder_kind(cls, config: CheerSettings) -> str:
         return "gated"
 
     @torch.no_grad()

@@ -1,24 +1,53 @@
-"""One configuration dataclass for the four lightweight methods and the subtraction baseline.
+"""The settings of a lightweight change captioner: the common ones here, each method's own next to its model.
 
-Defaults are the paper sizes (hidden 512, word embedding 300, 8 heads, 2 decoder layers) and the
-CLEVR-Change loss weights of each paper; `paper_settings(method, dataset)` gives the per-dataset values
-the papers (or the released code) report, to be applied with `dataclasses.replace` or `**`.
-Tags in comments follow methods.md: [P] paper, [C] official code, [D] our default.
+`LightweightConfig` holds what the five methods share (front-end, decoder, sizes, init switches); each method's
+settings class adds its own fields (`ScorerSettings` in scorer.py, `DirlSettings` in dirl.py, `RddSettings` in
+rdd.py, `CheerSettings` in cheer.py; subtraction has none) and is registered with its captioner (registry.py).
+
+    LightweightConfig(method="rdd", hidden=64, rdd_objects=8)   # -> RddSettings
+    ScorerSettings(cv_weight=0.3)
+    LightweightConfig(method="scorer", rdd_objects=8)           # ValueError: rdd_objects is a setting of rdd …
+
+Choice fields are `Literal[...]`, checked when built from Python as davir.config checks them from YAML.
+Defaults are the paper sizes (hidden 512, word embedding 300, 8 heads, 2 decoder layers) and the CLEVR-Change
+loss weights of each paper; `paper_settings(method, dataset)` gives the per-dataset values the papers (or the
+released code) report, to be applied with `**`. Tags in comments follow methods.md: [P] paper, [C] official
+code, [D] our default.
 """
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Literal
 
-METHOD_NAMES = ("subtraction", "scorer", "dirl", "rdd", "cheer")
-POSITION_KINDS = ("sinusoidal", "learned")
-CAPTION_LOSS_KINDS = ("token_mean", "sentence_mean")
-GATE_LOSS_KINDS = ("gate", "map", "correlation")
+from davir.models.lightweight.registry import METHODS, get_method
+
+DEFAULT_METHOD = "scorer"
+# Every flat config written before the per-method settings holds these (one key of each method's own) and
+# `method`: the other methods' keys it carries were never read, and are dropped when it is loaded.
+PRE_SPLIT_MARKERS = ("cv_weight", "dirl_weight", "rdd_objects", "cheer_entities")
+
+
+class _BuiltByMethod(type):
+    """`LightweightConfig(method=NAME, ...)` builds NAME's settings class; a key that class lacks is an error."""
+
+    def __call__(cls, *args, method: str | None = None, **values):
+        if cls is LightweightConfig:
+            cls = get_method(method or DEFAULT_METHOD).settings
+        elif method is not None and method != cls.method:
+            raise ValueError(f"{cls.__name__} are the settings of {cls.method}, not of {method!r}")
+        foreign = [key for key in values if key not in field_names(cls)]
+        if foreign:
+            raise ValueError(foreign_keys_message(cls.method, foreign))
+        return type.__call__(cls, *args, **values)
 
 
 @dataclass
-class LightweightConfig:
-    """Sizes, loss weights and switches of one lightweight change captioner.
+class LightweightConfig(metaclass=_BuiltByMethod):
+    """The settings every lightweight method shares; a method's settings class extends them.
 
     `feat_dim` is the number of channels entering the 1×1 projection, as in the reference configs:
     1024 for ResNet-101 layer3 features, 1026 when `coord_channels` appends the two coordinate maps
@@ -30,7 +59,14 @@ class LightweightConfig:
     logits). The default follows the papers and methods.md's [D] choices.
     """
 
-    method: str = "scorer"
+    # What the method's module declares about it (the trainer and the captioner read these, never the name).
+    method: ClassVar[str] = ""  # set by registry.register_method
+    default_positions: ClassVar[str] = "sinusoidal"  # decoder positions when `positions` is None
+    default_caption_loss: ClassVar[str] = "token_mean"  # caption loss when `caption_loss` is None
+    uses_entities: ClassVar[bool] = False  # batches carry each pair's retrieved entities (CHEER)
+    uses_attributes: ClassVar[bool] = False  # training batches carry the captions' noun/verb segments (RDD's ACR)
+    uses_text_tower: ClassVar[bool] = False  # a frozen open_clip text tower embeds text (TextTowerSettings)
+
     # Front-end (§0.3-0.4)
     feat_dim: int = 1024
     coord_channels: bool = False
@@ -39,7 +75,7 @@ class LightweightConfig:
     hidden: int = 512
     heads: int = 8
     dropout: float = 0.1
-    encoder_layers: int = 2
+    encoder_layers: int = 2  # SCORER / DIRL / CHEER encoder depth (RDD's is rdd_distill_steps; subtraction has none)
     # [D] SCORER/DIRL/CHEER cross-view attentions start with W_K = W_Q and W_V (W_O) = I: the first attention is the
     # content similarity of the two views (each token finds its counterpart), the first reconstruction of an
     # unchanged token is the token itself (attention.tie_query_key). False: the papers' random init.
@@ -51,7 +87,7 @@ class LightweightConfig:
     # [D] front-end: "scaled" standardises the features per channel (train-split statistics) and starts the 1×1
     # projection at N(0, 1/fan_in) and the position tables at N(0, 0.1²); "paper": raw features, PyTorch's
     # default projection init and N(0, 1) position tables, as the references.
-    frontend_init: str = "scaled"
+    frontend_init: Literal["scaled", "paper"] = "scaled"
     # [D] decoder init std: None = 0.02·√(512/hidden), the reference's scale at any width; 0.02 = the reference's.
     decoder_init_std: float | None = None
     # Decoder (§0.5, §7.2)
@@ -60,118 +96,157 @@ class LightweightConfig:
     word_emb: int = 300
     layers: int = 2
     ffn_dim: int = 2048
-    positions: str | None = None  # None: the method's own ("learned" for RDD, else "sinusoidal")
-    caption_loss: str | None = None  # None: "sentence_mean" for RDD (Eq. 15), else "token_mean"
+    positions: Literal["sinusoidal", "learned"] | None = None  # None: the method's own ("learned" for RDD)
+    caption_loss: Literal["token_mean", "sentence_mean"] | None = None  # None: "sentence_mean" for RDD (Eq. 15)
     reference_quirks: bool = False
-    # SCORER+CBR (§1): L = L_cap + λ_v L_cv + λ_r L_cbr, CLEVR-Change values
-    cv_weight: float = 0.1
-    cbr_weight: float = 0.001
-    mtm_mode: str = "summed_heads"  # [C] heads summed before the max; "per_head_mean" = paper reading
-    freeze_cbr_params: bool | None = None  # None: follow reference_quirks (the released code never updates CBR)
-    # DIRL+CCR (§2): L = L_cap + λ_d L_dirl + λ_c L_ccr, CLEVR-Change values
-    dirl_weight: float = 0.5
-    ccr_weight: float = 0.3
-    dirl_alpha: float = 0.003
-    dirl_correlation: str = "zscore"  # [C] z-scored token-level; "cosine" = Eq. 3 as printed
-    ccr_temperature: float = 0.5
-    ccr_mode: str | None = None  # None: "code" with reference_quirks, else "paper"
-    # Eq. 6 as printed, F~ − F^s (True: [D] LN(F~) − F^s; measured worse with matching_init, docs/lightweight_demo.md)
-    dirl_normalize_difference: bool = False
-    dirl_pairs: str = "distractor"  # [D] scene batches: L_dirl on the distractor pair only ("all": the paper)
-    # RDD+ACR (§3): L = L_XE + λ_1 L_N2O + λ_2 L_V2A
-    rdd_objects: int = 32
-    rdd_actions: int = 5
-    rdd_distill_steps: int = 2  # N shared-weight distilling blocks [D]
-    # [D] GDE residual: "difference" F^_x = F_diff + MHCA(F_x, F_diff); "image" F^_x = F_x + MHCA(F_x, F_diff)
-    # (with difference_init, Eq. 5's Linear starts as F^_aft − F^_bef); "none" = Eqs. 3-4 as printed
-    rdd_gde_residual: str = "difference"
-    rdd_decoder_tokens: str = "global"  # the decoder reads the fused H·W tokens (RDD: F~_diff ∈ R^{HW×C}) or "all"
-    n2o_weight: float = 0.1  # [D]
-    v2a_weight: float = 0.1  # [D]
-    acr_temperature: float = 0.07  # [D]
-    acr_mask_duplicates: bool = True  # [D] identical texts in a batch are not each other's negatives
-    acr_text_dim: int = 512  # CLIP text embedding size (ViT-B text tower) [D]
-    acr_prompt_tokens: int = 4  # learnable CoOp context tokens [P]
-    acr_token_width: int = 512  # CLIP token-embedding width the context vectors live in
-    # CHEER (§4): L = L_S + λ_v (L_C + L_D) + λ_m L_I
-    cheer_entities: int = 3  # K retrieved entities [P]
-    entity_dim: int = 768  # CLIP ViT-L/14 text embedding [BG]
-    entity_bank_size: int = 0  # >0: entities may be given as ids into a stored (M, entity_dim) bank
-    gate_weight: float = 0.75  # λ_v [P]
-    cheer_contrastive_weight: float = 0.5  # λ_m [P]
-    # "correlation" [D]: 1 − Pearson correlation of the two match maps over positions; "gate": MSE on the
-    # post-sigmoid gates (B,N,D), minimised by constant gates; "map": MSE on max_j P (B,N)
-    gate_loss_on: str = "correlation"
-    enhance_temperature: float = 0.1  # initial τ_e of the CRE/DRE softmax [D]
 
     def __post_init__(self) -> None:
-        if self.method not in METHOD_NAMES:
-            raise ValueError(f"unknown lightweight method {self.method!r}; choose from {', '.join(METHOD_NAMES)}")
+        for name, choices in _choices(type(self)).items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
         if self.hidden % self.heads or self.hidden % 2:
             raise ValueError(f"hidden={self.hidden} must be even and divisible by heads={self.heads}")
         if self.coord_channels and self.feat_dim <= 2:
             raise ValueError("with coord_channels, feat_dim counts the 2 coordinate channels (e.g. 1026)")
-        if self.positions is not None and self.positions not in POSITION_KINDS:
-            raise ValueError(f"positions must be one of {POSITION_KINDS}, got {self.positions!r}")
-        if self.caption_loss is not None and self.caption_loss not in CAPTION_LOSS_KINDS:
-            raise ValueError(f"caption_loss must be one of {CAPTION_LOSS_KINDS}, got {self.caption_loss!r}")
-        if self.mtm_mode not in ("summed_heads", "per_head_mean"):
-            raise ValueError(f"mtm_mode must be 'summed_heads' or 'per_head_mean', got {self.mtm_mode!r}")
-        if self.dirl_correlation not in ("zscore", "cosine"):
-            raise ValueError(f"dirl_correlation must be 'zscore' or 'cosine', got {self.dirl_correlation!r}")
-        if self.ccr_mode is not None and self.ccr_mode not in ("paper", "code"):
-            raise ValueError(f"ccr_mode must be 'paper' or 'code', got {self.ccr_mode!r}")
-        if self.gate_loss_on not in GATE_LOSS_KINDS:
-            raise ValueError(f"gate_loss_on must be one of {GATE_LOSS_KINDS}, got {self.gate_loss_on!r}")
-        if self.frontend_init not in ("scaled", "paper"):
-            raise ValueError(f"frontend_init must be 'scaled' or 'paper', got {self.frontend_init!r}")
         if self.decoder_init_std is not None and not self.decoder_init_std > 0:
             raise ValueError(f"decoder_init_std must be a positive number or null, got {self.decoder_init_std!r}")
-        if self.rdd_gde_residual not in ("difference", "image", "none"):
-            raise ValueError(f"rdd_gde_residual must be 'difference', 'image' or 'none', got {self.rdd_gde_residual!r}")
-        if self.rdd_decoder_tokens not in ("global", "all"):
-            raise ValueError(f"rdd_decoder_tokens must be 'global' or 'all', got {self.rdd_decoder_tokens!r}")
-        if self.dirl_pairs not in ("all", "distractor"):
-            raise ValueError(f"dirl_pairs must be 'all' or 'distractor', got {self.dirl_pairs!r}")
         if self.max_len < 2 or self.vocab_size < 5:
             raise ValueError("max_len must be >= 2 and vocab_size >= 5 (4 special tokens + a word)")
+
+    def __getattr__(self, name: str) -> Any:  # only for names the settings lack: say whose they are
+        owners = owners_of(name)
+        raise AttributeError(f"{type(self).__name__} has no {name!r}" +
+                             (f" (a setting of {', '.join(owners)})" if owners else ""))
 
     # Resolved switches (None = the method's own choice)
     @property
     def resolved_positions(self) -> str:
-        return self.positions or ("learned" if self.method == "rdd" else "sinusoidal")
+        return self.positions or self.default_positions
 
     @property
     def resolved_caption_loss(self) -> str:
-        return self.caption_loss or ("sentence_mean" if self.method == "rdd" else "token_mean")
-
-    @property
-    def resolved_ccr_mode(self) -> str:
-        return self.ccr_mode or ("code" if self.reference_quirks else "paper")
-
-    @property
-    def resolved_freeze_cbr(self) -> bool:
-        return self.reference_quirks if self.freeze_cbr_params is None else self.freeze_cbr_params
+        return self.caption_loss or self.default_caption_loss
 
     @property
     def backbone_channels(self) -> int:
         """Channels of the incoming feature maps (without the coordinate channels)."""
         return self.feat_dim - 2 if self.coord_channels else self.feat_dim
 
+    @property
+    def entities_per_pair(self) -> int:
+        """Retrieved entities each pair's batch row carries (0: the method reads none)."""
+        return 0
+
+    @property
+    def attaches_text_tower(self) -> bool:
+        """Whether the captioner is built with the text tower attached (`text_tower=`, RDD's learned prompts)."""
+        return False
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The flat saved form: `method` and every field of the method's settings."""
+        return {"method": self.method, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, values: dict) -> "LightweightConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+    def from_dict(cls, values: dict, *, drop_foreign_keys: bool = False) -> LightweightConfig:
+        """The settings a saved flat dict describes (`to_dict`'s, or the one dict of every method's keys that
+        earlier versions saved: those other methods' keys are dropped, as that code never read them)."""
+        values = dict(values)
+        method = values.pop("method", cls.method or DEFAULT_METHOD)
+        settings = get_method(method).settings
+        unknown = sorted(key for key in values if not owners_of(key))
         if unknown:
             raise ValueError(f"unknown LightweightConfig field(s): {', '.join(unknown)}")
-        return cls(**values)
+        foreign = [key for key in values if key not in field_names(settings)]
+        if foreign and not (drop_foreign_keys or is_pre_split(values)):
+            raise ValueError(f"{foreign_keys_message(method, foreign)}; a {method} model never read them. To convert "
+                             "the file, load it with load_lightweight_model(path, drop_foreign_keys=True) and save it "
+                             "again with save_lightweight_model")
+        return settings(**{key: value for key, value in values.items() if key in field_names(settings)})
+
+
+@dataclass
+class TextTowerSettings(LightweightConfig):
+    """The frozen open_clip text tower of a method that embeds text (CHEER's entities, RDD's ACR attributes)."""
+
+    uses_text_tower: ClassVar[bool] = True
+    default_text_model: ClassVar[str] = ""  # the open_clip model when text_encoder_model is unset
+
+    text_encoder: str | None = None  # local open_clip checkpoint; unset: a seeded random-init tower (stated in the log)
+    text_encoder_model: str | None = None  # open_clip model name (unset: default_text_model)
+    text_encoder_config: str | None = None  # JSON open_clip model config to register (custom or tiny towers)
+
+    @property
+    def text_model(self) -> str:
+        return self.text_encoder_model or self.default_text_model
+
+    def text_tower_sizes(self, width: int, out_dim: int) -> dict[str, int]:
+        """The fields a tower of this token width and output dim fixes."""
+        raise NotImplementedError
+
+
+# --- the keys of each method -----------------------------------------------------------------------------
+@functools.cache
+def field_names(settings: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(settings))
+
+
+@functools.cache
+def _choices(settings: type) -> dict[str, tuple]:
+    """The allowed values of each Literal (or optional Literal) field."""
+    hints = typing.get_type_hints(settings)
+    choices = {}
+    for f in fields(settings):
+        options = [hints[f.name]]
+        if typing.get_origin(options[0]) in (typing.Union, types.UnionType):
+            options = list(typing.get_args(options[0]))
+        allowed = [value for option in options if typing.get_origin(option) is Literal
+                   for value in typing.get_args(option)]
+        if allowed:
+            choices[f.name] = tuple(allowed) + ((None,) if type(None) in options else ())
+    return choices
+
+
+def common_keys() -> frozenset[str]:
+    return field_names(LightweightConfig)
+
+
+def keys_of(method: str) -> frozenset[str]:
+    """Every key `method` takes: the common ones and its own."""
+    return field_names(get_method(method).settings)
+
+
+def own_keys(method: str) -> tuple[str, ...]:
+    """The keys `method` adds to the common ones, in declaration order."""
+    return tuple(f.name for f in fields(get_method(method).settings) if f.name not in common_keys())
+
+
+def owners_of(key: str) -> tuple[str, ...]:
+    """The methods that take `key` (all of them for a common key; none for an unknown one)."""
+    return tuple(name for name, spec in METHODS.items() if key in field_names(spec.settings))
+
+
+def foreign_keys_message(method: str, keys, *, prefix: str = "") -> str:
+    """One line: whose keys these are, and what `method` takes."""
+    parts = [f"{prefix}{key} is a setting of {', '.join(owners_of(key))}, not of {method}" if owners_of(key)
+             else f"{prefix}{key} is not a setting of any lightweight method" for key in keys]
+    own = own_keys(method)
+    takes = f"its own: {', '.join(own)}" if own else "none of its own"
+    return f"{'; '.join(parts)} ({method} takes the common keys and {takes})"
+
+
+def is_pre_split(values: dict) -> bool:
+    """Whether a flat dict is one written before the per-method settings (every method's keys)."""
+    return all(key in values for key in PRE_SPLIT_MARKERS)
+
+
+def __getattr__(name: str):
+    if name == "METHOD_NAMES":  # the registry's names, for callers of the former constant
+        return tuple(METHODS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Per-dataset settings from the papers / released configs (methods.md §1.3, §1.5, §2.3, §3.5, §4.5).
-# Model fields go into LightweightConfig; "batch_size"/"lr" are for the trainer.
+# Model fields are keys of the method's settings; "batch_size"/"lr" are for the trainer.
 _CLEVR_CHANGE = {"vocab_size": 76, "max_len": 24, "coord_channels": True, "feat_dim": 1026}
 _CLEVR_DC = {"vocab_size": 87, "max_len": 40}
 PAPER_SETTINGS: dict[str, dict[str, dict]] = {
@@ -213,7 +288,7 @@ TRAINER_KEYS = ("batch_size", "lr")
 def paper_settings(method: str, dataset: str) -> tuple[dict, dict]:
     """(model fields, trainer fields) the papers give for `method` on `dataset`; KeyError if none reported."""
     if method not in PAPER_SETTINGS:
-        raise KeyError(f"unknown lightweight method {method!r}; choose from {', '.join(METHOD_NAMES)}")
+        raise KeyError(f"unknown lightweight method {method!r}; choose from {', '.join(PAPER_SETTINGS)}")
     table = PAPER_SETTINGS[method]
     if dataset not in table:
         raise KeyError(f"{method} reports no settings for {dataset!r}; known: {', '.join(sorted(table))}")

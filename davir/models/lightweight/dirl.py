@@ -12,6 +12,9 @@ Total: ``L = L_cap + λ_d L_dirl + λ_c L_ccr`` (Eq. 16).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,7 +24,28 @@ from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput, init_weights
 from davir.models.lightweight.losses import cross_correlation_loss, info_nce, masked_mean, similarity
+from davir.models.lightweight.registry import register_method
 from davir.text.vocab import PAD_ID
+
+
+@dataclass
+class DirlSettings(LightweightConfig):
+    """DIRL+CCR (§2): L = L_cap + λ_d L_dirl + λ_c L_ccr, CLEVR-Change values."""
+
+    dirl_weight: float = 0.5
+    ccr_weight: float = 0.3
+    dirl_alpha: float = 0.003
+    dirl_correlation: Literal["zscore", "cosine"] = "zscore"  # [C] z-scored token-level; "cosine" = Eq. 3 as printed
+    ccr_temperature: float = 0.5
+    ccr_mode: Literal["paper", "code"] | None = None  # None: "code" with reference_quirks, else "paper"
+    # Eq. 6 as printed, F~ − F^s (True: [D] LN(F~) − F^s; measured worse with matching_init, docs/lightweight_demo.md)
+    dirl_normalize_difference: bool = False
+    # [D] scene batches: L_dirl on the distractor pair only ("all": the paper)
+    dirl_pairs: Literal["all", "distractor"] = "distractor"
+
+    @property
+    def resolved_ccr_mode(self) -> str:
+        return self.ccr_mode or ("code" if self.reference_quirks else "paper")
 
 
 def distractors_immune_loss(
@@ -73,12 +97,13 @@ def cross_modal_contrastive_loss(text: torch.Tensor, visual: torch.Tensor, *, te
     return info_nce(sim, temperature=temperature, symmetric=True)
 
 
+@register_method("dirl", DirlSettings)
 class DirlCaptioner(LightweightCaptioner):
     """DIRL encoder + standard decoder (FFN 2048) + L_dirl + L_ccr; Xavier init everywhere [C]."""
 
     decoder_init = "xavier"
 
-    def __init__(self, config: LightweightConfig):
+    def __init__(self, config: DirlSettings):
         super().__init__(config)
         dim = config.hidden
         self.projector = nn.Sequential(

@@ -40,16 +40,56 @@ Caption loss: the length-normalised sentence mean of Eq. 15. Total: ``L = L_XE +
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
 import torch
 from torch import nn
 
 from davir.models.lightweight.attention import init_as_difference
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
-from davir.models.lightweight.config import LightweightConfig
+from davir.models.lightweight.config import TextTowerSettings
 from davir.models.lightweight.decoder import DecoderOutput
 from davir.models.lightweight.losses import info_nce, similarity
+from davir.models.lightweight.registry import register_method
 
 PROMPT_PLACEHOLDER = "X"
+
+
+@dataclass
+class RddSettings(TextTowerSettings):
+    """RDD+ACR (§3): L = L_XE + λ_1 L_N2O + λ_2 L_V2A; learned decoder positions and the sentence-mean XE [P]."""
+
+    default_positions: ClassVar[str] = "learned"
+    default_caption_loss: ClassVar[str] = "sentence_mean"  # Eq. 15
+    uses_attributes: ClassVar[bool] = True
+    default_text_model: ClassVar[str] = "ViT-B-32"  # RDD's CLIP variant is unstated [D]
+
+    rdd_objects: int = 32
+    rdd_actions: int = 5
+    rdd_distill_steps: int = 2  # N shared-weight distilling blocks [D]
+    # [D] GDE residual: "difference" F^_x = F_diff + MHCA(F_x, F_diff); "image" F^_x = F_x + MHCA(F_x, F_diff)
+    # (with difference_init, Eq. 5's Linear starts as F^_aft − F^_bef); "none" = Eqs. 3-4 as printed
+    rdd_gde_residual: Literal["difference", "image", "none"] = "difference"
+    # the decoder reads the fused H·W tokens (RDD: F~_diff ∈ R^{HW×C}) or "all"
+    rdd_decoder_tokens: Literal["global", "all"] = "global"
+    n2o_weight: float = 0.1  # [D]
+    v2a_weight: float = 0.1  # [D]
+    acr_temperature: float = 0.07  # [D]
+    acr_mask_duplicates: bool = True  # [D] identical texts in a batch are not each other's negatives
+    acr_text_dim: int = 512  # CLIP text embedding size (ViT-B text tower) [D]
+    acr_prompt_tokens: int = 4  # learnable CoOp context tokens [P]
+    acr_token_width: int = 512  # CLIP token-embedding width the context vectors live in
+    # ACR's text path: CoOp prompts through the tower (the paper's default), or fixed precomputed text features
+    # (the paper's "Fixed Prompt" row; much cheaper on a CPU)
+    acr_prompts: Literal["learned", "fixed"] = "learned"
+
+    @property
+    def attaches_text_tower(self) -> bool:
+        return self.acr_prompts == "learned"
+
+    def text_tower_sizes(self, width: int, out_dim: int) -> dict[str, int]:
+        return {"acr_text_dim": out_dim, "acr_token_width": width}
 
 
 def global_difference(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -179,10 +219,11 @@ class TextTowerAdapter(nn.Module):
         return pooled @ self.text_projection
 
 
+@register_method("rdd", RddSettings)
 class RddCaptioner(LightweightCaptioner):
     """RDD encoder (GDE → object → action distilling → fusion) + learned-position decoder + ACR."""
 
-    def __init__(self, config: LightweightConfig, text_tower: nn.Module | None = None):
+    def __init__(self, config: RddSettings, text_tower: nn.Module | None = None):
         super().__init__(config)
         dim, heads, dropout = config.hidden, config.heads, config.dropout
         self.gde_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)

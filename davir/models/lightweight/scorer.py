@@ -12,6 +12,9 @@ the projected "before" tokens into a hallucinated "after", refined by MHSA, and 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 from torch import nn
 
@@ -21,7 +24,23 @@ from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput
 from davir.models.lightweight.losses import info_nce, masked_mean
+from davir.models.lightweight.registry import register_method
 from davir.text.vocab import PAD_ID
+
+
+@dataclass
+class ScorerSettings(LightweightConfig):
+    """SCORER+CBR (§1): L = L_cap + λ_v L_cv + λ_r L_cbr, CLEVR-Change values."""
+
+    cv_weight: float = 0.1
+    cbr_weight: float = 0.001
+    # MTM: [C] heads summed before the max; "per_head_mean" = the paper's reading
+    mtm_mode: Literal["summed_heads", "per_head_mean"] = "summed_heads"
+    freeze_cbr_params: bool | None = None  # None: follow reference_quirks (the released code never updates CBR)
+
+    @property
+    def resolved_freeze_cbr(self) -> bool:
+        return self.reference_quirks if self.freeze_cbr_params is None else self.freeze_cbr_params
 
 
 def cross_view_reconstruction(query_tokens: torch.Tensor, reconstructed: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
@@ -115,10 +134,11 @@ class CrossModalBackwardReasoning(nn.Module):
         return info_nce(self.matching(refined, after_tokens), symmetric=True)
 
 
+@register_method("scorer", ScorerSettings)
 class ScorerCaptioner(LightweightCaptioner):
     """SCORER encoder + standard decoder (SCORER-code decoder with `reference_quirks`) + L_cv + L_cbr."""
 
-    def __init__(self, config: LightweightConfig):
+    def __init__(self, config: ScorerSettings):
         super().__init__(config)
         dim = config.hidden
         self.layers = nn.ModuleList(

@@ -8,11 +8,19 @@ the caption loss only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import LightweightConfig
+from davir.models.lightweight.registry import register_method
+
+
+@dataclass
+class SubtractionSettings(LightweightConfig):
+    """The baseline has no settings of its own: the common ones only."""
 
 
 def direct_subtraction(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -20,10 +28,11 @@ def direct_subtraction(before: torch.Tensor, after: torch.Tensor) -> torch.Tenso
     return after - before
 
 
+@register_method("subtraction", SubtractionSettings)
 class SubtractionCaptioner(LightweightCaptioner):
     """Projected-token subtraction → Linear → standard decoder; caption cross-entropy only."""
 
-    def __init__(self, config: LightweightConfig):
+    def __init__(self, config: SubtractionSettings):
         super().__init__(config)
         self.project = nn.Sequential(nn.Linear(config.hidden, config.hidden), nn.Dropout(config.dropout), nn.ReLU())
 

@@ -1,0 +1,56 @@
+"""The one list of lightweight methods: name → captioner class + settings class, each registered once.
+
+A method's module registers its captioner where it defines it:
+
+    @register_method("scorer", ScorerSettings)
+    class ScorerCaptioner(LightweightCaptioner): ...
+
+The package (davir.models.lightweight) imports every method module, so `METHODS` is complete once it is
+imported; the trainer's task (davir.training.lightweight_task), the config loader and the model loader all
+read the names from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from davir.models.lightweight.base import LightweightCaptioner
+    from davir.models.lightweight.config import LightweightConfig
+
+
+@dataclass(frozen=True)
+class LightweightMethod:
+    name: str
+    captioner: type[LightweightCaptioner]
+    settings: type[LightweightConfig]
+
+
+METHODS: dict[str, LightweightMethod] = {}  # in registration order: subtraction, scorer, dirl, rdd, cheer
+
+
+def register_method(name: str, settings: type[LightweightConfig]):
+    """Class decorator of a captioner: `name` builds it from `settings` (which learns its name here)."""
+
+    def decorate(captioner: type[LightweightCaptioner]) -> type[LightweightCaptioner]:
+        if name in METHODS:
+            raise ValueError(f"lightweight method {name!r} is registered twice ({METHODS[name].captioner.__name__}, "
+                             f"{captioner.__name__})")
+        if any(spec.settings is settings for spec in METHODS.values()):
+            raise ValueError(f"{settings.__name__} already belongs to another method; give {name} its own class")
+        settings.method = name
+        METHODS[name] = LightweightMethod(name, captioner, settings)
+        return captioner
+
+    return decorate
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(METHODS)
+
+
+def get_method(name: str) -> LightweightMethod:
+    if name not in METHODS:
+        raise ValueError(f"unknown lightweight method {name!r}; choose from {', '.join(METHODS)}")
+    return METHODS[name]
