@@ -13,27 +13,22 @@ read the names from here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from davir.models.lightweight.base import LightweightCaptioner
-    from davir.models.lightweight.config import LightweightConfig
 
 
 @dataclass(frozen=True)
 class LightweightMethod:
     name: str
-    captioner: type[LightweightCaptioner]
-    settings: type[LightweightConfig]
+    captioner: type  # a LightweightCaptioner (config.py, which base.py imports, imports this module: no import back)
+    settings: type  # its LightweightConfig subclass
 
 
 METHODS: dict[str, LightweightMethod] = {}  # in registration order: subtraction, scorer, dirl, rdd, cheer
 
 
-def register_method(name: str, settings: type[LightweightConfig]):
+def register_method(name: str, settings: type):
     """Class decorator of a captioner: `name` builds it from `settings` (which learns its name here)."""
 
-    def decorate(captioner: type[LightweightCaptioner]) -> type[LightweightCaptioner]:
+    def decorate(captioner: type) -> type:
         if name in METHODS:
             raise ValueError(f"lightweight method {name!r} is registered twice ({METHODS[name].captioner.__name__}, "
                              f"{captioner.__name__})")
