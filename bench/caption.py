@@ -5,7 +5,7 @@
 Each size runs `caption.py` as a user would (a fresh process, online masks + entities, the JSONL and the
 report) on a pairs.csv that cycles the test split's pairs under new ids; peak RSS is sampled every 50 ms
 over the whole process tree (the main process and its DataLoader workers). `evaluate_generation` is
-`davir.inference.caption_pairs` — what `evaluate.py --checkpoint` runs — on the split's cached entities,
+`ChangeCaptioner.caption_records` with the split's cached entities — what `evaluate.py --checkpoint` runs —
 the same model, so the two rates show what the online preprocessing and the report cost. One JSON
 object on stdout.
 """
@@ -91,20 +91,21 @@ def write_pairs(work: Path, data: Path, split: str, n: int) -> Path:
 
 
 def evaluate_generation(checkpoint: Path, data: Path, entities: Path, split: str, batch_size: int) -> dict:
-    """evaluate.py's generation (caption_pairs on cached entities), in this process."""
+    """evaluate.py's generation (the captioner on cached entities, attention maps on, default decoding), here."""
     import torch
 
-    from davir.data.caches import EntityCache
     from davir.data.formats import read_dataset
-    from davir.inference.davir_generation import caption_pairs, load_davir, resolve_model_dir
+    from davir.inference import CachedEntities, ChangeCaptioner, load_engine
+    from davir.runs.paths import RunPaths
 
     torch.set_num_threads(1)
-    model = load_davir(resolve_model_dir(checkpoint), device="cpu")
+    run = RunPaths.of(checkpoint)
+    engine = load_engine(run, "cpu")
     pairs = read_dataset("clevr_change", data, split).pairs
-    cache, k = EntityCache(entities), model.config.epc.num_entities
-    source = (lambda pair, b, a: [e for e, _ in cache.get(pair.pair_id)[:k]]) if model.config.epc.use_entities else None
+    captioner = ChangeCaptioner(engine, None, CachedEntities(entities) if engine.uses_entities else None, run=run,
+                                max_side=None)
     started = time.perf_counter()
-    caption_pairs(model, pairs, batch_size=batch_size, entity_source=source, progress=False)
+    captioner.caption_records(pairs, batch_size=batch_size, attention=True)
     seconds = time.perf_counter() - started
     return {"pairs": len(pairs), "seconds": seconds, "pairs_per_s": len(pairs) / seconds}
 

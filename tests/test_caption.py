@@ -367,10 +367,9 @@ def test_online_masks_rebuild_the_cache_segmenter_or_say_what_is_missing(trained
 
 def test_a_lightweight_run_captions_a_folder_as_evaluate_does(trained, tmp_path, capsys):
     """SCORER through caption.py: online features of the run's (seeded random-init) backbone give the captions
-    `caption_pairs_lightweight` gives from the `preprocess features` cache."""
-    from davir.data.feature_cache import FeatureCache
+    evaluate.py gives from the `preprocess features` cache."""
     from davir.data.formats import read_dataset
-    from davir.inference.lightweight import caption_pairs_lightweight, load_lightweight
+    from davir.evaluation import evaluate_run
     from preprocess.features import main as features_main
     from tests.test_lightweight_train import TINY
 
@@ -393,7 +392,7 @@ def test_a_lightweight_run_captions_a_folder_as_evaluate_does(trained, tmp_path,
     out = tmp_path / "c.jsonl"
     status, _, err = run(["--checkpoint", run_dir, "--pairs", pairs, "--out", out, "--quiet"], capsys)
     assert status == 0, err
-    cached = caption_pairs_lightweight(load_lightweight(run_dir / "last", device="cpu"), test_pairs,
-                                       feature_cache=FeatureCache(features), progress=False)
-    assert {r["id"]: r["caption"] for r in rows_of(out)} == {p.pair_id: p.caption for p in cached}
-    assert all(p.caption for p in cached)
+    cached = evaluate_run(run_dir / "last", "test", limit=3, metrics=("BLEU",), spice=False, echo=False, progress=False)
+    assert not cached.failed and list(cached.predictions) == [pair.pair_id for pair in test_pairs]
+    assert {r["id"]: r["caption"] for r in rows_of(out)} == cached.predictions
+    assert all(cached.predictions.values())

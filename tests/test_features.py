@@ -147,7 +147,7 @@ def test_missing_weights_images_and_cache_give_clear_errors(clevr_root, tmp_path
 
 
 def test_captioning_finds_the_shipped_tiny_backbone_by_its_hash_and_names_the_flag_otherwise():
-    from davir.inference.lightweight import OnlineFeatures
+    from davir.inference.sources import OnlineFeatures
     from davir.preprocessing.backbone import SHIPPED_BACKBONE, file_sha256
 
     online = OnlineFeatures(None, trained_with=f"sha256:{file_sha256(SHIPPED_BACKBONE)}")

@@ -11,7 +11,9 @@ from PIL import Image
 
 from davir.config import load_config
 from davir.data.synthetic import SynthConfig, generate_dataset
-from davir.inference.davir_generation import attention_localisation, localisation_summary, Prediction, resolve_model_dir
+from davir.evaluation.localisation import attention_localisation, localisation_summary
+from davir.inference import CaptionResult
+from davir.runs.paths import resolve_model_dir
 from davir.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +33,7 @@ def test_attention_localisation_by_hand():
     mask_small[3, 3] = True  # a quarter of the bottom-right patch: counts as inside (>= 25 %)
     assert attention_localisation(attention, mask_small)["share"] == pytest.approx(0.2)
     assert attention_localisation(attention, np.zeros((4, 4), bool)) is None
-    summary = localisation_summary([Prediction("p", "c", attention_before=attention, attention_after=attention)],
+    summary = localisation_summary([CaptionResult("p", "c", attention_before=attention, attention_after=attention)],
                                    {"p": (mask, np.zeros((4, 4), bool))})
     assert summary["images"] == 1 and summary["share_over_uniform"] == pytest.approx(2.0)
 

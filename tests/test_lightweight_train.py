@@ -26,10 +26,11 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_TEXT = "tiny-text-test"  # an open_clip model config registered from tmp (1 layer, width 16)
 TINY = [
     "lightweight.hidden=16", "lightweight.heads=2", "lightweight.word_emb=8", "lightweight.ffn_dim=32",
-    "lightweight.layers=1", "lightweight.encoder_layers=1", "lightweight.rdd_objects=3", "lightweight.rdd_actions=2",
+    "lightweight.layers=1", "lightweight.encoder_layers=1",
     "lightweight.max_len=16", "lightweight.dropout=0.0", "optim.batch_size=4", "optim.max_steps=3",
     "optim.lr=1e-3", "run.eval_every=3", "run.val_max_pairs=4", "run.tensorboard=false", "run.log_every=1",
 ]
+TINY_RDD = ["lightweight.rdd_objects=3", "lightweight.rdd_actions=2"]  # RDD's own keys (another method's are errors)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -66,11 +67,13 @@ def tiny_data(tmp_path_factory) -> dict:
 
 
 def run_config(tiny_data: dict, method: str, tmp_path: Path, *extra: str) -> TrainConfig:
-    overrides = [f"method={method}", f"lightweight.method={method}", "data.format=clevr_change",
+    overrides = [f"method={method}", "data.format=clevr_change",
                  f"data.root={tiny_data['root']}", f"data.features={tiny_data['features']}",
                  f"run.output_dir={tmp_path / method}", *TINY]
     if method in ("cheer", "rdd"):
-        overrides += [f"data.text_encoder_model={TINY_TEXT}", f"data.text_encoder_config={tiny_data['text_config']}"]
+        overrides += [f"lightweight.text_encoder_model={TINY_TEXT}", f"lightweight.text_encoder_config={tiny_data['text_config']}"]
+    if method == "rdd":
+        overrides += TINY_RDD
     if method == "cheer":
         overrides.append(f"data.entities={tiny_data['entities']}")
     return load_config(TrainConfig, None, overrides + list(extra))
@@ -78,11 +81,12 @@ def run_config(tiny_data: dict, method: str, tmp_path: Path, *extra: str) -> Tra
 
 @pytest.mark.parametrize("method", ["subtraction", "scorer", "dirl", "rdd", "cheer"])
 def test_train_save_load_caption(method, tiny_data, tmp_path, capsys):
-    from davir.inference.lightweight import caption_pairs_lightweight, load_lightweight
     from davir.data.feature_cache import FeatureCache
+    from davir.inference import CachedEntities, ChangeCaptioner, load_engine
+    from davir.runs.paths import RunPaths
     from davir.training.loop import train
 
-    extra = ["data.acr_prompts=learned"] if method == "rdd" else []
+    extra = ["lightweight.acr_prompts=learned"] if method == "rdd" else []
     run = train(run_config(tiny_data, method, tmp_path, *extra))
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     assert [row["step"] for row in log] == [1, 2, 3]
@@ -104,11 +108,14 @@ def test_train_save_load_caption(method, tiny_data, tmp_path, capsys):
         assert info["text_encoder"]["weights"] == "random-init(seed=0)"
     # save → load → the same greedy captions as the in-memory model gave at the final validation
     in_memory = read_json(run / "val" / "step_3.json")["predictions"]
-    bundle = load_lightweight(saved, device="cpu")
+    # (the captioning path of evaluate.py: features and CHEER's entities looked up in the split's caches)
+    model = RunPaths.of(saved)
+    engine = load_engine(model, "cpu", features=FeatureCache(tiny_data["features"]))
+    assert engine.bundle.method == method and engine.uses_entities == (method == "cheer")
+    entities = CachedEntities(EntityCache(tiny_data["entities"])) if method == "cheer" else None
+    captioner = ChangeCaptioner(engine, None, entities, run=model, num_beams=1, max_new_tokens=engine.max_len)
     val_pairs = read_dataset("clevr_change", tiny_data["root"], "val").pairs[:4]
-    entity_cache = EntityCache(tiny_data["entities"]) if method == "cheer" else None
-    predictions = caption_pairs_lightweight(bundle, val_pairs, feature_cache=FeatureCache(tiny_data["features"]),
-                                            entity_cache=entity_cache, batch_size=3, progress=False)
+    predictions = captioner.caption_records(val_pairs, batch_size=3)
     assert [p.pair_id for p in predictions] == [p.pair_id for p in val_pairs]
     assert all(p.error is None for p in predictions)
     assert {p.pair_id: p.caption for p in predictions} == in_memory
@@ -197,7 +204,7 @@ def test_one_step_on_the_real_clevr_change_images(shared_datasets, tmp_path):
         assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out",
                               str(tmp_path / "feats"), "--random-init", "--workers", "0"]) == 0
     config = load_config(TrainConfig, None, [
-        "method=scorer", "lightweight.method=scorer", f"data.root={root}", f"data.features={tmp_path / 'feats'}",
+        "method=scorer", f"data.root={root}", f"data.features={tmp_path / 'feats'}",
         f"run.output_dir={tmp_path / 'run'}", *TINY, "optim.max_steps=1", "run.eval_every=1", "run.val_max_pairs=2"])
     run = train(config)
     assert json.loads((run / "train_log.jsonl").read_text().splitlines()[0])["step"] == 1
@@ -237,8 +244,9 @@ def test_compare_tables_runs_beside_the_papers(tmp_path):
 
 def test_every_method_trains_and_scores_on_a_folder_of_own_pairs_through_a_sweep(tiny_data, tmp_path):
     """Issue 17: the five `configs/<method>_folder.yaml` on a user's pairs.csv (captions, splits) — features of the
-    folder, then one `davir.sweep` that trains and scores each method with `evaluate.py --format folder`."""
-    from davir.sweep import grid as sweep
+    folder, then one `davir.sweep.grid.run_sweep` (typed, no command line) that trains and scores each method with
+    `evaluate.py --format folder`."""
+    from davir.sweep.grid import load_sweep, run_sweep
     from davir.data.__main__ import main as data_main
     from preprocess.features import main as features_main
 
@@ -257,19 +265,20 @@ def test_every_method_trains_and_scores_on_a_folder_of_own_pairs_through_a_sweep
         EntityCache(entities).write_part(split, {p.pair_id: [(phrases[(i + j) % 4], 1.0 - j / 10) for j in range(3)]
                                                  for i, p in enumerate(pairs)})
     methods = ["subtraction", "scorer", "dirl", "rdd", "cheer"]
-    text = ["data.text_encoder=null", f"data.text_encoder_model={TINY_TEXT}",
-            f"data.text_encoder_config={tiny_data['text_config']}"]
+    text = ["lightweight.text_encoder=null", f"lightweight.text_encoder_model={TINY_TEXT}",
+            f"lightweight.text_encoder_config={tiny_data['text_config']}"]
     sweep_file = tmp_path / "own.yaml"
     sweep_file.write_text(yaml.safe_dump({
         "title": "five methods on own pairs", "out": str(tmp_path / "sweep"), "seeds": [0], "split": "test",
         "overrides": [f"data.root={own}", f"data.features={features}", *TINY],
         "evaluate_args": ["--no-spice", "--metrics", "BLEU,CIDEr"],
         "variants": [{"name": m, "config": str(REPO / "configs" / f"{m}_folder.yaml"),
-                      "overrides": (text if m in ("rdd", "cheer") else []) + ([f"data.entities={entities}"]
-                                                                              if m == "cheer" else [])}
+                      "overrides": (text if m in ("rdd", "cheer") else []) + (TINY_RDD if m == "rdd" else [])
+                                   + ([f"data.entities={entities}"] if m == "cheer" else [])}
                      for m in methods]}))
-    assert sweep.main([str(sweep_file)]) == 0
+    result = run_sweep(load_sweep(sweep_file))
     summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())
+    assert result.json_path == tmp_path / "sweep" / "summary.json" and result.summary["variants"] == summary["variants"]
     assert sorted(summary["variants"]) == sorted(methods)
     test_ids = {p.pair_id for p in read_dataset("folder", own, "test").pairs}
     for method in methods:

@@ -22,9 +22,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from davir.inference.folder import caption_folder
-from davir.data.records import DataError
-from davir.errors import describe_os_error
+from davir.errors import DataError, describe_os_error
+from davir.inference import CaptionerOptions, caption_folder
 from davir.runtime.signals import stop_on_signals
 
 
@@ -72,8 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
 @stop_on_signals()
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    options = CaptionerOptions(
+        masks_from=args.masks_from, entities_from=args.entities_from, pretrained=args.pretrained,
+        sam_checkpoint=args.sam_checkpoint, clip_checkpoint=args.clip_checkpoint,
+        backbone_weights=args.backbone_weights, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
+        size_policy="resize_before_to_after" if args.resize_mismatched else "error",
+        allow_profile_mismatch=args.allow_profile_mismatch)
     try:
-        return caption_folder(args)
+        return caption_folder(args.checkpoint, args.pairs, args.out, html=args.html, report_limit=args.report_limit,
+                              overwrite=args.overwrite, wait_lock=args.wait_lock, batch_size=args.batch_size,
+                              workers=args.workers, num_shards=args.num_shards, shard_index=args.shard_index,
+                              progress=not args.quiet, options=options).status
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -19,9 +19,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from davir.data.records import DataError
-from davir.errors import describe_os_error
-from davir.evaluation.scoring import check_outputs, generate_and_score, report_scores
+from davir.errors import DataError, describe_os_error
+from davir.evaluation import EvaluationOptions, ReferenceSource, evaluate_run, score_predictions
+from davir.evaluation.scoring import check_outputs
 from davir.metrics import METRICS, MetricsError, load_predictions
 from davir.runtime.signals import START_AGAIN, stop_on_signals
 
@@ -83,6 +83,22 @@ def check_reference_args(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error("--format needs --root")
 
 
+def scoring_options(args: argparse.Namespace) -> dict:
+    """The scoring flags as keywords of score_predictions / EvaluationOptions."""
+    return {"metrics": [name.strip() for name in args.metrics.split(",") if name.strip()],
+            "spice": False if args.no_spice else (args.spice_corenlp if args.spice_corenlp is not None else True),
+            "strict": args.strict, "synthetic_scenes": args.synthetic_scenes, "digits": args.digits,
+            "out": args.out, "markdown": args.markdown}
+
+
+def evaluation_options(args: argparse.Namespace) -> EvaluationOptions:
+    """--checkpoint: the flags as EvaluationOptions."""
+    return EvaluationOptions(format=args.format, root=args.root, limit=args.limit, entities=args.entities,
+                             allow_profile_mismatch=args.allow_profile_mismatch, masks=args.masks,
+                             batch_size=args.batch_size, num_beams=args.num_beams,
+                             max_new_tokens=args.max_new_tokens, **scoring_options(args))
+
+
 @stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
@@ -93,11 +109,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.checkpoint is not None:
             if args.references is not None:
                 parser.error("--checkpoint scores against the dataset split (--format/--root/--split), not --references")
-            return generate_and_score(args)
+            evaluate_run(args.checkpoint, args.split, evaluation_options(args))
+            return 0
         check_reference_args(parser, args)
-        check_outputs(args)
+        check_outputs(args.out, args.markdown)
         predictions = load_predictions(args.predictions)
-        return report_scores(predictions, args, predictions_source=str(args.predictions))
+        references = (ReferenceSource.file(args.references, empty=args.empty_references, split=args.split)
+                      if args.references is not None else ReferenceSource.dataset(args.format, args.root, args.split))
+        score_predictions(predictions, references, predictions_source=str(args.predictions), echo=True,
+                          **scoring_options(args))
+        return 0
     except (DataError, MetricsError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

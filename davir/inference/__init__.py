@@ -1,9 +1,20 @@
-"""Captions from a trained model: loading a run or model folder, generation, a folder of pairs, the JSONL store.
+"""Captions from a trained model: one captioning stack for `caption.py`, `evaluate.py --checkpoint` and Python.
 
-    from davir.inference import ChangeCaptioner
-    captioner = ChangeCaptioner.from_pretrained("runs/demo")
+    from davir.inference import ChangeCaptioner, caption_folder
+    captioner = ChangeCaptioner.from_pretrained("runs/demo", device="cpu")   # CaptionerOptions fields
+    captioner.caption("before.png", "after.png").caption
+    caption_folder(captioner, "my_pairs/", "captions.jsonl").status          # the JSONL + HTML report
+
+Modules: captioner (ChangeCaptioner: prepare → generate), engines (DAVIR / lightweight models), sources
+(entities and features, online or from a split's caches), lightweight (loading a lightweight model folder),
+folder (a folder of pairs), caption_store (its resumable JSONL). Run folders: davir.runs.paths.
 """
 
-from davir.inference.captioner import ChangeCaptioner
+from davir.inference.captioner import CaptionerOptions, CaptionResult, ChangeCaptioner, PreparedPair
+from davir.inference.engines import DavirEngine, LightweightEngine, load_engine
+from davir.inference.folder import CaptionSummary, caption_folder
+from davir.inference.sources import CachedEntities, CachedFeatures, OnlineFeatures
 
-__all__ = ["ChangeCaptioner"]
+__all__ = ["CachedEntities", "CachedFeatures", "CaptionResult", "CaptionSummary", "CaptionerOptions",
+           "ChangeCaptioner", "DavirEngine", "LightweightEngine", "OnlineFeatures", "PreparedPair",
+           "caption_folder", "load_engine"]

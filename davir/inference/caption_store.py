@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import append_whole, atomic_path, read_json, write_json_atomic
 
 MAX_RUNS_MERGED = 64  # more sorted runs than this (an input reordered many times): sort in memory instead

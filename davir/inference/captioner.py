@@ -2,36 +2,82 @@
 
     from davir import ChangeCaptioner
     captioner = ChangeCaptioner.from_pretrained("runs/demo")          # DAVIR or a lightweight run
+    captioner = ChangeCaptioner.from_pretrained("runs/demo", num_beams=3, device="cpu")  # CaptionerOptions fields
     captioner.caption("before.png", "after.png").caption              # paths, PIL images or arrays
     captioner.caption([b1, b2], [a1, a2])                              # a batch → a list of results
+    captioner.caption_records(pairs, batch_size=16)                    # ChangePair records, in batches
 
 Two stages, so a DataLoader's workers can run the first while the model runs the second:
 `prepare(pair)` (CPU: load at the working resolution, change masks, entities, the model's input tensors)
-and `generate(prepared)` (a batched forward pass). `caption.py` streams a folder through the same two
-(davir.inference.folder). Masks and entities are made with the settings of the caches the model was trained
-with (davir.preprocessing.online); every path the run recorded is found from any working directory
-(davir.runs.paths).
+and `generate(prepared)` (a batched forward pass). This is the one captioning path: `caption.py` streams a
+folder through it (davir.inference.folder) with online masks and entities made with the settings of the caches
+the model was trained with (davir.preprocessing.online); `evaluate.py --checkpoint` (davir.evaluation) captions a
+split with the split's caches as sources (davir.inference.sources). Every path the run recorded is found from
+any working directory (davir.runs.paths).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import cv2
 import numpy as np
 import torch
 from PIL import Image
 
 from davir.data.images import array_to_rgb, load_pair, to_rgb
-from davir.data.records import ChangePair, DataError
-from davir.runs.paths import RunPaths
+from davir.data.records import ChangePair
+from davir.errors import DataError
+from davir.inference.engines import DavirEngine, LightweightEngine, load_engine
+from davir.runs.paths import RunPaths, run_decoding
 
 ENTITIES_KEPT = 5     # entities reported per pair (the prompt uses the model's top-k of them)
 LOAD_MAX_SIDE = 1024  # images are decoded at no more than ~this long side (the masks work at 224, the models at ≤ 224)
+
+
+@dataclass
+class CaptionerOptions:
+    """What `ChangeCaptioner.from_pretrained` may change from the run's own settings.
+
+    The `*_from` / `pretrained` / `*_checkpoint` / `backbone_weights` paths replace what the run recorded (a run
+    moved to another machine); decoding (`num_beams`, `max_new_tokens`) defaults to the run's own (the decoding
+    its best/ was selected with)."""
+
+    device: str | torch.device | None = None           # None: CUDA when there is one
+    masks_from: str | Path | None = None               # mask cache whose settings to reuse (the run's data.masks)
+    entities_from: str | Path | None = None            # entity cache: vocabulary and retriever (data.entities)
+    pretrained: str | Path | None = None               # the base InstructBLIP folder (the model's `pretrained`)
+    sam_checkpoint: str | Path | None = None           # SAM weights, when the mask cache was made with SAM
+    clip_checkpoint: str | Path | None = None          # open_clip weights, when the entity cache used CLIP
+    backbone_weights: str | Path | None = None         # ResNet-101 weights of a lightweight model
+    num_beams: int | None = None
+    max_new_tokens: int | None = None
+    size_policy: str = "resize_before_to_after"        # or "error": before/after of different sizes fail the pair
+    max_side: int | None = LOAD_MAX_SIDE               # decode images no larger than needed (None: full size)
+    allow_profile_mismatch: bool = False               # accept caches of another preprocessing profile
+
+    def check_paths(self) -> None:
+        """The folders given here exist (a DataError naming the flag otherwise), before any work."""
+        if self.masks_from is not None and not Path(self.masks_from).is_dir():
+            raise DataError(f"--masks-from {self.masks_from}: no such folder (a mask cache written by "
+                            "`python -m preprocess masks --out …`)")
+        if self.entities_from is not None and not Path(self.entities_from).is_dir():
+            raise DataError(f"--entities-from {self.entities_from}: no such folder (an entity cache written by "
+                            "`python -m preprocess entities --out …`)")
+        if self.pretrained is not None and not Path(self.pretrained).exists():
+            raise DataError(f"--pretrained {self.pretrained}: no such folder")
+
+
+def options_with(options: CaptionerOptions | None, overrides: dict) -> CaptionerOptions:
+    """`options` (or the defaults) with `overrides` replaced; an unknown name is a TypeError listing the valid ones."""
+    names = [f.name for f in dataclasses.fields(CaptionerOptions)]
+    unknown = [name for name in overrides if name not in names]
+    if unknown:
+        raise TypeError(f"unknown captioner option(s) {', '.join(map(repr, unknown))}; valid: {', '.join(names)}")
+    return dataclasses.replace(options or CaptionerOptions(), **overrides)
 
 
 @dataclass
@@ -42,7 +88,7 @@ class CaptionResult:
     caption: str | None = None
     entities: list[tuple[str, float]] = field(default_factory=list)
     error: str | None = None
-    attention_before: np.ndarray | None = None
+    attention_before: np.ndarray | None = None  # (Hp, Wp), sums to 1 (DAVIR, with `attention=True`)
     attention_after: np.ndarray | None = None
 
 
@@ -68,138 +114,66 @@ def _as_image(image, name: str) -> Image.Image:
     raise TypeError(f"{name}: expected a path, a PIL image or an array, got {type(image).__name__}")
 
 
-class DavirEngine:
-    """DAVIR: the saved InstructBLIP + LoRA model; entities (Eq. 10 prompts) when it was trained with EPC."""
-
-    kind = "davir"
-
-    def __init__(self, run: RunPaths, device, pretrained: str | Path | None):
-        from davir.models.davir import DavirModel
-        from davir.models.davir_checkpoint import read_davir_config
-
-        recorded = read_davir_config(run.model_dir).pretrained
-        base = pretrained or run.resolve(recorded, what="pretrained InstructBLIP folder (model.pretrained)",
-                                         flag="--pretrained")
-        self.model = DavirModel.from_pretrained(run.model_dir, device=device, pretrained=base).eval()
-        self.uses_entities = bool(self.model.config.epc.use_entities)
-        self.num_entities = self.model.config.epc.num_entities
-
-    def inputs(self, before: Image.Image, after: Image.Image) -> torch.Tensor:
-        return self.model.image_processor([before, after])
-
-    def generate(self, inputs: list[torch.Tensor], entities: list[list[str]], *, num_beams: int,
-                 max_new_tokens: int, attention: bool) -> tuple[list[str], list | None]:
-        pixels = torch.stack(inputs).to(self.model.device)
-        prompts = self.model.build_prompts(entities if self.uses_entities else None, batch_size=len(inputs))
-        out = self.model.generate(pixels[:, 0], pixels[:, 1], prompts, max_new_tokens=max_new_tokens,
-                                  num_beams=num_beams, return_attention=attention)
-        if not attention:
-            return out, None
-        captions, before, after = out
-        maps = [(before[i].float().cpu().numpy(), after[i].float().cpu().numpy()) for i in range(len(captions))]
-        return captions, maps
-
-
-class LightweightEngine:
-    """Subtraction / SCORER / DIRL / RDD / CHEER on ResNet-101 layer3 features computed from the images."""
-
-    kind = "lightweight"
-
-    def __init__(self, run: RunPaths, device, backbone_weights: str | Path | None):
-        from davir.inference.lightweight import OnlineFeatures, load_lightweight
-
-        self.bundle = load_lightweight(run.model_dir, device=device)
-        self.features = OnlineFeatures(backbone_weights, device=self.bundle.device,
-                                       trained_with=(self.bundle.info.get("features") or {}).get("weights"))
-        self.uses_entities = self.bundle.method == "cheer"
-        self.num_entities = self.bundle.model.config.cheer_entities if self.uses_entities else 0
-
-    def inputs(self, before: Image.Image, after: Image.Image) -> np.ndarray:
-        from davir.preprocessing.backbone import IMAGE_SIZE
-
-        # As `preprocess features` (load_resized): OpenCV bicubic to 224x224, uint8.
-        return np.stack([cv2.resize(np.asarray(image), (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_CUBIC)
-                         for image in (before, after)])
-
-    @torch.no_grad()
-    def generate(self, inputs: list[np.ndarray], entities: list[list[str]], *, num_beams: int,
-                 max_new_tokens: int, attention: bool) -> tuple[list[str], None]:
-        from davir.preprocessing.backbone import normalize_batch
-
-        bundle, device = self.bundle, self.bundle.device
-        images = torch.from_numpy(np.concatenate(inputs)).permute(0, 3, 1, 2).to(device)
-        features = self.features.backbone(normalize_batch(images, self.features.std)).to(torch.float16).float()
-        entity_ids = None
-        if self.uses_entities:
-            unknown = sorted({e for row in entities for e in row if e not in bundle.entity_index})
-            if unknown:
-                raise DataError(f"entities outside this CHEER model's vocabulary: {unknown[:5]}")
-            entity_ids = torch.tensor([[bundle.entity_index[e] for e in row] for row in entities], device=device)
-        max_len = min(max_new_tokens, bundle.model.config.max_len)
-        ids = bundle.model.generate(features[0::2], features[1::2], max_len=max_len, beam_size=num_beams,
-                                    entities=entity_ids)
-        return [bundle.vocab.decode(row) for row in ids], None
-
-
 class ChangeCaptioner:
-    """A trained model with the preprocessing it was trained with; see the module docstring."""
+    """A trained model with the sources of what it reads besides the images; see the module docstring.
 
-    def __init__(self, engine, masks, entities, *, run: RunPaths, num_beams: int = 1, max_new_tokens: int = 30,
-                 size_policy: str = "resize_before_to_after", max_side: int = LOAD_MAX_SIDE):
+    `masks`: OnlineMasks (DAVIR's region-level entities and the report), `entities`: an EntitySource (the
+    model trained with entities needs one); a lightweight engine carries its FeatureSource."""
+
+    def __init__(self, engine: DavirEngine | LightweightEngine, masks=None, entities=None, *, run: RunPaths,
+                 num_beams: int = 1, max_new_tokens: int = 30, size_policy: str = "resize_before_to_after",
+                 max_side: int | None = LOAD_MAX_SIDE):
+        if engine.uses_entities and entities is None:
+            raise ValueError(f"{run.model_dir} was trained with entities: give an entity source")
         self.engine, self.masks, self.entities, self.run = engine, masks, entities, run
         self.num_beams, self.max_new_tokens = num_beams, max_new_tokens
         self.size_policy, self.max_side = size_policy, max_side
 
     @classmethod
-    def from_pretrained(cls, checkpoint: str | Path, *, device: str | torch.device | None = None,
-                        masks_from: str | Path | None = None, entities_from: str | Path | None = None,
-                        pretrained: str | Path | None = None, sam_checkpoint: str | Path | None = None,
-                        clip_checkpoint: str | Path | None = None, backbone_weights: str | Path | None = None,
-                        num_beams: int | None = None, max_new_tokens: int | None = None,
-                        size_policy: str = "resize_before_to_after", max_side: int = LOAD_MAX_SIDE,
-                        allow_profile_mismatch: bool = False) -> "ChangeCaptioner":
-        """A run folder (its best/, else last/) or a saved model folder, DAVIR or lightweight.
+    def from_pretrained(cls, checkpoint: str | Path, options: CaptionerOptions | None = None,
+                        **overrides) -> "ChangeCaptioner":
+        """A run folder (its best/, else last/) or a saved model folder, DAVIR or lightweight, for new pairs.
 
-        The `*_from` / `pretrained` / `*_checkpoint` arguments replace what the run recorded (a run
-        moved to another machine); a recorded path that cannot be found is a DataError naming the flag.
-        Decoding defaults to the run's own (`run_decoding`: how its best/ was selected); the mask and
-        entity caches must be of the preprocessing profile the run trained on unless
-        `allow_profile_mismatch`.
+        `overrides` are fields of `CaptionerOptions` (an unknown name is a TypeError). A recorded path that
+        cannot be found is a DataError naming the flag. The mask and entity caches must be of the
+        preprocessing profile the run trained on unless `allow_profile_mismatch`.
         """
-        from davir.preprocessing.profiles import check_cache_profiles
-        from davir.training.run import run_decoding
         from davir.preprocessing.online import OnlineEntities, OnlineMasks
+        from davir.preprocessing.profiles import check_cache_profiles
 
+        options = options_with(options, overrides)
+        options.check_paths()
         run = RunPaths.of(checkpoint)
-        for given, flag in ((masks_from, "--masks-from"), (entities_from, "--entities-from"),
-                            (pretrained, "--pretrained")):
-            if given is not None and not Path(given).exists():
-                raise DataError(f"{flag} {given}: no such folder")
+        device = options.device
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        lightweight = (run.model_dir / "lightweight_config.json").is_file()
-        engine = LightweightEngine(run, device, backbone_weights) if lightweight else DavirEngine(run, device, pretrained)
+        engine = load_engine(run, device, pretrained=options.pretrained, backbone_weights=options.backbone_weights)
         entities, entity_dir, mask_dir = None, None, None
         if engine.uses_entities:
-            entity_dir = entities_from or run.resolve(run.data.get("entities"), what="entity cache (data.entities)",
-                                                      flag="--entities-from")
+            entity_dir = options.entities_from or run.resolve(run.data.get("entities"),
+                                                              what="entity cache (data.entities)",
+                                                              flag="--entities-from")
             if entity_dir is None:
                 raise DataError(f"{run.model_dir} was trained with entities: pass --entities-from CACHE (the folder "
                                 "`python -m preprocess entities --out CACHE` wrote for its training data)")
-            entities = OnlineEntities(entity_dir, clip_checkpoint=clip_checkpoint)
+            entities = OnlineEntities(entity_dir, clip_checkpoint=options.clip_checkpoint)
+            if isinstance(engine, LightweightEngine):  # a retrieved phrase the model lacks could caption no pair
+                engine.check_vocabulary(entities.vocabulary.phrases, where=f"the entity cache {entity_dir}")
         masks = None
-        if not lightweight:  # DAVIR's entities rank masked regions; the report shows the masks
-            mask_dir = masks_from or run.resolve(run.data.get("masks"), what="mask cache (data.masks)",
-                                                 flag="--masks-from")
-            masks = OnlineMasks.from_cache(mask_dir, sam_checkpoint=sam_checkpoint, device=str(device))
+        if not run.lightweight:  # DAVIR's entities rank masked regions; the report shows the masks
+            mask_dir = options.masks_from or run.resolve(run.data.get("masks"), what="mask cache (data.masks)",
+                                                         flag="--masks-from")
+            masks = OnlineMasks.from_cache(mask_dir, sam_checkpoint=options.sam_checkpoint, device=str(device))
         check_cache_profiles(run.data.get("preprocessing_profile"), masks=mask_dir if masks is not None else None,
                              entities=entity_dir if entities is not None else None,
-                             allow_mismatch=allow_profile_mismatch,
+                             allow_mismatch=options.allow_profile_mismatch,
                              where=f"the run {run.run_dir or run.model_dir} (data.preprocessing_profile)",
                              override="--allow-profile-mismatch", warn=lambda m: print(m, file=sys.stderr))
-        decoding = run_decoding(run.run_dir or run.model_dir, num_beams=num_beams, max_new_tokens=max_new_tokens)
+        decoding = run_decoding(run.run_dir or run.model_dir, num_beams=options.num_beams,
+                                max_new_tokens=options.max_new_tokens)
         return cls(engine, masks, entities, run=run, num_beams=decoding["num_beams"],
-                   max_new_tokens=decoding["max_new_tokens"], size_policy=size_policy, max_side=max_side)
+                   max_new_tokens=decoding["max_new_tokens"], size_policy=options.size_policy,
+                   max_side=options.max_side)
 
     # ------------------------------------------------------------------------------------------------ stages
     def settings(self) -> dict:
@@ -218,32 +192,43 @@ class ChangeCaptioner:
     def needs_masks(self, keep_images: bool) -> bool:
         return self.masks is not None and (keep_images or (self.entities is not None and self.entities.needs_masks))
 
-    def prepare_images(self, pair: ChangePair, before: Image.Image, after: Image.Image, *, index: int = 0,
-                       keep_images: bool = False) -> PreparedPair:
-        """Masks, entities and model inputs of a loaded pair; a failure becomes the pair's `error`."""
+    def needs_images(self, keep_images: bool) -> bool:
+        """Whether `prepare` loads the pair's images: the model, the entity source or the report reads them."""
+        entities_read_them = self.entities is not None and getattr(self.entities, "needs_images", True)
+        return keep_images or self.engine.needs_images or entities_read_them
+
+    def prepare_images(self, pair: ChangePair, before: Image.Image | None, after: Image.Image | None, *,
+                       index: int = 0, keep_images: bool = False) -> PreparedPair:
+        """Masks, entities and model inputs of a loaded pair (images None: sources that need none); a failure
+        becomes the pair's `error`."""
         try:
             mask_pair = None
-            before_array, after_array = np.asarray(before), np.asarray(after)
+            before_array = None if before is None else np.asarray(before)
+            after_array = None if after is None else np.asarray(after)
             if self.needs_masks(keep_images):
                 mask_pair = self.masks.from_arrays(pair.pair_id, before_array, after_array)
             entities = []
             if self.entities is not None:
-                entities = self.entities(pair.pair_id, before_array, after_array, mask_pair, ENTITIES_KEPT)
-            inputs = self.engine.inputs(before, after)
+                kept = max(ENTITIES_KEPT, self.engine.num_entities)
+                entities = [(e, float(s)) for e, s in self.entities(pair.pair_id, before_array, after_array,
+                                                                    mask_pair, kept)]
+            inputs = self.engine.inputs(pair, before, after, [e for e, _ in entities[:self.engine.num_entities]])
         except DataError as error:
             return PreparedPair(pair, index, error=str(error))
         except Exception as error:  # noqa: BLE001 - one odd pair must not stop 100,000 others; it is reported
             return PreparedPair(pair, index, error=f"record {pair.pair_id!r}: {type(error).__name__}: {error}")
-        return PreparedPair(pair, index, inputs=inputs, entities=[(e, float(s)) for e, s in entities],
+        return PreparedPair(pair, index, inputs=inputs, entities=entities,
                             before=before if keep_images else None, after=after if keep_images else None,
                             mask=None if mask_pair is None or not keep_images else mask_pair.union)
 
     def prepare(self, pair: ChangePair, *, index: int = 0, keep_images: bool = False) -> PreparedPair:
         """Load one pair from its files (at the working resolution) and prepare it."""
-        try:
-            before, after = load_pair(pair, size_policy=self.size_policy, max_side=self.max_side)
-        except DataError as error:
-            return PreparedPair(pair, index, error=str(error))
+        before = after = None
+        if self.needs_images(keep_images):
+            try:
+                before, after = load_pair(pair, size_policy=self.size_policy, max_side=self.max_side)
+            except DataError as error:
+                return PreparedPair(pair, index, error=str(error))
         return self.prepare_images(pair, before, after, index=index, keep_images=keep_images)
 
     def generate(self, prepared: Sequence[PreparedPair], *, attention: bool = False) -> list[CaptionResult]:
@@ -263,6 +248,20 @@ class ChangeCaptioner:
         return [results.get(id(p)) or CaptionResult(p.pair.pair_id, error=p.error) for p in prepared]
 
     # -------------------------------------------------------------------------------------------- the API
+    def caption_records(self, pairs: Sequence[ChangePair], *, batch_size: int = 16, attention: bool = False,
+                        progress: bool = False) -> list[CaptionResult]:
+        """Caption ChangePair records in order, `batch_size` pairs per generate call (prepared in this process)."""
+        from tqdm.auto import tqdm
+
+        results: list[CaptionResult] = []
+        with tqdm(total=len(pairs), desc="caption", disable=not progress) as bar:
+            for start in range(0, len(pairs), batch_size):
+                chunk = pairs[start: start + batch_size]
+                results.extend(self.generate([self.prepare(pair, index=start + i) for i, pair in enumerate(chunk)],
+                                             attention=attention))
+                bar.update(len(chunk))
+        return results
+
     def caption(self, before, after, *, batch_size: int = 16, attention: bool = False
                 ) -> CaptionResult | list[CaptionResult]:
         """Caption one pair (paths, PIL images or uint8 arrays) or two equal-length lists of them."""

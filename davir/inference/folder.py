@@ -1,6 +1,8 @@
 """Captioning a user's folder of pairs with any trained model: the library side of `caption.py` / `davir-caption`.
 
-    caption_folder(options)   # options of davir.cli.caption (an argparse namespace or the same attributes)
+    summary = caption_folder("runs/demo", "my_pairs/", "captions.jsonl")          # a checkpoint, loaded here
+    summary = caption_folder(captioner, [ChangePair(...), ...], "captions.jsonl")  # a ChangeCaptioner, records
+    summary.status                                                                # 0 done, 1 some pairs failed
 
 The pairs stream: read → masks/entities/model inputs (`ChangeCaptioner.prepare`, in DataLoader workers)
 → batched generation → whole JSONL lines appended per batch (davir.inference.caption_store). Memory does not grow
@@ -12,20 +14,39 @@ and the shards are merged in input order. The report is a JPEG strip per pair be
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-from davir.inference.caption_store import CaptionStore
 from davir.data.formats.folder import read_folder
-from davir.data.records import DataError
-from davir.errors import check_output_file
+from davir.data.records import ChangePair, SkippedRecord
+from davir.errors import DataError, check_output_file
+from davir.inference.caption_store import CaptionStore
+from davir.inference.captioner import CaptionerOptions, ChangeCaptioner
 from davir.runtime.locks import output_lock
+
+
+@dataclass
+class CaptionSummary:
+    """What `caption_folder` did. `status` is the command's exit status (docs/errors.md): 0 done, 1 done but some
+    pairs failed (listed in the JSONL); `merged` is False for a shard whose rows another process merges."""
+
+    status: int
+    out: Path
+    html: Path
+    pairs: int = 0          # pairs of the input (with the readers' counted skips), or of this shard
+    captioned: int = 0
+    failed: int = 0         # not captioned, the readers' skips included
+    skipped: int = 0        # of which the readers' documented, counted skips
+    this_run: int = 0       # pairs captioned or tried by this run (the others were done before)
+    retried: int = 0
+    merged: bool = True
 
 
 class _Pending:
@@ -62,22 +83,22 @@ def _one_opencv_thread(active: bool):
         cv2.setNumThreads(previous)
 
 
-def _shard_layout(args) -> tuple[int, int, object]:
-    """(num_shards, shard_index, accelerate state or None): accelerate when launched by it, else the flags."""
+def _shard_layout(num_shards: int | None, shard_index: int | None) -> tuple[int, int, object]:
+    """(num_shards, shard_index, accelerate state or None): accelerate when launched by it, else the arguments."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch.distributed.run (accelerate launch --multi_gpu, torchrun)
         import torch
         from accelerate import PartialState
 
         state = PartialState(cpu=not torch.cuda.is_available())  # gloo between CPU processes
         if state.num_processes > 1:
-            if args.num_shards not in (None, 1):
+            if num_shards not in (None, 1):
                 raise DataError("--num-shards is for schedulers without accelerate: under `accelerate launch` each "
                                 "process is a shard already")
             return state.num_processes, state.process_index, state
-    num_shards = args.num_shards or 1
-    if not 0 <= (args.shard_index or 0) < num_shards:
-        raise DataError(f"--shard-index must be in 0..{num_shards - 1}, got {args.shard_index}")
-    return num_shards, args.shard_index or 0, None
+    num_shards = num_shards or 1
+    if not 0 <= (shard_index or 0) < num_shards:
+        raise DataError(f"--shard-index must be in 0..{num_shards - 1}, got {shard_index}")
+    return num_shards, shard_index or 0, None
 
 
 def _line(index: int, pair, result) -> str:
@@ -89,52 +110,66 @@ def _line(index: int, pair, result) -> str:
     return json.dumps(row, ensure_ascii=False)
 
 
-def caption_folder(args: argparse.Namespace) -> int:
-    """Caption every pair of `args.pairs` with `args.checkpoint`: JSONL + report; 0 when done."""
-    if args.masks_from is not None and not Path(args.masks_from).is_dir():
-        raise DataError(f"--masks-from {args.masks_from}: no such folder (a mask cache written by "
-                        "`python -m preprocess masks --out …`)")
-    if args.entities_from is not None and not Path(args.entities_from).is_dir():
-        raise DataError(f"--entities-from {args.entities_from}: no such folder (an entity cache written by "
-                        "`python -m preprocess entities --out …`)")
-    out = Path(args.out or (args.pairs if Path(args.pairs).is_dir() else Path(args.pairs).parent) / "captions.jsonl")
-    html_path = Path(args.html or out.with_name("report.html"))
+def caption_folder(captioner: ChangeCaptioner | str | Path, pairs: str | Path | Sequence[ChangePair],
+                   out: str | Path | None = None, *, html: str | Path | None = None, report_limit: int = 1000,
+                   overwrite: bool = False, wait_lock: bool = False, batch_size: int = 32,
+                   workers: int | None = None, num_shards: int | None = None, shard_index: int = 0,
+                   progress: bool = True, options: CaptionerOptions | None = None) -> CaptionSummary:
+    """Caption every pair into the JSONL `out` and an HTML report (`html`, default report.html beside `out`).
+
+    `captioner`: a ChangeCaptioner, or a run/model folder loaded here with `options` (after the outputs are
+    checked, on the shard's device). `pairs`: a folder of pairs or a pairs.csv/.jsonl manifest (`out` defaults
+    to captions.jsonl beside it), or ChangePair records. See the module docstring for resuming and sharding.
+    """
+    if not isinstance(captioner, ChangeCaptioner):
+        (options or CaptionerOptions()).check_paths()
+    listed = not isinstance(pairs, (str, Path))
+    if out is None:
+        if listed:
+            raise DataError("caption_folder: give `out` (the JSONL to write) when the pairs are records")
+        out = (Path(pairs) if Path(pairs).is_dir() else Path(pairs).parent) / "captions.jsonl"
+    out = Path(out)
+    html_path = Path(html or out.with_name("report.html"))
     check_output_file(out, what="--out", example="captions.jsonl")
     check_output_file(html_path, what="--html", example="report.html")
-    num_shards, shard_index, state = _shard_layout(args)
+    num_shards, shard_index, state = _shard_layout(num_shards, shard_index)
     # A shard locks its own share; `part-` keeps the lock apart from the store's `.shard-*` files, which go.
     job = None if num_shards == 1 else f"part-{shard_index:05d}-of-{num_shards:05d}"
     with output_lock(out, what=f"--out {out}" + (f" (shard {shard_index + 1}/{num_shards})" if job else ""),
-                     job=job, wait=bool(getattr(args, "wait_lock", False))):
-        return _caption_locked(args, out, html_path, num_shards, shard_index, state)
+                     job=job, wait=wait_lock):
+        if listed:
+            records, skipped = list(pairs), []
+        else:
+            index = read_folder(pairs)
+            records, skipped = index.pairs, index.skipped
+        if not isinstance(captioner, ChangeCaptioner):
+            device = None if state is None or state.device.type == "cpu" else state.device
+            captioner = ChangeCaptioner.from_pretrained(captioner, options, **({"device": device} if device else {}))
+        source = f"{len(records)} records" if listed else str(pairs)
+        name = "records" if listed else Path(pairs).name
+        return _caption_locked(captioner, records, skipped, source, name, out, html_path, num_shards, shard_index,
+                               state, report_limit=report_limit, overwrite=overwrite, batch_size=batch_size,
+                               workers=workers, progress=progress)
 
 
-def _caption_locked(args: argparse.Namespace, out: Path, html_path: Path, num_shards: int, shard_index: int,
-                    state) -> int:
+def _caption_locked(captioner: ChangeCaptioner, pairs: list[ChangePair], skipped_records: list[SkippedRecord],
+                    source: str, name: str, out: Path, html_path: Path, num_shards: int, shard_index: int, state, *,
+                    report_limit: int, overwrite: bool, batch_size: int, workers: int | None,
+                    progress: bool) -> CaptionSummary:
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from davir.inference.captioner import ChangeCaptioner
     from davir.viz.folder_report import write_folder_report, write_strip
 
     report_dir = html_path.with_name(html_path.stem + "_files")
     main_process = shard_index == 0
-    index = read_folder(args.pairs)
-    captioner = ChangeCaptioner.from_pretrained(
-        args.checkpoint, masks_from=args.masks_from, entities_from=args.entities_from, pretrained=args.pretrained,
-        sam_checkpoint=args.sam_checkpoint, clip_checkpoint=args.clip_checkpoint,
-        backbone_weights=args.backbone_weights, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
-        size_policy="resize_before_to_after" if args.resize_mismatched else "error",
-        allow_profile_mismatch=bool(getattr(args, "allow_profile_mismatch", False)),
-        device=None if state is None or state.device.type == "cpu" else state.device)
     store = CaptionStore(out, captioner.settings(), num_shards=num_shards, shard_index=shard_index)
     if main_process or state is None:
-        store.prepare(overwrite=args.overwrite, source=str(args.pairs), whole_job=state is not None or num_shards == 1)
+        store.prepare(overwrite=overwrite, source=source, whole_job=state is not None or num_shards == 1)
     if state is not None:
         state.wait_for_everyone()
     done, failed_before = store.earlier_rows()
 
-    pairs = index.pairs
     share, extra = divmod(len(pairs), num_shards)
     start = shard_index * share + min(shard_index, extra)
     mine = range(start, start + share + (shard_index < extra))  # indices: no list of 1,000,000 tuples beside pending
@@ -146,13 +181,13 @@ def _caption_locked(args: argparse.Namespace, out: Path, html_path: Path, num_sh
     if retried:
         print(f"retrying {retried} pair(s) that failed in an earlier run{shard_note}", file=sys.stderr)
 
-    workers = args.workers if args.workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
-    loader = DataLoader(_Pending(pending, captioner, args.report_limit), batch_size=args.batch_size,
+    workers = workers if workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
+    loader = DataLoader(_Pending(pending, captioner, report_limit), batch_size=batch_size,
                         num_workers=workers, collate_fn=list, prefetch_factor=2 if workers else None)
     counts = {"captioned": 0, "failed": 0}
     started = time.perf_counter()
     with _one_opencv_thread(workers > 0), \
-            tqdm(total=len(pending), desc="caption", disable=not main_process or args.quiet) as bar:
+            tqdm(total=len(pending), desc="caption", disable=not main_process or not progress) as bar:
         for batch in loader:
             kept = [p for p in batch if p.before is not None]
             results = captioner.generate(batch, attention=bool(kept))
@@ -173,10 +208,13 @@ def _caption_locked(args: argparse.Namespace, out: Path, html_path: Path, num_sh
         print(f"shard {shard_index + 1}/{num_shards}: {counts['captioned']} captioned, {counts['failed']} not, in "
               f"{store.path}; " + ("the main process merges" if state is not None else
                                        "the last shard to finish merges them") + f" into {out}", file=sys.stderr)
-        return 1 if counts["failed"] else 0  # docs/errors.md: 1 = done, some pairs failed (listed in the JSONL)
+        # docs/errors.md: 1 = done, some pairs failed (listed in the JSONL)
+        return CaptionSummary(1 if counts["failed"] else 0, out, html_path, pairs=len(mine),
+                              captioned=counts["captioned"], failed=counts["failed"], this_run=len(pending),
+                              retried=retried, merged=False)
     skipped_lines = [json.dumps({"id": s.record, "index": None, "caption": None, "entities": [],
-                                 "error": f"skipped: {s.reason}"}) for s in index.skipped]
-    totals = {"pairs": len(pairs) + len(index.skipped)}
+                                 "error": f"skipped: {s.reason}"}) for s in skipped_records]
+    totals = {"pairs": len(pairs) + len(skipped_records)}
     store.merge(skipped_lines, totals)
     failed = skipped = 0
     with open(out, encoding="utf-8") as handle:
@@ -184,9 +222,9 @@ def _caption_locked(args: argparse.Namespace, out: Path, html_path: Path, num_sh
             error = json.loads(line).get("error")
             failed += error is not None
             skipped += error is not None and error.startswith("skipped: ")  # a reader's documented, counted skip
-    write_folder_report(html_path, out, report_dir, title=f"Change captions — {Path(args.pairs).name}",
-                        summary={"checkpoint": str(captioner.run.model_dir), "pairs": str(args.pairs),
-                                 "captions": str(out)}, limit=args.report_limit)
+    write_folder_report(html_path, out, report_dir, title=f"Change captions — {name}",
+                        summary={"checkpoint": str(captioner.run.model_dir), "pairs": source,
+                                 "captions": str(out)}, limit=report_limit)
     rate = f" ({len(pending) / seconds:.1f} pairs/s)" if pending and seconds > 0 else ""
     print(f"captioned {totals['pairs'] - failed} pair(s), {failed} not captioned; {len(pending)} this run"
           f"{f' ({retried} retried)' if retried else ''}{rate}; "
@@ -196,4 +234,7 @@ def _caption_locked(args: argparse.Namespace, out: Path, html_path: Path, num_sh
             notes = list(itertools.islice((row for row in map(json.loads, handle) if row.get("error")), 5))
         for row in notes:
             print(f"note: {row['id']}: {row['error']}", file=sys.stderr)
-    return 1 if failed > skipped else 0  # docs/errors.md: 1 = done, but some pairs failed; they are listed
+    # docs/errors.md: 1 = done, but some pairs failed; they are listed
+    return CaptionSummary(1 if failed > skipped else 0, out, html_path, pairs=totals["pairs"],
+                          captioned=totals["pairs"] - failed, failed=failed, skipped=skipped,
+                          this_run=len(pending), retried=retried)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import re
 import shutil
@@ -33,16 +34,27 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def git_state(repo: Path | None = None) -> dict[str, str | bool | None]:
-    repo = repo or Path(__file__).resolve().parents[2]
+def git_state(package: Path | None = None) -> dict[str, str | bool | None]:
+    """The commit (and dirty flag) of davir's own checkout; None for both for an installed davir, or without git.
+
+    Only a repository whose top folder holds the package, with the package tracked, counts: never the repository
+    of the current folder, nor one a site-packages happens to sit in (a user's project is not davir's commit)."""
+    unknown = {"commit": None, "dirty": None}
+    package = Path(package or Path(__file__).resolve().parents[1])  # davir/
+    # GIT_DIR & co. in the environment would point git at another repository than the package's.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=package, env=env, capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                                check=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-        return {"commit": commit, "dirty": dirty}
+        if Path(git("rev-parse", "--show-toplevel")).resolve() / package.name != package.resolve():
+            return unknown
+        git("ls-files", "--error-unmatch", "__init__.py")  # an untracked copy (pip --target) inside a repository
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        return unknown
 
 
 def write_run_info(run_dir: Path, *, seed: int, extra: dict | None = None) -> None:
@@ -111,36 +123,5 @@ def replace_dir_atomic(source: Path, target: Path) -> None:
         shutil.rmtree(old)
 
 
-def run_decoding(run_dir: str | Path | None, *, num_beams: int | None = None,
-                 max_new_tokens: int | None = None) -> dict:
-    """The decoding a run selected its `best/` with (its config's `run.num_beams` / `run.max_new_tokens`),
-    overridden by any value given here; what `evaluate.py --checkpoint` and `caption.py` use by default.
-
-    ``run_dir`` is a run folder (holding config.yaml) or a model folder inside one (best/, last/); None or a
-    folder without a run config gives the TrainConfig defaults. Returns ``{"num_beams", "max_new_tokens",
-    "source"}``, source naming where each value came from (for metrics.json)."""
-    from davir.runs.files import read_run_config
-    from davir.training.config import RunConfig
-
-    defaults = RunConfig()
-    settings: dict = {}
-    config_file = None
-    for candidate in ((Path(run_dir), Path(run_dir).parent) if run_dir is not None else ()):
-        if (candidate / "config.yaml").is_file():
-            config_file = candidate / "config.yaml"
-            break
-    if config_file is not None:  # checked: run.num_beams / max_new_tokens are integers ≥ 1 if present
-        settings = read_run_config(config_file).get("run") or {}
-    decoding, source = {}, {}
-    for key, given in (("num_beams", num_beams), ("max_new_tokens", max_new_tokens)):
-        if given is not None:
-            decoding[key], source[key] = int(given), "command line"
-        elif key in settings:
-            decoding[key], source[key] = int(settings[key]), str(config_file)
-        else:
-            decoding[key], source[key] = getattr(defaults, key), "TrainConfig default"
-        if decoding[key] < 1:
-            from davir.errors import DataError
-
-            raise DataError(f"{key} must be >= 1, got {decoding[key]} (from {source[key]})")
-    return {**decoding, "source": source}
+# Moved to davir.runs.paths (what a run folder holds); this name is kept for tests/test_paper_settings.py.
+from davir.runs.paths import run_decoding  # noqa: E402,F401

@@ -1,0 +1,145 @@
+"""The two kinds of trained model behind `ChangeCaptioner`: what each makes of a prepared pair, and one batched
+generate. Only `ChangeCaptioner` calls them; `load_engine` opens either from a run or model folder.
+
+    engine = load_engine(RunPaths.of("runs/demo"), device="cpu")   # DAVIR or a lightweight run
+
+An engine answers `inputs(pair, before, after, entities)` (the CPU stage: the model's input tensors, and a
+CHEER model's entity ids; a DataError is that pair's error) and `generate(inputs, entities, …)` (captions and,
+for DAVIR on request, attention maps as arrays).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from PIL import Image
+
+from davir.data.records import ChangePair
+from davir.errors import DataError
+from davir.inference.sources import CachedFeatures, FeatureSource, OnlineFeatures
+from davir.runs.paths import RunPaths
+
+
+class DavirEngine:
+    """DAVIR: the saved InstructBLIP + LoRA model; entities (Eq. 10 prompts) when it was trained with EPC."""
+
+    kind = "davir"
+    needs_images = True
+
+    def __init__(self, model):
+        self.model = model
+        self.uses_entities = bool(model.config.epc.use_entities)
+        self.num_entities = model.config.epc.num_entities
+
+    @classmethod
+    def load(cls, run: RunPaths, device, *, pretrained: str | Path | None = None,
+             pretrained_flag: str | None = "--pretrained") -> "DavirEngine":
+        """The run's model on `device`; its base InstructBLIP folder is `pretrained`, else the one it recorded,
+        found from any folder (`RunPaths.resolve`: found nowhere, a DataError naming `pretrained_flag`)."""
+        from davir.models.davir import DavirModel
+        from davir.models.davir_checkpoint import read_davir_config
+
+        recorded = read_davir_config(run.model_dir).pretrained
+        base = pretrained or run.resolve(recorded, what="pretrained InstructBLIP folder (model.pretrained)",
+                                         flag=pretrained_flag)
+        return cls(DavirModel.from_pretrained(run.model_dir, device=device, pretrained=base).eval())
+
+    def inputs(self, pair: ChangePair, before: Image.Image, after: Image.Image, entities: list[str]) -> torch.Tensor:
+        return self.model.image_processor([before, after])
+
+    def generate(self, inputs: list[torch.Tensor], entities: list[list[str]], *, num_beams: int,
+                 max_new_tokens: int, attention: bool) -> tuple[list[str], list | None]:
+        pixels = torch.stack(inputs).to(self.model.device)
+        prompts = self.model.build_prompts(entities if self.uses_entities else None, batch_size=len(inputs))
+        out = self.model.generate(pixels[:, 0], pixels[:, 1], prompts, max_new_tokens=max_new_tokens,
+                                  num_beams=num_beams, return_attention=attention)
+        if not attention:
+            return out, None
+        captions, before, after = out
+        maps = [(before[i].float().cpu().numpy(), after[i].float().cpu().numpy()) for i in range(len(captions))]
+        return captions, maps
+
+
+class LightweightEngine:
+    """Subtraction / SCORER / DIRL / RDD / CHEER on ResNet-101 layer3 features (a `FeatureSource`)."""
+
+    kind = "lightweight"
+
+    def __init__(self, bundle, features: FeatureSource):
+        self.bundle, self.features = bundle, features
+        config = bundle.model.config  # what the method declares (CHEER: entities), never its name
+        self.uses_entities = bool(config.uses_entities)
+        self.num_entities = config.entities_per_pair if self.uses_entities else 0
+
+    @classmethod
+    def load(cls, run: RunPaths, device, *, features=None, backbone_weights: str | Path | None = None,
+             read_files: bool = False) -> "LightweightEngine":
+        """The run's model on `device`. `features`: a FeatureCache of the pairs to caption (checked to hold the
+        backbone the model was trained on); None computes them (`OnlineFeatures`, with `backbone_weights` or the
+        backbone the model recorded, and `read_files` as documented there)."""
+        from davir.inference.lightweight import load_lightweight
+
+        bundle = load_lightweight(run.model_dir, device=device)
+        trained_with = (bundle.info.get("features") or {}).get("weights")
+        if features is not None:
+            source = CachedFeatures(features, trained_with=trained_with)
+        else:
+            source = OnlineFeatures(backbone_weights, trained_with=trained_with, device=bundle.device,
+                                    read_files=read_files)
+        return cls(bundle, source)
+
+    @property
+    def needs_images(self) -> bool:
+        return self.features.needs_images
+
+    @property
+    def max_len(self) -> int:
+        """The most tokens the model's decoder writes."""
+        return self.bundle.model.config.max_len
+
+    def check_vocabulary(self, phrases: Sequence[str], where: str) -> None:
+        """Every phrase an entity source can give is one of this CHEER model's (else no pair could be captioned)."""
+        unknown = [phrase for phrase in phrases if phrase not in self.bundle.entity_index]
+        if unknown:
+            raise DataError(f"{where} holds entities outside this CHEER model's vocabulary: {unknown[:5]}")
+
+    def entity_ids(self, pair_id: str, phrases: list[str]) -> list[int]:
+        """CHEER's entity ids of one pair's phrases: its k entities, each of the model's vocabulary."""
+        k = self.num_entities
+        unknown = [phrase for phrase in phrases if phrase not in self.bundle.entity_index]
+        if len(phrases) < k or unknown:
+            raise DataError(f"pair {pair_id!r}: needs {k} entities of the model's vocabulary, got {phrases} "
+                            f"(unknown: {unknown})")
+        return [self.bundle.entity_index[phrase] for phrase in phrases]
+
+    def inputs(self, pair: ChangePair, before: Image.Image | None, after: Image.Image | None,
+               entities: list[str]) -> tuple:
+        ids = self.entity_ids(pair.pair_id, entities) if self.uses_entities else None
+        return self.features.inputs(pair, before, after), ids
+
+    @torch.no_grad()
+    def generate(self, inputs: list[tuple], entities: list[list[str]], *, num_beams: int,
+                 max_new_tokens: int, attention: bool) -> tuple[list[str], None]:
+        bundle, device = self.bundle, self.bundle.device
+        before, after = self.features.batch([features for features, _ in inputs], device)
+        entity_ids = None
+        if self.uses_entities:
+            entity_ids = torch.tensor([ids for _, ids in inputs], dtype=torch.long, device=device)
+        ids = bundle.model.generate(before, after, max_len=min(max_new_tokens, self.max_len), beam_size=num_beams,
+                                    entities=entity_ids)
+        return [bundle.vocab.decode(row) for row in ids], None
+
+
+def load_engine(run: RunPaths, device=None, *, pretrained: str | Path | None = None,
+                pretrained_flag: str | None = "--pretrained", backbone_weights: str | Path | None = None,
+                features=None, read_files: bool = False) -> DavirEngine | LightweightEngine:
+    """The engine of a run or model folder, DAVIR or lightweight (see `DavirEngine.load`, `LightweightEngine.load`);
+    `device` None: CUDA when there is one."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if run.lightweight:
+        return LightweightEngine.load(run, device, features=features, backbone_weights=backbone_weights,
+                                      read_files=read_files)
+    return DavirEngine.load(run, device, pretrained=pretrained, pretrained_flag=pretrained_flag)
