@@ -23,8 +23,8 @@ from typing import Iterable, Sequence
 
 from davir.data import read_dataset
 from davir.data.caches import EntityCache
-from davir.data.records import DISTRACTOR, ChangePair, DataError
-from davir.errors import check_output_file
+from davir.data.records import DISTRACTOR, ChangePair
+from davir.errors import DataError, check_output_file
 from davir.io import write_json_atomic
 from davir.runtime.signals import START_AGAIN, stop_on_signals
 from davir.text.entity_vocabulary import EntityVocabulary

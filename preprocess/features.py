@@ -47,8 +47,7 @@ from davir.data.feature_cache import (
     FEATURE_SHAPE, FORMAT_VERSION, image_key, next_chunk_number, scan_index, write_chunk, write_index,
 )
 from davir.data.formats import FORMATS, read_dataset
-from davir.data.records import DataError
-from davir.errors import check_output_dir
+from davir.errors import DataError, check_output_dir
 from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.preprocessing.backbone import (

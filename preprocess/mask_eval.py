@@ -25,8 +25,7 @@ import numpy as np
 
 from davir.data.caches import MaskCache
 from davir.data.images import load_mask
-from davir.data.records import DataError
-from davir.errors import check_output_file
+from davir.errors import DataError, check_output_file
 from davir.io import write_json_atomic
 from davir.runtime.signals import START_AGAIN, stop_on_signals
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from davir.data import ChangePair, DataError, load_pair, load_rgb, read_dataset
+from davir.data import ChangePair, load_pair, load_rgb, read_dataset
+from davir.errors import DataError
 from davir.data.formats.folder import read_folder
 from davir.data.stats import dataset_stats
 

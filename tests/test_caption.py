@@ -13,7 +13,7 @@ import yaml
 from PIL import Image
 
 from davir.config import load_config
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.training.config import TrainConfig
 

@@ -12,7 +12,7 @@ from PIL import Image
 
 from davir.config import load_config
 from davir.data.formats.folder import read_folder
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.data.stats import dataset_stats
 from davir.training.config import TrainConfig
 

@@ -6,7 +6,8 @@ from PIL import Image
 from davir.data.caches import EntityCache, MaskCache, cache_key
 from davir.data.dataset import (ChangeCaptionDataset, EntityField, GroundTruthMaskField, ImageField, MaskField,
                                 collate_examples)
-from davir.data.records import ChangePair, DataError
+from davir.data.records import ChangePair
+from davir.errors import DataError
 
 
 def _pair(tmp_path, pair_id="000001.png", captions=("a", "b", "c")):

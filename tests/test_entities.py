@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from davir.data.caches import EntityCache, MaskCache, PairMasks
-from davir.data.records import DISTRACTOR, ChangePair, DataError
+from davir.data.records import DISTRACTOR, ChangePair
+from davir.errors import DataError
 from davir.io import read_json
 from davir.text.entity_vocabulary import build_vocabulary
 from davir.text.extractors import PhraseExtractor, extract_attributes, extract_phrases, get_extractor, subject_phrase

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.data.feature_cache import FeatureCache
 from davir.preprocessing.backbone import (
     AUTHORS_STD, IMAGENET_MEAN, IMAGENET_STD, build_backbone, load_resized, normalize_batch,

@@ -9,7 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from davir.data import FORMATS, DataError, load_mask, load_pair, read_dataset
+from davir.data import FORMATS, load_mask, load_pair, read_dataset
+from davir.errors import DataError
 from davir.data.__main__ import main as data_cli
 from davir.data.formats import FORMAT_SPLITS
 from davir.data.formats.folder import read_folder

@@ -17,7 +17,8 @@ import numpy as np
 import psutil
 import pytest
 
-from davir.data.records import ChangePair, DataError, DatasetIndex
+from davir.data.records import ChangePair, DatasetIndex
+from davir.errors import DataError
 from davir.metrics import (
     SCALE_NOTE, SPICE_ENV, SPICE_HINT, align_ids, canonical_id, format_group_table, format_table, from_coco_names,
     groups_from_index, load_predictions, load_references, ptb_tokenize, references_from_index, results_to_json,

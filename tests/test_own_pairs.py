@@ -13,7 +13,7 @@ from PIL import Image
 
 from davir.data.formats import read_dataset
 from davir.data.formats.folder import SplitOptions, read_folder
-from davir.data.records import DataError
+from davir.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "datasets"

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.data.synthetic import (
     CHANGE_TEMPLATES,
     COLOR_WORDS,

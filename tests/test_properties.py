@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from davir.data import DataError, read_dataset
+from davir.data import read_dataset
+from davir.errors import DataError
 from davir.data.formats.folder import read_folder
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,

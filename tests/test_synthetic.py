@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 from davir.data import read_dataset
-from davir.data.records import CHANGE_TYPES, DataError
+from davir.data.records import CHANGE_TYPES
+from davir.errors import DataError
 from davir.data.show import draw_grid
 from davir.data.synthetic import (COLORS, MATERIAL_WORDS, MATERIALS, NO_CHANGE_CAPTIONS, SHAPE_WORDS, SHAPES,
                                   SIZE_WORDS, SIZES, SynthConfig, generate_dataset, load_scenes)

@@ -13,8 +13,7 @@ import os
 import sys
 
 from davir.config import ConfigError, load_config
-from davir.data.records import DataError
-from davir.errors import check_output_dir, describe_os_error
+from davir.errors import DataError, check_output_dir, describe_os_error
 from davir.runtime.locks import output_lock
 from davir.runtime.signals import stop_on_signals
 from davir.training.config import DEFAULT_CONFIG, TrainConfig

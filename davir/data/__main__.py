@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 

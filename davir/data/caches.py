@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from davir.data.images import load_mask, save_png_atomic
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import read_json, write_json_atomic
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

@@ -18,7 +18,8 @@ from PIL import Image
 
 from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.images import load_mask, load_pair
-from davir.data.records import ChangePair, DataError
+from davir.data.records import ChangePair
+from davir.errors import DataError
 
 
 class PairField(Protocol):

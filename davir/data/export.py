@@ -21,7 +21,8 @@ import shutil
 from pathlib import Path
 
 from davir.data.formats import read_dataset
-from davir.data.records import ChangePair, DataError
+from davir.data.records import ChangePair
+from davir.errors import DataError
 from davir.io import write_text_atomic
 
 

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import atomic_path, read_json, write_json_atomic
 
 FEATURE_SHAPE = (1024, 14, 14)

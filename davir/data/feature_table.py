@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional
 
 from davir.data.feature_cache import FeatureCache
-from davir.data.records import DataError
+from davir.errors import DataError
 
 
 def pool_grid(grid: torch.Tensor, pool: int) -> torch.Tensor:

@@ -8,7 +8,8 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from davir.data.records import ChangePair, DataError
+from davir.data.records import ChangePair
+from davir.errors import DataError
 from davir.io import atomic_path
 
 # Before/after size mismatch (IER): the before image is resized to the after image's size, as the

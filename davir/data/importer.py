@@ -31,7 +31,7 @@ from PIL import Image, UnidentifiedImageError
 from davir.data.formats.folder import SplitOptions, assign_splits, folder_contents, to_change_pair
 from davir.data.formats.folder_rows import Problems
 from davir.data.images import upright_size
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.data.stats import has_words
 from davir.io import atomic_path, write_json_atomic
 

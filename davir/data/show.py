@@ -17,7 +17,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from davir.data.formats import read_dataset
 from davir.data.images import load_mask, load_pair, save_png_atomic
-from davir.data.records import ChangePair, DataError
+from davir.data.records import ChangePair
+from davir.errors import DataError
 
 RED = np.array([255, 0, 0], np.float32)
 BLANK = (235, 235, 235)

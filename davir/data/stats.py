@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Iterable
 
 from davir.data.formats import FORMAT_SPLITS, FORMATS, read_dataset
-from davir.data.records import DataError, DatasetIndex
+from davir.data.records import DatasetIndex
+from davir.errors import DataError
 
 MAX_EXAMPLES = 5
 # DAVIR trains on at most model.max_caption_tokens - 1 tokens of a reference (davir/models/davir_config.py, not

@@ -16,7 +16,7 @@ from pathlib import Path
 from PIL import Image, UnidentifiedImageError
 
 from davir.data.formats import FORMAT_SPLITS, FORMATS, read_dataset
-from davir.data.records import DataError
+from davir.errors import DataError
 
 # format -> split -> (pairs, distinct image files); None where no count is published.
 OFFICIAL_COUNTS: dict[str, dict[str, tuple[int, int | None]]] = {

@@ -38,7 +38,8 @@ from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.spice.spice import Spice
 from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-from davir.data.records import CHANGE_TYPES, DISTRACTOR, DataError
+from davir.data.records import CHANGE_TYPES, DISTRACTOR
+from davir.errors import DataError
 from davir.metrics.io import IdMismatch, align_ids, canonical_groups, canonical_id
 
 # Metric families a caller can ask for; SPICE is controlled by the `spice` argument.

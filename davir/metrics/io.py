@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from davir.data.records import DataError, DatasetIndex
+from davir.data.records import DatasetIndex
+from davir.errors import DataError
 from davir.io import read_json, read_jsonl, write_json_atomic, write_text_atomic
 
 # Keys a prediction row may use for its id, most specific first: a row with both "image_id" and "id"

@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from davir.data.records import ChangePair, DataError, DatasetIndex
+from davir.data.records import ChangePair, DatasetIndex
+from davir.errors import DataError
 from davir.metrics.io import MAX_EXAMPLES, canonical_id, groups_from_index, load_references
 
 TOKENIZER = "Stanford PTBTokenizer -lowerCase, punctuation removed (pycocoevalcap 1.2, coco-caption)"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from davir.data.formats.clevr_change import DISTRACTOR_SUFFIX
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.data.synthetic import (
     CHANGE_TEMPLATES,
     COLOR_WORDS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from davir.data.records import DataError
+from davir.errors import DataError
 
 
 def load_open_clip(model_name: str, checkpoint: str | Path, *, config: str | Path | None = None, device: str = "cpu"):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from davir.data.images import load_rgb
-from davir.data.records import DataError
+from davir.errors import DataError
 
 IMAGE_SIZE = 224
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

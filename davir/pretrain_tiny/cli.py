@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.pretrain_tiny.batches import EntityNoise
 from davir.pretrain_tiny.data import DESCRIPTION_ORDERS
 from davir.pretrain_tiny.loop import pretrain

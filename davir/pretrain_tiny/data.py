@@ -12,7 +12,7 @@ from PIL import Image
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 from davir.data.images import load_rgb
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.data.synthetic import (
     COLOR_WORDS,
     MATERIAL_WORDS,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import read_json, write_json_atomic
 from davir.text.extractors import PhraseExtractor, get_extractor
 

@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.text.chunker import chunk_tokens, phrase_text, tag_words, unique, verb_segments
 from davir.text.lexicon import CorpusLexicon, load_wordnet, wordnet_available, wordnet_dir
 from davir.text.words import CLOSED_CLASS, Token, is_generic, tokenize

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.text.words import (ADJ, ADVERB, AUX, CAPITAL, DET, NOUN, PREP, PRON, PUNCT, VERB, closed_tag, is_word,
                               tokenize)
 

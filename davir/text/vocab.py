@@ -23,7 +23,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import read_json, write_json_atomic
 
 NULL, UNK, START, END = "<NULL>", "<UNK>", "<START>", "<END>"

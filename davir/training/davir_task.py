@@ -10,7 +10,7 @@ from accelerate import Accelerator
 from davir.data.caches import EntityCache, MaskCache, check_cache_root
 from davir.data.dataset import ChangeCaptionDataset, EntityField, ImageField, MaskField, RecordMasks
 from davir.data.formats import read_dataset
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.preprocessing.profiles import check_cache_profiles
 from davir.training.tasks import flat_scalars, move_to_device, register_task, require_cached
 

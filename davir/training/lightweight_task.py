@@ -40,7 +40,8 @@ from davir.data.dataset import ChangeCaptionDataset, EntityField, stable_index
 from davir.data.feature_field import FeatureField
 from davir.data.feature_table import PooledFeatureTable, pool_grid, pooled_size
 from davir.data.formats import read_dataset
-from davir.data.records import DISTRACTOR, ChangePair, DataError
+from davir.data.records import DISTRACTOR, ChangePair
+from davir.errors import DataError
 from davir.io import write_json_atomic
 from davir.models.lightweight import (
     LightweightCaptioner, LightweightConfig, build_lightweight_model, clevr_pair_loss, method_names, prompt_texts,

@@ -24,7 +24,7 @@ from transformers import get_scheduler
 from davir.runtime.cost import CostMeter
 from davir.config import ConfigError, save_config
 from davir.data.dataset import collate_examples
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import append_jsonl
 from davir.training.config import TrainConfig
 from davir.training.checkpoints import (install_trainable_state_hooks, load_checkpoint, save_checkpoint,

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterable
 import torch
 from accelerate import Accelerator
 
-from davir.data.records import ChangePair, DataError
+from davir.data.records import ChangePair
+from davir.errors import DataError
 
 # method name → task class; filled by @register_task when a task module is imported.
 TASKS: dict[str, Callable[..., Any]] = {}

@@ -9,7 +9,8 @@ out, and never opens an image (images are checked lazily or by `davir.data stats
 from __future__ import annotations
 
 from pathlib import Path
-from davir.data.records import DataError, DatasetIndex
+from davir.data.records import DatasetIndex
+from davir.errors import DataError
 from davir.data.formats.registry import FORMAT_SPLITS, FORMATS, Reader, register_format
 
 def read_dataset(format: str, root: str | Path, split: str) -> DatasetIndex:

@@ -7,7 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
+from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
+from davir.errors import DataError
 from davir.io import read_json
 
 EMPTY_SENTENCE = "empty or whitespace-only reference sentence"

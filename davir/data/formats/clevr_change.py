@@ -22,7 +22,8 @@ from typing import Any
 
 from davir.data.formats.registry import register_format
 from davir.data.formats._common import clean_captions
-from davir.data.records import DISTRACTOR, ChangePair, DataError, DatasetIndex, SkippedRecord
+from davir.data.records import DISTRACTOR, ChangePair, DatasetIndex, SkippedRecord
+from davir.errors import DataError
 from davir.io import read_json
 
 SPLITS = ("train", "val", "test")

@@ -24,7 +24,8 @@ from pathlib import Path
 from davir.data.formats.registry import register_format
 from davir.data.formats._common import clean_captions
 from davir.data.formats.clevr_change import ABSENT_CAPTIONS, read_caption_file, read_split_ids
-from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
+from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
+from davir.errors import DataError
 
 SPLITS = ("train", "val", "test")
 

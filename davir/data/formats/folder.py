@@ -35,7 +35,8 @@ from davir.data.formats.folder_rows import (
     COLUMNS, SPLITS, FolderPair, FolderRow, Problems, manifest_rows, merge_rows, read_caption_file,
 )
 from davir.data.formats.registry import register_format
-from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
+from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
+from davir.errors import DataError
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif"})
 MANIFEST_NAMES = ("pairs.csv", "pairs.jsonl")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from davir.data.images import resolve_user_path
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import read_json
 
 # Manifest columns davir reads; any other column is reported once (DatasetIndex.notes) and kept in meta.

@@ -22,7 +22,8 @@ from pathlib import Path, PurePosixPath
 
 from davir.data.formats.registry import register_format
 from davir.data.formats._common import PairMerger, clean_captions, plain_file_name, require_id, require_keys
-from davir.data.records import ChangePair, DataError, DatasetIndex, SkippedRecord
+from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
+from davir.errors import DataError
 from davir.io import read_json
 
 SPLITS = ("train", "val", "test")

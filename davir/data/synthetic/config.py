@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from davir.data.records import DataError
+from davir.errors import DataError
 
 
 @dataclass(frozen=True)

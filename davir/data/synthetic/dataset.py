@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from davir.data.records import CHANGE_TYPES, DataError
+from davir.data.records import CHANGE_TYPES
+from davir.errors import DataError
 from davir.data.synthetic.config import SynthConfig
 from davir.data.synthetic.scene_files import build_task, worker_init
 from davir.io import read_json, write_json_atomic

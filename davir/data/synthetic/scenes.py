@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from davir.data.records import CHANGE_TYPES, DataError
+from davir.data.records import CHANGE_TYPES
+from davir.errors import DataError
 from davir.data.synthetic.config import SynthConfig
 from davir.data.synthetic.render import SpriteCache, in_frame, visible_coverage
 from davir.data.synthetic.world import (BASE_CAMERA, COLORS, MATERIALS, SHAPES, SIZES, Camera, Illumination,
