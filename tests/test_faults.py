@@ -183,7 +183,7 @@ def test_sweep_killed_resumes_with_the_same_table(data, tmp_path):
         path = out.with_suffix(".yaml")
         path.write_text(yaml.safe_dump({
             "title": "fault test", "out": str(out), "seeds": [0], "overrides": tiny,
-            "evaluate_args": ["--no-spice", "--metrics", "BLEU,CIDEr"],
+            "evaluate": {"spice": False, "metrics": ["BLEU", "CIDEr"]},
             "variants": [{"name": "lr a", "config": str(REPO / "configs" / "demo.yaml"), "overrides": ["optim.lr=1e-4"]},
                          {"name": "lr b", "config": str(REPO / "configs" / "demo.yaml"), "overrides": ["optim.lr=3e-4"]}]}))
         return path

@@ -17,7 +17,7 @@ import yaml
 from davir.config import load_config
 from davir.data.caches import EntityCache
 from davir.data.formats import read_dataset
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import read_json
 from davir.text.entity_vocabulary import EntityVocabulary
 from davir.training.config import TrainConfig
@@ -271,7 +271,7 @@ def test_every_method_trains_and_scores_on_a_folder_of_own_pairs_through_a_sweep
     sweep_file.write_text(yaml.safe_dump({
         "title": "five methods on own pairs", "out": str(tmp_path / "sweep"), "seeds": [0], "split": "test",
         "overrides": [f"data.root={own}", f"data.features={features}", *TINY],
-        "evaluate_args": ["--no-spice", "--metrics", "BLEU,CIDEr"],
+        "evaluate": {"spice": False, "metrics": ["BLEU", "CIDEr"]},
         "variants": [{"name": m, "config": str(REPO / "configs" / f"{m}_folder.yaml"),
                       "overrides": (text if m in ("rdd", "cheer") else []) + (TINY_RDD if m == "rdd" else [])
                                    + ([f"data.entities={entities}"] if m == "cheer" else [])}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from davir.config import ConfigError
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.compare.seed_spread import mean_std
 from davir.sweep.grid import (CELL_RECORD, Sweep, Variant, cell_dir, cell_recipe, load_sweep, run_cell, run_sweep, set_vars,
                               summarise)

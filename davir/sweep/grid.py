@@ -89,7 +89,8 @@ class Sweep:
     split: str = "test"
     seed_keys: list[str] = field(default_factory=lambda: ["run.seed"])
     overrides: list[str] = field(default_factory=list)
-    evaluate_args: list[str] = field(default_factory=lambda: ["--no-spice"])  # evaluate.py options
+    # davir.evaluation.EvaluationOptions fields for every cell (evaluate.py's flags without the dashes)
+    evaluate: dict[str, Any] = field(default_factory=lambda: {"spice": False})
     vars: dict[str, str] = field(default_factory=dict)
     path: Path | None = None  # the sweep file, for messages
 
@@ -112,13 +113,13 @@ _VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def load_sweep(path: str | Path) -> Sweep:
-    """Read a sweep YAML (title, out, seeds, split, seed_keys, overrides, evaluate_args, variants)."""
+    """Read a sweep YAML (title, out, seeds, split, seed_keys, overrides, evaluate, variants)."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as error:
         raise ConfigError(f"{path}: cannot read the sweep file ({error})") from error
-    unknown = set(raw) - {"title", "out", "variants", "seeds", "split", "seed_keys", "overrides", "evaluate_args", "vars"}
+    unknown = set(raw) - {"title", "out", "variants", "seeds", "split", "seed_keys", "overrides", "evaluate", "vars"}
     if unknown:
         raise ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}")
     variants = raw.get("variants") or []
@@ -135,9 +136,11 @@ def load_sweep(path: str | Path) -> Sweep:
     sweep = Sweep(title=str(raw.get("title", path.stem)), out=Path(raw.get("out", f"runs/{path.stem}")),
                   variants=parsed, seeds=[int(s) for s in raw.get("seeds", [0])], split=str(raw.get("split", "test")),
                   path=path)
-    for key in ("seed_keys", "overrides", "evaluate_args"):
+    for key in ("seed_keys", "overrides"):
         if key in raw:
             setattr(sweep, key, [str(v) for v in raw[key]])
+    if "evaluate" in raw:
+        sweep.evaluate = _evaluation_settings(raw["evaluate"], path)
     variables = raw.get("vars") or {}
     if not isinstance(variables, dict):
         raise ConfigError(f"{path}: vars must be a mapping of name: value, got {type(variables).__name__}")
@@ -213,7 +216,7 @@ def run_cell(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> Pat
     if stale is not None or not (run / "last").is_dir():
         _train_cell(run, recipe, label=f"{variant.name} seed {seed}")
         write_json_atomic(run / CELL_RECORD, recipe)
-    _evaluate_cell(run, sweep.split, sweep.evaluate_args)
+    _evaluate_cell(run, sweep.split, sweep.evaluate)
     done = metrics_path(run, sweep.split)
     if done is None:
         raise DataError(f"{run}: evaluate.py wrote no metrics.json")
@@ -239,14 +242,31 @@ def _train_cell(run: Path, recipe: dict[str, Any], *, label: str) -> None:
     print(f"run folder: {run_dir}", flush=True)
 
 
-def _evaluate_cell(run_dir: Path, split: str, evaluate_args: list[str]) -> None:
-    """Score a trained cell on `split` as ``evaluate.py --checkpoint RUN --split SPLIT EVALUATE_ARGS`` does."""
-    # TODO(evaluate_run): call davir.evaluation.evaluate_run(run_dir, split, ...) once it exists, with the
-    # sweep file's evaluate_args (evaluate.py options) turned into its keywords.
-    from davir.cli import evaluate
+def _evaluation_settings(raw: Any, path: Path) -> dict[str, Any]:
+    """The sweep file's `evaluate:` mapping, each key a field of davir.evaluation.EvaluationOptions."""
+    from dataclasses import fields
 
-    if evaluate.main(["--checkpoint", str(run_dir), "--split", split, *evaluate_args]) != 0:
-        raise DataError(f"evaluating {run_dir} failed")
+    from davir.evaluation import EvaluationOptions
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: evaluate must be a mapping of evaluation options (e.g. spice: false), "
+                          f"got {type(raw).__name__}")
+    known = {f.name for f in fields(EvaluationOptions)} - {"out", "markdown", "echo", "progress"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown evaluate option(s) {unknown}; known: {', '.join(sorted(known))}")
+    return {"spice": False, **raw}
+
+
+def _evaluate_cell(run_dir: Path, split: str, settings: dict[str, Any]) -> None:
+    """Score a trained cell on `split` as ``evaluate.py --checkpoint RUN --split SPLIT`` does."""
+    from davir.evaluation import evaluate_run
+
+    try:
+        evaluate_run(run_dir, split, **settings)
+    except (DataError, OSError) as error:
+        problem = describe_os_error(error) if isinstance(error, OSError) else str(error)
+        raise DataError(f"evaluating {run_dir} failed: {problem}") from error
 
 
 def _column_values(runs: list[dict[str, Any]], path: tuple[str, ...]) -> list[float]:
