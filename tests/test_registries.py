@@ -195,3 +195,90 @@ def test_an_option_of_another_component_is_refused(world, tmp_path, capsys, job,
                                 *argv])
     assert status == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.json"))
+
+
+# ---------------------------------------------------------------------------------------------- a toy method
+# A lightweight method is one captioner + its settings, registered once (davir.models.lightweight.registry);
+# training, evaluation in a sweep, and captioning then take it by the name a config gives, once.
+def toy_method():
+    import torch
+    from torch import nn
+
+    from davir.models.lightweight.base import Encoded, LightweightCaptioner
+    from davir.models.lightweight.config import LightweightConfig
+
+    @dataclass
+    class ToySettings(LightweightConfig):
+        toy_gain: float = 2.0  # the toy's own setting: a key no other method takes
+
+    class ToyCaptioner(LightweightCaptioner):
+        """toy_gain · (after − before) → Linear → the standard decoder."""
+
+        def __init__(self, config: ToySettings):
+            super().__init__(config)
+            self.mix = nn.Linear(config.hidden, config.hidden)
+
+        def encode(self, tokens_before, tokens_after, *, entities=None, need_losses=True) -> Encoded:
+            return Encoded(torch.relu(self.mix(self.config.toy_gain * (tokens_after - tokens_before))))
+
+    return ToySettings, ToyCaptioner
+
+
+@pytest.fixture
+def toy_registered():
+    from davir.models.lightweight.registry import METHODS, register_method
+
+    settings, captioner = toy_method()
+    register_method("toy", settings)(captioner)
+    yield settings
+    METHODS.pop("toy")
+
+
+TOY_CONFIG = {
+    "method": "toy",
+    "data": {"format": "clevr_change"},
+    "lightweight": {"hidden": 16, "heads": 2, "word_emb": 8, "ffn_dim": 32, "layers": 1, "encoder_layers": 1,
+                    "max_len": 16, "dropout": 0.0, "toy_gain": 3.0},
+    "optim": {"batch_size": 4, "max_steps": 3, "lr": 1e-3},
+    "run": {"eval_every": 3, "val_max_pairs": 4, "tensorboard": False, "log_every": 1},
+}
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_toy_method_registered_once_trains_scores_in_a_sweep_and_captions(toy_registered, synthetic_set, tmp_path,
+                                                                          capsys):
+    import yaml
+
+    from davir.config import ConfigError, load_config
+    from davir.inference import ChangeCaptioner
+    from davir.sweep.grid import load_sweep, run_sweep
+    from davir.training.config import TrainConfig
+    from preprocess.features import main as features_main
+
+    root, features = synthetic_set(16, 5), tmp_path / "features"
+    for split in ("train", "val", "test"):
+        assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out",
+                              str(features), "--random-init", "--workers", "0"]) == 0
+    config_file = tmp_path / "toy.yaml"
+    config_file.write_text(yaml.safe_dump(TOY_CONFIG))
+    # The method is named once; its own key is accepted, another method's is refused naming both.
+    assert load_config(TrainConfig, config_file, [f"data.root={root}"]).lightweight.toy_gain == 3.0
+    with pytest.raises(ConfigError, match=r"cv_weight is a setting of scorer, not of toy"):
+        load_config(TrainConfig, config_file, ["lightweight.cv_weight=0.5"])
+
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "title": "toy", "out": str(tmp_path / "sweep"), "seeds": [0], "split": "test",
+        "overrides": [f"data.root={root}", f"data.features={features}"],
+        "variants": [{"name": "toy", "config": str(config_file)}]}))
+    run_sweep(load_sweep(sweep_file))
+    summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())
+    assert "toy" in json.dumps(summary)
+    run = next((tmp_path / "sweep").rglob("run_info.json")).parent
+    metrics = json.loads(next(run.rglob("metrics.json")).read_text())
+    assert metrics["rows"]["total"]["metrics"]["CIDEr"] >= 0 and metrics["distinct_captions"] >= 1
+    assert json.loads((run / "best" / "lightweight_config.json").read_text())["method"] == "toy"
+
+    pair = read_dataset("clevr_change", root, "test").pairs[0]
+    result = ChangeCaptioner.from_pretrained(run).caption(pair.before, pair.after)
+    assert result.error is None and isinstance(result.caption, str) and result.caption.strip()

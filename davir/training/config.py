@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from davir.config import FieldError, require
 from davir.models.davir_config import DavirModelConfig
-from davir.models.lightweight.section import MOVED_DATA_KEYS, LightweightSection, resolve_lightweight
+from davir.models.lightweight.section import MOVED_DATA_KEYS, resolve_lightweight
 
 # Package data, so an installed davir has it too; the repository's configs/demo.yaml is its copy for users and the
 # Makefile (tests/test_install.py keeps the two equal).
@@ -126,7 +126,7 @@ class TrainConfig:
     # A lightweight method's settings: YAML gives only the keys it changes, flat, the common ones and the method's
     # own (davir.models.lightweight.section); built into the method's settings class (ScorerSettings, …), or
     # NoLightweightSettings for davir. A key of another method is an error.
-    lightweight: LightweightSection = field(default_factory=LightweightSection)
+    lightweight: dict[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
