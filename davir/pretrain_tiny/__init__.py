@@ -49,7 +49,7 @@ from davir.pretrain_tiny.data import (
     load_split,
 )
 from davir.pretrain_tiny.evaluation import description_accuracy, evaluate, evaluation_entities
-from davir.pretrain_tiny.loop import pretrain
+from davir.pretrain_tiny.loop import TinyPretrainSettings, pretrain
 from davir.pretrain_tiny.model import (
     CHANGE_PROMPT,
     DESCRIBE_PROMPT,
@@ -62,6 +62,7 @@ __all__ = [
     "CHANGE_PROMPT", "DESCRIBE_PROMPT", "DESCRIPTION_ORDERS", "ENTITY_PROMPTS", "INFO_FILE", "VIEWS", "ChangeBatch",
     "EntityNoise", "Normaliser", "SceneTensors", "build_parser", "build_tiny_model", "canonical_description",
     "description_accuracy", "description_loss", "evaluate", "evaluation_entities", "load_split", "main",
-    "noisy_entities", "package_versions", "pretrain", "sample_change_batch", "sample_description_batch",
+    "TinyPretrainSettings", "noisy_entities", "package_versions", "pretrain", "sample_change_batch",
+    "sample_description_batch",
     "save_checkpoint", "vocabulary_texts",
 ]

@@ -10,7 +10,7 @@ import sys
 from davir.errors import DataError
 from davir.pretrain_tiny.batches import EntityNoise
 from davir.pretrain_tiny.data import DESCRIPTION_ORDERS
-from davir.pretrain_tiny.loop import pretrain
+from davir.pretrain_tiny.loop import TinyPretrainSettings, pretrain
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,13 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = argv
-    for name in ("desc_mix", "entity_share", "entity_wrong", "entity_on_distractor"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            parser.error(f"--{name.replace('_', '-')} must be a share in [0, 1], got {getattr(args, name)}")
     try:
-        pretrain(args)
+        settings = TinyPretrainSettings(**vars(parser.parse_args(argv)), argv=tuple(argv))
+    except ValueError as error:
+        parser.error(f"--{error}")
+    try:
+        pretrain(settings)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

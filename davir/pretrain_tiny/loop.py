@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
 import shlex
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,72 +57,109 @@ def _schedule(optimizer: torch.optim.Optimizer, steps: int, warmup: float = 0.05
 
 
 
-def pretrain(args: argparse.Namespace) -> dict[str, Any]:
-    """Run both stages; returns the final info (also written to ``args.out``)."""
-    started = time.time()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
-    out = Path(args.out)
-    log = print if not args.quiet else (lambda *a, **k: None)
+@dataclass(frozen=True)
+class TinyPretrainSettings:
+    """What `python -m davir.pretrain_tiny` takes (davir/pretrain_tiny/cli.py documents each option)."""
 
-    if args.data is None:
+    out: str | Path
+    data: str | Path | None = None        # an existing synthetic set; None: generate `scenes` scenes
+    scenes: int = 2000
+    data_seed: int = 1                    # not the demo's seed 0, so no demo scene is seen
+    workers: int = 0
+    seed: int = 0
+    init: str | Path | None = None        # continue from a folder this command wrote
+    desc_steps: int = 3000
+    change_steps: int = 3000
+    desc_mix: float = 0.2
+    entity_share: float = 0.0
+    entity_wrong: float = EntityNoise.wrong
+    entity_on_distractor: float = EntityNoise.on_distractor
+    desc_order: str = "left-to-right"
+    batch_size: int = 32
+    lr: float = 1e-3
+    image_size: int = 64
+    patch_size: int = 8
+    query_tokens: int = 0
+    threads: int = 2
+    eval_every: int = 500
+    eval_scenes: int = 100
+    train_limit: int | None = None
+    cider: bool = True
+    quiet: bool = False
+    argv: tuple[str, ...] = field(default=())  # the command line, recorded in the info file
+
+    def __post_init__(self) -> None:
+        for name in ("desc_mix", "entity_share", "entity_wrong", "entity_on_distractor"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name.replace('_', '-')} must be a share in [0, 1], got {getattr(self, name)}")
+
+
+def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
+    """Run both stages; returns the final info (also written to ``settings.out``)."""
+    started = time.time()
+    torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    rng = random.Random(settings.seed)
+    out = Path(settings.out)
+    log = print if not settings.quiet else (lambda *a, **k: None)
+
+    if settings.data is None:
         data_root = Path(tempfile.mkdtemp(prefix="davir_pretrain_")) / "synth"
-        generate_dataset(data_root, SynthConfig(scenes=args.scenes, seed=args.data_seed), workers=args.workers)
+        generate_dataset(data_root, SynthConfig(scenes=settings.scenes, seed=settings.data_seed), workers=settings.workers)
     else:
-        data_root = Path(args.data)
+        data_root = Path(settings.data)
     norm = Normaliser()
     synthetic_set = load_synthetic_set(data_root)  # scenes.json is read once: it is large
     scenes, data_config = synthetic_set["scenes"], synthetic_set.get("config", {})
-    train = load_split(data_root, "train", args.image_size, limit=args.train_limit, scenes=scenes)
-    test = load_split(data_root, "test", args.image_size, limit=args.eval_scenes, scenes=scenes)
-    if args.desc_order == "canonical":
+    train = load_split(data_root, "train", settings.image_size, limit=settings.train_limit, scenes=scenes)
+    test = load_split(data_root, "test", settings.image_size, limit=settings.eval_scenes, scenes=scenes)
+    if settings.desc_order == "canonical":
         for split_data in (train, test):
             split_data.descriptions = [tuple(canonical_description(d) for d in views)
                                        for views in split_data.descriptions]
     truths = pair_truths(scenes, split="test")
     log(f"loaded {len(train.ids)} train / {len(test.ids)} test scenes in {time.time() - started:.0f}s", flush=True)
 
-    if args.init is not None:  # continue from an earlier checkpoint of this command (its curve is kept)
+    if settings.init is not None:  # continue from an earlier checkpoint of this command (its curve is kept)
         model = build_davir_model(DavirModelConfig(
-            pretrained=str(args.init), image_size=args.image_size, patch_size=args.patch_size, train_mode="full",
-            fac=FacConfig(lambda_attn=0.0), epc=EpcConfig(use_entities=False), seed=args.seed,
+            pretrained=str(settings.init), image_size=settings.image_size, patch_size=settings.patch_size, train_mode="full",
+            fac=FacConfig(lambda_attn=0.0), epc=EpcConfig(use_entities=False), seed=settings.seed,
         ))
     else:
-        model = build_tiny_model(image_size=args.image_size, patch_size=args.patch_size, seed=args.seed,
-                                 query_tokens=args.query_tokens)
+        model = build_tiny_model(image_size=settings.image_size, patch_size=settings.patch_size, seed=settings.seed,
+                                 query_tokens=settings.query_tokens)
     model.train()
     params = sum(p.numel() for p in model.parameters())
     log(f"model: {params / 1e6:.2f} M parameters, vocabulary {len(model.tokenizer)}", flush=True)
 
     info: dict[str, Any] = {
-        "command": "python -m davir.pretrain_tiny " + " ".join(shlex.quote(a) for a in args.argv),
-        "seed": args.seed, "data": str(data_root), "train_scenes": len(train.ids), "eval_scenes": len(test.ids),
+        "command": "python -m davir.pretrain_tiny " + " ".join(shlex.quote(a) for a in settings.argv),
+        "seed": settings.seed, "data": str(data_root), "train_scenes": len(train.ids), "eval_scenes": len(test.ids),
         # the generator settings of the data (its seed must differ from the demo's seed 0: other scenes)
         "data_seed": data_config.get("seed"), "data_config": data_config,
         "versions": package_versions(), "parameters": params, "describe_prompt": DESCRIBE_PROMPT,
         "change_prompt": CHANGE_PROMPT, "curve": [], "best": None,
     }
-    if args.init is not None:
-        earlier = read_json(Path(args.init) / INFO_FILE)
-        info["init"] = {"folder": str(args.init), "command": earlier.get("command"), "seed": earlier.get("seed"),
+    if settings.init is not None:
+        earlier = read_json(Path(settings.init) / INFO_FILE)
+        info["init"] = {"folder": str(settings.init), "command": earlier.get("command"), "seed": earlier.get("seed"),
                         "curve": earlier.get("curve", [])}
-    noise = EntityNoise(wrong=args.entity_wrong, on_distractor=args.entity_on_distractor)
+    noise = EntityNoise(wrong=settings.entity_wrong, on_distractor=settings.entity_on_distractor)
     best_score = -1.0
     step_total = 0
-    for stage, steps in (("describe", args.desc_steps), ("change", args.change_steps)):
+    for stage, steps in (("describe", settings.desc_steps), ("change", settings.change_steps)):
         if steps <= 0:
             continue
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01)
         scheduler = _schedule(optimizer, steps)
         running, stage_start = [], time.time()
         for step in range(1, steps + 1):
-            if stage == "describe" or rng.random() < args.desc_mix:
-                pixels, captions = sample_description_batch(train, args.batch_size, rng, norm)
+            if stage == "describe" or rng.random() < settings.desc_mix:
+                pixels, captions = sample_description_batch(train, settings.batch_size, rng, norm)
                 loss = description_loss(model, pixels, captions)
             else:
-                pairs = sample_change_batch(train, args.batch_size, rng, norm)
-                if rng.random() < args.entity_share:  # EPC-style prompts with retriever-like entities
+                pairs = sample_change_batch(train, settings.batch_size, rng, norm)
+                if rng.random() < settings.entity_share:  # EPC-style prompts with retriever-like entities
                     prompts = entity_prompts(ENTITY_PROMPTS, noisy_entities(train, pairs.rows, pairs.semantic, rng, noise))
                 else:
                     prompts = [CHANGE_PROMPT] * len(pairs.captions)
@@ -134,7 +171,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
             scheduler.step()
             running.append(loss.item())
             step_total += 1
-            if step % args.eval_every == 0 or step == steps:
+            if step % settings.eval_every == 0 or step == steps:
                 point: dict[str, Any] = {
                     "stage": stage, "step": step, "total_step": step_total,
                     "minutes": round((time.time() - started) / 60, 2),
@@ -147,7 +184,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
                     result = evaluate(model, test, truths, norm)
                     point.update({k: result[k] for k in ("type_accuracy", "object_accuracy", "exact_accuracy")})
                     point["examples"] = result["examples"]
-                    if args.entity_share > 0:  # what the EPC fine-tune starts from
+                    if settings.entity_share > 0:  # what the EPC fine-tune starts from
                         with_entities = evaluate(model, test, truths, norm, entities=True)
                         point["with_entities"] = {k: with_entities[k] for k in
                                                   ("type_accuracy", "object_accuracy", "exact_accuracy", "per_type")}
@@ -165,9 +202,9 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
     info["minutes"] = round((time.time() - started) / 60, 2)
     # The saved folder holds the best model; re-evaluate it with CIDEr for the record.
     best = build_davir_model(DavirModelConfig(pretrained=str(out), epc=EpcConfig(use_entities=False)))
-    info["final_eval"] = evaluate(best, test, truths, norm, cider=args.cider)
-    if args.entity_share > 0:
-        info["final_eval_with_entities"] = evaluate(best, test, truths, norm, cider=args.cider, entities=True)
+    info["final_eval"] = evaluate(best, test, truths, norm, cider=settings.cider)
+    if settings.entity_share > 0:
+        info["final_eval_with_entities"] = evaluate(best, test, truths, norm, cider=settings.cider, entities=True)
     write_json_atomic(out / INFO_FILE, info)
     log(json.dumps(info["final_eval"]), flush=True)
     return info
