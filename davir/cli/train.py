@@ -9,15 +9,13 @@ The loop itself is davir.training.loop.train.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from davir.config import ConfigError, load_config
-from davir.errors import DataError, check_output_dir, describe_os_error
-from davir.runtime.locks import output_lock
+from davir.errors import DataError, describe_os_error
 from davir.runtime.signals import stop_on_signals
 from davir.training.config import DEFAULT_CONFIG, TrainConfig
-from davir.training.loop import NonFiniteLoss, train
+from davir.training.loop import NonFiniteLoss, train_in_folder
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,11 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = load_config(TrainConfig, args.config, args.overrides)
-        run_folder = check_output_dir(config.run.output_dir, what="run folder (run.output_dir)")
-        # One lock per run folder, held by the main process of an `accelerate launch` (RANK 0) for them all.
-        with output_lock(run_folder, what=f"run folder {run_folder}", wait=args.wait_lock,
-                         enabled=int(os.environ.get("RANK", "0")) == 0):
-            run_dir = train(config, resume=args.resume)
+        run_dir = train_in_folder(config, resume=args.resume, wait_lock=args.wait_lock)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2

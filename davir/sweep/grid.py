@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import re
 import time
 from collections.abc import Sequence
@@ -31,11 +30,10 @@ import yaml
 
 from davir.compare.seed_spread import inside_spread, inside_spread_lines, metric_at, spread_record, spread_text, value_at
 from davir.config import ConfigError, load_config
-from davir.errors import DataError, check_output_dir, describe_os_error
+from davir.errors import DataError, describe_os_error
 from davir.io import read_json, write_json_atomic, write_text_atomic
 from davir.metrics.captions import shared_meteor
 from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
-from davir.runtime.locks import output_lock
 
 
 @dataclass(frozen=True)
@@ -227,15 +225,12 @@ def _train_cell(run: Path, recipe: dict[str, Any], *, label: str) -> None:
     """Train a cell from scratch into `run` as ``train.py --config CONFIG OVERRIDES`` does (the run folder's
     lock included); any failure is one DataError naming the cell."""
     from davir.training.config import TrainConfig  # torch: only when a cell is trained
-    from davir.training.loop import NonFiniteLoss, train
+    from davir.training.loop import NonFiniteLoss, train_in_folder
 
     overrides = [*recipe["overrides"], f"run.output_dir={run}", "run.overwrite=true"]
     try:
         config = load_config(TrainConfig, recipe["config"], overrides)
-        run_folder = check_output_dir(config.run.output_dir, what="run folder (run.output_dir)")
-        # the main process of an `accelerate launch` (RANK 0) holds the lock for them all, as train.py does
-        with output_lock(run_folder, what=f"run folder {run_folder}", enabled=int(os.environ.get("RANK", "0")) == 0):
-            run_dir = train(config)
+        run_dir = train_in_folder(config)
     except (ConfigError, DataError, NonFiniteLoss, OSError) as error:
         problem = describe_os_error(error) if isinstance(error, OSError) else str(error)
         raise DataError(f"training {label} failed (run folder {run}): {problem}") from error

@@ -11,6 +11,7 @@ checkpoints, logs and selection of `best/` in davir.training.run and davir.train
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -24,8 +25,9 @@ from transformers import get_scheduler
 from davir.runtime.cost import CostMeter
 from davir.config import ConfigError, save_config
 from davir.data.dataset import collate_examples
-from davir.errors import DataError
+from davir.errors import DataError, check_output_dir
 from davir.io import append_jsonl
+from davir.runtime.locks import output_lock
 from davir.training.config import TrainConfig
 from davir.training.checkpoints import (install_trainable_state_hooks, load_checkpoint, save_checkpoint,
                                         usable_checkpoint)
@@ -188,4 +190,14 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return run_dir
+
+
+def train_in_folder(config: TrainConfig, *, resume: bool = False, wait_lock: bool = False) -> Path:
+    """`train` as train.py runs it: the run folder checked first (a file in the way, no permission: an error now,
+    not after the work) and held by its lock while training (docs/errors.md, "Locks"); under `accelerate launch`
+    the main process (RANK 0) holds it for them all. `wait_lock`: wait for another writer instead of stopping."""
+    run_folder = check_output_dir(config.run.output_dir, what="run folder (run.output_dir)")
+    with output_lock(run_folder, what=f"run folder {run_folder}", wait=wait_lock,
+                     enabled=int(os.environ.get("RANK", "0")) == 0):
+        return train(config, resume=resume)
 
