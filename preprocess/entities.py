@@ -35,10 +35,12 @@ another (e.g. fit on ground truth, retrieve with predicted masks).
 `--image-level` is CHEER's retrieval instead (methods.md §4.8): no masks (`--masks` is then refused);
 the before and after frames are scored whole against all M entities (S_bef, S_aft; `clip`: cosine of
 the global CLIP embedding, ViT-L/14 in the paper; `fitted`: the word model on whole-frame descriptors,
-fitted on the fit split's whole frames — see FittedRetriever.frame_scores), ranked by |S_bef − S_aft|
-(`--image-score abs`, default [D]) or S_bef − S_aft (`bef_minus_aft`, Eq. 1 as written) among the
-entities above their image's mean similarity (davir.preprocessing.retrievers.cheer_rank_entities); every pair,
-distractors included, gets `--top-k` entries (CHEER: 3). The settings record `retrieval: image`, so a
+fitted on the fit split's whole frames — see FittedRetriever.frame_scores), ranked by S_bef − S_aft
+(`--image-score bef_minus_aft`, Eq. 1 as written) or |S_bef − S_aft| (`abs` [D]) among the entities above their
+image's mean similarity (davir.preprocessing.retrievers.cheer_rank_entities); every pair, distractors included,
+gets `--top-k` entries (CHEER: 3). `--profile paper --image-level` is CHEER's Eq. 1 as written (CLIP,
+bef_minus_aft; the cache records profile "paper", which configs/cheer_<benchmark>.yaml expect); the default
+profile's is the fitted retriever by `abs` [D] (profile "custom"). The settings record `retrieval: image`, so a
 cache is never mixed with region-level entities.
 """
 
@@ -58,7 +60,8 @@ from davir.errors import DataError, check_output_dir
 from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.text.extractors import BACKENDS
-from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, entity_options, entity_profile, profile_deviations
+from davir.preprocessing.profiles import (PROFILE_NAMES, TOOLKIT, entity_options, entity_profile, image_entity_options,
+                                         profile_deviations)
 from davir.preprocessing.retrievers import (
     IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, RETRIEVERS, EntityGate, retrieve_image_level, retrieve_top_k,
 )
@@ -108,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CHEER §4.8: rank entities by whole-frame similarities of the before and after image, "
                              "no masks")
     parser.add_argument("--image-score", choices=IMAGE_SCORES, default=None,
-                        help="with --image-level: abs = |S_bef − S_aft| (default [D]); bef_minus_aft = S_bef − S_aft "
-                             "(CHEER Eq. 1 as written)")
+                        help="with --image-level: bef_minus_aft = S_bef − S_aft (CHEER Eq. 1 as written; the default "
+                             "with --profile paper); abs = |S_bef − S_aft| ([D], the default otherwise)")
     parser.add_argument("--vocab-min-count", type=int, default=2)
     parser.add_argument("--phrase-backend", choices=BACKENDS, default="auto")
     parser.add_argument("--mask-source", choices=MASK_SOURCES, default=None,
@@ -136,11 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def apply_profile(args: argparse.Namespace) -> dict:
-    """Fill the options left unset from --profile; returns the explicit deviations from it (region level;
-    CHEER's image-level retrieval takes only the retriever and CLIP model from the profile)."""
-    options = entity_options(args.profile)
-    keys = ("retriever", "clip_model") if args.image_level else tuple(options)
+    """Fill the options left unset from --profile; returns the explicit deviations from it. CHEER's image-level
+    retrieval takes the profile's image-level options (paper: CLIP, Eq. 1's S_bef − S_aft), else the retriever
+    and CLIP model of its region-level ones and the `abs` ranking [D]."""
+    image_options = image_entity_options(args.profile) if args.image_level else {}
+    options = {**entity_options(args.profile), **image_options}
+    keys = ("retriever", "clip_model") if args.image_level else tuple(entity_options(args.profile))
     chosen = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+    if args.image_level and args.image_score is not None:
+        chosen["image_score"] = args.image_score
+    args.image_score = args.image_score or (options.get("image_score", "abs") if args.image_level else None)
     args.retriever = args.retriever or options["retriever"]
     check_component_options(RETRIEVERS, args.retriever, args)
     # A profile value of another retriever's option (clip_model with the fitted one) is not filled in.
@@ -151,7 +159,8 @@ def apply_profile(args: argparse.Namespace) -> dict:
     if args.image_level:
         args.mask_source = args.mask_source or "per_image"
         args.mask_weighting = args.mask_weighting or "binary"
-        return {}
+        return {key: (image_options[key], value) for key, value in {**chosen, "retriever": args.retriever}.items()
+                if key in image_options and value != image_options[key]}
     return profile_deviations("entities", args.profile, {**chosen, "retriever": args.retriever})
 
 
@@ -190,7 +199,7 @@ def run_settings(args: argparse.Namespace) -> dict:
         "vocab_min_count": args.vocab_min_count, "phrase_backend": args.phrase_backend,
     }
     if args.image_level:
-        settings.update(retrieval=IMAGE, image_score=args.image_score or "abs")
+        settings.update(retrieval=IMAGE, image_score=args.image_score)  # set by apply_profile
     else:
         settings.update(retrieval=REGION, masks=args.masks, mask_source=args.mask_source,
                         mask_weighting=args.mask_weighting, pad=args.pad, empty_masks="no_entity",
@@ -319,7 +328,7 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
         "retriever": retriever.describe(), "entity_gate": None if gate is None else gate.describe(),
         "mask_source": "none (image level)" if masks is None else masks.describe(),
         # derived from the settings (davir.preprocessing.profiles), recorded for the reader
-        "profile": entity_profile(settings), "profile_requested": None if args.image_level else args.profile,
+        "profile": entity_profile(settings), "profile_requested": args.profile,
         "profile_deviations": {k: {"profile": a, "chosen": b} for k, (a, b) in deviations.items()},
     })
     write_json_atomic(manifest_path, manifest)

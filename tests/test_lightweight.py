@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.models.lightweight import (
     METHODS, LightweightConfig, build_lightweight_model, clevr_pair_loss, load_lightweight_model,
     paper_settings, prompt_texts, save_lightweight_model,
@@ -24,8 +24,9 @@ from davir.models.lightweight.attention import (
     MAX_LOG_SCALE, ScorerAttention, batch_token_matching, merge_heads, token_wise_matching,
 )
 from davir.models.lightweight.config import keys_of
-from davir.models.lightweight.cheer import EnhancementModule, enhancement_probability, gated_residual
-from davir.models.lightweight.decoder import beam_decode, greedy_decode, sinusoidal_table
+from davir.models.lightweight.cheer import (Enhanced, EnhancementModule, consistency_loss, enhancement_probability,
+                                            gated_residual)
+from davir.models.lightweight.decoder import GatedDecoderLayer, beam_decode, greedy_decode, sinusoidal_table
 from davir.models.lightweight.dirl import ccr_features, cross_modal_contrastive_loss, difference_tokens
 from davir.models.lightweight.frontend import FeatureFrontend, coordinate_channels
 from davir.models.lightweight.losses import (
@@ -117,10 +118,12 @@ def test_cross_correlation_loss_by_hand():
     c = cross_correlation_matrix(z_a, z_b, "zscore")
     assert torch.allclose(c, torch.tensor([[-2 / 3, 2 / 3], [-1 / 3, 1 / 3]]), atol=1e-6)
     expected = (1 + 2 / 3) ** 2 + (1 - 1 / 3) ** 2 + 0.003 * ((2 / 3) ** 2 + (1 / 3) ** 2)
-    assert cross_correlation_loss(z_a, z_b, alpha=0.003).item() == pytest.approx(expected, abs=1e-5)
-    cosine = cross_correlation_matrix(z_a, z_b, "cosine")  # Eq. 3 as printed: no centring
+    assert cross_correlation_loss(z_a, z_b, alpha=0.003, mode="zscore").item() == pytest.approx(expected, abs=1e-5)
+    cosine = cross_correlation_matrix(z_a, z_b)  # Eq. 3 as printed, the default: no centring
     r70 = math.sqrt(70)
     assert torch.allclose(cosine, torch.tensor([[10 / 14, 8 / r70], [5 / r70, 4 / 5]]), atol=1e-6)
+    printed = (1 - 10 / 14) ** 2 + (1 - 4 / 5) ** 2 + 0.003 * ((8 / r70) ** 2 + (5 / r70) ** 2)
+    assert cross_correlation_loss(z_a, z_b, alpha=0.003).item() == pytest.approx(printed, abs=1e-5)
 
 
 def test_gate_consistency_and_masked_mean_by_hand():
@@ -190,9 +193,11 @@ def test_scorer_attention_has_no_output_projection():
 
 @pytest.mark.parametrize("method", ["scorer", "cheer"])
 def test_difference_init_starts_the_fusion_as_after_minus_before(method):
-    """[D] difference_init: SCORER's Eq. 7 / CHEER's Eq. 12 fusion of [X_bef; X_aft] starts as ReLU(X_aft − X_bef)."""
+    """[D] difference_init: SCORER's Eq. 7 / CHEER's Eq. 12 fusion of [X_bef; X_aft] starts as ReLU(X_aft − X_bef)
+    (CHEER with its [D] ReLU after Eq. 12, `cheer_fusion_relu`; Eq. 12 as printed is the Linear alone)."""
     config = LightweightConfig(method=method, hidden=4, heads=2, word_emb=4, ffn_dim=8, dropout=0.0,
-                               difference_init=True, **({"entity_dim": 12} if method == "cheer" else {}))
+                               difference_init=True,
+                               **({"entity_dim": 12, "cheer_fusion_relu": True} if method == "cheer" else {}))
     fuse = (lambda model: model.fuse)
     model = build_lightweight_model(config).eval()
     before = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])
@@ -201,6 +206,9 @@ def test_difference_init_starts_the_fusion_as_after_minus_before(method):
     assert torch.equal(fused, torch.tensor([[[1.0, 0.0, 0.0, 3.0]]]))  # ReLU(1, −2, 0, 3)
     plain = build_lightweight_model(dataclasses.replace(config, difference_init=False)).eval()
     assert not torch.equal(fuse(plain)(torch.cat([before, after], dim=-1)), fused)
+    if method == "cheer":  # Eq. 12 as printed: the difference itself, negative parts kept
+        printed = build_lightweight_model(dataclasses.replace(config, cheer_fusion_relu=False)).eval()
+        assert torch.equal(printed.fuse(torch.cat([before, after], dim=-1)), torch.tensor([[[1.0, -2.0, 0.0, 3.0]]]))
 
 
 @pytest.mark.parametrize("method", ["scorer", "dirl", "cheer"])
@@ -267,25 +275,36 @@ def test_rdd_encoder_sees_only_the_difference_and_hands_the_decoder_the_global_t
     torch.manual_seed(0)
     model = build_lightweight_model(tiny_config("rdd")).eval()
     x, y = torch.randn(2, GRID * GRID, 16), torch.randn(2, GRID * GRID, 16)
-    # Eqs. 3-4 as printed (no residual): with nothing changed, F_diff = 0 and GDE's output does not depend
-    # on the image at all — the post-LN version carried each image's own content into F_c.
+    # Eqs. 3-4 as printed (no residual, the default): with nothing changed, F_diff = 0 and GDE's output does not
+    # depend on the image at all — the post-LN version carried each image's own content into F_c.
     assert torch.allclose(model.gde(x, x), model.gde(y, y), atol=1e-6)
     assert not torch.allclose(model.gde(x, y), model.gde(x, x), atol=1e-3)
-    # The [D] residual carries the difference token itself: with the attention silenced (W_O = 0),
-    # F^_bef = F^_aft = F_aft − F_bef, where the printed Eqs. 3-4 leave nothing.
-    silenced = build_lightweight_model(tiny_config("rdd")).eval()
-    silenced.load_state_dict(model.state_dict())
+    # Eq. 5 as printed (the default): F_c = [F^_bef; F^_aft] along the tokens, no layer: 2·H·W tokens of width D,
+    # and the decoder reads all of them (F_c's part of Eq. 9's output).
+    assert model.gde_fuse is None
+    attended = [model.gde_attention(z, y - x, y - x)[0] for z in (x, y)]
+    assert torch.allclose(model.gde(x, y), torch.cat(attended, dim=1), atol=1e-6)
+    memory = model.encode(x, y, need_losses=False).memory
+    assert memory.shape == (2, 2 * GRID * GRID, 16)
+    # The [D] Linear fusion with the [D] residual that carries the difference token itself: with the attention
+    # silenced (W_O = 0), F^_bef = F^_aft = F_aft − F_bef, where the printed Eqs. 3-4 leave nothing.
+    linear = build_lightweight_model(tiny_config("rdd", rdd_gde_residual="difference", rdd_fusion="linear")).eval()
+    assert linear.encode(x, y, need_losses=False).memory.shape == (2, GRID * GRID, 16)
     with torch.no_grad():
-        silenced.gde_attention.out_proj.weight.zero_()
-        silenced.gde_attention.out_proj.bias.zero_()
-    fuse = silenced.gde_fuse[0]
-    assert torch.allclose(silenced.gde(x, y), fuse(torch.cat([y - x, y - x], dim=-1)).relu(), atol=1e-6)
-    silenced.config.rdd_gde_residual = "none"
-    assert torch.allclose(silenced.gde(x, y), fuse.bias.relu().expand(2, GRID * GRID, 16), atol=1e-6)
+        linear.gde_attention.out_proj.weight.zero_()
+        linear.gde_attention.out_proj.bias.zero_()
+    fuse = linear.gde_fuse[0]
+    assert torch.allclose(linear.gde(x, y), fuse(torch.cat([y - x, y - x], dim=-1)).relu(), atol=1e-6)
+    linear.config.rdd_gde_residual = "none"
+    assert torch.allclose(linear.gde(x, y), fuse.bias.relu().expand(2, GRID * GRID, 16), atol=1e-6)
+    # difference_init starts Eq. 5's Linear, which the printed concatenation does not have: refused with the fix
+    with pytest.raises(ValueError, match="difference_init starts Eq. 5's fusion Linear.*rdd_fusion='linear'"):
+        tiny_config("rdd", difference_init=True)
     # [D] the demo's "image" residual F^_x = F_x + MHCA(F_x, F_diff) carries each image's content; with
     # difference_init Eq. 5's Linear starts as F^_aft − F^_bef: nothing for an unchanged pair, and the
     # difference of the two enriched images otherwise.
-    content = build_lightweight_model(tiny_config("rdd", rdd_gde_residual="image", difference_init=True)).eval()
+    content = build_lightweight_model(tiny_config("rdd", rdd_gde_residual="image", rdd_fusion="linear",
+                                                  difference_init=True)).eval()
     assert torch.equal(content.gde_fuse[0].weight, torch.cat([-torch.eye(16), torch.eye(16)], dim=1))
     assert torch.equal(content.gde(x, x), torch.zeros_like(x))
     enriched = [z + content.gde_attention(z, y - x, y - x)[0] for z in (x, y)]
@@ -321,20 +340,50 @@ def test_cheer_enhancement_by_hand():
     probs = enhancement_probability(target, source, torch.tensor(1.0))  # softmax of cos (1, 0)
     e = math.e
     assert torch.allclose(probs, torch.tensor([[[e / (e + 1), 1 / (e + 1)]]]))
-    cre, dre = EnhancementModule(2, "commonality", 1.0), EnhancementModule(2, "difference", 1.0)
+    # Eq. 2 as printed (the default): a plain softmax, no temperature parameter; [D] a learnable τ_e
+    cre, dre = EnhancementModule(2, "commonality"), EnhancementModule(2, "difference")
+    assert cre.log_temperature is None and not any("temperature" in name for name, _ in cre.named_parameters())
     for module in (cre, dre):
         with torch.no_grad():
             module.expand.weight.fill_(2.0)
             module.expand.bias.fill_(-1.0)
-    _, gate, score = cre(source, target)
-    assert score.item() == pytest.approx(e / (e + 1))
-    assert gate[0, 0, 0].item() == pytest.approx(1 / (1 + math.exp(-(2 * e / (e + 1) - 1))))
-    _, _, dre_score = dre(source, target)
-    assert dre_score.item() == pytest.approx(1 / (e + 1))
+    common = cre(source, target)
+    assert common.score.item() == pytest.approx(e / (e + 1))
+    assert common.logits[0, 0, 0].item() == pytest.approx(2 * e / (e + 1) - 1)  # P^ = Linear(max_j P), Eq. 3
+    assert common.gate[0, 0, 0].item() == pytest.approx(1 / (1 + math.exp(-(2 * e / (e + 1) - 1))))
+    assert dre(source, target).score.item() == pytest.approx(1 / (e + 1))
+    sharp = EnhancementModule(2, "commonality", 0.5)  # τ_e = 0.5: softmax of (2, 0)
+    assert sharp.match_map(source, target).item() == pytest.approx(math.exp(2) / (math.exp(2) + 1), rel=1e-5)
+    assert float(sharp.log_temperature.detach().exp()) == pytest.approx(0.5)
     enhanced, gate = gated_residual(torch.tensor([[3.0, 1.0]]), torch.tensor([[0.0, 100.0]]), nn.LayerNorm(2))
     # σ = (0.5, 1): (1.5·3 + ... ) → (4.5, 2) → LN → (1, −1)
     assert torch.allclose(gate, torch.tensor([[0.5, 1.0]]))
     assert torch.allclose(enhanced, torch.tensor([[1.0, -1.0]]), atol=1e-4)
+
+
+def test_cheer_consistency_compares_the_gate_logits_and_the_decoder_weights_are_plain_linears():
+    """Eqs. 7 / 11 as printed: MSE(P^, P^') of the logits, before σ; the [D] options compare σ(P^), the match maps
+    or their correlation. Eqs. 14-15 as printed: α, β are the Linear outputs; [D] σ of them."""
+    logits = torch.tensor([[[2.0, 0.0]]])
+    image_side = Enhanced(None, logits, torch.sigmoid(logits), torch.tensor([[0.9, 0.1]]))
+    entity_side = Enhanced(None, torch.zeros(1, 1, 2), torch.full((1, 1, 2), 0.5), torch.tensor([[0.5, 0.3]]))
+    assert consistency_loss(image_side, entity_side, "logits").item() == pytest.approx(2.0)  # (2² + 0²) / 2
+    sig = 1 / (1 + math.exp(-2))
+    assert consistency_loss(image_side, entity_side, "gate").item() == pytest.approx((sig - 0.5) ** 2 / 2)
+    assert consistency_loss(image_side, entity_side, "map").item() == pytest.approx((0.4 ** 2 + 0.2 ** 2) / 2)
+    assert consistency_loss(image_side, entity_side, "correlation").item() == pytest.approx(0.0, abs=1e-4)  # same shape
+
+    torch.manual_seed(0)
+    layer = GatedDecoderLayer(4, 1, 8, 0.0).eval()
+    h, memory, entities = torch.randn(1, 3, 4), torch.randn(1, 5, 4), torch.randn(1, 2, 4)
+    text, visual = layer.text_attention(h, entities, entities)[0], layer.visual_attention(h, memory, memory)[0]
+    alpha, beta = layer.alpha(torch.cat([h, text], dim=-1)), layer.beta(torch.cat([h, visual], dim=-1))
+    assert torch.allclose(layer.gated_fusion(h, memory, entities), layer.norm(alpha * text + beta * visual + h), atol=1e-6)
+    layer.sigmoid_gates = True
+    expected = layer.norm(torch.sigmoid(alpha) * text + torch.sigmoid(beta) * visual + h)
+    assert torch.allclose(layer.gated_fusion(h, memory, entities), expected, atol=1e-6)
+    assert not build_lightweight_model(tiny_config("cheer")).decoder.layers[0].sigmoid_gates
+    assert build_lightweight_model(tiny_config("cheer", decoder_gate_sigmoid=True)).decoder.layers[0].sigmoid_gates
 
 
 def test_sinusoidal_table_matches_formula():

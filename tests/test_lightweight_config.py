@@ -272,6 +272,32 @@ def test_a_saved_config_with_a_key_of_another_method_is_refused_with_how_to_conv
         LightweightConfig.from_dict({"method": "rdd", "rdd_object": 3})
 
 
+def test_a_model_or_run_saved_before_issue_35_keeps_the_values_it_was_trained_with(tmp_path):
+    """Issue 35 moved defaults to the papers' values (frontend_init, dirl_pairs, rdd_gde_residual, …): a saved config
+    states every field, so they cannot reach it. The keys added since (config.ADDED_KEYS) load at the value that code
+    always used. (The demo runs below, RDD's Linear fusion and CHEER's ReLU and σ gates included, caption as then.)"""
+    assert RddSettings().rdd_fusion == "concat" and RddSettings().rdd_gde_residual == "none"
+    rdd = {**RddSettings(rdd_gde_residual="difference", acr_mask_duplicates=True, frontend_init="scaled").to_dict()}
+    del rdd["rdd_fusion"]
+    loaded = LightweightConfig.from_dict(rdd)
+    assert (loaded.rdd_fusion, loaded.rdd_gde_residual, loaded.acr_mask_duplicates, loaded.frontend_init) == \
+        ("linear", "difference", True, "scaled")
+    cheer = CheerSettings(gate_loss_on="correlation", enhance_temperature=0.1).to_dict()
+    del cheer["cheer_fusion_relu"], cheer["decoder_gate_sigmoid"]
+    loaded = LightweightConfig.from_dict(cheer)
+    assert (loaded.cheer_fusion_relu, loaded.decoder_gate_sigmoid, loaded.gate_loss_on, loaded.enhance_temperature) == \
+        (True, True, "correlation", 0.1)
+    # a run folder's config.yaml (every key of its method) written before: the same
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"method": "rdd", "lightweight": {k: v for k, v in rdd.items() if k != "method"}}))
+    assert load_config(TrainConfig, path).lightweight.rdd_fusion == "linear"
+    # a hand-written config that leaves keys out runs today's defaults: the papers'
+    path.write_text(yaml.safe_dump({"method": "rdd", "lightweight": {"hidden": 64, "heads": 4}}))
+    assert load_config(TrainConfig, path).lightweight.rdd_fusion == "concat"
+    path.write_text(yaml.safe_dump({"method": "cheer", "lightweight": {"hidden": 64, "heads": 4}}))
+    assert load_config(TrainConfig, path).lightweight.decoder_gate_sigmoid is False
+
+
 # The demo runs made by the code before the split (issue #34: one of each method must load and caption as then).
 LEGACY_RUNS = Path(os.environ.get("DAVIR_LEGACY_RUNS", "/work/compute/runs/lightweight_demo"))
 RUN_FOLDERS = {"subtraction": "subtraction", "scorer": "scorer_cbr", "dirl": "dirl_ccr", "rdd": "rdd_acr",

@@ -109,7 +109,9 @@ def test_eq7_kl_softmax_norm_is_nearly_flat():
 def test_eq7_kl_is_zero_when_attention_matches_the_mask():
     target = torch.tensor([[[0.6, 0.2], [0.1, 0.1]]])
     attention = target * 0.8  # same shape of distribution, 20% of the mass on [CLS]
-    assert attention_kl(attention, target, eps=1e-9).item() == pytest.approx(0.0, abs=1e-6)
+    assert attention_kl(attention, target, norm="sum", eps=1e-9).item() == pytest.approx(0.0, abs=1e-6)
+    # Eq. 7's softmax (the default) is not scale-invariant: the same shape at 0.8x its values is a different σ
+    assert attention_kl(attention, target).item() > 1e-4
 
 
 def test_table6_mse_and_ce_variants():
@@ -181,6 +183,20 @@ def test_fac_loss_moves_attention_into_the_mask():
     fac_attention_loss(attention, attention, mask, mask).loss.backward()
     # Descending the gradient raises the logit of the masked patch more than any other.
     assert torch.argmin(logits.grad.flatten()).item() == 0
+
+
+def test_fac_defaults_are_eq7_as_written():
+    """σ = softmax and the one after-image mask for both maps; the toolkit's sum / per-image are [D]s a config sets."""
+    config = FacConfig()
+    assert (config.attn_norm, config.mask_source, config.loss_type, config.kl_direction, config.lambda_attn) == \
+        ("softmax", "after_only", "kl", "attn_mask", 0.1)
+    before, after = torch.zeros(1, 4, 4), torch.zeros(1, 4, 4)
+    before[0, 0, 0], after[0, 3, 3] = 1.0, 1.0
+    attention = torch.rand(1, 2, 2, generator=torch.Generator().manual_seed(0))
+    default = fac_attention_loss(attention, attention, before, after).loss
+    assert float(default) == float(fac_attention_loss(attention, attention, after, after).loss)  # the after mask only
+    toolkit = FacConfig(attn_norm="sum", mask_source="per_image")
+    assert float(fac_attention_loss(attention, attention, before, after, config=toolkit).loss) > 5 * float(default)  # 7.8x
 
 
 def test_bad_fac_settings_are_rejected():

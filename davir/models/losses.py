@@ -54,33 +54,34 @@ MASK_SOURCES = ("per_image", "union", "after_only")
 
 @dataclass
 class FacConfig:
-    """Settings of FAC and its weight in the joint loss (paper silent unless marked [P]).
+    """Settings of FAC and its weight in the joint loss; the defaults are Eq. 7 as written (paper silent unless
+    marked [P]; every [D] is a switch a config turns on, docs/paper_departures.md).
 
     * ``lambda_attn``: λ of Eq. 12 [P: 0.1, Table 7]; 0 turns FAC off.
     * ``loss_type``: ``kl`` [P, Eq. 7]; ``mse`` and ``ce`` are the Table 6 alternatives.
-    * ``attn_norm``: how maps become distributions over patches. ``softmax`` is σ of Eq. 7 as written; but
-      attention probabilities and the soft mask both lie in [0, 1], and a softmax of values in [0, 1] is
-      within a factor e of uniform, so both distributions are nearly flat and the gradient is weak.
-      The default ``sum`` [D] renormalises instead: P_A = A / ΣA, P_M = (M^ + eps) / Σ(M^ + eps). Its KL is
-      ~1000x the softmax one for the same maps (10.5 vs 0.010 nats at the start of the demo), so λ means
-      something else in each: docs/results.md, "What λ means". The paper configs use ``softmax``.
+    * ``attn_norm``: how maps become distributions over patches. ``softmax`` (the default) is σ of Eq. 7 as
+      written; but attention probabilities and the soft mask both lie in [0, 1], and a softmax of values in
+      [0, 1] is within a factor e of uniform, so both distributions are nearly flat and the gradient is weak.
+      ``sum`` [D] renormalises instead: P_A = A / ΣA, P_M = (M^ + eps) / Σ(M^ + eps). Its KL is ~1000x the
+      softmax one for the same maps (10.5 vs 0.010 nats at the start of the demo), so λ means something else
+      in each: docs/results.md, "What λ means". The demo uses ``sum``.
     * ``kl_direction``: ``attn_mask`` = KL(P_A ‖ P_M) as written (mode-seeking: attention moves inside the
-      mask); ``mask_attn`` = KL(P_M ‖ P_A) (mass-covering).
+      mask); ``mask_attn`` [D] = KL(P_M ‖ P_A) (mass-covering).
     * ``blur_kernel_size``/``blur_sigma``: the Gaussian of Eq. 6, in patch units (3×3, σ = 1).
-    * ``mask_source``: which mask supervises which image. ``per_image``: the before map against the
-      before-image mask, the after map against the after-image mask; ``union``: both against their union;
-      ``after_only``: both against the after-image mask (Eq. 7 as written: one M, from I_t; the paper configs).
-      ``per_image`` is the default [D] (a removed object is only in the before image's mask).
+    * ``mask_source``: which mask supervises which image. ``after_only`` (the default): both maps against the
+      after-image mask (Eq. 7 as written: one M, from I_t); [D] ``per_image``: the before map against the
+      before-image mask, the after map against the after-image mask (a removed object is only in the before
+      image's mask; the demo uses it); [D] ``union``: both against their union.
     """
 
     lambda_attn: float = 0.1
     loss_type: Literal["kl", "mse", "ce"] = "kl"
-    attn_norm: Literal["sum", "softmax"] = "sum"
+    attn_norm: Literal["sum", "softmax"] = "softmax"
     kl_direction: Literal["attn_mask", "mask_attn"] = "attn_mask"
     blur_kernel_size: int = 3
     blur_sigma: float = 1.0
     eps: float = 1e-6
-    mask_source: Literal["per_image", "union", "after_only"] = "per_image"
+    mask_source: Literal["per_image", "union", "after_only"] = "after_only"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -134,7 +135,7 @@ def _safe_log(p: torch.Tensor) -> torch.Tensor:
 
 
 def attention_kl(
-    attention: torch.Tensor, target: torch.Tensor, *, norm: str = "sum", direction: str = "attn_mask", eps: float = 1e-6
+    attention: torch.Tensor, target: torch.Tensor, *, norm: str = "softmax", direction: str = "attn_mask", eps: float = 1e-6
 ) -> torch.Tensor:
     """One term of Eq. 7, per sample: KL(σ(A) ‖ σ(M^)) (``direction='attn_mask'``, as written) or
     KL(σ(M^) ‖ σ(A)) (``'mask_attn'``). σ = ``spatial_distribution`` with ``norm``; the ``sum`` norm divides
@@ -152,7 +153,7 @@ def attention_kl(
 
 
 def attention_mse(
-    attention: torch.Tensor, target: torch.Tensor, *, norm: str = "sum", eps: float = 1e-6
+    attention: torch.Tensor, target: torch.Tensor, *, norm: str = "softmax", eps: float = 1e-6
 ) -> torch.Tensor:
     """Table 6 "MSE" variant of Eq. 7, per sample: mean over the N patches of (N·P_A − N·P_M)².
 
@@ -165,7 +166,7 @@ def attention_mse(
 
 
 def attention_ce(
-    attention: torch.Tensor, target: torch.Tensor, *, norm: str = "sum", eps: float = 1e-6
+    attention: torch.Tensor, target: torch.Tensor, *, norm: str = "softmax", eps: float = 1e-6
 ) -> torch.Tensor:
     """Table 6 "CE" variant of Eq. 7, per sample: H(P_M, P_A) = −Σ P_M log P_A, the mask distribution as soft
     labels for the attention (= KL(P_M ‖ P_A) + H(P_M), so its gradient equals the ``mask_attn`` KL's).

@@ -13,6 +13,11 @@
   (finds removed objects); the fitted retriever (no CLIP weights needed) and the entity gate (distractor
   pairs get no entity).
 
+CHEER's image-level entities (``preprocess entities --image-level``, §4.8) have a ``paper`` profile of their own:
+CLIP scores the whole frames and Eq. 1 ranks by S_bef − S_aft (``--profile paper --image-level`` sets both; the
+toolkit's ranking, the fitted retriever by |S_bef − S_aft| [D], is ``custom``). The configs/cheer_<benchmark>.yaml
+expect it (``data.preprocessing_profile: paper``); it says nothing about a region-level (DAVIR) cache.
+
 A cache's profile is derived from the settings its manifest records (so caches made before profiles
 existed have one too), and recorded beside them: the profile whose every setting it matches, else
 ``custom``. A training config names the profile it expects (``data.preprocessing_profile``); `train.py`,
@@ -46,6 +51,11 @@ ENTITY_OPTIONS: dict[str, dict[str, Any]] = {
 }
 # Options that only matter to the profile check when they are in use (clip_model with the clip retriever).
 ENTITY_PROFILE_KEYS = ("retriever", "entity_gate", "mask_source", "mask_weighting")
+# CHEER's image-level retrieval (retrieval "image"): Eq. 1, argmax(S_bef − S_aft) over CLIP ViT-L/14 similarities.
+IMAGE_ENTITY_OPTIONS: dict[str, dict[str, Any]] = {
+    PAPER: {"retriever": "clip", "image_score": "bef_minus_aft", "clip_model": "ViT-L-14-quickgelu"},
+}
+IMAGE_ENTITY_PROFILE_KEYS = ("retriever", "image_score")
 
 
 def mask_options(profile: str) -> dict[str, Any]:
@@ -58,6 +68,13 @@ def entity_options(profile: str) -> dict[str, Any]:
     if profile not in ENTITY_OPTIONS:
         raise DataError(f"unknown preprocessing profile {profile!r}; choose one of {PROFILE_NAMES}")
     return dict(ENTITY_OPTIONS[profile])
+
+
+def image_entity_options(profile: str) -> dict[str, Any]:
+    """The image-level (CHEER) options `profile` fixes; {} for a profile with none (toolkit)."""
+    if profile not in PROFILE_NAMES:
+        raise DataError(f"unknown preprocessing profile {profile!r}; choose one of {PROFILE_NAMES}")
+    return dict(IMAGE_ENTITY_OPTIONS.get(profile, {}))
 
 
 def _mask_view(settings: dict) -> dict[str, Any]:
@@ -78,8 +95,13 @@ def mask_profile(settings: dict) -> str:
 
 
 def entity_profile(settings: dict) -> str:
-    """The profile an entity cache's recorded settings match, else ``custom`` (CHEER's image-level
-    entities are never a DAVIR profile)."""
+    """The profile an entity cache's recorded settings match, else ``custom``; an image-level (CHEER) cache is
+    compared with the image-level profiles only."""
+    if settings.get("retrieval", "region") == "image":
+        for name, options in IMAGE_ENTITY_OPTIONS.items():
+            if all(settings.get(key) == options[key] for key in IMAGE_ENTITY_PROFILE_KEYS):
+                return name
+        return CUSTOM
     if settings.get("retrieval", "region") != "region":
         return CUSTOM
     for name, options in ENTITY_OPTIONS.items():

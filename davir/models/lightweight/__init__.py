@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from davir.data.records import DataError
+from davir.errors import DataError
 from davir.io import atomic_path
 from davir.models.lightweight.base import Encoded, LightweightCaptioner, clevr_pair_loss
 from davir.models.lightweight.config import LightweightConfig, TextTowerSettings, paper_settings

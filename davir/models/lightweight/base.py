@@ -41,7 +41,7 @@ class Encoded:
 class LightweightCaptioner(nn.Module, ABC):
     """Base class of the five methods (see the module docstring for the API)."""
 
-    decoder_init = "normal"  # "normal" N(0, 0.02) at width 512 as SCORER's decoder [C], width-scaled [D]; DIRL "xavier"
+    decoder_init = "normal"  # "normal" N(0, 0.02) at width 512 as SCORER's decoder [C] (width-scaled [D]); DIRL "xavier"
 
     def __init__(self, config: LightweightConfig):
         super().__init__()
@@ -51,7 +51,7 @@ class LightweightCaptioner(nn.Module, ABC):
         self.decoder = CaptionDecoder(
             config.vocab_size, hidden=config.hidden, word_dim=config.word_emb, heads=config.heads,
             layers=config.layers, ffn_dim=config.ffn_dim, max_len=config.max_len, dropout=config.dropout,
-            positions=config.resolved_positions, layer_kind=self.decoder_kind(config),
+            positions=config.resolved_positions, layer_kind=self.decoder_kind(config), **self.decoder_options(config),
         )
         std = config.decoder_init_std if config.decoder_init_std is not None else width_scaled_std(config.hidden)
         init_weights(self.decoder, self.decoder_init, std=std)
@@ -61,6 +61,11 @@ class LightweightCaptioner(nn.Module, ABC):
     def decoder_kind(cls, config: LightweightConfig) -> str:
         """Decoder layer kind: "standard", "scorer" (SCORER code quirks) or "gated" (CHEER)."""
         return "standard"
+
+    @classmethod
+    def decoder_options(cls, config: LightweightConfig) -> dict:
+        """Further keyword arguments of `CaptionDecoder` (CHEER: `sigmoid_gates`)."""
+        return {}
 
     @abstractmethod
     def encode(self, tokens_before: torch.Tensor, tokens_after: torch.Tensor, *, entities=None,
@@ -194,7 +199,8 @@ def clevr_pair_loss(
     In training mode, each scene's default and distractor images swap roles with probability 0.5 (the
     reference loader's augmentation); then (before, semantic) and (before, distractor) are both forwarded
     and every returned loss is ``0.5 · semantic + 0.5 · distractor``, except the model's
-    `distractor_pair_losses()`, taken from the distractor pair alone (DIRL's L_dirl by default [D]).
+    `distractor_pair_losses()`, taken from the distractor pair alone (DIRL's L_dirl with `dirl_pairs=distractor`
+    [D]).
     """
     required = ("feat_before", "feat_after", "feat_distractor", "captions_in", "captions_target",
                 "no_change_in", "no_change_target")

@@ -3,13 +3,17 @@
 Inputs besides the grid features: the K = 3 retrieved change entities, as CLIP ViT-L/14 text embeddings
 (B, K, 768) or as ids into a stored entity bank (B, K) — mapped to the model space by Linear + LN [D].
 
-Representation enhancement (Eqs. 2-5): ``P = softmax_j(cos(F_target[i], F_source[j]) / τ_e)``;
-CRE gate ``Linear(max_j P)``, DRE gate ``Linear(1 − max_j P)``; output ``LN(σ(gate) ⊙ F_t + F_t)``.
+Representation enhancement (Eqs. 2-5): ``P = softmax_j(cos(F_target[i], F_source[j]))`` (Eq. 2; a learnable
+temperature, ``softmax_j(cos / τ_e)``, is the [D] ``enhance_temperature``); CRE logits ``P^ = Linear(max_j P)``,
+DRE ``P^ = Linear(1 − max_j P)``; output ``LN(σ(P^) ⊙ F_t + F_t)`` (Eq. 4).
 HRD (Eqs. 6-12), per layer ℓ (modules shared by both images; the next layer reads the refined commonality):
-``C_i = CRE(F_j → F_i)``, consistency with ``DRE(E → F_i)`` (L_C, Eq. 7); ``C~_i = MHCA(C_i, C_j)`` with
-SCORER-style MTM contrast (L_I, Eqs. 8-9). After the last layer [D]: ``D_i = DRE(F_i → F_i − C~_i)``,
-consistency with ``CRE(E → F_i − C~_i)`` (L_D, Eq. 11); ``F_diff = ReLU(Linear([D_bef; D_aft]))`` (Eq. 12).
-Decoder: gated dual cross-attention over entities and F_diff (Eqs. 13-17).
+``C_i = CRE(F_j → F_i)``, consistency ``MSE(P^_C, P^'_C)`` with ``DRE(E → F_i)`` (L_C, Eq. 7; other
+comparisons are the [D] ``gate_loss_on``); ``C~_i = MHCA(C_i, C_j)`` with SCORER-style MTM contrast (L_I,
+Eqs. 8-9). After the last layer [D]: ``D_i = DRE(F_i → F_i − C~_i)``, consistency with ``CRE(E → F_i − C~_i)``
+(L_D, Eq. 11); ``F_diff = Linear([D_bef; D_aft])`` (Eq. 12; ``ReLU(Dropout(·))`` after it, as SCORER's Eq. 7,
+is the [D] ``cheer_fusion_relu``).
+Decoder: gated dual cross-attention over entities and F_diff (Eqs. 13-17; σ on α, β is the [D]
+``decoder_gate_sigmoid``).
 Total (Eq. 19): ``L = L_S + λ_v (L_C + L_D) + λ_m L_I`` with λ_v = 0.75, λ_m = 0.5.
 """
 
@@ -43,11 +47,18 @@ class CheerSettings(TextTowerSettings):
     entity_bank_size: int = 0  # >0: entities may be given as ids into a stored (M, entity_dim) bank
     gate_weight: float = 0.75  # λ_v [P]
     cheer_contrastive_weight: float = 0.5  # λ_m [P]
-    # "correlation" [D]: 1 − Pearson correlation of the two match maps over positions; "gate": MSE on the
-    # post-sigmoid gates (B,N,D), minimised by constant gates; "map": MSE on max_j P (B,N)
-    gate_loss_on: Literal["gate", "map", "correlation"] = "correlation"
-    enhance_temperature: float = 0.1  # initial τ_e of the CRE/DRE softmax [D]
-    mtm_mode: Literal["summed_heads", "per_head_mean"] = "summed_heads"  # L_I's token matching, as SCORER's
+    # L_C / L_D (Eqs. 7, 11): "logits" = MSE of P^ = Linear(max_j P), before σ, as printed; [D] "gate": MSE of
+    # σ(P^) (B,N,D); "map": MSE of max_j P (B,N); "correlation": 1 − Pearson correlation of the two match maps
+    # over positions (not minimised by constant maps, as both MSEs are)
+    gate_loss_on: Literal["logits", "gate", "map", "correlation"] = "logits"
+    # Eq. 2: None = the printed softmax of the cosine similarities; a number [D] = a learnable τ_e starting there
+    enhance_temperature: float | None = None
+    # Eq. 12: False = F_diff = Linear([D_bef; D_aft]) as printed; True [D] = then Dropout and ReLU, as SCORER's Eq. 7
+    cheer_fusion_relu: bool = False
+    # Eqs. 14-15: False = α, β are the Linear outputs as printed; True [D] = σ(Linear), each gate in (0, 1)
+    decoder_gate_sigmoid: bool = False
+    # L_I's token matching: unprinted (Eq. 9 names a sim), a gap filler [D]: SCORER's released MTM [C]
+    mtm_mode: Literal["summed_heads", "per_head_mean"] = "summed_heads"
 
     @property
     def entities_per_pair(self) -> int:
@@ -56,15 +67,23 @@ class CheerSettings(TextTowerSettings):
     def text_tower_sizes(self, width: int, out_dim: int) -> dict[str, int]:
         return {"entity_dim": out_dim}
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.enhance_temperature is not None and not self.enhance_temperature > 0:
+            raise ValueError(f"enhance_temperature must be a positive number or null, got {self.enhance_temperature!r}")
+
     def with_entity_bank(self, size: int) -> "CheerSettings":
         """These settings with a stored bank of `size` entity embeddings (batches then carry ids into it)."""
         return replace(self, entity_bank_size=size)
 
 
-def enhancement_probability(target: torch.Tensor, source: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """CHEER Eq. 2: ``P(i, j) = softmax_j(cos(F_target[i], F_source[j]) / τ_e)`` — (B, N_t, N_s).
+def enhancement_probability(target: torch.Tensor, source: torch.Tensor,
+                            temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """CHEER Eq. 2: ``P(i, j) = softmax_j(cos(F_target[i], F_source[j]) / τ)`` — (B, N_t, N_s).
 
-    The printed indices are garbled; the softmax runs over the source positions and τ_e is learnable [D].
+    τ = 1 is the printed softmax; another τ is the [D] temperature. The printed indices are garbled: the
+    softmax runs over the source positions (a gap read from "the maximum similarity across all positions in
+    the source", Eq. 3).
     """
     sim = F.normalize(target, dim=-1) @ F.normalize(source, dim=-1).transpose(1, 2)
     return (sim / temperature).softmax(dim=-1)
@@ -76,27 +95,42 @@ def gated_residual(target: torch.Tensor, gate_logits: torch.Tensor, norm: nn.Lay
     return norm(gate * target + target), gate
 
 
-class EnhancementModule(nn.Module):
-    """CRE (commonality, Eq. 3) or DRE (difference, Eq. 5): ``Module(source, target)`` → (F'_target, gate, map)."""
+@dataclass
+class Enhanced:
+    """What one CRE/DRE call gives: F'_target, the logits P^ (Eqs. 3, 5), the gate σ(P^) and the map (max_j P)."""
 
-    def __init__(self, dim: int, kind: str, temperature: float):
+    features: torch.Tensor  # (B, N, D)
+    logits: torch.Tensor  # (B, N, D)
+    gate: torch.Tensor  # (B, N, D)
+    score: torch.Tensor  # (B, N)
+
+
+class EnhancementModule(nn.Module):
+    """CRE (commonality, Eq. 3) or DRE (difference, Eq. 5): ``Module(source, target)`` → `Enhanced`.
+
+    `temperature` None: Eq. 2's plain softmax, no parameter; a number: a learnable τ_e starting there [D].
+    """
+
+    def __init__(self, dim: int, kind: str, temperature: float | None = None):
         super().__init__()
         if kind not in ("commonality", "difference"):
             raise ValueError(f"kind must be 'commonality' or 'difference', got {kind!r}")
         self.kind = kind
         self.expand = nn.Linear(1, dim)  # "expanded to the same dimensions as F_target by a learnable linear layer"
         self.norm = nn.LayerNorm(dim)
-        self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature)))
+        self.log_temperature = None if temperature is None else nn.Parameter(torch.tensor(math.log(temperature)))
 
     def match_map(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Eq. 3 (CRE): ``max_j P(i, j)``; Eq. 5 (DRE): ``1 − max_j P(i, j)`` — (B, N_t)."""
-        best = enhancement_probability(target, source, self.log_temperature.exp()).max(dim=-1).values
+        temperature = 1.0 if self.log_temperature is None else self.log_temperature.exp()
+        best = enhancement_probability(target, source, temperature).max(dim=-1).values
         return best if self.kind == "commonality" else 1.0 - best
 
-    def forward(self, source: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> Enhanced:
         score = self.match_map(source, target)
-        enhanced, gate = gated_residual(target, self.expand(score.unsqueeze(-1)), self.norm)
-        return enhanced, gate, score
+        logits = self.expand(score.unsqueeze(-1))
+        enhanced, gate = gated_residual(target, logits, self.norm)
+        return Enhanced(enhanced, logits, gate, score)
 
 
 class HrdLayer(nn.Module):
@@ -110,21 +144,23 @@ class HrdLayer(nn.Module):
         self.interaction = ReconstructionLayer(dim, config.heads, config.dropout, config.mtm_mode)
 
 
-def consistency_loss(gate, reference_gate, score, reference_score, on: str) -> torch.Tensor:
-    """CHEER Eqs. 7 / 11 between the image-side and the entity-side enhancement of one target: ``gate`` is
-    the paper's MSE of the gates, ``map`` the MSE of the match maps, ``correlation`` [D] 1 − their correlation."""
+def consistency_loss(image_side: Enhanced, entity_side: Enhanced, on: str) -> torch.Tensor:
+    """CHEER Eqs. 7 / 11 between the image-side and the entity-side enhancement of one target: ``logits`` is
+    the printed ``MSE(P^, P^')`` (before σ); [D] ``gate`` the MSE after σ, ``map`` the MSE of the match maps,
+    ``correlation`` 1 − their correlation."""
+    if on == "logits":
+        return gate_consistency_loss(image_side.logits, entity_side.logits)
     if on == "gate":
-        return gate_consistency_loss(gate, reference_gate)
+        return gate_consistency_loss(image_side.gate, entity_side.gate)
     if on == "map":
-        return gate_consistency_loss(score, reference_score)
-    return map_correlation_loss(score, reference_score)
+        return gate_consistency_loss(image_side.score, entity_side.score)
+    return map_correlation_loss(image_side.score, entity_side.score)
 
 
 def commonality_step(layer: HrdLayer, image: torch.Tensor, other: torch.Tensor, entities: torch.Tensor, on: str):
     """CHEER Eqs. 6-7 for one image: ``C_i = CRE(F_j, F_i)``, ``C'_i = DRE(E, F_i)``, L_C term ``MSE(P^_C, P^'_C)``."""
-    common, gate, score = layer.commonality(other, image)
-    _, entity_gate, entity_score = layer.entity_difference(entities, image)
-    return common, consistency_loss(gate, entity_gate, score, entity_score, on)
+    common = layer.commonality(other, image)
+    return common.features, consistency_loss(common, layer.entity_difference(entities, image), on)
 
 
 def cross_image_interaction(layer: HrdLayer, common_before: torch.Tensor, common_after: torch.Tensor, need_similarity: bool):
@@ -153,13 +189,18 @@ class CheerCaptioner(LightweightCaptioner):
                 tie_query_key(layer.interaction.attention, identity_value=True)
         self.difference = EnhancementModule(dim, "difference", config.enhance_temperature)
         self.entity_commonality = EnhancementModule(dim, "commonality", config.enhance_temperature)
-        self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.Dropout(config.dropout), nn.ReLU())
+        after = [nn.Dropout(config.dropout), nn.ReLU()] if config.cheer_fusion_relu else []  # no parameters either way
+        self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), *after)
         if config.difference_init:
             init_as_difference(self.fuse[0])
 
     @classmethod
     def decoder_kind(cls, config: CheerSettings) -> str:
         return "gated"
+
+    @classmethod
+    def decoder_options(cls, config: CheerSettings) -> dict:
+        return {"sigmoid_gates": config.decoder_gate_sigmoid}
 
     @torch.no_grad()
     def set_entity_bank(self, embeddings: torch.Tensor) -> None:
@@ -186,12 +227,12 @@ class CheerCaptioner(LightweightCaptioner):
     def difference_step(self, image: torch.Tensor, commonality: torch.Tensor, entities: torch.Tensor):
         """CHEER Eqs. 10-11 for one image: ``D_i = DRE(F_i, F_i − C~_i)``, ``D'_i = CRE(E, F_i − C~_i)``, L_D term."""
         residual = image - commonality
-        enhanced, gate, score = self.difference(image, residual)
-        _, entity_gate, entity_score = self.entity_commonality(entities, residual)
-        return enhanced, consistency_loss(gate, entity_gate, score, entity_score, self.config.gate_loss_on)
+        enhanced = self.difference(image, residual)
+        loss = consistency_loss(enhanced, self.entity_commonality(entities, residual), self.config.gate_loss_on)
+        return enhanced.features, loss
 
     def difference_fusion(self, diff_before: torch.Tensor, diff_after: torch.Tensor) -> torch.Tensor:
-        """CHEER Eq. 12: ``F_diff = Linear(Concat[D_bef ; D_aft])`` (+ Dropout, ReLU as SCORER's Eq. 7 [D])."""
+        """CHEER Eq. 12: ``F_diff = Linear(Concat[D_bef ; D_aft])`` (+ Dropout, ReLU with ``cheer_fusion_relu`` [D])."""
         return self.fuse(torch.cat([diff_before, diff_after], dim=-1))
 
     def encode(self, tokens_before, tokens_after, *, entities=None, need_losses=True) -> Encoded:

@@ -9,9 +9,11 @@ rdd.py, `CheerSettings` in cheer.py; subtraction has none) and is registered wit
     LightweightConfig(method="scorer", rdd_objects=8)           # ValueError: rdd_objects is a setting of rdd …
 
 Choice fields are `Literal[...]`, checked when built from Python as davir.config checks them from YAML.
-Defaults are the paper sizes (hidden 512, word embedding 300, 8 heads, 2 decoder layers) and the CLEVR-Change
-loss weights of each paper; `paper_settings(method, dataset)` gives the per-dataset values the papers (or the
-released code) report, to be applied with `**`. Tags in comments follow methods.md: [P] paper, [C] official
+Defaults are the paper sizes (hidden 512, word embedding 300, 8 heads, 2 decoder layers), the CLEVR-Change
+loss weights of each paper and, for every switch, the paper's printed version (paper_values.py lists them;
+docs/paper_departures.md says which config departs and why); where the paper is silent the released code's
+value [C], else a gap filler [D]. `paper_settings(method, dataset)` gives the per-dataset values the papers (or
+the released code) report, to be applied with `**`. Tags in comments follow methods.md: [P] paper, [C] official
 code, [D] our default.
 """
 
@@ -29,6 +31,9 @@ DEFAULT_METHOD = "scorer"
 # Every flat config written before the per-method settings holds these (one key of each method's own) and
 # `method`: the other methods' keys it carries were never read, and are dropped when it is loaded.
 PRE_SPLIT_MARKERS = ("cv_weight", "dirl_weight", "rdd_objects", "cheer_entities")
+# Keys added after models were first saved, with the value every model saved before them was built with. A saved
+# dump states every key its code had: one that lacks only these loads with these values, not today's defaults.
+ADDED_KEYS: dict[str, Any] = {"rdd_fusion": "linear", "cheer_fusion_relu": True, "decoder_gate_sigmoid": True}
 
 
 class _BuiltByMethod(type):
@@ -56,7 +61,7 @@ class LightweightConfig(metaclass=_BuiltByMethod):
     `reference_quirks=True` switches every method to the exact behaviour of the released code where it
     departs from the paper (SCORER: GELU "FFN" decoder layer without attention output projections,
     padded-length sentence mean in CBR, frozen CBR parameters; DIRL: CCR on padded means with averaged
-    logits). The default follows the papers and methods.md's [D] choices.
+    logits). The default follows the papers; every [D] is a switch a config turns on (docs/paper_departures.md).
     """
 
     # What the method's module declares about it (the trainer and the captioner read these, never the name).
@@ -71,24 +76,24 @@ class LightweightConfig(metaclass=_BuiltByMethod):
     feat_dim: int = 1024
     coord_channels: bool = False
     grid_size: int = 14
-    feature_pool: int = 1  # [D] demo size: average-pool the grid by this factor before the projection
+    feature_pool: int = 1  # 1: the whole grid [P]; >1 [D] demo size: average-pool the grid before the projection
     hidden: int = 512
     heads: int = 8
-    dropout: float = 0.1
+    dropout: float = 0.1  # [C]
     encoder_layers: int = 2  # SCORER / DIRL / CHEER encoder depth (RDD's is rdd_distill_steps; subtraction has none)
-    # [D] SCORER/DIRL/CHEER cross-view attentions start with W_K = W_Q and W_V (W_O) = I: the first attention is the
-    # content similarity of the two views (each token finds its counterpart), the first reconstruction of an
-    # unchanged token is the token itself (attention.tie_query_key). False: the papers' random init.
+    # True [D]: SCORER/DIRL/CHEER cross-view attentions start with W_K = W_Q and W_V (W_O) = I: the first attention
+    # is the content similarity of the two views, the first reconstruction of an unchanged token is the token
+    # itself (attention.tie_query_key). False: the papers' random init.
     matching_init: bool = False
-    # [D] SCORER's Eq. 7 / CHEER's Eq. 12 / RDD's Eq. 5 fusion Linear([X_bef; X_aft]) starts as X_aft − X_bef
-    # ([−I, I], bias 0), so the decoder reads a difference from step 0, as DIRL's Eq. 6 and subtraction do.
-    # False: random init.
+    # True [D]: SCORER's Eq. 7 / CHEER's Eq. 12 / RDD's Eq. 5 (rdd_fusion=linear) fusion Linear([X_bef; X_aft])
+    # starts as X_aft − X_bef ([−I, I], bias 0), so the decoder reads a difference from step 0. False: random init.
     difference_init: bool = False
-    # [D] front-end: "scaled" standardises the features per channel (train-split statistics) and starts the 1×1
-    # projection at N(0, 1/fan_in) and the position tables at N(0, 0.1²); "paper": raw features, PyTorch's
-    # default projection init and N(0, 1) position tables, as the references.
-    frontend_init: Literal["scaled", "paper"] = "scaled"
-    # [D] decoder init std: None = 0.02·√(512/hidden), the reference's scale at any width; 0.02 = the reference's.
+    # Front-end: "paper" = raw features, PyTorch's default projection init and N(0, 1) position tables, as the
+    # references; "scaled" [D] standardises the features per channel (train-split statistics) and starts the
+    # projection at N(0, 1/fan_in) and the position tables at N(0, 0.1²).
+    frontend_init: Literal["scaled", "paper"] = "paper"
+    # Decoder init std: None = 0.02·√(512/hidden) [D], which is the reference's 0.02 [C] at the paper's width 512
+    # and keeps that relative scale at any other; a number sets it (0.02 = the reference's at any width).
     decoder_init_std: float | None = None
     # Decoder (§0.5, §7.2)
     vocab_size: int = 76
@@ -161,6 +166,7 @@ class LightweightConfig(metaclass=_BuiltByMethod):
             raise ValueError(f"{foreign_keys_message(method, foreign)}; a {method} model never read them. To convert "
                              "the file, load it with load_lightweight_model(path, drop_foreign_keys=True) and save it "
                              "again with save_lightweight_model")
+        values = with_added_keys(settings, values, saved=True)
         return settings(**{key: value for key, value in values.items() if key in field_names(settings)})
 
 
@@ -232,6 +238,16 @@ def foreign_keys_message(method: str, keys, *, prefix: str = "") -> str:
     own = own_keys(method)
     takes = f"its own: {', '.join(own)}" if own else "none of its own"
     return f"{'; '.join(parts)} ({method} takes the common keys and {takes})"
+
+
+def with_added_keys(settings: type, values: dict, *, saved: bool = False) -> dict:
+    """`values` with the ADDED_KEYS they lack at the value the code before them used, when they are a saved dump:
+    `saved` (a model file's config), or stating every other key of `settings` (a run folder's config.yaml). A
+    hand-written config is left as it is: today's defaults apply."""
+    missing = (field_names(settings) & set(ADDED_KEYS)) - set(values)
+    if not missing or not (saved or field_names(settings) - set(values) <= set(ADDED_KEYS)):
+        return values
+    return {**values, **{key: ADDED_KEYS[key] for key in missing}}
 
 
 def is_pre_split(values: dict) -> bool:

@@ -9,7 +9,8 @@ LayerNorm). Three layer kinds:
 * ``scorer`` (SCORER code, `reference_quirks`): attention without output projections,
   ``G = GELU(Linear(H2))``, ``H3 = LN(Dropout(Linear(G)) + G)`` — the last residual is G, not H2.
 * ``gated`` (CHEER Eqs. 13-17): cross-attention to the entity features and to the visual difference in
-  parallel, mixed by sigmoid gates α, β, then an FFN sublayer.
+  parallel, mixed by the weights α, β (Linear outputs as printed; σ of them with ``sigmoid_gates`` [D]), then
+  an FFN sublayer [D].
 
 Every forward returns the logits, the final hidden states (SCORER's CBR reads them) and each layer's
 post-self-attention and post-cross-attention states (DIRL's CCR reads them).
@@ -124,12 +125,14 @@ class GatedDecoderLayer(nn.Module):
     """CHEER's gated dual cross-attention layer (Eqs. 13-17) + FFN sublayer [D].
 
     ``H' = LN(H + MHSA(H))``; ``H^T = MHCA(H', E)``; ``H^V = MHCA(H', F_diff)``;
-    ``α = σ(Linear[H'; H^T])`` (Eq. 14); ``β = σ(Linear[H'; H^V])`` (Eq. 15);
-    ``H^F = α ⊙ H^T + β ⊙ H^V`` (Eq. 16); ``H_n = LN(H^F + H')`` (Eq. 17); then ``LN(H_n + FFN(H_n))``.
+    ``α = Linear[H'; H^T]`` (Eq. 14); ``β = Linear[H'; H^V]`` (Eq. 15) — each passed through σ when
+    ``sigmoid_gates`` [D]; ``H^F = α ⊙ H^T + β ⊙ H^V`` (Eq. 16); ``H_n = LN(H^F + H')`` (Eq. 17); then
+    ``LN(H_n + FFN(H_n))``.
     """
 
-    def __init__(self, dim: int, heads: int, ffn_dim: int, dropout: float):
+    def __init__(self, dim: int, heads: int, ffn_dim: int, dropout: float, sigmoid_gates: bool = False):
         super().__init__()
+        self.sigmoid_gates = sigmoid_gates
         self.self_attention = SelfAttentionBlock(dim, heads, dropout)
         self.text_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
         self.visual_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
@@ -146,11 +149,13 @@ class GatedDecoderLayer(nn.Module):
         return self.ffn(self.gated_fusion(self_state, memory, text_memory)), self_state, None
 
     def gated_fusion(self, self_state: torch.Tensor, memory: torch.Tensor, text_memory: torch.Tensor) -> torch.Tensor:
-        """CHEER Eqs. 14-17: gates α, β from [H'; H^T] and [H'; H^V], ``H_n = LN(α⊙H^T + β⊙H^V + H')``."""
+        """CHEER Eqs. 14-17: weights α, β from [H'; H^T] and [H'; H^V], ``H_n = LN(α⊙H^T + β⊙H^V + H')``."""
         text, _ = self.text_attention(self_state, text_memory, text_memory, need_weights=False)
         visual, _ = self.visual_attention(self_state, memory, memory, need_weights=False)
-        alpha = torch.sigmoid(self.alpha(torch.cat([self_state, text], dim=-1)))
-        beta = torch.sigmoid(self.beta(torch.cat([self_state, visual], dim=-1)))
+        alpha = self.alpha(torch.cat([self_state, text], dim=-1))
+        beta = self.beta(torch.cat([self_state, visual], dim=-1))
+        if self.sigmoid_gates:
+            alpha, beta = torch.sigmoid(alpha), torch.sigmoid(beta)
         return self.norm(self.dropout(alpha * text + beta * visual) + self_state)
 
 
@@ -178,6 +183,7 @@ class CaptionDecoder(nn.Module):
         dropout: float = 0.1,
         positions: str = "sinusoidal",
         layer_kind: str = "standard",
+        sigmoid_gates: bool = False,
     ):
         super().__init__()
         if layer_kind not in LAYER_KINDS:
@@ -192,7 +198,7 @@ class CaptionDecoder(nn.Module):
         elif layer_kind == "scorer":
             stack = [ScorerDecoderLayer(hidden, heads, dropout) for _ in range(layers)]
         else:
-            stack = [GatedDecoderLayer(hidden, heads, ffn_dim, dropout) for _ in range(layers)]
+            stack = [GatedDecoderLayer(hidden, heads, ffn_dim, dropout, sigmoid_gates) for _ in range(layers)]
         self.layers = nn.ModuleList(stack)
         self.logit = nn.Linear(hidden, vocab_size)
 

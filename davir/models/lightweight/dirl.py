@@ -5,7 +5,9 @@ cross-correlation of same-position tokens over the batch is pushed towards ident
 (``Σ(1 − C_ii)² + α Σ_{i≠j} C_ij²``). The projector output is used only by this loss [C].
 Difference (Eqs. 5-7): 2 cross-attention layers (one module per layer, both directions updated
 simultaneously) give the shared content; ``F^d = F − F^s``; ``F_d = ReLU(Dropout(LN(Linear([F^d_bef;
-F^d_aft]))))``. CCR (Eqs. 12-14): in-batch InfoNCE between the mean word feature after self-attention
+F^d_aft]))))``. Two parts come from the released code, not the printed equations [C], with no switch: each
+cross-attention layer is ``LN(x + MHA)`` (Eq. 5 prints the MHCA alone) and Eq. 7's Linear is followed by LN
+and Dropout (Eq. 7 prints ``ReLU(Linear)``). CCR (Eqs. 12-14): in-batch InfoNCE between the mean word feature after self-attention
 and the mean attended-visual feature after cross-attention of the last decoder layer (dot product, τ=0.5).
 Total: ``L = L_cap + λ_d L_dirl + λ_c L_ccr`` (Eq. 16).
 """
@@ -35,13 +37,14 @@ class DirlSettings(LightweightConfig):
     dirl_weight: float = 0.5
     ccr_weight: float = 0.3
     dirl_alpha: float = 0.003
-    dirl_correlation: Literal["zscore", "cosine"] = "zscore"  # [C] z-scored token-level; "cosine" = Eq. 3 as printed
+    # Eq. 3: "cosine" as printed (no centring); "zscore" [C] the released code's channels standardised over tokens
+    dirl_correlation: Literal["zscore", "cosine"] = "cosine"
     ccr_temperature: float = 0.5
     ccr_mode: Literal["paper", "code"] | None = None  # None: "code" with reference_quirks, else "paper"
     # Eq. 6 as printed, F~ − F^s (True: [D] LN(F~) − F^s; measured worse with matching_init, docs/lightweight_demo.md)
     dirl_normalize_difference: bool = False
-    # [D] scene batches: L_dirl on the distractor pair only ("all": the paper)
-    dirl_pairs: Literal["all", "distractor"] = "distractor"
+    # scene batches: L_dirl on both pairs ("all", the paper and its released code) or "distractor" [D] only
+    dirl_pairs: Literal["all", "distractor"] = "all"
 
     @property
     def resolved_ccr_mode(self) -> str:

@@ -4,7 +4,9 @@ methods.md §0.3-0.4 (identical in the SCORER and DIRL code): optional coordinat
 (`AddSpatialInfo`), `Conv2d(feat_dim, D, 1)`, then ``pos[:, r, c] = concat(w_emb[c], h_emb[r])`` from two
 ``Embedding(grid, D/2)`` tables is added, and the map is flattened row-major to (B, H·W, D).
 
-Two [D] departures (docs/lightweight_demo.md measures them):
+The default (``init="paper"``, config ``frontend_init: paper``) is the references': raw features, PyTorch's
+default projection init, N(0, 1) position tables. ``init="scaled"`` switches on two [D] departures
+(docs/lightweight_demo.md, row 2, measures them per method):
 * the grid features are standardised per channel with train-split statistics (`set_feature_statistics`,
   stored as buffers, so a saved model standardises its inputs the same way at inference); the papers feed
   raw ResNet-101 activations, whose scale depends on the backbone;
@@ -12,8 +14,7 @@ Two [D] departures (docs/lightweight_demo.md measures them):
   position tables at N(0, 0.1²) instead of N(0, 1): with PyTorch's defaults the position table is ~25×
   the content at init and the image reaches the encoder as ~0.2 % of the token variance.
 
-``init="paper"`` (config ``frontend_init: paper``) switches both back: PyTorch's defaults, and the training
-task sets no statistics.
+With ``init="paper"`` the training task sets no statistics (the buffers stay the identity).
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ def add_coordinate_channels(features: torch.Tensor) -> torch.Tensor:
 class GridPositionEmbedding(nn.Module):
     """Learned 2-D position embedding: ``pos[:, r, c] = concat(w_emb[c], h_emb[r])`` (Eq. 1 "pos(·)")."""
 
-    def __init__(self, grid_size: int, dim: int, init_std: float = 0.1):
+    def __init__(self, grid_size: int, dim: int, init_std: float = 1.0):
         super().__init__()
         if dim % 2:
             raise ValueError(f"position embedding size must be even, got {dim}")
         self.w_embedding = nn.Embedding(grid_size, dim // 2)
         self.h_embedding = nn.Embedding(grid_size, dim // 2)
-        nn.init.normal_(self.w_embedding.weight, std=init_std)  # [D] N(0, 1) in PyTorch and the references
+        nn.init.normal_(self.w_embedding.weight, std=init_std)  # N(0, 1) in PyTorch and the references; 0.1 [D]
         nn.init.normal_(self.h_embedding.weight, std=init_std)
 
     def forward(self, height: int, width: int) -> torch.Tensor:
@@ -78,7 +79,7 @@ class FeatureFrontend(nn.Module):
     """
 
     def __init__(self, feat_dim: int, hidden: int, grid_size: int = 14, coord_channels: bool = False, pool: int = 1,
-                 init: str = "scaled"):
+                 init: str = "paper"):
         super().__init__()
         if pool < 1:
             raise ValueError(f"feature pooling factor must be >= 1, got {pool}")

@@ -6,7 +6,7 @@
 | in-batch InfoNCE              | `info_nce` (+ `similarity`,  | SCORER L_cv / L_cbr (MTM, learnable scale),    |
 |                               | `masked_mean`)               | DIRL L_ccr (dot, τ=0.5), RDD L_N2O/L_V2A (cosine, τ), CHEER L_I |
 | cross-correlation             | `cross_correlation_loss`     | DIRL L_dirl (Eqs. 3-4)                         |
-| gate consistency              | `gate_consistency_loss`      | CHEER L_C, L_D (Eqs. 7, 11)                    |
+| gate consistency              | `gate_consistency_loss`      | CHEER L_C, L_D (Eqs. 7, 11; MSE)               |
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def info_nce(sim: torch.Tensor, *, temperature: float = 1.0, symmetric: bool = T
     return 0.5 * (row + F.cross_entropy(logits.transpose(0, 1), labels))
 
 
-def cross_correlation_matrix(z_a: torch.Tensor, z_b: torch.Tensor, mode: str = "zscore") -> torch.Tensor:
+def cross_correlation_matrix(z_a: torch.Tensor, z_b: torch.Tensor, mode: str = "cosine") -> torch.Tensor:
     """Channel cross-correlation C (D×D) of paired samples z_a, z_b (N, D) — DIRL Eq. 3.
 
     * ``zscore`` [C]: each channel standardised over the N samples (mean 0, unbiased std 1), then
@@ -109,7 +109,7 @@ def cross_correlation_matrix(z_a: torch.Tensor, z_b: torch.Tensor, mode: str = "
 
 
 def cross_correlation_loss(
-    z_a: torch.Tensor, z_b: torch.Tensor, *, alpha: float = 0.003, mode: str = "zscore"
+    z_a: torch.Tensor, z_b: torch.Tensor, *, alpha: float = 0.003, mode: str = "cosine"
 ) -> torch.Tensor:
     """DIRL Eq. 4: ``L_dirl = Σ_i (1 − C_ii)² + α Σ_i Σ_{j≠i} C_ij²`` with C from Eq. 3 (α = 0.003 [C])."""
     c = cross_correlation_matrix(z_a, z_b, mode)
@@ -132,7 +132,8 @@ def map_correlation_loss(score: torch.Tensor, reference: torch.Tensor, eps: floa
 
 
 def gate_consistency_loss(gate: torch.Tensor, reference_gate: torch.Tensor) -> torch.Tensor:
-    """CHEER Eqs. 7 and 11: ``L = MSE(P^, P^')`` between two enhancement gates of the same target."""
+    """CHEER Eqs. 7 and 11: ``L = MSE(P^, P^')`` between two tensors of one shape (the gate logits P^ as printed,
+    or what `cheer.consistency_loss` compares instead)."""
     if gate.shape != reference_gate.shape:
         raise ValueError(f"gates must have one shape, got {tuple(gate.shape)} and {tuple(reference_gate.shape)}")
     return F.mse_loss(gate.float(), reference_gate.float())

@@ -1,28 +1,30 @@
 """RDD + ACR (R. Li, L. Li et al., AAAI 2025) — methods.md §3. No code is public; [D] choices are marked.
 
-Encoder, as the paper prints its equations (residuals only where it draws them, no LayerNorm):
+Encoder as the paper writes it: no LayerNorm anywhere, residuals only around Eq. 8's FFN and Eq. 9's fusion:
 * GDE (Eqs. 2-5): ``F_diff = F_aft − F_bef``; each image queries the difference,
-  ``F^_x = R_x + MHCA(F_x, F_diff, F_diff)`` (shared weights; the residual R_x is [D], below);
-  ``F_c = ReLU(Linear([F^_bef; F^_aft]))``.
+  ``F^_x = MHCA(F_x, F_diff, F_diff)`` (shared weights, Eqs. 3-4 as printed; a residual is the [D]
+  ``rdd_gde_residual``); ``F_c = [F^_bef; F^_aft]`` (Eq. 5, ``rdd_fusion="concat"``). The paper does not say
+  along which axis it concatenates: the token axis keeps the width D it gives every feature (512) and adds no
+  layer it does not print, so F_c holds 2·H·W tokens [gap]. ``rdd_fusion="linear"`` [D] is methods.md's
+  channel concatenation + ``ReLU(Linear(2D→D))`` (as SCORER's Eq. 7 and DIRL's Eq. 7), H·W tokens.
 * Object distilling (Eqs. 6-8): K_o = 32 learnable vectors, N shared-weight blocks
   ``F_c ← MHSA(F_c)``, ``O^ = MHCA(O, F_c)``, ``O = FFN(O^) + O^``.
 * Action distilling: K_a learnable vectors, the same block structure (own weights) over the distilled
   objects ("concrete to abstract").
 * Multi-scale fusion (Eq. 9): tokens ``X = [F_c; O; A]``, ``X ← X + MHSA(X)``, ``X ← X + FFN(X)``; the
-  decoder (learned positions) attends over the first H·W of them (``F~_diff ∈ R^{HW×C}``), or over all
-  with ``rdd_decoder_tokens="all"``.
+  decoder (learned positions) attends over F_c's part of them (the paper's ``F~_diff ∈ R^{HW×C}``; 2·H·W
+  tokens with the printed concatenation), or over all with ``rdd_decoder_tokens="all"``.
 
 methods.md suggested a residual + LayerNorm around every attention ("post-LN"). On the demo that encoder
 never named the changed object (object accuracy 0.02, docs/lightweight_demo.md): GDE's residual hands the
 fusion Linear both images' whole content, which it must learn to cancel, and a LayerNorm over the fused
-tokens lifts every unchanged (≈ 0) difference token to the norm of the changed one. The equations as
-printed keep the difference alone and its magnitude. The one [D] left is GDE's residual
-(``rdd_gde_residual``): without one a token holds only an attention-weighted mean of the differences, at the
-start the same mean everywhere. ``"difference"`` (the default) carries the difference token itself. But a
-difference alone loses what a recoloured object is (its shape, size and material cancel), so the demo uses
-``"image"``, the usual transformer residual ``F^_x = F_x + MHCA(F_x, F_diff)``, together with
-``difference_init`` (Eq. 5's Linear starts as ``F^_aft − F^_bef``): F_c starts as a difference, and the
-Linear can learn to pass on the object's content (demo, 3 seeds: object accuracy 0.84 vs 0.67).
+tokens lifts every unchanged (≈ 0) difference token to the norm of the changed one; it is gone. Two [D]s
+remain as switches. ``rdd_gde_residual``: without a residual (the paper's) a GDE token holds only an
+attention-weighted mean of the differences, at the start the same mean everywhere; ``"difference"`` carries
+the difference token itself; ``"image"`` is the usual transformer residual ``F^_x = F_x + MHCA(F_x, F_diff)``.
+``rdd_fusion="linear"`` with ``difference_init`` starts Eq. 5's Linear as ``F^_aft − F^_bef``. The demo uses
+both (``"image"``: a difference alone loses what a recoloured object is; demo, 3 seeds: object accuracy 0.84
+vs 0.67 with ``"difference"``); docs/paper_departures.md lists what each was measured against.
 
 ACR (Eqs. 10-13, training only): the mean object / action vector is contrasted (cosine, τ) with the
 caption's noun / verb "attribute-guided tokens": CLIP text features of the caption's noun and verb
@@ -67,22 +69,32 @@ class RddSettings(TextTowerSettings):
 
     rdd_objects: int = 32
     rdd_actions: int = 5
-    rdd_distill_steps: int = 2  # N shared-weight distilling blocks [D]
-    # [D] GDE residual: "difference" F^_x = F_diff + MHCA(F_x, F_diff); "image" F^_x = F_x + MHCA(F_x, F_diff)
-    # (with difference_init, Eq. 5's Linear starts as F^_aft − F^_bef); "none" = Eqs. 3-4 as printed
-    rdd_gde_residual: Literal["difference", "image", "none"] = "difference"
-    # the decoder reads the fused H·W tokens (RDD: F~_diff ∈ R^{HW×C}) or "all"
+    rdd_distill_steps: int = 2  # N shared-weight distilling blocks: unreported, a gap filler [D]
+    # GDE residual: "none" = Eqs. 3-4 as printed; [D] "difference" F^_x = F_diff + MHCA(F_x, F_diff), "image"
+    # F^_x = F_x + MHCA(F_x, F_diff)
+    rdd_gde_residual: Literal["difference", "image", "none"] = "none"
+    # Eq. 5: "concat" F_c = [F^_bef; F^_aft] as printed (token axis, width D); [D] "linear" ReLU(Linear(2D→D)) of
+    # the channel concatenation (with difference_init it starts as F^_aft − F^_bef)
+    rdd_fusion: Literal["concat", "linear"] = "concat"
+    # the decoder reads the fused F_c tokens (RDD: F~_diff ∈ R^{HW×C}) or [D] "all" (with the distilled vectors)
     rdd_decoder_tokens: Literal["global", "all"] = "global"
-    n2o_weight: float = 0.1  # [D]
-    v2a_weight: float = 0.1  # [D]
-    acr_temperature: float = 0.07  # [D]
-    acr_mask_duplicates: bool = True  # [D] identical texts in a batch are not each other's negatives
+    n2o_weight: float = 0.1  # λ_1: unreported, a gap filler [D]
+    v2a_weight: float = 0.1  # λ_2: unreported, a gap filler [D]
+    acr_temperature: float = 0.07  # τ: unreported, a gap filler [D] (CLIP's)
+    # True [D]: identical texts in a batch are not each other's negatives; False: the plain InfoNCE of Eqs. 11-13
+    acr_mask_duplicates: bool = False
     acr_text_dim: int = 512  # CLIP text embedding size (ViT-B text tower) [D]
     acr_prompt_tokens: int = 4  # learnable CoOp context tokens [P]
     acr_token_width: int = 512  # CLIP token-embedding width the context vectors live in
     # ACR's text path: CoOp prompts through the tower (the paper's default), or fixed precomputed text features
     # (the paper's "Fixed Prompt" row; much cheaper on a CPU)
     acr_prompts: Literal["learned", "fixed"] = "learned"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.difference_init and self.rdd_fusion == "concat":
+            raise ValueError("difference_init starts Eq. 5's fusion Linear, which rdd_fusion='concat' (the printed "
+                             "concatenation) does not have: set rdd_fusion='linear' with it, or difference_init=false")
 
     @property
     def attaches_text_tower(self) -> bool:
@@ -103,12 +115,12 @@ def regional_token(vectors: torch.Tensor) -> torch.Tensor:
 
 
 def attribute_contrastive_loss(text: torch.Tensor, regional: torch.Tensor, temperature: float, *,
-                               mask_duplicates: bool = True) -> torch.Tensor:
+                               mask_duplicates: bool = False) -> torch.Tensor:
     """RDD Eqs. 11-13: ``L_L2C = ½ (L_lc + L_cl)``, in-batch InfoNCE on cosine similarity / τ.
 
-    [D] ``mask_duplicates``: pairs whose texts are the same (identical attribute tokens, e.g. the no-change
-    captions' "no change", ~half of a CLEVR batch) are left out as negatives; the paper's version pushes
-    the regional features of all those pairs apart from each other's identical text.
+    ``mask_duplicates`` [D]: pairs whose texts are the same (identical attribute tokens, e.g. the no-change
+    captions' "no change", ~half of a CLEVR batch) are left out as negatives; the paper's version (False)
+    pushes the regional features of all those pairs apart from each other's identical text.
     """
     ignore = None
     if mask_duplicates:
@@ -128,7 +140,7 @@ def prompt_texts(segments: list[str], prompt_tokens: int = 4) -> list[str]:
 
 
 def attention(layer: nn.MultiheadAttention, query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-    """``MHA(query, context, context)`` — no residual, no LayerNorm (RDD's MHCA/MHSA as printed)."""
+    """``MHA(query, context, context)`` — no residual, no LayerNorm (RDD's MHCA/MHSA as the paper writes them)."""
     return layer(query, context, context, need_weights=False)[0]
 
 
@@ -227,8 +239,8 @@ class RddCaptioner(LightweightCaptioner):
         super().__init__(config)
         dim, heads, dropout = config.hidden, config.heads, config.dropout
         self.gde_attention = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
-        self.gde_fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.ReLU())
-        if config.difference_init:
+        self.gde_fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.ReLU()) if config.rdd_fusion == "linear" else None
+        if config.difference_init:  # the settings refuse it without the Linear
             init_as_difference(self.gde_fuse[0])
         self.object_queries = nn.Parameter(torch.randn(config.rdd_objects, dim) * 0.02)
         self.action_queries = nn.Parameter(torch.randn(config.rdd_actions, dim) * 0.02)
@@ -266,23 +278,26 @@ class RddCaptioner(LightweightCaptioner):
         return self
 
     def gde(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """RDD Eqs. 2-5: ``F^_x = R_x + MHCA(F_x, F_diff, F_diff)`` (shared), ``F_c = ReLU(Linear([F^_bef; F^_aft]))``.
+        """RDD Eqs. 2-5: ``F^_x = R_x + MHCA(F_x, F_diff, F_diff)`` (shared), ``F_c = [F^_bef; F^_aft]``.
 
-        [D] the residual R_x (the paper prints none: ``rdd_gde_residual="none"``): the difference token
-        (``"difference"``) or the image's own token F_x (``"image"``, with ``difference_init`` in the demo).
+        R_x = 0 as printed (``rdd_gde_residual="none"``); [D] the difference token (``"difference"``) or the
+        image's own token F_x (``"image"``). F_c: (B, 2·H·W, D) with the printed concatenation
+        (``rdd_fusion="concat"``), (B, H·W, D) with [D] ``ReLU(Linear([F^_bef; F^_aft]))`` (``"linear"``).
         """
         difference = global_difference(before, after)
         residual = {"difference": (difference, difference), "image": (before, after), "none": (0, 0)}
         residual_before, residual_after = residual[self.config.rdd_gde_residual]
-        return self.gde_fuse(torch.cat(
-            [residual_before + attention(self.gde_attention, before, difference),
-             residual_after + attention(self.gde_attention, after, difference)], dim=-1))
+        enriched = (residual_before + attention(self.gde_attention, before, difference),
+                    residual_after + attention(self.gde_attention, after, difference))
+        if self.gde_fuse is None:
+            return torch.cat(enriched, dim=1)
+        return self.gde_fuse(torch.cat(enriched, dim=-1))
 
     def fuse(self, global_tokens: torch.Tensor, objects: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """RDD Eq. 9 (multi-scale fusion): ``X = [F_c; O; A]``, ``X ← X + MHSA(X)``, ``X ← X + FFN(X)``.
 
-        Returns the first H·W tokens (the paper's ``F~_diff ∈ R^{HW×C}``), or all of them with
-        ``rdd_decoder_tokens="all"``.
+        Returns F_c's tokens (the paper's ``F~_diff ∈ R^{HW×C}``; 2·H·W with the printed concatenation), or
+        all of them with ``rdd_decoder_tokens="all"``.
         """
         tokens = torch.cat([global_tokens, objects, actions], dim=1)
         tokens = tokens + attention(self.fusion_attention, tokens, tokens)

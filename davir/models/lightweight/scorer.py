@@ -4,7 +4,8 @@ Encoder: L cross-view reconstruction layers, each one SCORER-code attention modu
 directions and updated simultaneously (the after-side call reads the previous layer's before tokens):
 ``X^_q = LN(X_q + A·(X_k W_V))`` (Eqs. 5-6); the last layer's projected Q/K also give the B×B
 multi-head token-wise matching matrices of the cross-view contrastive loss (Eqs. 2-4). Then
-``X_diff = ReLU(Dropout(Linear([X^_bef; X^_aft])))`` (Eq. 7).
+``X_diff = ReLU(Dropout(Linear([X^_bef; X^_aft])))`` (Eq. 7). The contrast's scale is a learnable exp(s)
+(s from 1, clamped at ln 100) [C], where the paper names a temperature hyper-parameter τ without its value.
 CBR (Eqs. 9-11, training only): the caption's mean decoder state is broadcast over the grid, fused with
 the projected "before" tokens into a hallucinated "after", refined by MHSA, and contrasted with the real
 "after" by MTM. Total: ``L = L_cap + λ_v L_cv + λ_r L_cbr`` (Eq. 13).
@@ -34,7 +35,8 @@ class ScorerSettings(LightweightConfig):
 
     cv_weight: float = 0.1
     cbr_weight: float = 0.001
-    # MTM: [C] heads summed before the max; "per_head_mean" = the paper's reading
+    # MTM: "summed_heads" [C], the released code's (heads summed before the max). Our copy of the paper lost
+    # Eqs. 2-3; its prose matches each head subspace, read as "per_head_mean": a gap the code fills
     mtm_mode: Literal["summed_heads", "per_head_mean"] = "summed_heads"
     freeze_cbr_params: bool | None = None  # None: follow reference_quirks (the released code never updates CBR)
 
