@@ -35,7 +35,7 @@ from davir.errors import DataError
 PAPER, TOOLKIT, CUSTOM = "paper", "toolkit", "custom"
 PROFILE_NAMES = (PAPER, TOOLKIT)
 
-# Each profile as the `preprocess` options it fixes (argparse dest → value); the cache settings are
+# Each profile as the `preprocess` options it fixes (option dest → value); the cache settings are
 # compared through the keys of MASK_KEYS / ENTITY_KEYS below.
 MASK_OPTIONS: dict[str, dict[str, Any]] = {
     PAPER: {"segmenter": "sam", "segment_both": False, "register": "none", "photometric": "none",
