@@ -262,3 +262,14 @@ def save_config(config: Any, path: str | Path) -> None:
     from davir.io import write_text_atomic
 
     write_text_atomic(Path(path), yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def replace_fields(cls: type[T], options: T | None, overrides: dict[str, Any], *, what: str) -> T:
+    """`options` (or `cls()`'s defaults) with `overrides` replaced: the `**overrides` of a typed entry point
+    (`ChangeCaptioner.from_pretrained(path, num_beams=3)`); an unknown name is a TypeError listing the valid ones."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [name for name in overrides if name not in names]
+    if unknown:
+        raise TypeError(f"unknown {what} option(s) {', '.join(map(repr, unknown))}; valid: {', '.join(names)}")
+    return dataclasses.replace(options or cls(), **overrides)
+

@@ -1,15 +1,6 @@
-"""Compare runs side by side with the numbers the papers report for the same dataset (`python -m davir.compare`,
-davir.cli.compare; from Python `compare_runs`, or `read_run` + `comparison_table` / `bar_chart`).
-
-Each run is a run folder that `python evaluate.py --checkpoint RUN --split S` has scored: its
-RUN/eval/<format>_<split>/metrics.json is read (the total row and, for CLEVR-Change, the semantic and
-distractor rows; the stated-difference faithfulness; the compute cost). Runs that differ only by seed
-(`…/<name>/seed<k>` or `<name>_seed<k>`) are one row: mean ± std (min–max) over their seeds, and differences
-between rows that the seed ranges cannot settle are listed. The papers' rows for the dataset
-(davir.compare.paper_results, methods.md §7.4) follow, for the methods among the runs and the subtraction baseline.
-A run on other data (e.g. the built-in synthetic set) is not comparable in absolute terms; the paper rows are
-there to show the expected ordering and gap sizes.
-"""
+"""Compare runs side by side with the numbers the papers report for the same dataset: what `python -m
+davir.compare` (davir.cli.compare, whose help says what is read and how seeds are pooled) does, from Python as
+`compare_runs`, or `read_run` + `comparison_table` / `bar_chart`."""
 
 from __future__ import annotations
 

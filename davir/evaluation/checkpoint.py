@@ -13,13 +13,13 @@ RUN/eval/<format>_<split>[...]/: predictions.json, metrics.json, metrics.md.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from davir.config import replace_fields
 from davir.errors import DataError
 from davir.evaluation.scoring import ReferenceSource, check_outputs, score_predictions
 from davir.metrics import METRICS
@@ -92,11 +92,7 @@ def recorded_paths(run, run_data: dict, *, root: bool, entities: bool) -> dict:
 
 
 def _options(options: EvaluationOptions | None, overrides: dict) -> EvaluationOptions:
-    names = [f.name for f in dataclasses.fields(EvaluationOptions)]
-    unknown = [name for name in overrides if name not in names]
-    if unknown:
-        raise TypeError(f"unknown evaluation option(s) {', '.join(map(repr, unknown))}; valid: {', '.join(names)}")
-    return dataclasses.replace(options or EvaluationOptions(), **overrides)
+    return replace_fields(EvaluationOptions, options, overrides, what="evaluation")
 
 
 def _entity_source(engine, options: EvaluationOptions, run_data: dict, run_dir, *, format: str, root, split: str,

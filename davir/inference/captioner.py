@@ -18,7 +18,6 @@ any working directory (davir.runs.paths).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from davir.config import replace_fields
 from davir.data.images import array_to_rgb, load_pair, to_rgb
 from davir.data.records import ChangePair
 from davir.errors import DataError
@@ -73,11 +73,7 @@ class CaptionerOptions:
 
 def options_with(options: CaptionerOptions | None, overrides: dict) -> CaptionerOptions:
     """`options` (or the defaults) with `overrides` replaced; an unknown name is a TypeError listing the valid ones."""
-    names = [f.name for f in dataclasses.fields(CaptionerOptions)]
-    unknown = [name for name in overrides if name not in names]
-    if unknown:
-        raise TypeError(f"unknown captioner option(s) {', '.join(map(repr, unknown))}; valid: {', '.join(names)}")
-    return dataclasses.replace(options or CaptionerOptions(), **overrides)
+    return replace_fields(CaptionerOptions, options, overrides, what="captioner")
 
 
 @dataclass
