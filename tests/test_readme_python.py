@@ -26,7 +26,7 @@ def test_the_readme_has_the_three_examples():
 def test_the_readme_python_examples_run_as_written(synthetic_set, tmp_path, monkeypatch, capsys):
     from preprocess.features import main as features_main
 
-    root = synthetic_set(32, 6)
+    root = synthetic_set(16, 4)  # the set tests/test_caption.py uses: made once per worker
     work = tmp_path / "work"
     (work / "my_pairs" / "before").mkdir(parents=True)
     (work / "my_pairs" / "after").mkdir()
