@@ -10,7 +10,6 @@ import torch
 from PIL import Image
 
 from davir.config import load_config
-from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.evaluation.localisation import attention_localisation, localisation_summary
 from davir.inference import CaptionResult
 from davir.runs.paths import resolve_model_dir
@@ -39,11 +38,10 @@ def test_attention_localisation_by_hand():
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
+def trained_run(tmp_path_factory, synthetic_set):
     torch.set_num_threads(1)
     base = tmp_path_factory.mktemp("inference")
-    root = base / "data"
-    generate_dataset(root, SynthConfig(scenes=30, seed=2, width=96, height=72), workers=1)
+    root = synthetic_set(30, 2)  # read only: shared with any test of this worker that asks for it
     config = load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
         f"data.root={root}", "data.masks=null", "data.entities=null", "model.fac.lambda_attn=0",
         "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",

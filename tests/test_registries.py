@@ -270,6 +270,7 @@ def test_a_toy_method_registered_once_trains_scores_in_a_sweep_and_captions(toy_
     sweep_file.write_text(yaml.safe_dump({
         "title": "toy", "out": str(tmp_path / "sweep"), "seeds": [0], "split": "test",
         "overrides": [f"data.root={root}", f"data.features={features}"],
+        "evaluate": {"metrics": ["BLEU", "CIDEr"]},  # no METEOR: a Java start the toy does not need
         "variants": [{"name": "toy", "config": str(config_file)}]}))
     run_sweep(load_sweep(sweep_file))
     summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())

@@ -14,7 +14,6 @@ import yaml
 from PIL import Image
 
 from davir.config import load_config
-from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.errors import DataError
 from davir.training.config import TrainConfig
 
@@ -40,12 +39,11 @@ def _config(root, out, *extra):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, synthetic_set):
     """(data root, a run stopped after step 2 of 4 with best/ from step 2, the same run resumed to the end)."""
     torch.set_num_threads(1)
     base = tmp_path_factory.mktemp("run_folder")
-    root = base / "data"
-    generate_dataset(root, SynthConfig(scenes=24, seed=3, width=96, height=72), workers=1)
+    root = synthetic_set(24, 3)  # read only: shared with any test of this worker that asks for it
     unfinished = base / "unfinished"
     original = train_loop.save_checkpoint
 
