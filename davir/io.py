@@ -19,6 +19,15 @@ def temporary_path(path: Path, suffix: str = ".tmp") -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
 
 
+def remove_temporaries(folder: Path) -> int:
+    """Remove the `.NAME.<pid>.<random>.tmp` files a killed writer left in `folder` (call it only while no other
+    process writes there: under the output's lock, before any shard starts); returns how many went."""
+    stale = list(Path(folder).glob(".*.tmp")) if Path(folder).is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
+
+
 def name_os_error(error: OSError, path: Path) -> OSError:
     """`error` naming `path` when it names no file (a failed write() of a full disk names none)."""
     if error.filename is None:

@@ -278,7 +278,11 @@ def test_a_rerun_retries_the_pairs_that_failed_and_replaces_their_rows(trained, 
     assert [r["id"] for r in rows] == ["p00", "p01", "p02"] and "p01.png" in rows[1]["error"]
 
     image.write_bytes(good)  # fixed: the rerun captions it instead of reporting the old error again
+    # A strip a killed run was writing (SIGKILL runs no cleanup): the rerun, holding the lock, removes it.
+    stale = tmp_path / "out" / "report_files" / "strips" / ".0000001.jpg.999999.deadbeef.tmp"
+    stale.write_bytes(b"half a JPEG")
     status, stdout, err = run(argv(out), capsys)
+    assert not stale.exists()
     assert status == 0 and "skipping 2 pair(s) already captioned" in err
     assert "retrying 1 pair(s) that failed in an earlier run" in err
     assert "captioned 3 pair(s), 0 not captioned; 1 this run (1 retried)" in stdout

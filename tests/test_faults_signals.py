@@ -221,3 +221,32 @@ def test_masks_stopped_ends_its_pool_and_resumes_byte_identical(data, tmp_path, 
     assert masks_job.main(argv(out, 1)) == 0
     no_temporaries(out)
     assert tree(out / "masks") == tree(tmp_path / "reference" / "masks")
+
+
+def test_the_resource_sharer_thread_traceback_of_a_stopped_worker_is_not_printed(capsys):
+    """A SIGTERM to the process group ends the DataLoader workers first; multiprocessing's resource-sharer thread
+    then prints a connection traceback through sys.excepthook. A stoppable main hides exactly that one."""
+    import multiprocessing.resource_sharer as sharer
+
+    from davir.runtime.signals import stop_on_signals
+
+    def raise_in(filename: str, error: BaseException):
+        code = compile("raise error", filename, "exec")
+        try:
+            exec(code, {"error": error})
+        except BaseException as caught:  # noqa: BLE001 - the traceback is what is tested
+            return type(caught), caught, caught.__traceback__
+
+    from_sharer = raise_in(sharer.__file__, ConnectionResetError("reset by peer"))
+    elsewhere = raise_in("/somewhere/else.py", ConnectionResetError("a real one"))
+
+    @stop_on_signals()
+    def main() -> int:
+        sys.excepthook(*from_sharer)
+        sys.excepthook(*elsewhere)
+        return 0
+
+    hook = sys.excepthook
+    assert main() == 0 and sys.excepthook is hook
+    err = capsys.readouterr().err
+    assert "reset by peer" not in err and "a real one" in err

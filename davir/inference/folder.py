@@ -29,6 +29,7 @@ from davir.data.records import ChangePair, SkippedRecord
 from davir.errors import DataError, check_output_file
 from davir.inference.caption_store import CaptionStore
 from davir.inference.captioner import CaptionerOptions, ChangeCaptioner
+from davir.io import remove_temporaries
 from davir.runtime.locks import output_lock
 
 
@@ -165,7 +166,10 @@ def _caption_locked(captioner: ChangeCaptioner, pairs: list[ChangePair], skipped
     main_process = shard_index == 0
     store = CaptionStore(out, captioner.settings(), num_shards=num_shards, shard_index=shard_index)
     if main_process or state is None:
-        store.prepare(overwrite=overwrite, source=source, whole_job=state is not None or num_shards == 1)
+        whole_job = state is not None or num_shards == 1
+        store.prepare(overwrite=overwrite, source=source, whole_job=whole_job)
+        if whole_job:  # no other writer yet: a killed run's half-written strips go (their pairs get them again)
+            remove_temporaries(report_dir / "strips")
     if state is not None:
         state.wait_for_everyone()
     done, failed_before = store.earlier_rows()

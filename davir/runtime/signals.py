@@ -81,9 +81,32 @@ def stop_on_signals(rerun: str = RESUME) -> Callable[[Callable[..., int]], Calla
     return decorate
 
 
+def _from_resource_sharer(tb) -> bool:
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(os.path.join("multiprocessing", "resource_sharer.py")):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _quiet_resource_sharer(hook: Callable) -> Callable:
+    """sys.excepthook without the traceback multiprocessing's resource-sharer thread prints when a DataLoader
+    worker it was handing a tensor to ends mid-handshake (a SIGTERM to the process group ends the workers
+    first). The main thread reports that stop, or the DataLoader's own error names the dead worker."""
+
+    def excepthook(kind, value, tb) -> None:
+        if issubclass(kind, (OSError, EOFError)) and _from_resource_sharer(tb):
+            return
+        hook(kind, value, tb)
+
+    return excepthook
+
+
 def _run_stoppable(main: Callable[..., int], args: tuple, kwargs: dict, rerun: str) -> int:
     global _installed_in_pid
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    previous_hook = sys.excepthook
+    sys.excepthook = _quiet_resource_sharer(previous_hook)
     _installed_in_pid = os.getpid()
     for signum in STOP_SIGNALS:
         signal.signal(signum, _raise_stopped)
@@ -103,4 +126,5 @@ def _run_stoppable(main: Callable[..., int], args: tuple, kwargs: dict, rerun: s
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        sys.excepthook = previous_hook
         _installed_in_pid = None
