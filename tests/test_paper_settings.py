@@ -153,6 +153,19 @@ def test_check_cache_profiles_entities(tmp_path):
     assert check_cache_profiles(None, entities=cache) == {"entities": "toolkit"}  # no expectation, no check
 
 
+def test_a_cheer_paper_cache_is_not_a_davir_paper_cache(tmp_path):
+    """Both levels have a `paper` profile: CHEER's image-level entities (CLIP, S_bef − S_aft) pass a CHEER run's
+    check, and a DAVIR run (region-level entities, Eqs. 8-9) refuses them by their level, naming it."""
+    cache = tmp_path / "entities"
+    (cache / "entities").mkdir(parents=True)
+    (cache / "entities" / "manifest.json").write_text(json.dumps({"settings": {
+        "retrieval": "image", "retriever": "clip", "image_score": "bef_minus_aft"}}))
+    assert check_cache_profiles("paper", entities=cache, entity_level="image") == {"entities": "paper"}
+    assert check_cache_profiles("paper", entities=cache) == {"entities": "paper"}  # the profile alone cannot tell
+    with pytest.raises(DataError, match=r"holds image-level entities, but the run R needs region-level ones"):
+        check_cache_profiles("paper", entities=cache, where="the run R", entity_level="region")
+
+
 # ------------------------------------------------------------------------------------------ decoding (3)
 def test_run_decoding_defaults_to_the_runs_validation_settings(tmp_path):
     (tmp_path / "run" / "best").mkdir(parents=True)

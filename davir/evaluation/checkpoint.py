@@ -119,7 +119,8 @@ def _entity_source(engine, options: EvaluationOptions, run_data: dict, run_dir, 
                          allow_mismatch=bool(options.allow_profile_mismatch
                                              or (same_cache and run_data.get("allow_profile_mismatch"))),
                          where=f"the run {run_dir} (data.preprocessing_profile)",
-                         override="--allow-profile-mismatch", warn=lambda m: print(m, file=sys.stderr))
+                         override="--allow-profile-mismatch", warn=lambda m: print(m, file=sys.stderr),
+                         entity_level="region")
     source = CachedEntities(cache_dir)
     missing = source.missing([p.pair_id for p in pairs])
     if missing:

@@ -164,7 +164,8 @@ class ChangeCaptioner:
                              entities=entity_dir if entities is not None else None,
                              allow_mismatch=options.allow_profile_mismatch,
                              where=f"the run {run.run_dir or run.model_dir} (data.preprocessing_profile)",
-                             override="--allow-profile-mismatch", warn=lambda m: print(m, file=sys.stderr))
+                             override="--allow-profile-mismatch", warn=lambda m: print(m, file=sys.stderr),
+                             entity_level="image" if run.lightweight else "region")
         decoding = run_decoding(run.run_dir or run.model_dir, num_beams=options.num_beams,
                                 max_new_tokens=options.max_new_tokens)
         return cls(engine, masks, entities, run=run, num_beams=decoding["num_beams"],

@@ -145,17 +145,35 @@ def entity_cache_profile(folder: str | Path) -> tuple[str | None, Path]:
     return None, path
 
 
+def entity_cache_level(folder: str | Path) -> str | None:
+    """"region" (DAVIR's Eqs. 8-9, from masked regions) or "image" (CHEER's whole frames) as an EntityCache's
+    manifest records it; None when it has no readable manifest."""
+    manifest = _read_json(Path(folder) / "entities" / "manifest.json") if (Path(folder) / "entities" /
+                                                                           "manifest.json").is_file() else None
+    if isinstance(manifest, dict) and isinstance(manifest.get("settings"), dict):
+        return manifest["settings"].get("retrieval", "region")
+    return None
+
+
 def check_cache_profiles(expected: str | None, *, masks: str | Path | None = None,
                          entities: str | Path | None = None, allow_mismatch: bool = False,
                          where: str = "the config", override: str = "data.allow_profile_mismatch=true",
-                         warn=None) -> dict[str, str | None]:
+                         warn=None, entity_level: str | None = None) -> dict[str, str | None]:
     """Refuse caches made with another preprocessing profile than ``expected`` (None: no check).
 
+    `entity_level` ("region" for DAVIR, "image" for CHEER): the entity cache must hold entities of that level too
+    — both levels have a `paper` profile, so the profile alone does not tell a CHEER cache from a DAVIR one.
     Returns {"masks": profile, "entities": profile} of the caches given. A mismatch is a DataError naming the
     cache, its profile and the expected one, and how to fix it; with ``allow_mismatch`` it is reported
     through ``warn`` instead."""
     found: dict[str, str | None] = {}
     problems = []
+    if entity_level is not None and entities is not None and Path(entities).is_dir():
+        level = entity_cache_level(entities)
+        if level not in (None, entity_level):
+            problems.append(f"the entities cache {entities} holds {level}-level entities, but {where} needs "
+                            f"{entity_level}-level ones: `python -m preprocess entities` "
+                            f"{'without' if entity_level == 'region' else 'with'} --image-level")
     for kind, folder, reader in (("masks", masks, mask_cache_profile), ("entities", entities, entity_cache_profile)):
         if folder is None or not Path(folder).is_dir():
             continue  # no cache at all: the caller's "run preprocess … first" error says more

@@ -39,7 +39,7 @@ class DavirTask:
                              masks=fac_cache,
                              entities=data.entities if model_config.epc.use_entities else None,
                              allow_mismatch=data.allow_profile_mismatch, warn=accelerator.print,
-                             where="data.preprocessing_profile of this config")
+                             where="data.preprocessing_profile of this config", entity_level="region")
         if model_config.fac.lambda_attn > 0 and data.fac_masks == "ground_truth":  # also before the model
             record_masks = RecordMasks([*train_pairs, *val_pairs])
             for split, pairs in ((data.train_split, train_pairs), (data.val_split, val_pairs)):
