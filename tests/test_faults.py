@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 from davir.data.caches import EntityCache
-from davir.data.synthetic import SynthConfig, generate_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -29,11 +28,8 @@ pytestmark = pytest.mark.faults
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults") / "data"
-    generate_dataset(root, SynthConfig(scenes=40, seed=7, width=64, height=48, val_fraction=0.1, test_fraction=0.2),
-                     workers=1)
-    return root
+def data(synthetic_set):
+    return synthetic_set(40, 7, width=64, height=48, val_fraction=0.1, test_fraction=0.2)  # read only
 
 
 def tiny_caption_run(data: Path, folder: Path, *, pairs: int) -> tuple[Path, Path]:

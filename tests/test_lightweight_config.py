@@ -333,3 +333,16 @@ def test_a_demo_run_of_the_code_before_the_split_captions_as_it_did(method):
                 for row in json.loads((run / "eval" / "clevr_change_test" / "predictions.json").read_text())}
     assert [bundle.vocab.decode(row) for row in ids] == [recorded[p.pair_id] for p in pairs]
     assert asdict(bundle.model.config)["hidden"] == 64  # the demo size, read from the pre-split dump
+
+
+def test_a_method_with_a_text_tower_must_say_which_fields_the_tower_fixes():
+    from dataclasses import dataclass
+
+    from davir.models.lightweight import TextTowerSettings
+
+    assert LightweightConfig(method="rdd").text_tower_sizes(16, 12) == {"acr_text_dim": 12, "acr_token_width": 16}
+    assert LightweightConfig(method="cheer").text_tower_sizes(16, 12) == {"entity_dim": 12}
+    with pytest.raises(TypeError, match="Forgetful embeds text: define text_tower_sizes"):
+        @dataclass
+        class Forgetful(TextTowerSettings):
+            pass

@@ -17,7 +17,7 @@ from davir.models.losses import FacConfig, fac_attention_loss
 from davir.preprocessing.profiles import (ENTITY_OPTIONS, MASK_OPTIONS, check_cache_profiles, entity_profile,
                                           mask_profile)
 from davir.training.config import TrainConfig
-from davir.training.run import run_decoding
+from davir.runs.paths import run_decoding
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_CONFIGS = sorted((REPO / "configs").glob("davir_*.yaml"))

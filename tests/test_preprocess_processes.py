@@ -18,18 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from davir.data.synthetic import SynthConfig, generate_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = Path(sys.executable).parent / "accelerate"
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("processes") / "data"
-    generate_dataset(root, SynthConfig(scenes=40, seed=7, width=64, height=48, val_fraction=0.1, test_fraction=0.3),
-                     workers=1)
-    return root
+def data(synthetic_set):
+    return synthetic_set(40, 7, width=64, height=48, val_fraction=0.1, test_fraction=0.3)  # read only
 
 
 def free_port() -> int:

@@ -122,6 +122,3 @@ def replace_dir_atomic(source: Path, target: Path) -> None:
     if old.exists():
         shutil.rmtree(old)
 
-
-# Moved to davir.runs.paths (what a run folder holds); this name is kept for tests/test_paper_settings.py.
-from davir.runs.paths import run_decoding  # noqa: E402,F401

@@ -185,9 +185,12 @@ class TextTowerSettings(LightweightConfig):
     def text_model(self) -> str:
         return self.text_encoder_model or self.default_text_model
 
-    def text_tower_sizes(self, width: int, out_dim: int) -> dict[str, int]:
-        """The fields a tower of this token width and output dim fixes."""
-        raise NotImplementedError
+    # Each method declares `text_tower_sizes(width, out_dim) -> {field: size}`: the fields a tower of this token
+    # width and output dim fixes (RDD's ACR sizes, CHEER's entity_dim); checked when the class is made.
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if not callable(getattr(cls, "text_tower_sizes", None)):
+            raise TypeError(f"{cls.__name__} embeds text: define text_tower_sizes(width, out_dim) -> {{field: size}}")
 
 
 # --- the keys of each method -----------------------------------------------------------------------------
