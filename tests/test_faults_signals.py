@@ -250,3 +250,23 @@ def test_the_resource_sharer_thread_traceback_of_a_stopped_worker_is_not_printed
     assert main() == 0 and sys.excepthook is hook
     err = capsys.readouterr().err
     assert "reset by peer" not in err and "a real one" in err
+
+
+def test_a_dataloader_worker_killed_by_the_stop_signal_is_a_stop_not_a_traceback(capsys):
+    """A SIGTERM to the process group ends the DataLoader workers too; torch's SIGCHLD handler can then raise
+    "DataLoader worker … is killed by signal: Terminated." in the main thread before the main's own SIGTERM is
+    handled. That is the same stop: exit 143 with the one-line hint. Any other RuntimeError goes through."""
+    from davir.runtime.signals import stop_on_signals
+
+    @stop_on_signals()
+    def stopped() -> int:
+        raise RuntimeError(f"DataLoader worker (pid 28996) is killed by signal: {signal.strsignal(signal.SIGTERM)}. ")
+
+    @stop_on_signals()
+    def broken() -> int:
+        raise RuntimeError(f"DataLoader worker (pid 28996) is killed by signal: {signal.strsignal(signal.SIGSEGV)}. ")
+
+    assert stopped() == 143
+    assert capsys.readouterr().err.strip() == "stopped by SIGTERM; rerun the same command to resume"
+    with pytest.raises(RuntimeError, match="Segmentation fault"):
+        broken()

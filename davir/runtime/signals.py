@@ -89,6 +89,17 @@ def _from_resource_sharer(tb) -> bool:
     return False
 
 
+def _worker_stop_signal(error: RuntimeError) -> int | None:
+    """The stop signal a DataLoader worker died of, from torch's "DataLoader worker (pid N) is killed by signal:
+    Terminated." — a SIGTERM/SIGINT to the process group can reach the main thread as this error (torch's
+    SIGCHLD handler) before it arrives as `Stopped`; either way the job was stopped, not broken."""
+    message = str(error)
+    if "DataLoader worker" not in message or "is killed by signal:" not in message:
+        return None
+    name = message.split("is killed by signal:", 1)[1].strip().rstrip(".").strip()
+    return next((int(signum) for signum in STOP_SIGNALS if signal.strsignal(signum) == name), None)
+
+
 def _quiet_resource_sharer(hook: Callable) -> Callable:
     """sys.excepthook without the traceback multiprocessing's resource-sharer thread prints when a DataLoader
     worker it was handing a tensor to ends mid-handshake (a SIGTERM to the process group ends the workers
@@ -115,6 +126,10 @@ def _run_stoppable(main: Callable[..., int], args: tuple, kwargs: dict, rerun: s
             return main(*args, **kwargs)
         except Stopped as stop:
             signum = stop.signum
+        except RuntimeError as error:
+            signum = _worker_stop_signal(error)
+            if signum is None:
+                raise
         # The traceback is gone now. A second signal while the workers end is one stop, not a traceback.
         for other in STOP_SIGNALS:
             signal.signal(other, signal.SIG_IGN)
