@@ -23,7 +23,8 @@ from davir.runs.paths import RunPaths
 
 
 class DavirEngine:
-    """DAVIR: the saved InstructBLIP + LoRA model; entities (Eq. 10 prompts) when it was trained with EPC."""
+    """DAVIR: the saved model of its family (InstructBLIP or a chat VLM) + LoRA; entities (Eq. 10 prompts) when it
+    was trained with EPC."""
 
     kind = "davir"
     needs_images = True
@@ -38,13 +39,13 @@ class DavirEngine:
              pretrained_flag: str | None = "--pretrained") -> "DavirEngine":
         """The run's model on `device`; its base InstructBLIP folder is `pretrained`, else the one it recorded,
         found from any folder (`RunPaths.resolve`: found nowhere, a DataError naming `pretrained_flag`)."""
-        from davir.models.davir import DavirModel
+        from davir.models.davir import load_davir_model
         from davir.models.davir_checkpoint import read_davir_config
 
         recorded = read_davir_config(run.model_dir).pretrained
         base = pretrained or run.resolve(recorded, what="pretrained InstructBLIP folder (model.pretrained)",
                                          flag=pretrained_flag)
-        return cls(DavirModel.from_pretrained(run.model_dir, device=device, pretrained=base).eval())
+        return cls(load_davir_model(run.model_dir, device=device, pretrained=base).eval())
 
     def inputs(self, pair: ChangePair, before: Image.Image, after: Image.Image, entities: list[str]) -> torch.Tensor:
         return self.model.image_processor([before, after])

@@ -1,4 +1,5 @@
-"""Models: DAVIR (InstructBLIP + LoRA + FAC + EPC) and its presets, tokenizer and attention hook.
+"""Models: DAVIR (InstructBLIP + LoRA + FAC + EPC, or FAC + EPC on a chat family) and its presets, tokenizer and
+attention hooks.
 
 The DAVIR names are imported lazily, so importing another ``davir.models`` submodule does not pay for
 transformers and peft.
@@ -16,6 +17,10 @@ _LAZY = {
     "EpcConfig": "davir.models.epc",
     "LoraSettings": "davir.models.davir_lora",
     "build_davir_model": "davir.models.davir",
+    "load_davir_model": "davir.models.davir",
+    "ChatDavirModel": "davir.models.chat_model",
+    "FAMILY_NAMES": "davir.models.families",
+    "get_family": "davir.models.families",
     "entity_prompts": "davir.models.epc",
     "preset_registry": "davir.models.presets",
     "build_preset_config": "davir.models.presets",

@@ -21,9 +21,10 @@ inside, pretrained or preset) and ``davir_checkpoint`` (the saved folder).
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+
 from typing import Any
 
 import torch
@@ -36,23 +37,10 @@ from davir.models.losses import IGNORE_INDEX, FacConfig, caption_cross_entropy, 
 from davir.models.attention import ClsAttentionHook, cls_to_patch_map, last_layer_attention_module
 from davir.models.davir_checkpoint import DavirCheckpointMixin
 from davir.models.davir_config import DavirModelConfig
-from davir.models.davir_core import build_core
+from davir.models.davir_output import DavirOutput
+from davir.models.families import get_family
 from davir.models.davir_lora import LoraSettings, make_lora_config
 from davir.models.epc import EpcConfig, entity_prompts
-
-
-@dataclass
-class DavirOutput:
-    """What ``DavirModel.forward`` returns. Losses are None when not computable (no captions / no masks)."""
-
-    loss: torch.Tensor | None
-    caption_loss: torch.Tensor | None
-    attn_loss: torch.Tensor | None
-    logits: torch.Tensor
-    attention_before: torch.Tensor
-    attention_after: torch.Tensor
-    labels: torch.Tensor | None = None
-    fac_pairs: int = 0
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -114,6 +102,10 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
         self.attention_hook = ClsAttentionHook(last_layer_attention_module(core.vision_model)).attach()
 
     # ----------------------------------------------------------------------------------------------- properties
+    def wrapped(self) -> nn.Module:
+        """The model the optimizer sees: PEFT's wrapper in LoRA mode, else the core itself."""
+        return self.blip
+
     @property
     def core(self) -> InstructBlipForConditionalGeneration:
         return self.blip.get_base_model() if isinstance(self.blip, PeftModel) else self.blip
@@ -375,21 +367,38 @@ def build_davir_model(
     *,
     captions_for_tokenizer: Sequence[str] | None = None,
     device: str | torch.device | None = None,
-) -> DavirModel:
-    """Build a DavirModel from ``config``.
+) -> nn.Module:
+    """Build the DAVIR model of ``config.family`` from ``config``.
 
-    * ``config.pretrained`` set: load that local InstructBLIP folder and its ``InstructBlipProcessor``.
-    * otherwise: ``preset_registry[config.preset]`` with random weights (seeded by ``config.seed``) and the
+    * ``config.pretrained`` set: load that local folder of the family and its processor.
+    * otherwise: the family's preset ``config.preset`` with random weights (seeded by ``config.seed``) and the
       word-level tokenizer learned from ``captions_for_tokenizer`` (the training captions; the prompt
-      words are added), used for both the LLM and the Q-Former.
-    ``device``: where to build (default CPU); large presets are created directly on it.
+      words are added).
+    ``device``: where to build (default CPU); large presets are created directly on it. InstructBLIP gives a
+    :class:`DavirModel`, a chat family a :class:`davir.models.chat_model.ChatDavirModel`.
     """
     target = torch.device(device) if device is not None else torch.device("cpu")
-    core, processor = build_core(config, captions_for_tokenizer, target)
+    family = get_family(config.family)
+    core, processor = family.build_core(config, captions_for_tokenizer, target)
+    model_class = davir_class(config.family)
     with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
         torch.manual_seed(config.seed)  # LoRA's random A matrices
-        model = DavirModel(config, core, processor)
+        model = model_class(config, core, processor)
     return model.to(target)
+
+
+def davir_class(family_name: str) -> type:
+    """The davir model class around a family's core (by the path its family module names)."""
+    module, name = get_family(family_name).davir_class_path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_davir_model(directory, *, device: str | torch.device | None = None, pretrained=None) -> nn.Module:
+    """A saved DAVIR model folder of any family (``save_pretrained``), with the class its config records."""
+    from davir.models.davir_checkpoint import read_davir_config
+
+    return davir_class(read_davir_config(directory).family).from_pretrained(
+        directory, device=device, pretrained=pretrained)
 
 
 __all__ = [
@@ -399,6 +408,7 @@ __all__ = [
     "EpcConfig",
     "LoraSettings",
     "build_davir_model",
+    "load_davir_model",
     "entity_prompts",
     "make_lora_config",
 ]

@@ -1,4 +1,5 @@
-"""How a DavirModel is saved and loaded: one folder, safetensors only (a mixin of `DavirModel`)."""
+"""How a DAVIR model is saved and loaded: one folder, safetensors only (a mixin of `DavirModel` and
+`ChatDavirModel`; what differs between model families — processor, architecture, core — their family says)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,15 @@ from typing import TypeVar
 import torch
 from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file, load_model, save_file, save_model
-from transformers import InstructBlipConfig, InstructBlipProcessor
 
 from davir.errors import DataError
 from davir.io import read_json, write_json_atomic
 from davir.models.davir_config import DavirModelConfig
-from davir.models.davir_core import load_pretrained_core, random_core
+from davir.models.families import get_family
 
 CONFIG_FILE = "davir_config.json"
 PROCESSOR_DIR = "processor"
-ARCHITECTURE_DIR = "architecture"  # InstructBlipConfig of a random-weight preset
+ARCHITECTURE_DIR = "architecture"  # the model config of a random-weight preset
 ADAPTER_DIR = "adapter"  # PEFT adapter (adapter_config.json + adapter_model.safetensors)
 FULL_WEIGHTS_FILE = "model.safetensors"  # every weight of the DavirModel
 EXTRA_WEIGHTS_FILE = "trainable_extra.safetensors"  # LoRA mode: trained parts that are not LoRA
@@ -27,7 +27,7 @@ _Model = TypeVar("_Model", bound="DavirCheckpointMixin")
 
 
 class DavirCheckpointMixin:
-    """`save_pretrained` / `from_pretrained` of :class:`davir.models.davir.DavirModel`."""
+    """`save_pretrained` / `from_pretrained` of the DAVIR models (InstructBLIP's and the chat families')."""
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write a folder :meth:`from_pretrained` reads (safetensors only, no pickles):
@@ -44,8 +44,8 @@ class DavirCheckpointMixin:
         self.processor.save_pretrained(str(directory / PROCESSOR_DIR))
         if self.config.pretrained is None:
             self.core.config.save_pretrained(str(directory / ARCHITECTURE_DIR))
-        if isinstance(self.blip, PeftModel):
-            self.blip.save_pretrained(str(directory / ADAPTER_DIR), safe_serialization=True)
+        if isinstance(self.wrapped(), PeftModel):
+            self.wrapped().save_pretrained(str(directory / ADAPTER_DIR), safe_serialization=True)
         if self.config.train_mode == "full" or self.config.pretrained is None:
             save_model(self, str(directory / FULL_WEIGHTS_FILE))
         else:
@@ -67,23 +67,27 @@ class DavirCheckpointMixin:
         recorded in the config (e.g. the run moved to another machine)."""
         directory = Path(directory)
         config = read_davir_config(directory)
+        family = get_family(config.family)
+        if family.davir_class_path.rsplit(":", 1)[1] != cls.__name__:
+            raise DataError(f"{directory} holds a model.family={config.family} model, which {cls.__name__} does not "
+                            "load: use davir.models.load_davir_model (it picks the class the folder records)")
         if pretrained is not None:
             config.pretrained = str(pretrained)
         processor_dir = directory / PROCESSOR_DIR
         if not processor_dir.is_dir():
             raise DataError(f"{directory}: missing {PROCESSOR_DIR}/ (tokenizers and image processor)")
-        processor = _load_weights(processor_dir, lambda: InstructBlipProcessor.from_pretrained(
-            str(processor_dir), local_files_only=True), what="the tokenizers and image processor")
+        processor = _load_weights(processor_dir, lambda: family.load_processor(processor_dir),
+                                  what="the tokenizers and image processor")
         target = torch.device(device) if device is not None else torch.device("cpu")
         if target.type == "cpu":  # accelerate's CPU processes are "cpu:0"; safetensors accepts only "cpu"
             target = torch.device("cpu")
         if config.pretrained is not None:
-            core = load_pretrained_core(config, target)
+            core = family.load_core(config, target)
         else:
             architecture_dir = directory / ARCHITECTURE_DIR
-            architecture = _load_weights(architecture_dir, lambda: InstructBlipConfig.from_pretrained(
-                str(architecture_dir), local_files_only=True), what="the model architecture")
-            core = random_core(architecture, config, target)
+            architecture = _load_weights(architecture_dir, lambda: family.load_architecture(architecture_dir),
+                                         what="the model architecture")
+            core = family.random_core(architecture, config, target)
         with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
             torch.manual_seed(config.seed)
             model = cls(config, core, processor).to(target)
@@ -97,11 +101,11 @@ class DavirCheckpointMixin:
                 f"{directory}: neither {FULL_WEIGHTS_FILE} nor {ADAPTER_DIR}/adapter_model.safetensors found"
             )
         state = _load_weights(adapter, lambda: load_file(str(adapter), device=str(target)))
-        result = _load_weights(adapter, lambda: set_peft_model_state_dict(model.blip, state))
+        result = _load_weights(adapter, lambda: set_peft_model_state_dict(model.wrapped(), state))
         if getattr(result, "unexpected_keys", None):
             raise DataError(f"{adapter}: weights that fit no LoRA layer of this model: {result.unexpected_keys[:5]}")
         # The trained parts that are not LoRA (extra_trainable, segment embeddings) must all come back: without
-        # them the model would silently run with the base model's language_projection / query_tokens.
+        # them the model would silently run with the base model's language_projection / query_tokens / projector.
         wanted = {name for name, parameter in model.named_parameters()
                   if parameter.requires_grad and "lora_" not in name}
         extra = directory / EXTRA_WEIGHTS_FILE

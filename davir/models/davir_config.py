@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import torch
 
+from davir.models.families import DEFAULT_FAMILY, check_family_name
 from davir.models.losses import FacConfig
 from davir.models.davir_lora import LoraSettings
 from davir.models.epc import EpcConfig
@@ -20,8 +21,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class DavirModelConfig:
     """Everything needed to rebuild a DavirModel (saved as JSON next to its weights).
 
-    * ``preset``/``pretrained``: a random-weight architecture from ``presets.preset_registry``, or a local
-      InstructBLIP folder (``config.json``, weights, ``InstructBlipProcessor`` files); never the hub.
+    * ``family``: the vision-language model FAC and EPC are applied to (``davir.models.families``):
+      ``instructblip`` (the paper's), ``qwen2_5_vl``, ``llava_onevision``, ``smolvlm``. A saved model records
+      it; loading it as another family is an error.
+    * ``preset``/``pretrained``: a random-weight architecture of the family's presets (InstructBLIP:
+      ``presets.preset_registry``), or a local folder of the family (``config.json``, weights, processor
+      files); never the hub.
     * ``image_size``/``patch_size``: preset input size (None: the preset's, 64/8 tiny, 224/14 vicuna7b);
       ``preset_overrides``: keyword overrides of the preset builder (e.g. ``{"vision_layers": 2}``).
     * ``train_mode``: ``lora`` (App. B: LoRA trained, everything else frozen) or ``full`` (train every
@@ -34,6 +39,7 @@ class DavirModelConfig:
     * ``seed``: random initialisation of presets and LoRA (built under a forked RNG).
     """
 
+    family: str = DEFAULT_FAMILY
     preset: str = "tiny"
     pretrained: str | None = None
     image_size: int | None = None
@@ -54,10 +60,13 @@ class DavirModelConfig:
 
     def __post_init__(self) -> None:
         self.extra_trainable = tuple(self.extra_trainable)
+        check_family_name(self.family)
+        if self.family != DEFAULT_FAMILY:
+            self._check_chat_family()
         if self.train_mode not in ("lora", "full"):
             raise ValueError(f"train_mode={self.train_mode!r}; choose 'lora' or 'full'")
         unknown = sorted(set(self.extra_trainable) - set(EXTRA_TRAINABLE_PARTS))
-        if unknown:
+        if unknown and self.family == DEFAULT_FAMILY:
             raise ValueError(f"extra_trainable {unknown} unknown; choose from {EXTRA_TRAINABLE_PARTS}")
         if self.attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation={self.attn_implementation!r}; choose 'sdpa' or 'eager'")
@@ -65,6 +74,18 @@ class DavirModelConfig:
             raise ValueError(f"dtype={self.dtype!r}; choose one of {sorted(DTYPES)}")
         if self.max_prompt_tokens < 1 or self.max_caption_tokens < 2:
             raise ValueError("max_prompt_tokens must be >= 1 and max_caption_tokens >= 2 (a word and the EOS)")
+
+    def _check_chat_family(self) -> None:
+        from davir.models.families import get_family
+
+        family = get_family(self.family)
+        unknown = sorted(set(self.extra_trainable) - set(family.trainable_parts))
+        if unknown:
+            raise ValueError(f"extra_trainable {unknown} unknown for model.family={self.family}; choose from "
+                             f"{sorted(family.trainable_parts)}")
+        if self.segment_embeddings:
+            raise ValueError(f"segment_embeddings are InstructBLIP's; model.family={self.family} tells the two "
+                             "images apart by their places in the chat turn")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

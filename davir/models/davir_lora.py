@@ -1,4 +1,5 @@
-"""LoRA on InstructBLIP as in App. B: which modules are adapted (PEFT target regexes) and with which rank."""
+"""LoRA as in App. B: which modules are adapted (PEFT target regexes) and with which rank — InstructBLIP's here,
+a chat family's from the patterns its family module names."""
 
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ def make_lora_config(settings: LoraSettings) -> LoraConfig:
         parts.append((QFORMER_QKV_PATTERN, settings.qformer_rank))
     if settings.llm_rank > 0 and settings.llm_targets:
         parts.append((LLM_ATTENTION_PATTERN.format(targets="|".join(settings.llm_targets)), settings.llm_rank))
+    return _lora_config(parts, settings)
+
+
+def _lora_config(parts: list[tuple[str, int]], settings: LoraSettings) -> LoraConfig:
+    """One ``LoraConfig``: a full-match regex over the parts, per-part ranks via ``rank_pattern``."""
     if not parts:
         raise ValueError("LoRA mode with every rank 0 trains nothing; set a rank or use train_mode='full'")
     default_rank = parts[-1][1]
@@ -57,3 +63,17 @@ def make_lora_config(settings: LoraSettings) -> LoraConfig:
         alpha_pattern={pattern: settings.alpha_ratio * rank for pattern, rank in parts},
         bias="none",
     )
+
+
+def make_family_lora_config(family, settings: LoraSettings) -> LoraConfig:
+    """A chat family's ``LoraConfig``, mapped as App. B maps InstructBLIP's: ``vision_rank`` on the vision
+    encoder's attention, ``qformer_rank`` on the projector between vision and language (where InstructBLIP
+    has its Q-Former) [D], ``llm_rank`` on the LLM attention projections (``llm_targets``)."""
+    parts = []
+    if settings.vision_rank > 0:
+        parts.append((family.vision_lora_pattern, settings.vision_rank))
+    if settings.qformer_rank > 0 and family.projector_lora_pattern:
+        parts.append((family.projector_lora_pattern, settings.qformer_rank))
+    if settings.llm_rank > 0 and settings.llm_targets:
+        parts.append((family.llm_lora_pattern.format(targets="|".join(settings.llm_targets)), settings.llm_rank))
+    return _lora_config(parts, settings)

@@ -1,0 +1,285 @@
+"""DAVIR's FAC and EPC on a chat vision-language model (Qwen2.5-VL, LLaVA-OneVision, SmolVLM).
+
+One user turn holds both images and the Eq. 10 prompt, through the processor's own chat template::
+
+    <user> [before image] [after image] "Describe the difference … Entity: small red cube." <assistant> caption <end>
+
+The image placeholders are expanded exactly as the family's processor expands them (``replace_image_token``
+of one S×S picture: one grid per run, ``davir.models.families.base``), the caption and its end-of-turn token
+are the only labelled positions, and the model's own forward merges the image features into the sequence.
+FAC reads the attention of the vision layer the family names through a hook that leaves the fast attention
+kernel in place (``davir.models.received_attention``), so Eqs. 6-7 and 12 apply unchanged::
+
+    L_total = L_caption + λ · L_attn(A_before, A_after; masks)          (Eq. 12)
+
+Everything the run needs — training, resume, evaluation, captioning, the saved folder — is the same as for
+InstructBLIP's :class:`davir.models.davir.DavirModel`, whose public methods this class mirrors.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from peft import PeftModel, get_peft_model
+from PIL import Image
+from torch import nn
+
+from davir.models.davir_checkpoint import DavirCheckpointMixin
+from davir.models.davir_config import DavirModelConfig
+from davir.models.davir_lora import make_family_lora_config
+from davir.models.davir_output import DavirOutput
+from davir.models.epc import entity_prompts
+from davir.models.families import get_family
+from davir.models.families.base import locate
+from davir.models.losses import IGNORE_INDEX, FacConfig, caption_cross_entropy, davir_total_loss, fac_attention_loss
+
+
+class ChatDavirModel(DavirCheckpointMixin, nn.Module):
+    """A chat VLM of a registered family with two images, an entity prompt and FAC. Build with
+    :func:`davir.models.build_davir_model`; ``self.vlm`` is the model (PEFT-wrapped in LoRA mode), ``self.core``
+    the bare ``*ForConditionalGeneration`` inside it."""
+
+    def __init__(self, config: DavirModelConfig, core: nn.Module, processor: Any) -> None:
+        super().__init__()
+        self.family = get_family(config.family)
+        self.config = config
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        if self.tokenizer.pad_token_id is None:  # pads are masked; any id will do
+            self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
+        self.tokenizer.truncation_side = "right"
+        self.image_size = self.family.input_size(config, core.config)
+        self.patch_grid = self.family.patch_grid(self.image_size, core.config)
+        # The per-run constants of one S×S picture (grid sizes), and the text that stands for one image.
+        self._one_image = dict(self.family.process_images(processor, [Image.new("RGB", (8, 8))], self.image_size))
+        self.image_text = processor.replace_image_token(self._one_image, 0)
+        self._pixel_shape = tuple(self.family.per_image_pixels(self._one_image, 1).shape[1:])
+        self.end_token_id = self.tokenizer.convert_tokens_to_ids(self.family.end_of_turn)
+        if self.end_token_id is None or self.end_token_id == self.tokenizer.unk_token_id:
+            raise ValueError(f"the {config.family} tokenizer has no {self.family.end_of_turn!r} token (end of turn)")
+
+        if config.train_mode == "full":
+            core.requires_grad_(True)
+            self.vlm: nn.Module = core
+        else:
+            core.requires_grad_(False)
+            with warnings.catch_warnings():  # peft 0.21 calls a transformers 5 method deprecated in favour of another
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                self.vlm = get_peft_model(core, make_family_lora_config(self.family, config.lora))
+            for part in config.extra_trainable:
+                locate(core, self.family.trainable_parts[part]).requires_grad_(True)
+        if config.gradient_checkpointing:
+            core.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if config.train_mode == "lora":
+                core.enable_input_require_grads()
+        # After PEFT, so the hook sees the LoRA-adapted projections.
+        self.attention_hook = self.family.attention_hook(core).attach()
+
+    # ----------------------------------------------------------------------------------------------- properties
+    def wrapped(self) -> nn.Module:
+        """The model the optimizer sees: PEFT's wrapper in LoRA mode, else the core itself."""
+        return self.vlm
+
+    @property
+    def core(self) -> nn.Module:
+        return self.vlm.get_base_model() if isinstance(self.vlm, PeftModel) else self.vlm
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.get_input_embeddings().weight.device
+
+    @property
+    def fac_config(self) -> FacConfig:
+        return self.config.fac
+
+    # ------------------------------------------------------------------------------------------- preprocessing
+    def image_processor(self, images: Image.Image | Sequence[Image.Image]) -> torch.Tensor:
+        """PIL images → (N, …) the family processor's pixels of each picture resized to S×S."""
+        if isinstance(images, Image.Image):
+            images = [images]
+        if len(images) == 0:
+            raise ValueError("image_processor got no images")
+        processed = self.family.process_images(self.processor, list(images), self.image_size)
+        return self.family.per_image_pixels(processed, len(images))
+
+    def build_prompts(self, entities: Sequence[Sequence[str]] | None, *, batch_size: int | None = None) -> list[str]:
+        """Eq. 10 prompts for a batch (see :func:`davir.models.epc.entity_prompts`), with ``config.epc``."""
+        return entity_prompts(self.config.epc, entities, batch_size=batch_size)
+
+    def chat_text(self, prompt: str) -> str:
+        """The user turn (before image, after image, the prompt) and the assistant's opening, image
+        placeholders expanded as the processor expands them."""
+        prompt = self._cut_prompt(prompt)
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                                 {"type": "text", "text": prompt}]}]
+        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        token = self.processor.image_token
+        if text.count(token) != 2:
+            raise ValueError(f"the {self.config.family} chat template put {text.count(token)} image placeholders "
+                             "for two images")
+        return text.replace(token, self.image_text)
+
+    def _cut_prompt(self, prompt: str) -> str:
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if len(ids) <= self.config.max_prompt_tokens:
+            return prompt
+        return self.tokenizer.decode(ids[: self.config.max_prompt_tokens], skip_special_tokens=True)
+
+    def _prompt_ids(self, prompts: Sequence[str]) -> list[list[int]]:
+        # As the processor's own __call__ tokenizes the templated text.
+        encoded = self.tokenizer([self.chat_text(p) for p in prompts])
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def caption_lengths(self, captions: Sequence[str]) -> list[int]:
+        """Tokens of each caption before `_caption_ids` cuts it to max_caption_tokens - 1 (+ end of turn)."""
+        encoded = self.tokenizer([c.strip() for c in captions], add_special_tokens=False, verbose=False)
+        return [len(ids) for ids in encoded["input_ids"]]
+
+    def _caption_ids(self, captions: Sequence[str]) -> list[list[int]]:
+        encoded = self.tokenizer([c.strip() for c in captions], add_special_tokens=False, truncation=True,
+                                 max_length=self.config.max_caption_tokens - 1)
+        return [list(ids) + [self.end_token_id] for ids in encoded["input_ids"]]
+
+    def _token_types(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        if not getattr(self.processor, "return_mm_token_type_ids", False):
+            return {}
+        types = self.processor.create_mm_token_type_ids(input_ids.tolist())
+        return {"mm_token_type_ids": torch.tensor(types, dtype=torch.long, device=input_ids.device)}
+
+    def _pixel_inputs(self, pixel_before: torch.Tensor, pixel_after: torch.Tensor) -> dict[str, torch.Tensor]:
+        if pixel_before.shape != pixel_after.shape:
+            raise ValueError(f"pixel_before {tuple(pixel_before.shape)} and pixel_after {tuple(pixel_after.shape)} "
+                             "differ")
+        expected = self._pixel_shape
+        if tuple(pixel_before.shape[1:]) != expected:
+            raise ValueError(f"pixels of shape {tuple(pixel_before.shape[1:])} per image, the model takes {expected} "
+                             f"(pictures through this model's image_processor at {self.image_size}×{self.image_size})")
+        dtype = self.family.vision_tower(self.core).dtype
+        device = self.device
+        one = {key: value.to(device) for key, value in self._one_image.items() if torch.is_tensor(value)}
+        inputs = self.family.pixel_inputs(pixel_before.to(device), pixel_after.to(device), one)
+        inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
+        return inputs
+
+    # ----------------------------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        pixel_before: torch.Tensor,
+        pixel_after: torch.Tensor,
+        prompts: Sequence[str],
+        captions: Sequence[str] | None = None,
+        masks_before: torch.Tensor | None = None,
+        masks_after: torch.Tensor | None = None,
+        mask_valid: torch.Tensor | None = None,
+    ) -> DavirOutput:
+        """Teacher-forced pass; arguments and result as :meth:`davir.models.davir.DavirModel.forward`
+        (``logits`` over the whole chat sequence, labels only on the caption and its end-of-turn token)."""
+        batch = pixel_before.shape[0]
+        if len(prompts) != batch:
+            raise ValueError(f"{len(prompts)} prompts for a batch of {batch} image pairs")
+        if captions is not None and len(captions) != batch:
+            raise ValueError(f"{len(captions)} captions for a batch of {batch} image pairs")
+        pixels = self._pixel_inputs(pixel_before, pixel_after)
+        prompt_ids = self._prompt_ids(prompts)
+        caption_ids = self._caption_ids(captions) if captions is not None else [[] for _ in range(batch)]
+        length = max(len(p) + len(c) for p, c in zip(prompt_ids, caption_ids))
+        input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch, length), dtype=torch.long)
+        labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)
+        for row, (p, c) in enumerate(zip(prompt_ids, caption_ids)):
+            input_ids[row, : len(p) + len(c)] = torch.tensor(p + c)
+            attention_mask[row, : len(p) + len(c)] = 1
+            if c:
+                labels[row, len(p) : len(p) + len(c)] = torch.tensor(c)
+        device = self.device
+        input_ids, attention_mask, labels = input_ids.to(device), attention_mask.to(device), labels.to(device)
+        output = self.vlm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                          **pixels, **self._token_types(input_ids))
+        maps = self.family.attention_maps(self.attention_hook.pop(), 2 * batch, self.patch_grid)
+        attention_before, attention_after = maps[0::2], maps[1::2]
+
+        caption_loss = caption_cross_entropy(output.logits, labels) if captions is not None else None
+        attn_loss, fac_pairs = None, 0
+        fac = self.config.fac
+        if fac.lambda_attn > 0 and (masks_before is not None or masks_after is not None):
+            result = fac_attention_loss(attention_before, attention_after, masks_before, masks_after, mask_valid, fac)
+            attn_loss, fac_pairs = result.loss, result.num_pairs
+        if caption_loss is None:
+            loss = None
+        elif attn_loss is None:
+            loss = caption_loss
+        else:
+            loss = davir_total_loss(caption_loss, attn_loss, fac.lambda_attn)
+        return DavirOutput(loss=loss, caption_loss=caption_loss, attn_loss=attn_loss, logits=output.logits,
+                           attention_before=attention_before, attention_after=attention_after,
+                           labels=labels if captions is not None else None, fac_pairs=fac_pairs)
+
+    # ---------------------------------------------------------------------------------------------- generate
+    @torch.no_grad()
+    def generate(
+        self,
+        pixel_before: torch.Tensor,
+        pixel_after: torch.Tensor,
+        prompts: Sequence[str],
+        *,
+        max_new_tokens: int = 30,
+        num_beams: int = 1,
+        return_attention: bool = False,
+        **generate_kwargs: Any,
+    ) -> list[str] | tuple[list[str], torch.Tensor, torch.Tensor]:
+        """Caption a batch with the model's own ``generate`` (left padding, KV cache, greedy or beam search);
+        returns as :meth:`davir.models.davir.DavirModel.generate`."""
+        was_training = self.training
+        if was_training:
+            self.eval()
+        try:
+            batch = pixel_before.shape[0]
+            if len(prompts) != batch:
+                raise ValueError(f"{len(prompts)} prompts for a batch of {batch} image pairs")
+            pixels = self._pixel_inputs(pixel_before, pixel_after)
+            prompt_ids = self._prompt_ids(prompts)
+            length = max(len(p) for p in prompt_ids)
+            input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
+            attention_mask = torch.zeros((batch, length), dtype=torch.long)
+            for row, p in enumerate(prompt_ids):
+                input_ids[row, length - len(p):] = torch.tensor(p)
+                attention_mask[row, length - len(p):] = 1
+            input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+            settings = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=False,
+                            pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.end_token_id)
+            settings.update(generate_kwargs)
+            output = self.core.generate(input_ids=input_ids, attention_mask=attention_mask, **pixels,
+                                        **self._token_types(input_ids), **settings)
+            self.attention_hook.pop(missing_ok=True)  # the prefill's (beam-expanded) images: not used
+            captions = [text.strip() for text in
+                        self.tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)]
+            if return_attention:
+                # One vision pass of the B pairs, in the order the text holds them.
+                self.family.encode_images(self.core, pixels)
+                maps = self.family.attention_maps(self.attention_hook.pop(), 2 * batch, self.patch_grid)
+        finally:
+            if was_training:
+                self.train()
+        if return_attention:
+            return captions, maps[0::2], maps[1::2]
+        return captions
+
+    # ----------------------------------------------------------------------------------------------- summary
+    def trainable_parameter_summary(self) -> dict[str, tuple[int, int]]:
+        """Per part (the family's: vision, projector, language_model, lm_head) and ``all``: (trainable, total)."""
+        summary: dict[str, list[int]] = {}
+        for name, parameter in self.named_parameters():
+            for prefix in ("vlm.base_model.model.", "vlm."):
+                if name.startswith(prefix):
+                    name = name[len(prefix):]
+                    break
+            counts = summary.setdefault(self.family.part_of(name), [0, 0])
+            counts[1] += parameter.numel()
+            if parameter.requires_grad:
+                counts[0] += parameter.numel()
+        result = {part: (c[0], c[1]) for part, c in summary.items()}
+        result["all"] = (sum(c[0] for c in summary.values()), sum(c[1] for c in summary.values()))
+        return result
