@@ -16,6 +16,7 @@ from transformers import (
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 
 from davir.errors import DataError
+from davir.io import read_json
 from davir.models.davir_config import DTYPES, DavirModelConfig
 from davir.models.presets import build_preset_config
 from davir.models.tokenizer import build_word_tokenizer
@@ -55,6 +56,10 @@ def check_pretrained_folder(path: Path) -> None:
             "InstructBlipProcessor.save_pretrained, "
             "e.g. a local copy of Salesforce/instructblip-vicuna-7b)"
         )
+    found = read_json(path / "config.json").get("model_type")
+    if found != "instructblip":
+        raise DataError(f"{path} holds a {found!r} model, not 'instructblip': model.family=instructblip needs an "
+                        "InstructBLIP folder (or set model.family to the family of this folder)")
 
 
 def random_core(

@@ -1,0 +1,53 @@
+"""A user's folder of a chat model family, at toy size: the real classes with random weights, the real tokenizer
+class (a byte-level BPE trained offline on the given texts, as Qwen2's is built), written by ``save_pretrained``.
+
+    write_chat_folder("qwen2_5_vl", tmp / "qwen", texts)   # then DavirModelConfig(family=..., pretrained=folder)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# Smaller than the families' `tiny` presets: the tests train a few steps, they do not learn.
+SIZES = {
+    "qwen2_5_vl": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
+                   "text_mlp": 128},
+}
+
+
+def byte_level_tokenizer(texts: list[str], specials: list[str], *, tokenizer_class=None, vocab_size: int = 300):
+    """A byte-level BPE (GPT-2 / Qwen2 style) trained on ``texts``, in ``tokenizer_class`` (Qwen2Tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    tokenizer_class = tokenizer_class or Qwen2Tokenizer
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=256 + vocab_size, special_tokens=["<|endoftext|>", *specials],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    core.train_from_iterator(texts, trainer)
+    tokenizer = tokenizer_class(tokenizer_object=core, unk_token=None, bos_token=None, eos_token="<|endoftext|>",
+                                pad_token="<|endoftext|>")
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    return tokenizer
+
+
+def write_chat_folder(family_name: str, folder: Path, texts: list[str], *, seed: int = 0, image_size: int = 64
+                      ) -> Path:
+    """``<Family>ForConditionalGeneration`` + its processor at toy size, saved to ``folder`` as a user has it."""
+    from davir.models.families import get_family
+
+    family = get_family(family_name)
+    tokenizer = byte_level_tokenizer(texts, list(family.special_tokens))
+    tokenizer.chat_template = family.chat_template
+    architecture, processor = family.build_preset("tiny", tokenizer, image_size=image_size, patch_size=None,
+                                                  overrides=SIZES.get(family_name, {}))
+    torch.manual_seed(seed)
+    model = family.model_class(architecture)
+    folder = Path(folder)
+    model.save_pretrained(str(folder))
+    processor.save_pretrained(str(folder))
+    return folder
