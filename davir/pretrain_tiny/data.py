@@ -102,3 +102,18 @@ class Normaliser:
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         return (images.float() / 255.0 - self.mean) / self.std
+
+
+class ModelPixels:
+    """uint8 (N, 3, S, S) images at the model's resolution → the pixel tensors its forward takes: InstructBLIP's
+    CLIP normalisation (:class:`Normaliser`), or a chat family's own processor (``model.image_processor``)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.normalise = Normaliser() if model.config.family == "instructblip" else None
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if self.normalise is not None:
+            return self.normalise(images)
+        pictures = [Image.fromarray(image.permute(1, 2, 0).numpy()) for image in images]
+        return self.model.image_processor(pictures)

@@ -33,7 +33,7 @@ from davir.pretrain_tiny.batches import (
     sample_description_batch,
 )
 from davir.pretrain_tiny.checkpoint import INFO_FILE, package_versions, save_checkpoint
-from davir.pretrain_tiny.data import Normaliser, canonical_description, load_split
+from davir.pretrain_tiny.data import ModelPixels, canonical_description, load_split
 from davir.pretrain_tiny.evaluation import description_accuracy, evaluate
 from davir.pretrain_tiny.model import (
     CHANGE_PROMPT,
@@ -62,6 +62,7 @@ class TinyPretrainSettings:
     """What `python -m davir.pretrain_tiny` takes (davir/pretrain_tiny/cli.py documents each option)."""
 
     out: str | Path
+    family: str = "instructblip"          # the model family of the tiny preset (davir.models.families)
     data: str | Path | None = None        # an existing synthetic set; None: generate `scenes` scenes
     scenes: int = 2000
     data_seed: int = 1                    # not the demo's seed 0, so no demo scene is seen
@@ -89,6 +90,13 @@ class TinyPretrainSettings:
     argv: tuple[str, ...] = field(default=())  # the command line, recorded in the info file
 
     def __post_init__(self) -> None:
+        from davir.models.families import check_family_name
+
+        check_family_name(self.family, key="family")
+        if self.family != "instructblip" and (self.desc_steps or self.desc_mix):
+            raise ValueError(f"desc-steps / desc-mix: the single-image description stage is InstructBLIP's (one image "
+                             f"through the Q-Former); family {self.family} pretrains on change pairs only: pass "
+                             "--desc-steps 0 --desc-mix 0")
         for name in ("desc_mix", "entity_share", "entity_wrong", "entity_on_distractor"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name.replace('_', '-')} must be a share in [0, 1], got {getattr(self, name)}")
@@ -108,7 +116,6 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
         generate_dataset(data_root, SynthConfig(scenes=settings.scenes, seed=settings.data_seed), workers=settings.workers)
     else:
         data_root = Path(settings.data)
-    norm = Normaliser()
     synthetic_set = load_synthetic_set(data_root)  # scenes.json is read once: it is large
     scenes, data_config = synthetic_set["scenes"], synthetic_set.get("config", {})
     train = load_split(data_root, "train", settings.image_size, limit=settings.train_limit, scenes=scenes)
@@ -122,19 +129,21 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
 
     if settings.init is not None:  # continue from an earlier checkpoint of this command (its curve is kept)
         model = build_davir_model(DavirModelConfig(
-            pretrained=str(settings.init), image_size=settings.image_size, patch_size=settings.patch_size, train_mode="full",
+            family=settings.family, pretrained=str(settings.init), image_size=settings.image_size,
+            patch_size=settings.patch_size if settings.family == "instructblip" else None, train_mode="full",
             fac=FacConfig(lambda_attn=0.0), epc=EpcConfig(use_entities=False), seed=settings.seed,
         ))
     else:
         model = build_tiny_model(image_size=settings.image_size, patch_size=settings.patch_size, seed=settings.seed,
-                                 query_tokens=settings.query_tokens)
+                                 query_tokens=settings.query_tokens, family=settings.family)
+    norm = ModelPixels(model)  # uint8 images → the model's pixels (InstructBLIP: CLIP mean/std)
     model.train()
     params = sum(p.numel() for p in model.parameters())
     log(f"model: {params / 1e6:.2f} M parameters, vocabulary {len(model.tokenizer)}", flush=True)
 
     info: dict[str, Any] = {
         "command": "python -m davir.pretrain_tiny " + " ".join(shlex.quote(a) for a in settings.argv),
-        "seed": settings.seed, "data": str(data_root), "train_scenes": len(train.ids), "eval_scenes": len(test.ids),
+        "family": settings.family, "seed": settings.seed, "data": str(data_root), "train_scenes": len(train.ids), "eval_scenes": len(test.ids),
         # the generator settings of the data (its seed must differ from the demo's seed 0: other scenes)
         "data_seed": data_config.get("seed"), "data_config": data_config,
         "versions": package_versions(), "parameters": params, "describe_prompt": DESCRIBE_PROMPT,
@@ -201,7 +210,10 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
 
     info["minutes"] = round((time.time() - started) / 60, 2)
     # The saved folder holds the best model; re-evaluate it with CIDEr for the record.
-    best = build_davir_model(DavirModelConfig(pretrained=str(out), epc=EpcConfig(use_entities=False)))
+    best = build_davir_model(DavirModelConfig(
+        family=settings.family, pretrained=str(out), epc=EpcConfig(use_entities=False),
+        image_size=None if settings.family == "instructblip" else settings.image_size))
+    norm = ModelPixels(best)
     info["final_eval"] = evaluate(best, test, truths, norm, cider=settings.cider)
     if settings.entity_share > 0:
         info["final_eval_with_entities"] = evaluate(best, test, truths, norm, cider=settings.cider, entities=True)

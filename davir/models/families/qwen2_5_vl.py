@@ -154,9 +154,15 @@ class QwenFullAttentionHook:
         with torch.autocast(device_type=output.device.type, enabled=False):
             query, key = apply_rotary_pos_emb_vision(query.float(), key.float(), cos, sin)
             bounds = self._inputs["cu_seqlens"].tolist()
-            per_image = [received_attention(query[start:end].transpose(0, 1), key[start:end].transpose(0, 1),
-                                            self.scale) for start, end in zip(bounds[:-1], bounds[1:])]
-        self._latest = torch.stack(per_image)
+            lengths = {end - start for start, end in zip(bounds[:-1], bounds[1:])}
+            if len(lengths) == 1:  # one grid per run: every image as one batched matmul
+                length = lengths.pop()
+                split = lambda states: states.reshape(-1, length, *states.shape[1:]).transpose(1, 2)  # noqa: E731
+                self._latest = received_attention(split(query), split(key), self.scale)
+            else:
+                self._latest = torch.stack([received_attention(query[start:end].transpose(0, 1),
+                                                               key[start:end].transpose(0, 1), self.scale)
+                                            for start, end in zip(bounds[:-1], bounds[1:])])
 
     def pop(self, *, missing_ok: bool = False) -> tuple[torch.Tensor, tuple[int, int, int]] | None:
         """(received attention (images, tokens) in block order, (merge, window, patch) of the ViT)."""
