@@ -53,6 +53,7 @@ from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, Regio
 from davir.preprocessing.mask_pipeline import (
     PairResult, Prepared, compute_pair, finish_pair, manifest_path, prepare_pair, segment_requests,
 )
+from davir.preprocessing.object_localisation import LOCALISATIONS, ObjectSettings, object_pair
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, mask_options, mask_profile, profile_deviations
 from davir.preprocessing.segmenters import SEGMENTERS
 from davir.runtime.signals import ignore_interrupts, stop_on_signals
@@ -165,6 +166,8 @@ def _init_worker(settings: RegionSettings, segmenter_build: tuple | None, segmen
     cv2.setNumThreads(1)  # parallelism is across pairs; OpenCV's own threads would oversubscribe the cores
     _WORKER.update(settings=settings, segment_both=segment_both, cache=MaskCache(cache_root),
                    viz=None if viz_folder is None else Path(viz_folder), stage=stage)
+    if stage == "object":  # --localisation object: `settings` are the ObjectSettings, no segmenter
+        return
     if stage == "all":
         build, segmenter_settings, checkpoint, device = segmenter_build
         _WORKER["segmenter"] = build(segmenter_settings, checkpoint=checkpoint, device=device)
@@ -174,6 +177,13 @@ def _run_pair(job: tuple[ChangePair, bool]):
     """Worker body: the whole pair (a segmenter registered `in_workers`, e.g. classical) or only the CPU stage
     (SAM); DataError → a counted failure."""
     pair, with_viz = job
+    if _WORKER["stage"] == "object":
+        try:
+            result = object_pair(pair, _WORKER["settings"])
+        except DataError as error:
+            return pair.pair_id, None, str(error)
+        _write_result(_WORKER["cache"], result)
+        return pair.pair_id, _summary(result), None
     try:
         if _WORKER["stage"] == "prepare":
             return pair.pair_id, prepare_pair(pair, _WORKER["settings"]), None
@@ -210,7 +220,7 @@ def _iterate(jobs, workers: int, initargs: tuple, chunksize: int = 4):
         return
     # fork is cheap for the in-worker (classical) path; with SAM loaded (maybe on a GPU) the workers are
     # spawned, since a forked copy of a CUDA process is unsafe.
-    method = "fork" if sys.platform.startswith("linux") and initargs[-1] == "all" else "spawn"
+    method = "fork" if sys.platform.startswith("linux") and initargs[-1] in ("all", "object") else "spawn"
     with multiprocessing.get_context(method).Pool(workers, initializer=_init_pool_worker, initargs=initargs) as pool:
         # Ordered (imap) so the SAM stage can batch and the viz picks are reproducible.
         yield from pool.imap(_run_pair, jobs, chunksize=chunksize)
@@ -238,6 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
                               "classical segmenter, ECC registration, photometric matching, 2-px tolerance, both "
                               "images [D]. Explicit flags below override single settings (the cache then records "
                               "profile 'custom').")
+
+    profile.add_argument("--localisation", choices=LOCALISATIONS, default=None,
+                         help="pixel (both profiles): Eqs. 2-3 on the (registered) difference map; object [D]: "
+                              "objects segmented in each view, matched across the views by colour and position "
+                              "after a global fit, the unmatched or changed ones are the masks — for camera moves "
+                              "with parallax (davir.preprocessing.object_localisation; docs/synthetic_hard.md has "
+                              "its measurements). The cache records it; caption.py follows the cache.")
 
     seg = parser.add_argument_group("segmenter (davir.preprocessing.segmenters.SEGMENTERS; each one's own options below)")
     seg.add_argument("--segmenter", choices=list(SEGMENTERS), default=None, help="default: the profile's")
@@ -321,13 +338,22 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     # One device per process of a launch, unless --device names one (a segmenter without a model ignores it).
     segmenter_build = (entry.build, component_settings(SEGMENTERS, args.segmenter, args),
                        component_checkpoint(SEGMENTERS, args.segmenter, args), args.device or layout.device)
-    # Build once here: a bad checkpoint or option fails before any work, and a model segmenter lives in this process.
-    build, segmenter_settings, checkpoint, device = segmenter_build
-    segmenter = build(segmenter_settings, checkpoint=checkpoint, device=device)
-    all_settings = {"regions": settings.to_dict(), "segmenter": segmenter.settings(),
-                    "segment_both": args.segment_both, "size_policy": "resize_before_to_after"}
-    comparable = {**all_settings, "segmenter": {k: v for k, v in segmenter.settings().items()
-                                                if k not in entry.uncompared_keys()}}
+    if args.localisation == "object":
+        # No segmenter and no Eq. 2: the object localiser's own settings are recorded instead.
+        segmenter = None
+        object_settings = ObjectSettings()
+        all_settings = {"localisation": "object", "object": object_settings.to_dict(), "segmenter": None,
+                        "segment_both": True, "size_policy": "resize_before_to_after"}
+        comparable = dict(all_settings)
+    else:
+        # Build once here: a bad checkpoint or option fails before any work, and a model segmenter lives in this
+        # process.
+        build, segmenter_settings, checkpoint, device = segmenter_build
+        segmenter = build(segmenter_settings, checkpoint=checkpoint, device=device)
+        all_settings = {"regions": settings.to_dict(), "segmenter": segmenter.settings(),
+                        "segment_both": args.segment_both, "size_policy": "resize_before_to_after"}
+        comparable = {**all_settings, "segmenter": {k: v for k, v in segmenter.settings().items()
+                                                    if k not in entry.uncompared_keys()}}
 
     index = read_dataset(args.format, args.root, args.split)
     if layout.launched:  # the processes share the --limit of one run, so the cache is the same whatever N
@@ -366,9 +392,11 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     viz_ids = {p.pair_id for p in todo[:args.viz_count]} if args.viz else set()
     jobs = [(p, p.pair_id in viz_ids) for p in todo]
     stage = "all" if entry.declared.get("in_workers") else "prepare"
+    if args.localisation == "object":
+        stage = "object"
     # Only in-worker segmenters travel to the workers (a spawned worker unpickles the builder by reference).
-    initargs = (settings, segmenter_build if stage == "all" else None, args.segment_both, str(cache.root), args.viz,
-                stage)
+    initargs = (object_settings if stage == "object" else settings, segmenter_build if stage == "all" else None,
+                args.segment_both if stage != "object" else True, str(cache.root), args.viz, stage)
     counts = manifest["counts"]
     progress = tqdm(total=len(jobs), desc=f"masks {args.split}" + (f" {layout.describe()}" if layout.count > 1 else ""),
                     unit="pair", disable=args.no_progress)
@@ -385,7 +413,7 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
                 counts[key] += summary[key]
         progress.update(1)
 
-    if stage == "all":
+    if stage in ("all", "object"):
         for pair_id, summary, error in _iterate(jobs, workers, initargs):
             record(pair_id, summary, error)
     else:  # a model segmenter (SAM): CPU stage in the workers, batched segmentation and Eq. 3 here

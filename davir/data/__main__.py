@@ -97,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     synth.add_argument("--height", type=int, default=240)
     synth.add_argument("--semantic-distractor-rate", type=float, default=0.3,
                        help="share of semantic pairs that also carry an illumination/viewpoint distractor")
+    synth.add_argument("--difficulty", choices=("standard", "hard"), default="standard",
+                       help="standard: today's set (3-7 objects, small orbit of the camera, global light change); "
+                            "hard: 6-10 partly hidden and small objects, camera moves with parallax, moving "
+                            "shadows, a textured floor (docs/synthetic_hard.md)")
+    synth.add_argument("--min-objects", type=int, default=None, help="default: the difficulty's (3 / 6)")
+    synth.add_argument("--max-objects", type=int, default=None, help="default: the difficulty's (7 / 10)")
     synth.add_argument("--workers", type=int, default=0, help="processes (0 = one per core)")
 
     show = commands.add_parser("show", help="draw a grid of before/after/mask thumbnails with captions")
@@ -141,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
             config = SynthConfig(
                 scenes=args.scenes, seed=args.seed, width=args.width, height=args.height,
-                semantic_distractor_rate=args.semantic_distractor_rate,
+                semantic_distractor_rate=args.semantic_distractor_rate, difficulty=args.difficulty,
+                min_objects=args.min_objects, max_objects=args.max_objects,
             )
             summary = generate_dataset(args.out, config, workers=args.workers)
             print(json.dumps(summary, indent=2))

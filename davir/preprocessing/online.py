@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from davir.preprocessing.object_localisation import OnlineObjectMasks
 from davir.data.caches import PairMasks
 from davir.data.records import ChangePair
 from davir.errors import DataError
@@ -42,7 +43,7 @@ class OnlineMasks:
 
     @classmethod
     def from_cache(cls, cache_dir: str | Path | None, *, sam_checkpoint: str | Path | None = None,
-                   device: str | None = None) -> "OnlineMasks":
+                   device: str | None = None) -> "OnlineMasks | OnlineObjectMasks":
         """The masks of the cache at `cache_dir`; None → the default settings (a model trained without a cache).
 
         A cache folder that does not exist, or has no manifest, is a DataError naming it — never a silent
@@ -58,6 +59,8 @@ class OnlineMasks:
             settings = read_manifest(cache_dir).get("settings", {})
         except (OSError, ValueError, KeyError) as error:
             raise DataError(f"{cache_dir} is not a mask cache (no readable manifest.json): {error}") from error
+        if settings.get("localisation", "pixel") == "object":  # `preprocess masks --localisation object` [D]
+            return OnlineObjectMasks.from_recorded(settings)
         segmenter = segmenter_from_settings(settings.get("segmenter"), cache=cache_dir, sam_checkpoint=sam_checkpoint,
                                             device=device)
         return cls(RegionSettings(**settings.get("regions", {})), segmenter, settings.get("segment_both", True))

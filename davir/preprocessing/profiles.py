@@ -39,9 +39,9 @@ PROFILE_NAMES = (PAPER, TOOLKIT)
 # compared through the keys of MASK_KEYS / ENTITY_KEYS below.
 MASK_OPTIONS: dict[str, dict[str, Any]] = {
     PAPER: {"segmenter": "sam", "segment_both": False, "register": "none", "photometric": "none",
-            "tolerance_px": 0, "cluster_stride": 1},
+            "tolerance_px": 0, "cluster_stride": 1, "localisation": "pixel"},
     TOOLKIT: {"segmenter": "classical", "segment_both": True, "register": "ecc", "photometric": "affine",
-              "tolerance_px": 2, "cluster_stride": 2},
+              "tolerance_px": 2, "cluster_stride": 2, "localisation": "pixel"},
 }
 ENTITY_OPTIONS: dict[str, dict[str, Any]] = {
     PAPER: {"retriever": "clip", "entity_gate": "none", "mask_source": "union", "mask_weighting": "soft",
@@ -80,9 +80,18 @@ def image_entity_options(profile: str) -> dict[str, Any]:
 def _mask_view(settings: dict) -> dict[str, Any]:
     regions = settings.get("regions") or {}
     segmenter = settings.get("segmenter") or {}
+    # "localisation": "pixel" (Eqs. 2-3; what a cache that records none was made with) or "object" [D]
+    # (davir.preprocessing.object_localisation), which neither profile uses: such a cache is `custom`.
     return {"segmenter": segmenter.get("name", segmenter.get("segmenter")), "segment_both": settings.get("segment_both"),
             "register": regions.get("register"), "photometric": regions.get("photometric"),
-            "tolerance_px": regions.get("tolerance_px"), "cluster_stride": regions.get("cluster_stride")}
+            "tolerance_px": regions.get("tolerance_px"), "cluster_stride": regions.get("cluster_stride"),
+            "localisation": settings.get("localisation", "pixel")}
+
+
+def mask_localisation(settings: dict) -> str:
+    """How a mask cache's recorded settings localise changes: "pixel" (also a cache from before the option) or
+    "object"."""
+    return str(settings.get("localisation", "pixel"))
 
 
 def mask_profile(settings: dict) -> str:

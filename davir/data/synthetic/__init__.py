@@ -1,6 +1,11 @@
 """The built-in synthetic change dataset: CLEVR-Change-like scenes drawn with numpy/OpenCV.
 
     python -m davir.data synth --out data/synth --scenes 5000 --seed 0
+    python -m davir.data synth --out data/synth_hard --scenes 5000 --seed 0 --difficulty hard
+
+`--difficulty standard` (default) is the set described below, byte for byte as before difficulties existed;
+`--difficulty hard` (module `hard`, docs/synthetic_hard.md) has 6-10 partly hidden and small objects, camera
+moves with parallax (a 3-D pose change), moving ground shadows and a textured floor, in the same layout.
 
 Scenes of 3-7 objects (sphere, cube, cylinder × the 8 CLEVR colours × metal/rubber × small/large)
 standing on a light gray floor, seen through a pinhole camera and shaded per pixel (metal: dark
@@ -33,7 +38,8 @@ nothing but its own pixels. Output is deterministic for a seed: each scene draws
 
 The package, one idea a module: `world` (attributes, objects, camera, light), `config` (SynthConfig),
 `draw` (one object as a sprite), `render` (a scene's image and masks), `scenes` (sampling a scene),
-`captions` (references and descriptions), `scene_files` (one scene written), `dataset` (the whole set).
+`captions` (references and descriptions), `scene_files` (one scene written), `dataset` (the whole set),
+`hard` (sampling a hard scene).
 """
 
 from davir.data.synthetic.captions import (
@@ -59,7 +65,8 @@ from davir.data.synthetic.dataset import (
 )
 from davir.data.synthetic.render import full_mask, render
 from davir.data.synthetic.scene_files import build_scene, image_names
-from davir.data.synthetic.scenes import Scene, sample_scene
+from davir.data.synthetic.sampling import sample_scene
+from davir.data.synthetic.scenes import Scene
 from davir.data.synthetic.world import COLORS, MATERIALS, SHAPES, SIZES, Camera, Illumination, SceneObject, View
 
 __all__ = [

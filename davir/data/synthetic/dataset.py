@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,7 @@ def _summary(out: Path, config: SynthConfig, types: list[str], splits: dict[str,
         "width": config.width,
         "height": config.height,
         "seed": config.seed,
+        "difficulty": config.difficulty,
         "workers": workers,
         "reused_existing": reused,
         "seconds": round(seconds, 2),
@@ -82,7 +82,7 @@ def generate_dataset(out: str | Path, config: SynthConfig, workers: int = 0) -> 
     scenes_path = out / "scenes.json"
     if scenes_path.is_file():
         existing = read_json(scenes_path)
-        if isinstance(existing, dict) and existing.get("config") == asdict(config):
+        if isinstance(existing, dict) and existing.get("config") == config.record():
             return _summary(out, config, types, splits, time.perf_counter() - start, count, reused=True)
         raise DataError(f"{out} already holds a synthetic set made with another config ({scenes_path}); "
                         "choose another --out or delete that folder")
@@ -114,7 +114,7 @@ def generate_dataset(out: str | Path, config: SynthConfig, workers: int = 0) -> 
     write_json_atomic(out / "no_change_captions.json", no_change_file, indent=None)
     write_json_atomic(out / "splits.json", splits, indent=None)
     write_json_atomic(out / "type_mapping.json", type_mapping, indent=None)
-    write_json_atomic(scenes_path, {"version": FORMAT_VERSION, "config": asdict(config), "scenes": scenes}, indent=None)
+    write_json_atomic(scenes_path, {"version": FORMAT_VERSION, "config": config.record(), "scenes": scenes}, indent=None)
     return _summary(out, config, types, splits, time.perf_counter() - start, count, reused=False)
 
 

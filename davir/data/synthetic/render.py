@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
+import cv2
 import numpy as np
 
-from davir.data.synthetic.draw import PATCH_PAD, Sprite, draw_object, projector
-from davir.data.synthetic.world import Camera, Illumination, SceneObject, View
+from davir.data.synthetic.draw import PATCH_PAD, Projector, Sprite, draw_object, projector
+from davir.data.synthetic.world import (Camera, Floor, Illumination, Light, PoseCamera, SceneObject, View,
+                                       cube_half_side, cylinder_dims)
 
 FRAME_MARGIN = 2  # pixels between an object's box and the image border
 
@@ -17,17 +20,17 @@ class SpriteCache:
 
     def __init__(self, width: int, height: int):
         self.width, self.height = width, height
-        self._silhouettes: dict[tuple[SceneObject, Camera], Sprite] = {}
-        self._shaded: dict[tuple[SceneObject, Camera], Sprite] = {}
+        self._silhouettes: dict[tuple[SceneObject, Camera | PoseCamera], Sprite] = {}
+        self._shaded: dict[tuple[SceneObject, Camera | PoseCamera], Sprite] = {}
 
-    def silhouette(self, obj: SceneObject, camera: Camera) -> Sprite:
+    def silhouette(self, obj: SceneObject, camera: Camera | PoseCamera) -> Sprite:
         key = (obj, camera)
         sprite = self._shaded.get(key) or self._silhouettes.get(key)
         if sprite is None:
             sprite = self._silhouettes[key] = draw_object(obj, projector(camera, self.width, self.height), shade=False)
         return sprite
 
-    def shaded(self, obj: SceneObject, camera: Camera) -> Sprite:
+    def shaded(self, obj: SceneObject, camera: Camera | PoseCamera) -> Sprite:
         key = (obj, camera)
         sprite = self._shaded.get(key)
         if sprite is None:
@@ -97,7 +100,10 @@ def render(objects: list[SceneObject], view: View, width: int, height: int, cach
     cache = cache or SpriteCache(width, height)
     sprites = [cache.shaded(obj, view.camera) for obj in objects]
     visible = visible_coverage(sprites)
-    image = floor_image(width, height).copy()
+    if view.light is None and view.floor is None:
+        image = floor_image(width, height).copy()
+    else:  # hard sets: a textured floor with the objects' soft shadows
+        image = _hard_background(objects, view, width, height)
     for index in sorted(range(len(sprites)), key=lambda i: -sprites[i].depth):
         sprite = sprites[index]
         h, w = sprite.alpha.shape
@@ -116,3 +122,96 @@ def full_mask(sprite: Sprite, visible: np.ndarray, width: int, height: int) -> n
     h, w = visible.shape
     mask[sprite.y0:sprite.y0 + h, sprite.x0:sprite.x0 + w] = visible > 0
     return mask
+
+
+# Hard sets (davir.data.synthetic.hard): a floor texture fixed to the world and soft ground shadows.
+
+SHADOW_STRENGTH = 0.38  # a fully shadowed floor pixel keeps 1 - SHADOW_STRENGTH of its light
+SHADOW_BLUR_PX = 1.6  # Gaussian σ of the shadow's soft edge, in pixels
+_NOISE_EXTENT = 12.0  # the noise grid covers [-extent, extent]^2 world units
+
+
+def _floor_points(camera: Camera | PoseCamera, width: int, height: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """World (x, y) of the floor seen at every pixel centre, and a mask of the pixels that see the floor."""
+    proj = projector(camera, width, height)
+    us = (np.arange(width, dtype=np.float64) - proj.cx) / proj.focal
+    vs = (np.arange(height, dtype=np.float64) - proj.cy) / proj.focal
+    rays = (proj.forward[None, None, :] + us[None, :, None] * proj.right[None, None, :]
+            + vs[:, None, None] * proj.down[None, None, :])
+    dz = rays[..., 2]
+    hits = dz < -1e-6
+    t = np.where(hits, -proj.position[2] / np.where(hits, dz, -1.0), 0.0)
+    return proj.position[0] + t * rays[..., 0], proj.position[1] + t * rays[..., 1], hits
+
+
+@lru_cache(maxsize=16)
+def _noise_grid(seed: int, cells: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, size=(cells + 1, cells + 1)).astype(np.float32)
+
+
+@lru_cache(maxsize=32)
+def floor_texture(camera: Camera | PoseCamera, floor: Floor, width: int, height: int) -> np.ndarray:
+    """(H, W) float32 brightness factor 1 + amplitude × noise(x, y) of the floor seen through `camera`
+    (read-only): value noise on a grid of `floor.cell` world units plus half as much at a third of it."""
+    xs, ys, hits = _floor_points(camera, width, height)
+    field = np.zeros((height, width), np.float32)
+    for octave, (cell, weight) in enumerate(((floor.cell, 1.0), (floor.cell / 3.0, 0.5))):
+        cells = int(math.ceil(2 * _NOISE_EXTENT / cell))
+        grid = _noise_grid(floor.seed + octave, cells)
+        map_x = ((xs + _NOISE_EXTENT) / cell).astype(np.float32)
+        map_y = ((ys + _NOISE_EXTENT) / cell).astype(np.float32)
+        field += weight * cv2.remap(grid, map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT)
+    factor = 1.0 + np.float32(floor.amplitude / 1.5) * np.clip(field, -1.5, 1.5) * hits
+    factor.setflags(write=False)
+    return factor
+
+
+def _object_height(obj: SceneObject) -> float:
+    if obj.shape == "cube":
+        return 2.0 * cube_half_side(obj.radius)
+    if obj.shape == "cylinder":
+        return cylinder_dims(obj.radius)[1]
+    return 2.0 * obj.radius
+
+
+_RING = np.stack([np.cos(np.linspace(0, 2 * np.pi, 24, endpoint=False)),
+                  np.sin(np.linspace(0, 2 * np.pi, 24, endpoint=False))], axis=1)
+
+
+def shadow_polygon(obj: SceneObject, light: Light) -> np.ndarray:
+    """(N, 2) ground points of the object's shadow: the hull of its footprint and the footprint cast by its top."""
+    direction = light.direction()
+    offset = -direction[:2] / max(direction[2], 0.2) * _object_height(obj)
+    radius = obj.footprint if obj.shape != "sphere" else obj.radius * 0.9
+    base = _RING * radius + [obj.x, obj.y]
+    top = _RING * radius * (0.75 if obj.shape == "sphere" else 1.0) + [obj.x, obj.y] + offset * (
+        0.55 if obj.shape == "sphere" else 1.0)
+    points = np.concatenate([base, top]).astype(np.float32)
+    return cv2.convexHull(points).reshape(-1, 2).astype(np.float64)
+
+
+def shadow_coverage(objects: list[SceneObject], light: Light, proj: Projector) -> np.ndarray:
+    """(H, W) float32 in [0, 1]: where the objects' soft shadows darken the floor (overlaps count once)."""
+    scale = 2
+    canvas = np.zeros((proj.height * scale, proj.width * scale), np.uint8)
+    for obj in objects:
+        ground = shadow_polygon(obj, light)
+        pixels, depth = proj.project(np.concatenate([ground, np.zeros((len(ground), 1))], axis=1))
+        if (depth <= 0).any():
+            continue
+        points = np.round(((pixels + 0.5) * scale - 0.5) * 16).astype(np.int32).reshape(-1, 1, 2)
+        cv2.fillPoly(canvas, [points], 255, lineType=cv2.LINE_8, shift=4)
+    small = cv2.resize(canvas, (proj.width, proj.height), interpolation=cv2.INTER_AREA).astype(np.float32) / 255.0
+    return cv2.GaussianBlur(small, (0, 0), SHADOW_BLUR_PX)
+
+
+def _hard_background(objects: list[SceneObject], view: View, width: int, height: int) -> np.ndarray:
+    """The floor of a hard set's image (uint8): the brightness gradient, the texture, the shadows."""
+    floor = floor_image(width, height).astype(np.float32)
+    factor = np.ones((height, width), np.float32)
+    if view.floor is not None:
+        factor = factor * floor_texture(view.camera, view.floor, width, height)
+    if view.light is not None:
+        factor = factor * (1.0 - SHADOW_STRENGTH * shadow_coverage(objects, view.light,
+                                                                   projector(view.camera, width, height)))
+    return np.clip(floor * factor[..., None] + 0.5, 0, 255).astype(np.uint8)

@@ -12,9 +12,9 @@ import numpy as np
 from davir.data.images import save_png_atomic
 from davir.data.synthetic.captions import change_captions, describe, no_change_captions
 from davir.data.synthetic.config import SynthConfig
-from davir.data.synthetic.draw import Sprite
+from davir.data.synthetic.draw import Sprite, projector
 from davir.data.synthetic.render import full_mask, render
-from davir.data.synthetic.scenes import sample_scene
+from davir.data.synthetic.sampling import sample_scene
 from davir.data.synthetic.world import BASE_CAMERA, SceneObject, View
 from davir.runtime.signals import ignore_interrupts
 
@@ -35,17 +35,25 @@ def image_names(index: int) -> dict[str, str]:
     }
 
 
-def _object_records(objects: list[SceneObject], ids: list[int], sprites: list[Sprite], visible: list[np.ndarray]
-                    ) -> list[dict[str, Any]]:
+def _object_records(objects: list[SceneObject], ids: list[int], sprites: list[Sprite], visible: list[np.ndarray],
+                    view: View | None = None, size: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """The objects of one image; with `view` and `size` (hard sets) also each one's radius, the camera depth of its
+    centre and that centre's pixel (x, y), the metadata a parallax check needs."""
     order = sorted(range(len(sprites)), key=lambda i: sprites[i].depth)
     rank = {index: position for position, index in enumerate(order)}
+    proj = None if view is None else projector(view.camera, *size)
     records = []
     for i, (obj, sprite, vis) in enumerate(zip(objects, sprites, visible)):
-        records.append({
+        record = {
             "id": ids[i], "shape": obj.shape, "color": obj.color, "material": obj.material, "size": obj.size,
             "box": list(sprite.box), "visible": round(float(vis.sum()) / sprite.area, 4),
             "depth_order": rank[i], "position": [obj.x, obj.y], "yaw": obj.yaw,
-        })
+        }
+        if proj is not None:
+            centre, depth = proj.project(np.array([[obj.x, obj.y, obj.radius]]))
+            record.update({"radius": round(obj.radius, 4), "depth": round(float(depth[0]), 4),
+                           "centre_px": [round(float(v), 2) for v in centre[0]]})
+        records.append(record)
     return records
 
 
@@ -57,7 +65,15 @@ def _view_record(view: View) -> dict[str, Any] | None:
         record["camera"] = asdict(view.camera)
     if view.distractor in ("illumination", "both"):
         record["illumination"] = asdict(view.illumination)
+        if view.light is not None:
+            record["light"] = asdict(view.light)
     return record
+
+
+def _base_view_record(view: View) -> dict[str, Any]:
+    """A hard set's before view: its camera pose, key light and floor texture."""
+    return {"camera": asdict(view.camera), "light": asdict(view.light) if view.light else None,
+            "floor": asdict(view.floor) if view.floor else None}
 
 
 def build_scene(index: int, change_type: str, config: SynthConfig, out: Path | None) -> dict[str, Any]:
@@ -65,7 +81,8 @@ def build_scene(index: int, change_type: str, config: SynthConfig, out: Path | N
     plus its captions under "_captions" / "_no_change_captions"."""
     scene, rng = sample_scene(index, change_type, config)
     width, height = config.width, config.height
-    base_view = View(BASE_CAMERA)
+    hard = config.difficulty == "hard"
+    base_view = scene.base_view or View(BASE_CAMERA)
     cache = scene.sprites
     before_image, before_sprites, before_visible = render(scene.before, base_view, width, height, cache)
     after_image, after_sprites, after_visible = render(scene.after, scene.semantic_view, width, height, cache)
@@ -99,18 +116,24 @@ def build_scene(index: int, change_type: str, config: SynthConfig, out: Path | N
         change["box_from"] = list(before_box)
         change["box_to"] = list(after_sprites[position].box)
     images = {}
-    for key, objects, ids, sprites, visible in (
-        ("before", scene.before, scene.before_ids, before_sprites, before_visible),
-        ("after", scene.after, scene.after_ids, after_sprites, after_visible),
-        ("nonsemantic", scene.before, scene.before_ids, nsc_sprites, nsc_visible),
+    for key, objects, ids, sprites, visible, view in (
+        ("before", scene.before, scene.before_ids, before_sprites, before_visible, base_view),
+        ("after", scene.after, scene.after_ids, after_sprites, after_visible, scene.semantic_view),
+        ("nonsemantic", scene.before, scene.before_ids, nsc_sprites, nsc_visible, scene.nonsemantic_view),
     ):
-        records = _object_records(objects, ids, sprites, visible)
+        records = _object_records(objects, ids, sprites, visible, *((view, (width, height)) if hard else ()))
         images[key] = {"file": names[key], "objects": records, "description": describe(records)}
+    if hard:
+        change["hard_target"] = scene.hard_target
+        extra = {"view": _base_view_record(base_view)}
+    else:
+        extra = {}
     return {
         "change": change,
         "images": images,
         "distractors": {"semantic": _view_record(scene.semantic_view), "nonsemantic": _view_record(scene.nonsemantic_view)},
         "masks": {k[len("mask_"):]: v for k, v in names.items() if k.startswith("mask_")},
+        **extra,
         "_captions": captions,
         "_no_change_captions": no_change,
     }

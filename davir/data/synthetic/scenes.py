@@ -13,7 +13,7 @@ from davir.errors import DataError
 from davir.data.synthetic.config import SynthConfig
 from davir.data.synthetic.render import SpriteCache, in_frame, visible_coverage
 from davir.data.synthetic.world import (BASE_CAMERA, COLORS, MATERIALS, SHAPES, SIZES, Camera, Illumination,
-                                       SceneObject, View)
+                                       PoseCamera, SceneObject, View)
 
 DISTRACTOR_KINDS = ("illumination", "viewpoint", "both")
 
@@ -26,17 +26,18 @@ MIN_MOVE = 1.5  # a moved object travels at least this far on the ground
 class _Layout:
     """Checks placements against one camera, with silhouettes from the scene's sprite cache."""
 
-    def __init__(self, camera: Camera, cache: SpriteCache):
+    def __init__(self, camera: Camera | PoseCamera, cache: SpriteCache, min_visible: float = MIN_VISIBLE):
         self.camera, self.cache = camera, cache
         self.width, self.height = cache.width, cache.height
+        self.min_visible = min_visible
 
     def ok(self, objects: list[SceneObject]) -> bool:
-        """Every object inside the frame and at least MIN_VISIBLE visible."""
+        """Every object inside the frame and at least `min_visible` (MIN_VISIBLE unless told) visible."""
         sprites = [self.cache.silhouette(obj, self.camera) for obj in objects]
         if not all(in_frame(sprite, self.width, self.height) for sprite in sprites):
             return False
         visible = visible_coverage(sprites)
-        return all(v is s.alpha or float(v.sum()) >= MIN_VISIBLE * s.area for v, s in zip(visible, sprites))
+        return all(v is s.alpha or float(v.sum()) >= self.min_visible * s.area for v, s in zip(visible, sprites))
 
 
 def _apart(candidate: SceneObject, others: list[SceneObject]) -> bool:
@@ -134,6 +135,8 @@ class Scene:
     semantic_view: View
     nonsemantic_view: View
     sprites: SpriteCache  # silhouettes drawn while sampling, reused when rendering
+    base_view: View | None = None  # the before image's view; None = View(BASE_CAMERA) (standard sets)
+    hard_target: bool = False  # hard sets: the change was put on a small or partly hidden object on purpose
 
 
 def _apply_change(rng: np.random.Generator, change_type: str, objects: list[SceneObject], layout: _Layout
@@ -174,8 +177,8 @@ def _apply_change(rng: np.random.Generator, change_type: str, objects: list[Scen
     raise DataError(f"synthetic set: unknown change type {change_type!r}; known: {', '.join(CHANGE_TYPES)}")
 
 
-def sample_scene(index: int, change_type: str, config: SynthConfig) -> tuple[Scene, np.random.Generator]:
-    """Sample scene `index` from its own random stream (independent of every other scene)."""
+def sample_standard_scene(index: int, change_type: str, config: SynthConfig) -> tuple[Scene, np.random.Generator]:
+    """Sample scene `index` of a standard set from its own random stream (independent of every other scene)."""
     rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(0, index)))
     cache = SpriteCache(config.width, config.height)
     layout = _Layout(BASE_CAMERA, cache)

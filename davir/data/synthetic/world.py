@@ -36,10 +36,11 @@ class SceneObject:
     x: float
     y: float
     yaw: float = 0.0
+    scale: float = 1.0  # radius = SIZES[size] * scale (hard sets draw small objects smaller; 1.0 elsewhere)
 
     @property
     def radius(self) -> float:
-        return SIZES[self.size]
+        return SIZES[self.size] * self.scale if self.scale != 1.0 else SIZES[self.size]
 
     @property
     def footprint(self) -> float:
@@ -106,13 +107,76 @@ class Illumination:
         return cv2.LUT(image, table.reshape(256, 1, 3))
 
 
+@dataclass(frozen=True)
+class PoseCamera:
+    """A pinhole camera at a free 3-D pose (hard sets): position (x, y, z), heading `yaw` (degrees, 0 = looking
+    along +y, positive towards +x) and downward tilt `pitch` (degrees), no roll. Moving it translates and
+    rotates the camera, so nearer objects shift more in the image than far ones (parallax)."""
+
+    x: float
+    y: float
+    z: float
+    yaw: float
+    pitch: float
+
+    @classmethod
+    def from_camera(cls, camera: Camera) -> "PoseCamera":
+        position, _, _, forward = camera.basis()
+        return cls.look_along(position, forward)
+
+    @classmethod
+    def look_along(cls, position: np.ndarray, forward: np.ndarray) -> "PoseCamera":
+        yaw = math.degrees(math.atan2(forward[0], forward[1]))
+        pitch = math.degrees(math.asin(-forward[2] / np.linalg.norm(forward)))
+        return cls(*(round(float(v), 4) for v in (*position, yaw, pitch)))
+
+    def basis(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(position, right, down, forward) in world coordinates, as `Camera.basis`."""
+        a, p = math.radians(self.yaw), math.radians(self.pitch)
+        position = np.array([self.x, self.y, self.z])
+        forward = np.array([math.sin(a) * math.cos(p), math.cos(a) * math.cos(p), -math.sin(p)])
+        right = np.cross(forward, [0.0, 0.0, 1.0])
+        right /= np.linalg.norm(right)
+        down = np.cross(forward, right)
+        return position, right, down, forward
+
+
+@dataclass(frozen=True)
+class Light:
+    """Direction of the key light that casts the ground shadows (hard sets): azimuth and elevation in degrees
+    (azimuth 0 = light from -y, the camera's side; positive towards +x)."""
+
+    azimuth: float
+    elevation: float
+
+    def direction(self) -> np.ndarray:
+        """Unit vector from the scene towards the light."""
+        a, e = math.radians(self.azimuth), math.radians(self.elevation)
+        return np.array([math.sin(a) * math.cos(e), -math.cos(a) * math.cos(e), math.sin(e)])
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A mild value-noise texture fixed to the floor (hard sets): brightness × (1 + amplitude × noise(x, y)),
+    noise in [-1, 1] drawn from `seed` on a grid of `cell` world units (plus an octave at cell / 3)."""
+
+    seed: int
+    amplitude: float
+    cell: float
+
+
 @dataclass
 class View:
-    """How one image is taken: camera and illumination, and which distractor (if any) made them."""
+    """How one image is taken: camera and illumination, and which distractor (if any) made them.
 
-    camera: Camera
+    `light` (shadows) and `floor` (texture) are set in hard sets only; None draws neither, as standard sets do.
+    """
+
+    camera: Camera | PoseCamera
     illumination: Illumination = field(default_factory=Illumination)
     distractor: str | None = None
+    light: Light | None = None
+    floor: Floor | None = None
 
 
 BASE_CAMERA = Camera()
