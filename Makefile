@@ -9,10 +9,12 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install system-deps test demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -r requirements.txt
+	# packages whose metadata caps a pin above although they work with it (their dependencies are pinned above)
+	$(PY) -m pip install --no-deps -r requirements-nodeps.txt
 	# the toolkit itself, editable: `import davir` from any folder and the davir-* commands
 	$(PY) -m pip install --no-deps --no-build-isolation -e .
 	touch $@
@@ -33,6 +35,8 @@ test: install
 
 DEMO_SCENES ?= 1500
 DEMO_SEED ?= 0
+# standard (the built-in set as it always was) or hard (parallax camera moves, crowded scenes; docs/synthetic_hard.md)
+DEMO_DIFFICULTY ?= standard
 TINY_BACKBONE ?= davir/assets/tiny_resnet/backbone.pth
 DEMO_DATA := $(DEMO_DIR)/data
 SPLITS := train val test
@@ -40,7 +44,8 @@ SPLITS := train val test
 DEMO_READY := $(DEMO_DIR)/.data-ready
 # What the demo data is made with, written into the marker: other settings for the same DEMO_DIR are refused
 # (its masks, entities, features and the runs trained on them belong to the data it holds).
-DEMO_SPEC := scenes=$(DEMO_SCENES) seed=$(DEMO_SEED)
+# A standard set's spec names no difficulty, so demo folders made before difficulties existed stay valid.
+DEMO_SPEC := scenes=$(DEMO_SCENES) seed=$(DEMO_SEED)$(if $(filter-out standard,$(DEMO_DIFFICULTY)), difficulty=$(DEMO_DIFFICULTY))
 # Where the sweeps write their runs, and extra arguments for every sweep (e.g. SWEEP_ARGS="--seeds 0").
 LW_RUNS ?= runs/lightweight_demo
 ABLATION_RUNS ?= runs/ablation_demo
@@ -57,7 +62,7 @@ demo-data-check:
 
 # The built-in synthetic set with its preprocessing: data → change masks → change entities (scored on test).
 $(DEMO_READY): $(VENV)/.installed | demo-data-check
-	$(PY) -m davir.data synth --out $(DEMO_DATA) --scenes $(DEMO_SCENES) --seed $(DEMO_SEED)
+	$(PY) -m davir.data synth --out $(DEMO_DATA) --scenes $(DEMO_SCENES) --seed $(DEMO_SEED) --difficulty $(DEMO_DIFFICULTY)
 	$(PY) -m davir.data stats --format clevr_change --root $(DEMO_DATA)
 	$(PY) -m davir.data show --format clevr_change --root $(DEMO_DATA) --split test --out $(DEMO_DIR)/grid.png
 	for split in $(SPLITS); do $(PY) -m preprocess masks --format clevr_change --root $(DEMO_DATA) --split $$split \

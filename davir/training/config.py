@@ -90,6 +90,27 @@ class OptimConfig:
         require("max_grad_norm", self.max_grad_norm, at_least=0)
 
 
+# run.trackers: the experiment trackers a training logs to (davir/training/trackers.py: where each one writes)
+TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
+
+
+def resolve_trackers(names: list[str], tensorboard: bool | None = None) -> list[str]:
+    """`run.trackers` checked (a FieldError listing the valid names), repeats dropped, with the deprecated
+    `run.tensorboard` applied: None leaves the list, False removes "tensorboard", True adds it."""
+    resolved: list[str] = []
+    for index, name in enumerate(names):
+        if name not in TRACKERS:
+            raise FieldError("trackers", f"unknown tracker {name!r} (item {index}); valid: {', '.join(TRACKERS)} "
+                                         "(or [] for none)")
+        if name not in resolved:
+            resolved.append(name)
+    if tensorboard is False and "tensorboard" in resolved:
+        resolved.remove("tensorboard")
+    elif tensorboard is True and "tensorboard" not in resolved:
+        resolved.insert(0, "tensorboard")
+    return resolved
+
+
 @dataclass
 class RunConfig:
     output_dir: str = "runs/demo"
@@ -100,9 +121,15 @@ class RunConfig:
     eval_every: int = 0  # steps between validations (0: only at the end)
     save_every: int = 0  # steps between `save_state` checkpoints (0: only at the end)
     keep_checkpoints: int = 2
-    tensorboard: bool = True
+    # Experiment trackers, any of TRACKERS above (tensorboard, wandb, trackio, mlflow); [] = none.
+    # Each writes under RUN/logs/ and offline unless its own environment variable says otherwise (README, "Tracking").
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    # Deprecated alias, kept for the configs and sweeps that set it: null (the default) leaves run.trackers as it is;
+    # false removes "tensorboard" from run.trackers, true adds it — whatever run.trackers lists, so
+    # `run.tensorboard=false` always means no TensorBoard. The value given is kept (config.yaml records it).
+    tensorboard: bool | None = None
     val_max_pairs: int = 64  # pairs captioned for val metrics / model selection
-    val_show: int = 4  # captions printed at each validation
+    val_show: int = 4  # captions printed, and sent to the trackers as a table with their images, at each validation
     best_metric: str = "CIDEr"
     max_new_tokens: int = 30
     num_beams: int = 1
@@ -115,6 +142,7 @@ class RunConfig:
             require(name, getattr(self, name), at_least=0)
         require("max_new_tokens", self.max_new_tokens, at_least=1)
         require("num_beams", self.num_beams, at_least=1)
+        self.trackers = resolve_trackers(self.trackers, self.tensorboard)
 
 
 @dataclass

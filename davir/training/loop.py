@@ -28,6 +28,7 @@ from davir.data.dataset import collate_examples
 from davir.errors import DataError, check_output_dir
 from davir.io import append_jsonl
 from davir.runtime.locks import output_lock
+from davir.training import trackers
 from davir.training.config import TrainConfig
 from davir.training.checkpoints import (install_trainable_state_hooks, load_checkpoint, save_checkpoint,
                                         usable_checkpoint)
@@ -43,10 +44,11 @@ class NonFiniteLoss(RuntimeError):
 
 def train(config: TrainConfig, *, resume: bool = False) -> Path:
     run_dir = Path(config.run.output_dir)
+    trackers.check_installed(config.run.trackers)  # a missing package: an error naming its pip install, before any work
     accelerator = Accelerator(
         mixed_precision=config.run.mixed_precision,
         gradient_accumulation_steps=config.optim.gradient_accumulation_steps,
-        log_with="tensorboard" if config.run.tensorboard else None,
+        log_with=config.run.trackers or None,  # run.trackers; where each writes: davir/training/trackers.py
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
         # the data order is a function of (seed, epoch) only, so a resumed run sees the same batches
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
@@ -121,8 +123,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
             rates = apply_to_optimizer(plan.changes, config, optimizer, scheduler)
             accelerator.print(f"note: {describe_changes(plan.changes, rates)}")
 
-    if config.run.tensorboard:
-        accelerator.init_trackers("train", config=task.tracker_config())
+    trackers.start(accelerator, config.run.trackers, run_dir, config=task.tracker_config(),
+                   resume=checkpoint is not None)
     validator = Validator(config, task, accelerator, run_dir)
     validator.restore(checkpoint)
     progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")

@@ -28,8 +28,8 @@ from davir.training.config import TrainConfig
 from davir.training.run import read_checkpoint_state
 
 UNRECORDED = {"run.output_dir", "run.overwrite"}  # where the run folder is now (a moved or copied run), not how it trains
-BOOKKEEPING = {"run.log_every", "run.eval_every", "run.save_every",
-               "run.keep_checkpoints", "run.tensorboard", "run.val_show", "data.num_workers",
+BOOKKEEPING = {"run.log_every", "run.eval_every", "run.save_every", "run.keep_checkpoints",
+               "run.trackers", "run.tensorboard", "run.val_show", "data.num_workers",
                "data.preload_features_gb", "data.moved_from"}
 OPTIMISATION = {"optim.lr", "optim.weight_decay", "optim.max_grad_norm", "optim.max_steps", "optim.epochs",
                 "optim.schedule", "optim.warmup_ratio"}

@@ -1,4 +1,5 @@
-"""Periodic validation: val loss, greedy captions of the val pairs, caption metrics, best/last checkpoints.
+"""Periodic validation: val loss, greedy captions of the val pairs, caption metrics, best/last checkpoints;
+the metrics and a table of `run.val_show` sample captions with their images go to the trackers (trackers.py).
 
 Model selection as the papers do it: score the val split with the standard metrics every N steps and
 keep the best model by one metric (CIDEr by default) in RUN/best beside RUN/last.
@@ -15,6 +16,7 @@ from accelerate import Accelerator
 
 from davir.data.dataset import collate_examples
 from davir.io import write_json_atomic
+from davir.training import trackers
 from davir.training.run import read_checkpoint_state, replace_dir_atomic
 
 
@@ -96,6 +98,7 @@ class Validator:
                                    " ".join(f"{k} {v:.3f}" for k, v in scores.items() if v is not None))
             for pair_id, caption in shown:
                 self.accelerator.print(f"    {pair_id}: {caption!r}  (ref: {references[pair_id][0]!r})")
+            self._log_samples(shown, references, step)
             write_json_atomic(self.run_dir / "val" / f"step_{step}.json",
                               {"step": step, "loss": val_loss, "metrics": scores, "predictions": predictions})
             score = scores.get(self.config.run.best_metric)
@@ -106,6 +109,13 @@ class Validator:
             result = logs
         self.accelerator.wait_for_everyone()
         return result
+
+    def _log_samples(self, shown: list[tuple[str, str]], references: dict[str, list[str]], step: int) -> None:
+        """The shown captions, with their references and images, as a table in every tracker (run.trackers)."""
+        if shown and trackers.wants_samples(self.accelerator):
+            rows = trackers.sample_rows(self.task.val_dataset, shown, references,
+                                        size_policy=self.config.data.size_policy)
+            trackers.log_samples(self.accelerator, rows, step=step)
 
     def save_last(self, step: int) -> None:
         self.accelerator.wait_for_everyone()
