@@ -254,6 +254,11 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         data, where = loaded, str(path)
+    # A config class may resolve variants its YAML holds before the command line applies (TrainConfig: the
+    # `model.for_family` table), so that keys given on the command line still win.
+    resolve = getattr(cls, "resolve_variants", None)
+    if resolve is not None:
+        data = resolve(data, apply_overrides(data, overrides or []), where=where)
     data = apply_overrides(data, overrides or [])
     return from_dict(cls, data, where=where)
 

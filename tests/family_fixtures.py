@@ -14,7 +14,14 @@ import torch
 SIZES = {
     "qwen2_5_vl": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
                    "text_mlp": 128},
+    "llava_onevision": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64,
+                        "text_layers": 1, "text_mlp": 128},
+    "smolvlm": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
+                "text_mlp": 128},
 }
+# The tokenizer class each family's released folders use (SmolLM2's is GPT-2's byte-level BPE).
+TOKENIZER_CLASSES = {"qwen2_5_vl": "Qwen2Tokenizer", "llava_onevision": "Qwen2Tokenizer",
+                     "smolvlm": "GPT2TokenizerFast"}
 
 
 def byte_level_tokenizer(texts: list[str], specials: list[str], *, tokenizer_class=None, vocab_size: int = 300):
@@ -40,8 +47,11 @@ def write_chat_folder(family_name: str, folder: Path, texts: list[str], *, seed:
     """``<Family>ForConditionalGeneration`` + its processor at toy size, saved to ``folder`` as a user has it."""
     from davir.models.families import get_family
 
+    import transformers
+
     family = get_family(family_name)
-    tokenizer = byte_level_tokenizer(texts, list(family.special_tokens))
+    tokenizer = byte_level_tokenizer(texts, list(family.special_tokens),
+                                     tokenizer_class=getattr(transformers, TOKENIZER_CLASSES[family_name]))
     tokenizer.chat_template = family.chat_template
     architecture, processor = family.build_preset("tiny", tokenizer, image_size=image_size, patch_size=None,
                                                   overrides=SIZES.get(family_name, {}))

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from davir.config import FieldError, require
+from davir.config import ConfigError, FieldError, plain, require
 from davir.models.davir_config import DavirModelConfig
+from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES
 from davir.models.lightweight.section import MOVED_DATA_KEYS, resolve_lightweight
 
 # Package data, so an installed davir has it too; the repository's configs/demo.yaml is its copy for users and the
@@ -157,6 +158,26 @@ class TrainConfig:
     lightweight: dict[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    @staticmethod
+    def resolve_variants(data: dict, final: dict, *, where: str) -> dict:
+        """``model.for_family``: per-family model settings a config keeps beside its own (configs/demo.yaml: the
+        tiny pretrained folder of each family). The entry of the family in force (``final``: the YAML with the
+        command line applied) updates the ``model`` block; keys the command line gives still win."""
+        model = data.get("model") if isinstance(data.get("model"), dict) else None
+        if model is None or "for_family" not in model:
+            return data
+        table = model["for_family"]
+        final_model = final.get("model") if isinstance(final.get("model"), dict) else {}
+        family = plain(final_model.get("family", model.get("family", DEFAULT_FAMILY)))
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+            raise ConfigError(f"{where}: model.for_family must map family names to mappings of model settings")
+        unknown = sorted(set(map(str, map(plain, table))) - set(FAMILY_NAMES))
+        if unknown:
+            raise ConfigError(f"{where}: model.for_family names {unknown}, not model families {list(FAMILY_NAMES)}")
+        resolved = {key: value for key, value in model.items() if key != "for_family"}
+        resolved.update(next((entry for name, entry in table.items() if plain(name) == family), {}))
+        return {**data, "model": resolved}
 
     def __post_init__(self) -> None:
         moved = {key: getattr(self.data, key) for key in MOVED_DATA_KEYS if getattr(self.data, key) is not None}
