@@ -5,8 +5,10 @@
     summary.status                                                                # 0 done, 1 some pairs failed
 
 The pairs stream: read → masks/entities/model inputs (`ChangeCaptioner.prepare`, in DataLoader workers)
-→ batched generation → whole JSONL lines appended per batch (davir.inference.caption_store). Memory does not grow
-with the number of pairs; a rerun skips the pairs already captioned with the same settings and retries the
+→ batched generation → whole JSONL lines appended per batch (davir.inference.caption_store). A manifest's pairs
+are held as a compact table (davir.data.formats.folder_table: text columns, about 150 bytes a pair) whose
+records are made one at a time as the workers prepare them, so memory grows by little more than that with the
+number of pairs; a rerun skips the pairs already captioned with the same settings and retries the
 ones that failed (their rows are replaced); one run at a time writes an output (davir.runtime.locks); under
 `accelerate launch` (or `--num-shards/--shard-index`) each process takes a contiguous share of the pairs
 and the shards are merged in input order. The report is a JPEG strip per pair beside paginated pages.
@@ -20,11 +22,13 @@ import json
 import os
 import sys
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from davir.data.formats.folder import read_folder
+from davir.data.formats.folder import read_folder_pairs
+from davir.data.formats.folder_table import FolderPairTable
 from davir.data.records import ChangePair, SkippedRecord
 from davir.errors import DataError, check_output_file
 from davir.inference.caption_store import CaptionStore
@@ -51,17 +55,18 @@ class CaptionSummary:
 
 
 class _Pending:
-    """Map-style dataset of (input index, pair) to prepare; a worker prepares one pair per item."""
+    """Map-style dataset of the input indices to prepare (a range, or an array of them after a resume); a worker
+    makes the pair's record (from a manifest's compact table) and prepares it, one pair per item."""
 
-    def __init__(self, items, captioner, report_limit: int):
-        self.items, self.captioner, self.report_limit = items, captioner, report_limit
+    def __init__(self, indices, pairs: Sequence[ChangePair], captioner, report_limit: int):
+        self.indices, self.pairs, self.captioner, self.report_limit = indices, pairs, captioner, report_limit
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.indices)
 
     def __getitem__(self, i: int):
-        index, pair = self.items[i]
-        return self.captioner.prepare(pair, index=index, keep_images=index < self.report_limit)
+        index = self.indices[i]
+        return self.captioner.prepare(self.pairs[index], index=index, keep_images=index < self.report_limit)
 
 
 @contextlib.contextmanager
@@ -139,9 +144,9 @@ def caption_folder(captioner: ChangeCaptioner | str | Path, pairs: str | Path | 
     with output_lock(out, what=f"--out {out}" + (f" (shard {shard_index + 1}/{num_shards})" if job else ""),
                      job=job, wait=wait_lock):
         if listed:
-            records, skipped = list(pairs), []
-        else:
-            index = read_folder(pairs)
+            records, skipped = pairs if isinstance(pairs, FolderPairTable) else list(pairs), []
+        else:  # a manifest's pairs stay a compact table: each record is made when its pair is prepared
+            index = read_folder_pairs(pairs)
             records, skipped = index.pairs, index.skipped
         if not isinstance(captioner, ChangeCaptioner):
             device = None if state is None or state.device.type == "cpu" else state.device
@@ -153,7 +158,7 @@ def caption_folder(captioner: ChangeCaptioner | str | Path, pairs: str | Path | 
                                workers=workers, progress=progress)
 
 
-def _caption_locked(captioner: ChangeCaptioner, pairs: list[ChangePair], skipped_records: list[SkippedRecord],
+def _caption_locked(captioner: ChangeCaptioner, pairs: Sequence[ChangePair], skipped_records: list[SkippedRecord],
                     source: str, name: str, out: Path, html_path: Path, num_shards: int, shard_index: int, state, *,
                     report_limit: int, overwrite: bool, batch_size: int, workers: int | None,
                     progress: bool) -> CaptionSummary:
@@ -176,9 +181,11 @@ def _caption_locked(captioner: ChangeCaptioner, pairs: list[ChangePair], skipped
 
     share, extra = divmod(len(pairs), num_shards)
     start = shard_index * share + min(shard_index, extra)
-    mine = range(start, start + share + (shard_index < extra))  # indices: no list of 1,000,000 tuples beside pending
-    pending = [(i, pairs[i]) for i in mine if pairs[i].pair_id not in done]
-    retried = sum(pair.pair_id in failed_before for _, pair in pending)
+    mine = range(start, start + share + (shard_index < extra))
+    # indices, never a list of records: a manifest's pair is made from its table when a worker prepares it
+    pair_id = pairs.pair_id if isinstance(pairs, FolderPairTable) else lambda i: pairs[i].pair_id
+    pending = array("q", (i for i in mine if pair_id(i) not in done)) if done else mine
+    retried = sum(pair_id(i) in failed_before for i in pending) if failed_before else 0
     shard_note = f" (shard {shard_index + 1}/{num_shards})" if num_shards > 1 else ""
     if len(pending) < len(mine):
         print(f"skipping {len(mine) - len(pending)} pair(s) already captioned in {out}{shard_note}", file=sys.stderr)
@@ -186,7 +193,7 @@ def _caption_locked(captioner: ChangeCaptioner, pairs: list[ChangePair], skipped
         print(f"retrying {retried} pair(s) that failed in an earlier run{shard_note}", file=sys.stderr)
 
     workers = workers if workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
-    loader = DataLoader(_Pending(pending, captioner, report_limit), batch_size=batch_size,
+    loader = DataLoader(_Pending(pending, pairs, captioner, report_limit), batch_size=batch_size,
                         num_workers=workers, collate_fn=list, prefetch_factor=2 if workers else None)
     counts = {"captioned": 0, "failed": 0}
     started = time.perf_counter()

@@ -32,8 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from davir.data.formats.folder_rows import (
-    COLUMNS, SPLITS, FolderPair, FolderRow, Problems, manifest_rows, merge_rows, read_caption_file,
+    COLUMNS, SPLITS, FolderPair, FolderRow, Problems, iter_manifest_rows, manifest_rows, merge_rows,
+    read_caption_file, to_change_pair,
 )
+from davir.data.formats.folder_table import build_table
 from davir.data.formats.registry import register_format
 from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
 from davir.errors import DataError
@@ -140,15 +142,29 @@ def _side_by_side(root: Path, problems: Problems) -> FolderContents:
     return _match(root, _by_name(sides["before"], name_of, root), _by_name(sides["after"], name_of, root), problems)
 
 
+def _manifest_notes(path: Path, unused: list[str]) -> list[str]:
+    return [f"{path}: column(s) {', '.join(map(repr, unused))} are not davir columns "
+            f"({', '.join(COLUMNS)}); "
+            "their values are kept in ChangePair.meta and otherwise unused"] if unused else []
+
+
 def _manifest(path: Path, problems: Problems, encoding: str | None = None) -> FolderContents:
     if not path.is_file():
         raise DataError(f"pair manifest is missing: {path}")
     rows, unused, columns = manifest_rows(path, problems, encoding)
-    notes = [f"{path}: column(s) {', '.join(map(repr, unused))} are not davir columns "
-             f"({', '.join(COLUMNS)}); "
-             "their values are kept in ChangePair.meta and otherwise unused"] if unused else []
-    return FolderContents(path.parent, str(path), merge_rows(rows, problems), [], notes,
+    return FolderContents(path.parent, str(path), merge_rows(rows, problems), [], _manifest_notes(path, unused),
                           has_captions="caption" in columns or "captions" in columns)
+
+
+def manifest_of(path: str | Path) -> Path | None:
+    """The manifest a folder (or manifest file) is read from: the file itself, the folder's pairs.csv /
+    pairs.jsonl, or None for a folder of image files; a path that is neither is a DataError."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise DataError(f"{path}: no such folder or manifest file")
+    return next((path / name for name in MANIFEST_NAMES if (path / name).is_file()), None)
 
 
 def folder_contents(path: str | Path, problems: Problems | None = None, *, encoding: str | None = None
@@ -156,13 +172,9 @@ def folder_contents(path: str | Path, problems: Problems | None = None, *, encod
     """Read a folder (or manifest file) in whichever layout it has; `problems` collects row errors;
     `encoding`: a manifest's text encoding when it is not UTF-8."""
     path = Path(path)
-    if path.is_file():
-        return _manifest(path, problems or Problems(str(path)), encoding)
-    if not path.is_dir():
-        raise DataError(f"{path}: no such folder or manifest file")
-    for name in MANIFEST_NAMES:
-        if (path / name).is_file():
-            return _manifest(path / name, problems or Problems(str(path / name)), encoding)
+    manifest = manifest_of(path)
+    if manifest is not None:
+        return _manifest(manifest, problems or Problems(str(manifest)), encoding)
     problems = problems or Problems(str(path))
     if (path / "before").is_dir() and (path / "after").is_dir():
         contents = _subfolders(path, problems)
@@ -181,6 +193,15 @@ def folder_contents(path: str | Path, problems: Problems | None = None, *, encod
 
 def assign_splits(pairs: list[FolderPair], options: SplitOptions) -> dict[str, str]:
     """pair_id -> split: the given one, else "test" without captions, else seeded per group sharing an image."""
+    split_of = {pair.pair_id: pair.split or "test" for pair in pairs}
+    split_of.update(draw_splits([(pair.pair_id, pair.first.before, pair.first.after) for pair in pairs
+                                 if pair.split is None and pair.captions], options))
+    return split_of
+
+
+def draw_splits(open_pairs: list[tuple[str, object, object]], options: SplitOptions) -> dict[str, str]:
+    """pair_id -> split of the pairs with captions and no split, `(pair_id, before, after)`: seeded per group of
+    pairs sharing an image (paths compared as text)."""
     parent: dict[str, str] = {}
 
     def find(key: str) -> str:
@@ -189,28 +210,20 @@ def assign_splits(pairs: list[FolderPair], options: SplitOptions) -> dict[str, s
             key = parent[key]
         return key
 
-    open_pairs = [pair for pair in pairs if pair.split is None and pair.captions]
-    for pair in open_pairs:  # union the pair with its images: pairs sharing an image share a group
-        for image in (pair.first.before, pair.first.after):
-            a, b = find("pair:" + pair.pair_id), find(f"image:{image}")
+    for pair_id, before, after in open_pairs:  # union the pair with its images: pairs sharing an image share a group
+        for image in (before, after):
+            a, b = find("pair:" + pair_id), find(f"image:{image}")
             if a != b:
                 parent[max(a, b)] = min(a, b)
     groups: dict[str, list[str]] = {}
-    for pair in open_pairs:
-        groups.setdefault(find("pair:" + pair.pair_id), []).append(pair.pair_id)
-    split_of = {pair.pair_id: pair.split or "test" for pair in pairs}
+    for pair_id, _, _ in open_pairs:
+        groups.setdefault(find("pair:" + pair_id), []).append(pair_id)
+    split_of: dict[str, str] = {}
     for members in groups.values():
         split = options.assign(min(members))
         for pair_id in members:
             split_of[pair_id] = split
     return split_of
-
-
-def to_change_pair(pair: FolderPair, split: str) -> ChangePair:
-    first = pair.first
-    mask_before = first.mask_before or first.mask
-    return ChangePair(pair_id=pair.pair_id, before=first.before, after=first.after, captions=tuple(pair.captions),
-                      split=split, gt_mask_before=mask_before, gt_mask_after=first.mask, meta=dict(first.meta or {}))
 
 
 @register_format("folder", splits=(*SPLITS, ALL))
@@ -231,3 +244,17 @@ def read_folder(path: str | Path, split: str = ALL, *, options: SplitOptions = S
             continue
         pairs.append(to_change_pair(pair, split_of[pair.pair_id]))
     return DatasetIndex("folder", contents.root, split, pairs, skipped, notes=contents.notes)
+
+
+def read_folder_pairs(path: str | Path, *, options: SplitOptions = SplitOptions()) -> DatasetIndex:
+    """`read_folder(path, "all")` — every pair, the same records in the same order — with a manifest's pairs in a
+    `FolderPairTable` (`index.pairs[i]` makes the ChangePair; `index.pairs.pair_id(i)` reads only the id): what
+    `caption.py` holds of a million-row manifest. A folder of image files is read by `read_folder` (a list)."""
+    manifest = manifest_of(path)
+    if manifest is None:
+        return read_folder(path, ALL, options=options)
+    problems, columns = Problems(str(manifest)), []
+    table = build_table(iter_manifest_rows(manifest, problems, None, columns, paths_as_text=True), problems)
+    table.set_splits(draw_splits(list(table.open_pairs()), options))
+    notes = _manifest_notes(manifest, [name for name in columns if name not in COLUMNS])
+    return DatasetIndex("folder", manifest.parent, ALL, table, [], notes=notes)

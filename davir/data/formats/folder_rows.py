@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from davir.data.images import resolve_user_path
+from davir.data.records import ChangePair
 from davir.errors import DataError
 from davir.io import read_json
 
@@ -45,7 +47,8 @@ class Problems:
 
 @dataclass(slots=True)  # a 1,000,000-row manifest holds a million of them: no per-object __dict__
 class FolderRow:
-    """One row of a manifest (or one matched file pair) with its paths resolved."""
+    """One row of a manifest (or one matched file pair) with its paths resolved (`str`s, not Paths, for a
+    compact table: `iter_manifest_rows(…, paths_as_text=True)`)."""
 
     record: str  # "line 7" (CSV, the header is line 1), "row 3" (JSONL), or a file name
     pair_id: str
@@ -73,6 +76,13 @@ class FolderPair:
     @property
     def pair_id(self) -> str:
         return self.first.pair_id
+
+
+def to_change_pair(pair: FolderPair, split: str) -> ChangePair:
+    first = pair.first
+    mask_before = first.mask_before or first.mask
+    return ChangePair(pair_id=pair.pair_id, before=first.before, after=first.after, captions=tuple(pair.captions),
+                      split=split, gt_mask_before=mask_before, gt_mask_after=first.mask, meta=dict(first.meta or {}))
 
 
 def normalise_split(value: Any, *, record: str, problems: Problems) -> str | None:
@@ -162,19 +172,31 @@ def manifest_rows(path: Path, problems: Problems, encoding: str | None = None
     """The rows of a pairs.csv / pairs.jsonl, the columns davir does not use, and all columns.
 
     `encoding`: the file's text encoding when it is not UTF-8 (`davir.data import --encoding latin-1`)."""
+    columns: list[str] = []
+    rows = list(iter_manifest_rows(path, problems, encoding, columns))
+    unused = [name for name in columns if name not in COLUMNS]
+    return rows, unused, columns
+
+
+def iter_manifest_rows(path: Path, problems: Problems, encoding: str | None = None,
+                       columns: list[str] | None = None, *, paths_as_text: bool = False) -> Iterator[FolderRow]:
+    """The rows of a pairs.csv / pairs.jsonl one at a time (`manifest_rows` without the list: a reader that
+    keeps each row compactly never holds a million `FolderRow`s); `columns` is filled with every column.
+    `paths_as_text`: the rows' paths are the `str` of the Paths they would be (`resolve_user_text`)."""
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".jsonl"):
         raise DataError(f"{path}: a pair manifest must be a .csv or .jsonl file")
     kind = "CSV" if suffix == ".csv" else "JSON-lines"
-    base, columns, rows, count = path.parent, [], [], 0
+    base, count = path.parent, 0
+    columns = [] if columns is None else columns
     try:
         for record, row in (_csv_rows if suffix == ".csv" else _jsonl_rows)(path, problems, encoding, columns):
             count += 1
-            parsed = _manifest_row(row, record, base, str(path), problems)
+            parsed = _manifest_row(row, record, base, str(path), problems, paths_as_text)
             if parsed is not None:
                 parsed.meta = {name: value for name, value in row.items()
                                if name not in COLUMNS and value not in (None, "")} or None
-                rows.append(parsed)
+                yield parsed
     except LookupError as error:
         raise DataError(f"--encoding {encoding}: unknown encoding (e.g. utf-8, latin-1, cp1252)") from error
     except UnicodeDecodeError as error:  # a binary or mis-encoded file
@@ -183,8 +205,6 @@ def manifest_rows(path: Path, problems: Problems, encoding: str | None = None
         raise DataError(f"{path}: not a UTF-8 {kind} file ({error})") from error
     if not count and not problems.items:
         raise DataError(f"{path}: the manifest lists no pairs (a header and no rows); add one row per pair")
-    unused = [name for name in columns if name not in COLUMNS]
-    return rows, unused, columns
 
 
 def _undecodable(path: Path, kind: str, encoding: str) -> str:
@@ -207,8 +227,19 @@ def _undecodable(path: Path, kind: str, encoding: str) -> str:
             "--encoding latin-1 --out DIR`, which writes a UTF-8 pairs.jsonl")
 
 
-def _manifest_row(row: dict, record: str, base: Path, source: str, problems: Problems) -> FolderRow | None:
+def resolve_user_text(base: Path, value: str, *, source: str, record: str) -> str:
+    """`resolve_user_path` as the text of the path it returns, without making the Path (a table of a million rows
+    makes two million of them otherwise): `str(resolve_user_path(…))` — normpath's result is what pathlib prints."""
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{source}: {record}: image path is empty or not a string: {value!r}")
+    text = os.path.expanduser(value.strip())
+    return os.path.normpath(text if os.path.isabs(text) else os.path.join(base, text))
+
+
+def _manifest_row(row: dict, record: str, base: Path, source: str, problems: Problems, as_text: bool = False
+                  ) -> FolderRow | None:
     paths = {}
+    resolve = resolve_user_text if as_text else resolve_user_path
     for column in ("before", "after", "mask", "mask_before"):
         value = row.get(column)
         if value in (None, ""):
@@ -219,7 +250,7 @@ def _manifest_row(row: dict, record: str, base: Path, source: str, problems: Pro
         if not isinstance(value, str):
             problems.add(record, f"the {column!r} path must be a string, got {value!r:.40}")
             return None
-        paths[column] = resolve_user_path(base, value, source=source, record=record)
+        paths[column] = resolve(base, value, source=source, record=record)
     if "mask_before" in paths and "mask" not in paths:
         problems.add(record, "'mask_before' is given without 'mask' (the change mask in the after image)")
     raw_id = row.get("id")
@@ -262,6 +293,26 @@ def read_caption_file(path: Path, names: set[str], problems: Problems) -> tuple[
     return found, unknown
 
 
+IMAGE_COLUMNS = ("before", "after", "mask", "mask_before")
+
+
+def image_conflict(first: FolderRow, row: FolderRow) -> str | None:
+    """Why `row` cannot merge into the pair `first` began (it repeats the id with other images), or None."""
+    for name in IMAGE_COLUMNS:
+        if getattr(first, name) != getattr(row, name):
+            how = "" if row.explicit_id else " (the id is the before file's name; add an id column)"
+            return (f"repeats the id {row.pair_id!r} of {first.record}{how} but with a different "
+                    f"{name} image: {getattr(row, name)} vs {getattr(first, name)}")
+    return None
+
+
+def split_conflict(first: FolderRow, split: str | None, row: FolderRow) -> str | None:
+    """Why `row` contradicts the split its pair has so far (`split`), or None."""
+    if row.split and split and row.split != split:
+        return f"puts id {row.pair_id!r} in split {row.split!r} but {first.record} put it in {split!r}"
+    return None
+
+
 def merge_rows(rows: list[FolderRow], problems: Problems) -> list[FolderPair]:
     """One FolderPair per id, in first-appearance order; a repeated id must repeat the same images."""
     merged: dict[str, FolderPair] = {}
@@ -272,19 +323,16 @@ def merge_rows(rows: list[FolderRow], problems: Problems) -> list[FolderPair]:
             merged[row.pair_id] = FolderPair(row, [row.record], row.captions, row.split,
                                              [row.record] if row.empty_caption else [])
             continue
-        first = pair.first
-        for name in ("before", "after", "mask", "mask_before"):
-            if getattr(first, name) != getattr(row, name):
-                how = "" if row.explicit_id else " (the id is the before file's name; add an id column)"
-                problems.add(row.record, f"repeats the id {row.pair_id!r} of {first.record}{how} but with a different "
-                             f"{name} image: {getattr(row, name)} vs {getattr(first, name)}")
-                break
-        else:
-            if row.split and pair.split and row.split != pair.split:
-                problems.add(row.record, f"puts id {row.pair_id!r} in split {row.split!r} but {first.record} put it in {pair.split!r}")
-            pair.split = pair.split or row.split
-            pair.captions.extend(row.captions)
-            pair.records.append(row.record)
-            if row.empty_caption:
-                pair.empty_caption_records.append(row.record)
+        conflict = image_conflict(pair.first, row)
+        if conflict:
+            problems.add(row.record, conflict)
+            continue
+        conflict = split_conflict(pair.first, pair.split, row)
+        if conflict:
+            problems.add(row.record, conflict)
+        pair.split = pair.split or row.split
+        pair.captions.extend(row.captions)
+        pair.records.append(row.record)
+        if row.empty_caption:
+            pair.empty_caption_records.append(row.record)
     return list(merged.values())
