@@ -1,5 +1,6 @@
-"""`python -m davir.data {stats,verify,import,pairs,synth,show} …` — dataset statistics, download check, checking
-and importing your own labelled pairs, manifests, the built-in synthetic set, a picture grid."""
+"""`python -m davir.data {stats,verify,import,pairs,export,synth,show} …` — dataset statistics, download check,
+checking and importing your own labelled pairs (or a toolkit's dataset), manifests, datasets for LLaMA-Factory /
+ms-swift / TRL, the built-in synthetic set, a picture grid."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def _import(args) -> int:
 
     options = SplitOptions(seed=args.split_seed, val_fraction=args.val_fraction, test_fraction=args.test_fraction)
     status, report = import_pairs(args.source, args.out, options=options, allow_uncaptioned=args.allow_uncaptioned,
-                                  allow_size_mismatch=args.allow_size_mismatch, encoding=args.encoding)
+                                  allow_size_mismatch=args.allow_size_mismatch, encoding=args.encoding,
+                                  toolkit=args.toolkit)
     problems = report["problems"]
     for line in report["warnings"]:
         print(f"warning: {line}", file=sys.stderr)
@@ -53,6 +55,23 @@ def _import(args) -> int:
     print(f"imported {report['pairs']} pair(s) ({splits}; {report['pairs_without_captions']} without captions) "
           f"with {captions['captions']} caption(s), vocabulary {captions.get('vocabulary', 0)}: {args.out}/pairs.jsonl; "
           f"summary {args.out}/summary.html" + (f"; {len(report['warnings'])} warning(s) above" if report["warnings"] else ""))
+    return 0
+
+
+def _export(args) -> int:
+    from davir.data.toolkits import export_toolkit
+    from davir.integrations.prompts import epc_prompt_for
+    from davir.models.epc import EpcConfig
+
+    try:
+        epc = EpcConfig(num_entities=args.num_entities, **({"prompt": args.prompt} if args.prompt else {}))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    summary = export_toolkit(args.to, args.format, args.root, args.split or ["train", "val", "test"], args.out,
+                             prompt_for=epc_prompt_for(args.entities, epc), name=args.name)
+    splits = ", ".join(f"{split} {c['pairs']} pairs / {c['samples']} samples" for split, c in summary["splits"].items())
+    print(f"{args.to}: {splits}: {', '.join(summary['files'])} in {args.out}")
     return 0
 
 
@@ -88,6 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     importer.add_argument("--encoding", default=None,
                           help="the manifest's text encoding when it is not UTF-8 (e.g. latin-1, cp1252); "
                                "the pairs.jsonl written is UTF-8")
+
+    importer.add_argument("--from", dest="toolkit", choices=("llamafactory", "swift", "trl"), default=None,
+                          help="SOURCE is that toolkit's dataset (an export folder or one <split>.jsonl), e.g. "
+                               "what `export --to` wrote; the split is the file's name (docs/toolkits.md)")
+
+    export = commands.add_parser("export", help="write a dataset as LLaMA-Factory / ms-swift / TRL multi-image chat "
+                                 "datasets (before image, after image, the DAVIR prompt; the captions as answers)")
+    export.add_argument("--to", required=True, choices=("llamafactory", "swift", "trl"))
+    export.add_argument("--format", required=True)
+    export.add_argument("--root", required=True)
+    export.add_argument("--split", action="append", help="split(s) to write (repeatable; default: train, val, test)")
+    export.add_argument("--out", required=True, help="folder for <split>.jsonl (+ dataset_info.json for llamafactory)")
+    export.add_argument("--entities", default=None, help="a davir entity cache: add the EPC entity phrase to each "
+                        "pair's prompt (`python -m preprocess entities`)")
+    export.add_argument("--num-entities", type=int, default=1, help="entities in the EPC phrase (k of Eq. 10)")
+    export.add_argument("--prompt", default=None, help="the base prompt (default: DAVIR's)")
+    export.add_argument("--name", default=None, help="dataset name in dataset_info.json (default: the root's name)")
 
     synth = commands.add_parser("synth", help="render the built-in synthetic change dataset (CLEVR-Change layout)")
     synth.add_argument("--out", required=True)
@@ -157,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(write_pairs_manifest(args.format, args.root, args.split or ["test"], args.out, num=args.num,
                                        copy_images=args.copy_images))
+        elif args.command == "export":
+            return _export(args)
         elif args.command == "show":
             from davir.data.show import draw_grid
 

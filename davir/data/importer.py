@@ -253,9 +253,15 @@ def write_summary(path: Path, report: dict, pairs) -> None:
     write_report(path, rows, title=f"davir import — {Path(report['source']).name}", summary=summary)
 
 
-def import_pairs(source: str | Path, out: str | Path, **kwargs) -> tuple[int, dict]:
-    """Check `source`, write report.json + summary.html (+ pairs.jsonl when clean) into `out`; (exit status, report)."""
+def import_pairs(source: str | Path, out: str | Path, *, toolkit: str | None = None, **kwargs) -> tuple[int, dict]:
+    """Check `source`, write report.json + summary.html (+ pairs.jsonl when clean) into `out`; (exit status, report).
+    `toolkit` (llamafactory, swift, trl): `source` is that toolkit's dataset, turned into `out/toolkit_pairs.jsonl`
+    (a folder manifest, davir/data/toolkits) before the same checks."""
     out = Path(out)
+    if toolkit is not None:
+        from davir.data.toolkits import toolkit_manifest
+
+        source = toolkit_manifest(toolkit, source, out / "toolkit_pairs.jsonl")
     report = check_pairs(source, **kwargs)
     pairs = report.pop("_pairs")
     out.mkdir(parents=True, exist_ok=True)

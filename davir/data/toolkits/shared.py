@@ -1,0 +1,140 @@
+"""What the three toolkit formats share: one conversation per (pair, reference caption), one JSONL file per split.
+
+A pair with k reference captions is k conversations with the same ``id`` (the toolkits train on one answer per
+sample); a pair without a caption (a test pair of a user's folder) is one conversation with an empty answer.
+Every conversation names the before image first, then the after image, then the prompt. Image paths are written
+absolute; reading back, a relative path is taken from the export folder (LLaMA-Factory's ``media_dir`` default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from davir.data.records import ChangePair
+from davir.errors import DataError
+from davir.io import atomic_path
+
+SPLITS = ("train", "val", "test")
+ID_KEY = "id"  # the pair id, kept in every record: the toolkits' loaders drop columns they do not read
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One sample of a toolkit dataset: a pair's two images, its prompt and one answer."""
+
+    pair_id: str
+    split: str
+    before: str
+    after: str
+    prompt: str
+    answer: str
+
+
+def conversations(pairs: Iterable[ChangePair], prompt_for: Callable[[ChangePair], str]) -> Iterator[Conversation]:
+    """One conversation per reference caption of each pair (one with an empty answer for a pair without any)."""
+    for pair in pairs:
+        prompt = prompt_for(pair)
+        if not prompt or not prompt.strip():
+            raise DataError(f"pair {pair.pair_id!r}: the prompt is empty")
+        before, after = str(Path(pair.before).resolve()), str(Path(pair.after).resolve())
+        for caption in pair.captions or ("",):
+            yield Conversation(pair.pair_id, pair.split, before, after, prompt, caption)
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
+    """Rows as JSON lines, written through a temporary file (atomic); returns the count."""
+    count = 0
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+        handle.flush()
+        os.fsync(handle.fileno())
+    return count
+
+
+def read_rows(path: Path) -> Iterator[tuple[str, dict]]:
+    """(record name "file: line N", row) of a .jsonl file, or of a .json file holding a list of rows."""
+    if not path.is_file():
+        raise DataError(f"toolkit dataset file is missing: {path}")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}: not valid JSON ({error})") from None
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+        for number, row in enumerate(data):
+            yield f"{path}: record {number}", _object(row, path, f"record {number}")
+        return
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}: line {number}: not valid JSON ({error})") from None
+            yield f"{path}: line {number}", _object(row, path, f"line {number}")
+
+
+def _object(row, path: Path, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise DataError(f"{path}: {where}: expected a JSON object, got {type(row).__name__}")
+    return row
+
+
+def split_files(source: Path, *, suffixes: tuple[str, ...] = (".jsonl", ".json")) -> list[tuple[str, Path]]:
+    """(split, file) to read: a file alone (its name is its split: train.jsonl), or a folder's train/val/test files."""
+    source = Path(source)
+    if source.is_file():
+        return [(source.stem, source)]
+    if not source.is_dir():
+        raise DataError(f"{source}: no such toolkit dataset file or folder")
+    found = [(split, source / f"{split}{suffix}") for split in SPLITS for suffix in suffixes
+             if (source / f"{split}{suffix}").is_file()]
+    if not found:
+        raise DataError(f"{source}: no {'/'.join(SPLITS)}.jsonl files (what `python -m davir.data export` writes)")
+    return found
+
+
+def image_path(value, base: Path, record: str) -> str:
+    """An image entry as an absolute path (relative ones from ``base``); a non-string entry is a DataError."""
+    if isinstance(value, dict):  # {"path": ...} as datasets.Image stores a file it has not decoded
+        value = value.get("path")
+    if not isinstance(value, str) or not value:
+        raise DataError(f"{record}: an image entry must be a path, got {value!r}")
+    path = Path(value)
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def two_images(row: dict, key: str, base: Path, record: str) -> tuple[str, str]:
+    images = row.get(key)
+    if not isinstance(images, list) or len(images) != 2:
+        count = len(images) if isinstance(images, list) else "no list"
+        raise DataError(f"{record}: {key!r} must list two images, before then after ({count} given)")
+    return image_path(images[0], base, record), image_path(images[1], base, record)
+
+
+def manifest_rows(read: Iterable[tuple[str, Conversation]]) -> list[dict]:
+    """Folder-manifest rows (davir/data/formats/folder.py) from conversations: one per pair id, captions in order.
+    A pair whose conversations disagree on its images or split is a DataError naming both records."""
+    rows: dict[str, dict] = {}
+    first: dict[str, str] = {}
+    for record, talk in read:
+        row = rows.get(talk.pair_id)
+        if row is None:
+            rows[talk.pair_id] = {"id": talk.pair_id, "before": talk.before, "after": talk.after,
+                                  "captions": [talk.answer] if talk.answer.strip() else [], "split": talk.split}
+            first[talk.pair_id] = record
+            continue
+        if (row["before"], row["after"], row["split"]) != (talk.before, talk.after, talk.split):
+            raise DataError(f"{record}: pair {talk.pair_id!r} has other images or another split than in "
+                            f"{first[talk.pair_id]}")
+        if talk.answer.strip():
+            row["captions"].append(talk.answer)
+    return list(rows.values())

@@ -1,0 +1,212 @@
+"""DAVIR's FAC (and EPC prompts) inside TRL's ``SFTTrainer``, for the chat families of davir's registry.
+
+    from davir.integrations.trl import DavirSFTTrainer, DavirTrlSettings
+
+    trainer = DavirSFTTrainer(model=model, args=SFTConfig(..., remove_unused_columns=False), train_dataset=dataset,
+                              processing_class=processor,
+                              davir=DavirTrlSettings(family="qwen2_5_vl", image_size=448, masks="caches/masks",
+                                                     entities="caches/entities", fac=FacConfig(lambda_attn=0.1)))
+    trainer.train()       # logs loss, attn_loss (Eq. 7) and fac_pairs beside TRL's own metrics
+
+The dataset is what ``python -m davir.data export --to trl`` writes (an ``id`` column, ``images`` = [before,
+after], chat ``messages``). The trainer wraps TRL's vision collator (:class:`DavirFacCollator`): each picture is
+resized to S×S first — one patch grid per run, as davir's own models do — the user turn's text becomes the pair's
+DAVIR prompt when an entity cache is given, and the pair's change masks are read from the davir mask cache by
+pair id. FAC is davir's own: the family's attention hook (``get_family(name).attention_hook(core)``) on the layer
+FAC reads, its ``attention_maps`` on the patch grid, and :func:`davir.models.losses.fac_attention_loss`, added to
+TRL's loss as Eq. 12 (``L = L_caption + λ · L_attn``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from trl import SFTTrainer
+
+from davir.data.caches import MaskCache
+from davir.errors import DataError
+from davir.integrations.prompts import epc_prompt_for
+from davir.models.epc import EpcConfig
+from davir.models.families import get_family
+from davir.models.families.base import ChatFamily
+from davir.models.losses import FacConfig, davir_total_loss, fac_attention_loss
+
+MASK_KEYS = ("davir_masks_before", "davir_masks_after", "davir_mask_valid")
+
+
+@dataclass
+class DavirTrlSettings:
+    """What davir adds to an SFTTrainer run.
+
+    * ``family``: a chat family of davir's registry (qwen2_5_vl, llava_onevision, smolvlm).
+    * ``image_size``: S, every picture resized to S×S (None: the family's default for a pretrained folder).
+    * ``masks``: a davir mask cache (``python -m preprocess masks``); None turns FAC off.
+    * ``entities``: a davir entity cache; the user turn's text becomes the EPC prompt of the pair (``epc``).
+    * ``fac``: FAC's settings and λ (``lambda_attn``; 0 turns it off).
+    * ``id_key``: the dataset column holding the pair id.
+    """
+
+    family: str = "qwen2_5_vl"
+    image_size: int | None = None
+    masks: str | Path | None = None
+    entities: str | Path | None = None
+    fac: FacConfig = field(default_factory=FacConfig)
+    epc: EpcConfig = field(default_factory=EpcConfig)
+    id_key: str = "id"
+
+
+def _open(image: Any) -> Image.Image:
+    if isinstance(image, Image.Image):
+        return image
+    if isinstance(image, dict):  # datasets.Image not decoded: {"path", "bytes"}
+        image = image.get("path")
+    if not isinstance(image, (str, Path)):
+        raise DataError(f"an image must be a PIL image or a path, got {type(image).__name__}")
+    with Image.open(image) as opened:
+        return opened.convert("RGB")
+
+
+def _square_mask(mask: np.ndarray | None, size: int) -> torch.Tensor | None:
+    """A boolean mask (any resolution) as the share of each pixel of the S×S picture it covers."""
+    if mask is None:
+        return None
+    picture = Image.fromarray(np.asarray(mask, dtype=np.float32), mode="F").resize((size, size), Image.BOX)
+    return torch.from_numpy(np.asarray(picture, dtype=np.float32).copy()).clamp_(0, 1)
+
+
+class DavirFacCollator:
+    """TRL's collator with davir's pair handling around it: S×S pictures, EPC prompts, change masks by pair id.
+
+    Adds ``davir_masks_before``/``davir_masks_after`` (B, S, S) and ``davir_mask_valid`` (B,) to the batch when a
+    mask cache is given (a pair missing from the cache is left out of FAC, never given an empty target)."""
+
+    def __init__(self, collator, *, image_size: int, masks: str | Path | None = None,
+                 entities: str | Path | None = None, epc: EpcConfig | None = None, id_key: str = "id") -> None:
+        self.collator = collator
+        self.image_size = image_size
+        self.masks = MaskCache(masks) if masks is not None else None
+        self.prompt_for = epc_prompt_for(entities, epc) if entities is not None else None
+        self.id_key = id_key
+
+    def _examples(self, examples: Sequence[dict]) -> tuple[list[dict], list[str]]:
+        ready, ids = [], []
+        size = (self.image_size, self.image_size)
+        for example in examples:
+            example = dict(example)
+            if self.id_key not in example:
+                raise DataError(f"a training example has no {self.id_key!r} column (the pair id FAC and EPC read): "
+                                "export the dataset with `python -m davir.data export --to trl`, and keep the "
+                                "column (SFTConfig(remove_unused_columns=False) or DavirSFTTrainer)")
+            ids.append(str(example.pop(self.id_key)))
+            images = example.get("images")
+            if not isinstance(images, list) or len(images) != 2:
+                raise DataError(f"pair {ids[-1]!r}: 'images' must hold two pictures, before then after")
+            example["images"] = [_open(image).convert("RGB").resize(size, Image.Resampling.BICUBIC)
+                                 for image in images]
+            if self.prompt_for is not None:
+                example["messages"] = self._with_prompt(example["messages"], self.prompt_for(ids[-1]))
+            ready.append(example)
+        return ready, ids
+
+    @staticmethod
+    def _with_prompt(messages: list[dict], prompt: str) -> list[dict]:
+        """The first user turn's text part replaced by ``prompt`` (image parts kept in place)."""
+        out, done = [], False
+        for message in messages:
+            if message["role"] == "user" and not done and isinstance(message["content"], list):
+                parts = [part for part in message["content"] if part.get("type") != "text"]
+                message = {**message, "content": [*parts, {"type": "text", "text": prompt}]}
+                done = True
+            out.append(message)
+        return out
+
+    def _mask_tensors(self, ids: Sequence[str]) -> dict[str, torch.Tensor]:
+        size = self.image_size
+        before = torch.zeros(len(ids), size, size)
+        after = torch.zeros(len(ids), size, size)
+        valid = torch.zeros(len(ids), dtype=torch.bool)
+        for row, pair_id in enumerate(ids):
+            if not self.masks.has(pair_id):
+                continue
+            entry = self.masks.read(pair_id)
+            union = entry.union
+            before[row] = _square_mask(entry.before if entry.before is not None else union, size)
+            after[row] = _square_mask(entry.after if entry.after is not None else union, size)
+            valid[row] = True
+        return dict(zip(MASK_KEYS, (before, after, valid)))
+
+    def __call__(self, examples: Sequence[dict]) -> dict[str, Any]:
+        ready, ids = self._examples(examples)
+        batch = self.collator(ready)
+        if self.masks is not None:
+            batch.update(self._mask_tensors(ids))
+        return batch
+
+
+class DavirSFTTrainer(SFTTrainer):
+    """TRL's ``SFTTrainer`` with FAC's attention term (Eq. 12) and EPC prompts; ``davir`` holds the settings.
+
+    Everything else — the model, PEFT, the optimizer, logging, checkpoints, accelerate — is TRL's. The FAC map is
+    read from the first vision pass of each ``compute_loss`` (the one with gradients)."""
+
+    def __init__(self, *args, davir: DavirTrlSettings | None = None, **kwargs) -> None:
+        self.davir = davir or DavirTrlSettings()
+        self.family = get_family(self.davir.family)
+        if not isinstance(self.family, ChatFamily):
+            raise ValueError(f"model family {self.davir.family!r} is not a chat model; TRL's SFTTrainer trains the "
+                             "chat families (qwen2_5_vl, llava_onevision, smolvlm)")
+        super().__init__(*args, **kwargs)
+        core = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        # the family's S for a pretrained folder (or davir.image_size), checked against the model's patch grid
+        probe = SimpleNamespace(image_size=self.davir.image_size, pretrained=True, preset=None)
+        self.image_size = self.family.input_size(probe, core.config)
+        self.patch_grid = self.family.patch_grid(self.image_size, core.config)
+        self.data_collator = DavirFacCollator(self.data_collator, image_size=self.image_size, masks=self.davir.masks,
+                                              entities=self.davir.entities, epc=self.davir.epc,
+                                              id_key=self.davir.id_key)
+        self._captured: list[Any] = []
+        self.attention_hook = self.family.attention_hook(core).attach()  # after PEFT: sees the LoRA projections
+        self._vision_handle = self.family.vision_tower(core).register_forward_hook(self._keep_attention)
+
+    def _keep_attention(self, module, inputs, output) -> None:
+        captured = self.attention_hook.pop(missing_ok=True)
+        if captured is not None:
+            self._captured.append(captured)
+
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        if self.davir.id_key not in self._signature_columns:  # the pair id reaches the collator
+            self._signature_columns = [*self._signature_columns, self.davir.id_key]
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        masks = [inputs.pop(key, None) for key in MASK_KEYS]
+        self._captured.clear()
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                      num_items_in_batch=num_items_in_batch)
+        fac = self.davir.fac
+        if masks[0] is None or fac.lambda_attn <= 0:
+            return result
+        loss, outputs = result if return_outputs else (result, None)
+        if not self._captured:
+            raise RuntimeError("the FAC attention hook did not fire: the batch reached no vision layer")
+        pairs = masks[0].shape[0]
+        maps = self.family.attention_maps(self._captured[0], 2 * pairs, self.patch_grid)
+        if torch.is_grad_enabled() and self.model.training and not maps.requires_grad:
+            raise RuntimeError("FAC's attention map has no gradient: the vision layer ran without autograd (reentrant "
+                               "gradient checkpointing?); use gradient_checkpointing_kwargs={'use_reentrant': False}")
+        attn = fac_attention_loss(maps[0::2], maps[1::2], masks[0], masks[1], masks[2], fac)
+        attn_loss = attn.loss
+        if num_items_in_batch is not None:  # TRL's loss is a share of the accumulated batch: so is this term
+            attn_loss = attn_loss / self.current_gradient_accumulation_steps
+        loss = davir_total_loss(loss, attn_loss, fac.lambda_attn)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["attn_loss"].append(float(attn.loss.detach()))
+        self._metrics[mode]["fac_pairs"].append(float(attn.num_pairs))
+        return (loss, outputs) if return_outputs else loss
