@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     moved.add_argument("--masks-from", type=Path, help="mask cache whose settings to reuse (the run's data.masks)")
     moved.add_argument("--entities-from", type=Path,
                        help="entity cache holding the vocabulary and retriever (the run's data.entities)")
-    moved.add_argument("--pretrained", type=Path, help="the base InstructBLIP folder (the model's `pretrained`)")
+    moved.add_argument("--pretrained", "--base-model", type=Path, help="the base model folder (model's `pretrained`)")
     moved.add_argument("--sam-checkpoint", type=Path, help="SAM weights, when the mask cache was made with SAM")
     moved.add_argument("--clip-checkpoint", type=Path, help="open_clip weights, when the entity cache used CLIP")
     moved.add_argument("--backbone-weights", type=Path,

@@ -50,6 +50,7 @@ class CaptionerOptions:
     masks_from: str | Path | None = None               # mask cache whose settings to reuse (the run's data.masks)
     entities_from: str | Path | None = None            # entity cache: vocabulary and retriever (data.entities)
     pretrained: str | Path | None = None               # the base InstructBLIP folder (the model's `pretrained`)
+    base_model: str | Path | None = None               # the same (the name an exported adapter folder uses)
     sam_checkpoint: str | Path | None = None           # SAM weights, when the mask cache was made with SAM
     clip_checkpoint: str | Path | None = None          # open_clip weights, when the entity cache used CLIP
     backbone_weights: str | Path | None = None         # ResNet-101 weights of a lightweight model
@@ -69,6 +70,8 @@ class CaptionerOptions:
                             "`python -m preprocess entities --out …`)")
         if self.pretrained is not None and not Path(self.pretrained).exists():
             raise DataError(f"--pretrained {self.pretrained}: no such folder")
+        if self.base_model is not None and not Path(self.base_model).exists():
+            raise DataError(f"--base-model {self.base_model}: no such folder")
 
 
 def options_with(options: CaptionerOptions | None, overrides: dict) -> CaptionerOptions:
@@ -143,7 +146,8 @@ class ChangeCaptioner:
         device = options.device
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        engine = load_engine(run, device, pretrained=options.pretrained, backbone_weights=options.backbone_weights)
+        engine = load_engine(run, device, pretrained=options.pretrained or options.base_model,
+                             backbone_weights=options.backbone_weights)
         entities, entity_dir, mask_dir = None, None, None
         if engine.uses_entities:
             entity_dir = options.entities_from or run.resolve(run.data.get("entities"),

@@ -42,6 +42,10 @@ class DavirEngine:
         from davir.models.davir import load_davir_model
         from davir.models.davir_checkpoint import read_davir_config
 
+        if run.exported:  # davir-export's folder: an adapter over its base (`pretrained`), or merged weights
+            from davir.export.loading import load_exported_model
+
+            return cls(load_exported_model(run.model_dir, device=device, base_model=pretrained).eval())
         recorded = read_davir_config(run.model_dir).pretrained
         base = pretrained or run.resolve(recorded, what="pretrained InstructBLIP folder (model.pretrained)",
                                          flag=pretrained_flag)

@@ -24,6 +24,7 @@ from davir.errors import DataError
 from davir.runs.files import LIGHTWEIGHT_CONFIG, RUN_CONFIG, read_run_config, read_run_info
 
 DAVIR_CONFIG = "davir_config.json"
+EXPORT_FILE = "davir_export.json"  # davir.export.layout.EXPORT_FILE (runs/ imports nothing of export/)
 
 
 def _is_model_dir(path: Path) -> bool:
@@ -105,10 +106,17 @@ class RunPaths:
         """A subtraction/SCORER/DIRL/RDD/CHEER model (lightweight_config.json), else a DAVIR one."""
         return (self.model_dir / LIGHTWEIGHT_CONFIG).is_file()
 
+    @property
+    def exported(self) -> bool:
+        """A folder `davir-export` wrote (davir_export.json): a model with its own config.yaml and preprocessing."""
+        return (self.model_dir / EXPORT_FILE).is_file()
+
     def bases(self) -> list[Path]:
         """Folders a relative recorded path may be relative to: the training folder (from `run.output_dir`,
         then run_info.json's `cwd`), then the current folder."""
         bases = []
+        if self.exported:  # an exported folder (davir.export): the paths its config.yaml records are its own files
+            bases.append(self.model_dir)
         output_dir = (self.config.get("run") or {}).get("output_dir")
         if self.run_dir is not None and output_dir and not Path(output_dir).is_absolute():
             parts = Path(output_dir).parts

@@ -1,0 +1,109 @@
+"""The weights of an exported model: a DAVIR model's PEFT adapter as it was saved, or the LoRA merged into the
+full weights of its family's model; a lightweight model's folder as it was saved.
+
+Adapter: `adapter_model.safetensors` is the run's file byte for byte, `adapter_config.json` names the base
+model (`base_model_name_or_path`) by its name instead of its path on the training machine; the trained parts
+that are not LoRA (`model.extra_trainable`: projector, language_projection, query_tokens; segment embeddings)
+are `trainable_extra.safetensors`, as in the run.
+
+Merged: `PeftModel.merge_and_unload()` on the model's core — every LoRA update, vision encoder and
+Q-Former/projector included, added into the weight it adapts — then the core's `save_pretrained`: the folder
+is a plain `<Family>ForConditionalGeneration` folder (what vLLM or SGLang serve), the parts trained in full
+being weights of the core already. Only weights outside the core (segment embeddings) go to
+`davir_extra.safetensors`, which davir reads and other servers do not need unless the model uses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from safetensors.torch import save_file
+
+from davir.errors import DataError
+from davir.export.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, DAVIR_EXTRA, EXTRA_WEIGHTS
+from davir.io import read_json, write_json_atomic
+
+BASE_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def describe_base(path: Path, name: str | None) -> dict:
+    """What an export records of its base model folder: a name, its path here, model type, weight files' hashes."""
+    files = sorted({*(p for p in path.glob("*.safetensors")), *(path / n for n in BASE_FILES if (path / n).is_file())})
+    config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
+    return {"name": name or path.name, "path_at_export": str(path.resolve()), "model_type": config.get("model_type"),
+            "files": {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files}}
+
+
+def write_davir_config(model_dir: Path, out: Path, pretrained: str | None) -> dict:
+    """davir_config.json of the model, `pretrained` naming the base model instead of its path here."""
+    meta = read_json(model_dir / "davir_config.json")
+    meta["config"]["pretrained"] = pretrained
+    write_json_atomic(out / "davir_config.json", meta)
+    return meta["config"]
+
+
+def copy_processor(model_dir: Path, out: Path) -> None:
+    """The saved processor's files (tokenizers, image processor, chat template) at the top of `out`."""
+    source = model_dir / "processor"
+    if not source.is_dir():
+        raise DataError(f"{model_dir}: missing processor/ (tokenizers and image processor)")
+    shutil.copytree(source, out, dirs_exist_ok=True)
+
+
+def write_adapter(model_dir: Path, out: Path, base_name: str) -> list[str]:
+    """The run's PEFT adapter and extra trained weights, as saved; returns the files written."""
+    adapter = model_dir / "adapter"
+    if not (adapter / ADAPTER_WEIGHTS).is_file() or not (adapter / ADAPTER_CONFIG).is_file():
+        raise DataError(f"{model_dir}: no adapter/{ADAPTER_WEIGHTS} + {ADAPTER_CONFIG} (not a LoRA model); "
+                        "export it with --merge")
+    shutil.copy2(adapter / ADAPTER_WEIGHTS, out / ADAPTER_WEIGHTS)
+    adapter_config = read_json(adapter / ADAPTER_CONFIG)
+    adapter_config["base_model_name_or_path"] = base_name
+    (out / ADAPTER_CONFIG).write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+    written = [ADAPTER_WEIGHTS, ADAPTER_CONFIG]
+    if (model_dir / EXTRA_WEIGHTS).is_file():
+        shutil.copy2(model_dir / EXTRA_WEIGHTS, out / EXTRA_WEIGHTS)
+        written.append(EXTRA_WEIGHTS)
+    return written
+
+
+def merged_core(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """(the core with every LoRA update merged into its weights, the model's weights outside the core).
+
+    Merges in place: `model` is not usable afterwards."""
+    inside = {id(parameter) for parameter in model.core.parameters()}
+    outside = {name: parameter.detach().contiguous().cpu().clone() for name, parameter in model.named_parameters()
+               if id(parameter) not in inside and "lora_" not in name}
+    wrapped = model.wrapped()
+    core = wrapped.merge_and_unload(progressbar=False, safe_merge=True) if isinstance(wrapped, PeftModel) else wrapped
+    leftover = [name for name, _ in core.named_parameters() if "lora_" in name]
+    if leftover:
+        raise RuntimeError(f"LoRA weights left after merging: {leftover[:3]}")
+    return core, outside
+
+
+def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "cpu") -> list[str]:
+    """The model's LoRA merged into the full weights of its family's model (`save_pretrained`); returns the
+    files written besides the processor's."""
+    from davir.models.davir import load_davir_model
+
+    model = load_davir_model(model_dir, device=device, pretrained=base).eval()
+    core, outside = merged_core(model)
+    before = set(p.name for p in out.iterdir())
+    core.save_pretrained(str(out), safe_serialization=True)
+    if outside:
+        save_file(outside, str(out / DAVIR_EXTRA))
+    return sorted(set(p.name for p in out.iterdir()) - before)
