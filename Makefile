@@ -3,7 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= outputs/demo
-DEMO_RUN ?= runs/demo
+# The model family the demo fine-tunes (davir/models/families; configs/demo.yaml's model.for_family holds each one's
+# settings): instructblip (the paper's, assets/tiny_instructblip), qwen2_5_vl, llava_onevision, smolvlm.
+DEMO_FAMILY ?= instructblip
+DEMO_SUFFIX := $(if $(filter-out instructblip,$(DEMO_FAMILY)),_$(DEMO_FAMILY))
+DEMO_RUN ?= runs/demo$(DEMO_SUFFIX)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -21,9 +25,11 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 
 install: $(VENV)/.installed system-deps
 
-# Java runs the PTB tokenizer and METEOR (pycocoevalcap); WordNet's word lists feed the offline chunker.
+# Java runs the PTB tokenizer and METEOR (pycocoevalcap); WordNet's word lists feed the offline chunker; headless
+# Chromium loads davir-app's page in tests/test_app.py (over its DevTools protocol: no driver, no download).
 system-deps:
 	@command -v java >/dev/null 2>&1 || (apt-get update && apt-get install -y default-jre-headless)
+	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y --no-install-recommends chromium)
 	@test -f /usr/share/wordnet/index.noun || (apt-get update && apt-get install -y --no-install-recommends wordnet-base) || \
 		echo "wordnet-base not installed: the entity chunker uses its corpus-fitted rules"
 
@@ -78,12 +84,12 @@ demo-data: install $(DEMO_READY)
 # The whole job: data → masks → entities → DAVIR fine-tune of the tiny pretrained model → evaluate → caption.
 demo: install $(DEMO_READY)
 	$(PY) train.py --config configs/demo.yaml run.overwrite=true run.output_dir=$(DEMO_RUN) data.root=$(DEMO_DATA) \
-		data.masks=$(DEMO_DIR)/masks data.entities=$(DEMO_DIR)/entities $(DEMO_TRAIN_ARGS)
+		data.masks=$(DEMO_DIR)/masks data.entities=$(DEMO_DIR)/entities model.family=$(DEMO_FAMILY) $(DEMO_TRAIN_ARGS)
 	$(PY) evaluate.py --checkpoint $(DEMO_RUN) --split test --no-spice
 	$(PY) -m davir.data pairs --format clevr_change --root $(DEMO_DATA) --split test --num 12 --out $(DEMO_DATA)/demo_pairs.csv
-	$(PY) caption.py --checkpoint $(DEMO_RUN) --pairs $(DEMO_DATA)/demo_pairs.csv --out $(DEMO_DIR)/captions.jsonl \
-		--html $(DEMO_DIR)/report.html
-	@echo "demo done: metrics in $(DEMO_RUN)/eval/clevr_change_test/metrics.md, report in $(DEMO_DIR)/report.html"
+	$(PY) caption.py --checkpoint $(DEMO_RUN) --pairs $(DEMO_DATA)/demo_pairs.csv --out $(DEMO_DIR)/captions$(DEMO_SUFFIX).jsonl \
+		--html $(DEMO_DIR)/report$(DEMO_SUFFIX).html
+	@echo "demo done: metrics in $(DEMO_RUN)/eval/clevr_change_test/metrics.md, report in $(DEMO_DIR)/report$(DEMO_SUFFIX).html"
 
 # The paper's Table 4 at tiny scale: FAC off/on × EPC off/on, 3 seeds, mean ± std (runs/ablation_demo/summary.md).
 ablation-demo: install $(DEMO_READY)

@@ -21,7 +21,7 @@ SHIPPED = {"configs/demo.yaml": "davir/configs/demo.yaml"}
 ASSETS = [f"davir/assets/tiny_resnet/{name}" for name in ("backbone.pth", "head.pth", "pretrain_info.json")]
 PACKAGES = ("davir", "preprocess")
 # The console scripts the pipeline below does not run, or not with --help (davir-train's is 5-10 s of imports).
-SCRIPTS = (("davir-evaluate",), ("davir-caption",), ("davir-preprocess", "masks"), ("davir-data",), ("davir-export",))
+SCRIPTS = (("davir-evaluate",), ("davir-caption",), ("davir-preprocess", "masks"), ("davir-data",), ("davir-export",), ("davir-app",))
 
 # Loaded in every command the test starts (PYTHONPATH): drops the .venv's editable-install finder, which would
 # otherwise serve any module missing from the wheel out of the repository, and records where each davir/preprocess

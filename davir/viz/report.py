@@ -80,14 +80,19 @@ def _figure(image: Image.Image | None, label: str) -> str:
             f"<figcaption>{html.escape(label)}</figcaption></figure>")
 
 
+# The columns of a pair's picture, in order, in every report and in the app: the images, the change mask on the
+# after image, the model's attention (FAC) on each image. A picture without mask or attention has the first ones.
+TILE_LABELS = ("before", "after", "change mask", "attention before", "attention after")
+
+
 def _row_html(row: ReportRow) -> str:
-    tiles = [_figure(row.before, "before"), _figure(row.after, "after")]
+    tiles = [_figure(row.before, TILE_LABELS[0]), _figure(row.after, TILE_LABELS[1])]
     if row.after is not None and row.mask is not None:
-        tiles.append(_figure(overlay_mask(row.after, row.mask), "change mask"))
+        tiles.append(_figure(overlay_mask(row.after, row.mask), TILE_LABELS[2]))
     if row.before is not None and row.attention_before is not None:
-        tiles.append(_figure(overlay_heatmap(row.before, row.attention_before), "attention (before)"))
+        tiles.append(_figure(overlay_heatmap(row.before, row.attention_before), TILE_LABELS[3]))
     if row.after is not None and row.attention_after is not None:
-        tiles.append(_figure(overlay_heatmap(row.after, row.attention_after), "attention (after)"))
+        tiles.append(_figure(overlay_heatmap(row.after, row.attention_after), TILE_LABELS[4]))
     parts = [f'<section class="pair{" failed" if row.error else ""}" id="{html.escape(row.pair_id)}">',
              f"<h2>{html.escape(row.pair_id)}</h2>"]
     if row.caption is not None:  # the caption first: it is what the reader came for
@@ -122,6 +127,7 @@ figcaption{font-size:12px;color:#5a6478;margin-top:4px}
 .error{color:#a4161a;font-weight:600}.failed{border-left:4px solid #a4161a}
 .scores,details{font-size:13px;color:#5a6478}
 table.summary{border-collapse:collapse;margin-top:8px}table.summary td,table.summary th{padding:2px 10px;text-align:left}
+.strip-labels{display:grid;font-size:12px;color:#5a6478;text-align:center;margin:2px 0 8px}
 """
 
 

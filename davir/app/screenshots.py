@@ -1,0 +1,102 @@
+"""The README's pictures of the app: one screenshot a tab, taken in headless Chromium (docs/images/app_*.png).
+
+    python -m davir.app.screenshots --checkpoint runs/demo --compare runs/lightweight_demo/dirl_ccr/seed0 \
+        --captions outputs/demo/captions.jsonl --before B.png --after A.png --out docs/images
+
+Starts the app on a free port, uploads the pair in the caption and compare tabs, opens the captions in the browse
+tab (its word filter set by --word), and writes app_caption.png, app_browse.png and app_compare.png, each
+reduced to a 256-colour palette (a page is mostly flat colour) to stay small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+IMAGES_LOADED = ("[...document.querySelectorAll('{0} img')].length > 0 && "
+                 "[...document.querySelectorAll('{0} img')].every(i => i.complete && i.naturalWidth > 0)")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _small_png(path: Path) -> None:
+    with Image.open(path) as image:
+        image.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+
+
+def take(url: str, out: Path, before: Path, after: Path, *, word: str = "", width: int = 1280) -> list[Path]:
+    from davir.app.browser import Chromium
+
+    out.mkdir(parents=True, exist_ok=True)
+    shots = []
+    with Chromium(width=width, height=900) as browser:
+        browser.open(url)
+        browser.wait_for("!!document.querySelector('#before input[type=file]')")
+        browser.upload("#before input[type=file]", before)
+        browser.upload("#after input[type=file]", after)
+        browser.wait_for(IMAGES_LOADED.format("#before") + " && " + IMAGES_LOADED.format("#after"))
+        browser.click("#caption-button")
+        browser.wait_for("document.querySelector('#caption textarea').value", timeout=120)
+        browser.wait_for(IMAGES_LOADED.format("#attention-after") + " && " + IMAGES_LOADED.format("#mask-before"))
+        shots.append(browser.screenshot(out / "app_caption.png"))
+
+        browser.click_text("button[role=tab]", "Browse captions")
+        if word:
+            browser.evaluate(f"(e => {{ e.value = {json.dumps(word)}; e.dispatchEvent(new Event('input')); }})"
+                             "(document.querySelector('#word textarea, #word input'))")
+        browser.click("#browse-button")
+        browser.wait_for("(e => e && e.innerText.includes('match'))(document.querySelector('#browse-summary'))",
+                         timeout=60)
+        browser.wait_for("document.querySelectorAll('#strips img').length > 0")
+        browser.evaluate("window.scrollTo(0, document.body.scrollHeight)")  # the gallery's images load lazily
+        browser.wait_for(IMAGES_LOADED.format("#strips"))
+        browser.evaluate("window.scrollTo(0, 0)")
+        shots.append(browser.screenshot(out / "app_browse.png"))
+
+        browser.click_text("button[role=tab]", "Compare two models")
+        browser.wait_for("!!document.querySelector('#compare-before input[type=file]')")
+        browser.upload("#compare-before input[type=file]", before)
+        browser.upload("#compare-after input[type=file]", after)
+        browser.wait_for(IMAGES_LOADED.format("#compare-before") + " && " + IMAGES_LOADED.format("#compare-after"))
+        browser.click("#compare-button")
+        browser.wait_for("document.querySelector('#caption-b textarea').value", timeout=120)
+        browser.wait_for(IMAGES_LOADED.format("#strip-a") + " && " + IMAGES_LOADED.format("#strip-b"))
+        shots.append(browser.screenshot(out / "app_compare.png"))
+    for shot in shots:
+        _small_png(shot)
+    return shots
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m davir.app.screenshots", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--compare", required=True, help="model B of the compare tab")
+    parser.add_argument("--captions", required=True, help="the captions.jsonl the browse tab shows")
+    parser.add_argument("--before", required=True, type=Path)
+    parser.add_argument("--after", required=True, type=Path)
+    parser.add_argument("--word", default="", help="the browse tab's word filter")
+    parser.add_argument("--out", type=Path, default=Path("docs/images"))
+    args = parser.parse_args(argv)
+    from davir.app.serve import start
+
+    demo, url = start(args.checkpoint, compare=args.compare, captions=args.captions, port=_free_port(), block=False)
+    try:
+        for shot in take(url, args.out, args.before, args.after, word=args.word):
+            print(f"{shot} ({shot.stat().st_size // 1024} KB)")
+    finally:
+        demo.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
