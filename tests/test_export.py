@@ -258,3 +258,18 @@ def test_lightweight_run_exports_and_captions_identically(synthetic_set, tmp_pat
     assert info["weights"] == "lightweight" and info["model"]["backbone"].startswith("random-init")
     assert json.loads((moved / "lightweight_config.json").read_text())["features"]["cache"] is None
     assert captions(moved, pairs, tmp_path / "exp.jsonl") == reference  # caption.py → ChangeCaptioner.from_pretrained
+
+
+def test_vllm_engine_says_what_is_missing(exported, tmp_path, capsys):
+    """`caption.py --engine vllm` serves a merged export of a chat family on a GPU with vLLM installed; here each
+    missing piece is one clear line and exit 2, before any pair is read."""
+    from davir.cli import caption
+    from davir.inference.vllm_engine import check_vllm_available
+
+    for folder, message in ((exported["elsewhere"] / "adapter", "serves a merged export"),
+                            (exported["elsewhere"] / "merged", "model.family=instructblip is not served by vLLM")):
+        assert caption.main(["--checkpoint", str(folder), "--pairs", str(exported["pairs"]), "--engine", "vllm",
+                             "--out", str(tmp_path / "c.jsonl")]) == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(DataError, match="vLLM is not installed|needs a CUDA GPU"):
+        check_vllm_available()

@@ -38,6 +38,9 @@ ENTITIES_KEPT = 5     # entities reported per pair (the prompt uses the model's 
 LOAD_MAX_SIDE = 1024  # images are decoded at no more than ~this long side (the masks work at 224, the models at ≤ 224)
 
 
+ENGINES = ("transformers", "vllm")
+
+
 @dataclass
 class CaptionerOptions:
     """What `ChangeCaptioner.from_pretrained` may change from the run's own settings.
@@ -59,9 +62,12 @@ class CaptionerOptions:
     size_policy: str = "resize_before_to_after"        # or "error": before/after of different sizes fail the pair
     max_side: int | None = LOAD_MAX_SIDE               # decode images no larger than needed (None: full size)
     allow_profile_mismatch: bool = False               # accept caches of another preprocessing profile
+    engine: str = "transformers"                       # or "vllm": a merged export on a GPU (davir/inference/vllm_engine.py)
 
     def check_paths(self) -> None:
         """The folders given here exist (a DataError naming the flag otherwise), before any work."""
+        if self.engine not in ENGINES:
+            raise DataError(f"--engine {self.engine}: choose one of {', '.join(ENGINES)}")
         if self.masks_from is not None and not Path(self.masks_from).is_dir():
             raise DataError(f"--masks-from {self.masks_from}: no such folder (a mask cache written by "
                             "`python -m preprocess masks --out …`)")
@@ -146,8 +152,13 @@ class ChangeCaptioner:
         device = options.device
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        engine = load_engine(run, device, pretrained=options.pretrained or options.base_model,
-                             backbone_weights=options.backbone_weights)
+        if options.engine == "vllm":
+            from davir.inference.vllm_engine import VllmEngine
+
+            engine = VllmEngine.load(run, num_beams=options.num_beams)
+        else:
+            engine = load_engine(run, device, pretrained=options.pretrained or options.base_model,
+                                 backbone_weights=options.backbone_weights)
         entities, entity_dir, mask_dir = None, None, None
         if engine.uses_entities:
             entity_dir = options.entities_from or run.resolve(run.data.get("entities"),
