@@ -30,11 +30,11 @@ from torch import nn
 from davir.models.davir_checkpoint import DavirCheckpointMixin
 from davir.models.davir_config import DavirModelConfig
 from davir.models.davir_lora import make_family_lora_config
-from davir.models.davir_output import DavirOutput
+from davir.models.davir_output import DavirOutput, davir_output
 from davir.models.epc import entity_prompts
 from davir.models.families import get_family
 from davir.models.families.base import locate
-from davir.models.losses import IGNORE_INDEX, FacConfig, caption_cross_entropy, davir_total_loss, fac_attention_loss
+from davir.models.losses import IGNORE_INDEX, FacConfig
 
 
 class ChatDavirModel(DavirCheckpointMixin, nn.Module):
@@ -201,21 +201,8 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         maps = self.family.attention_maps(self.attention_hook.pop(), 2 * batch, self.patch_grid)
         attention_before, attention_after = maps[0::2], maps[1::2]
 
-        caption_loss = caption_cross_entropy(output.logits, labels) if captions is not None else None
-        attn_loss, fac_pairs = None, 0
-        fac = self.config.fac
-        if fac.lambda_attn > 0 and (masks_before is not None or masks_after is not None):
-            result = fac_attention_loss(attention_before, attention_after, masks_before, masks_after, mask_valid, fac)
-            attn_loss, fac_pairs = result.loss, result.num_pairs
-        if caption_loss is None:
-            loss = None
-        elif attn_loss is None:
-            loss = caption_loss
-        else:
-            loss = davir_total_loss(caption_loss, attn_loss, fac.lambda_attn)
-        return DavirOutput(loss=loss, caption_loss=caption_loss, attn_loss=attn_loss, logits=output.logits,
-                           attention_before=attention_before, attention_after=attention_after,
-                           labels=labels if captions is not None else None, fac_pairs=fac_pairs)
+        return davir_output(output.logits, labels if captions is not None else None, attention_before,
+                            attention_after, self.config.fac, masks_before, masks_after, mask_valid)
 
     # ---------------------------------------------------------------------------------------------- generate
     @torch.no_grad()

@@ -33,11 +33,11 @@ from peft import PeftModel, get_peft_model
 from torch import nn
 from transformers import InstructBlipForConditionalGeneration, InstructBlipProcessor
 
-from davir.models.losses import IGNORE_INDEX, FacConfig, caption_cross_entropy, davir_total_loss, fac_attention_loss
+from davir.models.losses import IGNORE_INDEX, FacConfig
 from davir.models.attention import ClsAttentionHook, cls_to_patch_map, last_layer_attention_module
 from davir.models.davir_checkpoint import DavirCheckpointMixin
 from davir.models.davir_config import DavirModelConfig
-from davir.models.davir_output import DavirOutput
+from davir.models.davir_output import DavirOutput, davir_output
 from davir.models.families import get_family
 from davir.models.davir_lora import LoraSettings, make_lora_config
 from davir.models.epc import EpcConfig, entity_prompts
@@ -248,28 +248,8 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
             raise ValueError(f"{len(captions)} captions for a batch of {visual.shape[0]} image pairs")
         logits, labels = self.language_pass(visual, prompts, captions)
 
-        caption_loss = caption_cross_entropy(logits, labels) if captions is not None else None
-        attn_loss, fac_pairs = None, 0
-        fac = self.config.fac
-        if fac.lambda_attn > 0 and (masks_before is not None or masks_after is not None):
-            result = fac_attention_loss(attention_before, attention_after, masks_before, masks_after, mask_valid, fac)
-            attn_loss, fac_pairs = result.loss, result.num_pairs
-        if caption_loss is None:
-            loss = None
-        elif attn_loss is None:
-            loss = caption_loss
-        else:
-            loss = davir_total_loss(caption_loss, attn_loss, fac.lambda_attn)
-        return DavirOutput(
-            loss=loss,
-            caption_loss=caption_loss,
-            attn_loss=attn_loss,
-            logits=logits,
-            attention_before=attention_before,
-            attention_after=attention_after,
-            labels=labels if captions is not None else None,
-            fac_pairs=fac_pairs,
-        )
+        return davir_output(logits, labels if captions is not None else None, attention_before, attention_after,
+                            self.config.fac, masks_before, masks_after, mask_valid)
 
     # ---------------------------------------------------------------------------------------------- generate
     @torch.no_grad()
