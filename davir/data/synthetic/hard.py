@@ -20,8 +20,8 @@ import numpy as np
 from davir.data.records import CHANGE_TYPES
 from davir.data.synthetic.config import SynthConfig
 from davir.data.synthetic.render import SpriteCache, visible_coverage
-from davir.data.synthetic.scenes import (DISTRACTOR_KINDS, MIN_MOVE, Scene, _apart, _Layout, _random_position,
-                                         _random_yaw, _sample_illumination)
+from davir.data.synthetic.scenes import (DISTRACTOR_KINDS, Scene, _Layout, _place, _sample_illumination,
+                                         _sample_objects)
 from davir.data.synthetic.world import (COLORS, MATERIALS, SHAPES, Camera, Floor, Illumination, Light, PoseCamera,
                                         SceneObject, View)
 from davir.errors import DataError
@@ -60,29 +60,6 @@ def _hard_attributes(rng: np.random.Generator, small: bool | None = None) -> dic
         "size": "small" if small else "large",
         "scale": SMALL_SCALE if small else 1.0,
     }
-
-
-def _place(rng: np.random.Generator, attributes: dict[str, Any], others: list[SceneObject], layout: _Layout,
-           tries: int = 40, away_from: tuple[float, float] | None = None) -> SceneObject | None:
-    yaw = _random_yaw(rng, attributes["shape"])
-    for _ in range(tries):
-        x, y = _random_position(rng)
-        if away_from is not None and math.hypot(x - away_from[0], y - away_from[1]) < MIN_MOVE:
-            continue
-        candidate = SceneObject(x=x, y=y, yaw=yaw, **attributes)
-        if _apart(candidate, others) and layout.ok(others + [candidate]):
-            return candidate
-    return None
-
-
-def _sample_objects(rng: np.random.Generator, count: int, layout: _Layout) -> list[SceneObject] | None:
-    objects: list[SceneObject] = []
-    for _ in range(count):
-        placed = _place(rng, _hard_attributes(rng), objects, layout)
-        if placed is None:
-            return None
-        objects.append(placed)
-    return objects
 
 
 def _sample_light(rng: np.random.Generator) -> Light:
@@ -200,7 +177,7 @@ def sample_hard_scene(index: int, change_type: str, config: SynthConfig) -> tupl
     for attempt in range(200):
         if attempt % 25 == 0:
             count = int(rng.integers(low, high + 1))
-        objects = _sample_objects(rng, count, layout)
+        objects = _sample_objects(rng, count, layout, attributes=_hard_attributes)
         if objects is None:
             continue
         changed = _apply_change(rng, change_type, objects, layout)

@@ -77,10 +77,13 @@ def _place(rng: np.random.Generator, attributes: dict[str, Any], others: list[Sc
     return None
 
 
-def _sample_objects(rng: np.random.Generator, count: int, layout: _Layout) -> list[SceneObject] | None:
+def _sample_objects(rng: np.random.Generator, count: int, layout: _Layout,
+                    attributes=None) -> list[SceneObject] | None:
+    """`count` objects placed one by one (`attributes(rng)` draws each one's look; the standard set's by default)."""
+    attributes = attributes or _random_attributes
     objects: list[SceneObject] = []
     for _ in range(count):
-        placed = _place(rng, _random_attributes(rng), objects, layout)
+        placed = _place(rng, attributes(rng), objects, layout)
         if placed is None:
             return None
         objects.append(placed)
