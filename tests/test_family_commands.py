@@ -52,8 +52,8 @@ def _train_argv(caches, family, folder, run_dir, *extra):
     root, masks, entities = caches
     return ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={root}", f"data.masks={masks}",
             f"data.entities={entities}", f"model.family={family}", f"model.pretrained={folder}",
-            "model.image_size=64", "model.extra_trainable=[]", "optim.batch_size=4", "optim.max_steps=4",
-            "run.save_every=2", "run.eval_every=4", "run.val_max_pairs=4", "run.tensorboard=false", "run.log_every=1",
+            "model.image_size=64", "model.train_mode=lora", "model.extra_trainable=[]", "optim.batch_size=4",
+            "optim.max_steps=4", "run.save_every=2", "run.eval_every=4", "run.val_max_pairs=4", "run.tensorboard=false", "run.log_every=1",
             f"run.output_dir={run_dir}", *extra]
 
 
