@@ -15,11 +15,10 @@ import sys
 from pathlib import Path
 
 import torch
-from peft import set_peft_model_state_dict
-from safetensors.torch import load_file
 
 from davir.errors import DataError
 from davir.export.layout import (ADAPTER_WEIGHTS, BASE_FLAG, DAVIR_EXTRA, EXTRA_WEIGHTS, read_export_info)
+from davir.models.davir_checkpoint import load_adapter_weights, load_extra_weights, trained_outside_lora
 
 
 def base_model_folder(folder: Path, info: dict, base_model: str | Path | None) -> Path:
@@ -93,12 +92,8 @@ def load_exported_model(folder: str | Path, *, device: str | torch.device | None
     adapter = folder / ADAPTER_WEIGHTS
     if not adapter.is_file():
         raise DataError(f"{folder}: missing {ADAPTER_WEIGHTS} (an adapter export)")
-    state = _load_weights(adapter, lambda: load_file(str(adapter), device=str(target)))
-    result = _load_weights(adapter, lambda: set_peft_model_state_dict(model.wrapped(), state))
-    if getattr(result, "unexpected_keys", None):
-        raise DataError(f"{adapter}: weights that fit no LoRA layer of this model: {result.unexpected_keys[:5]}")
-    wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad and "lora_" not in name}
-    _load_extra(model, folder / EXTRA_WEIGHTS, required=wanted, target=target)
+    load_adapter_weights(model, adapter, target)
+    _load_extra(model, folder / EXTRA_WEIGHTS, required=trained_outside_lora(model), target=target)
     return model.eval()
 
 
@@ -109,16 +104,8 @@ def _outside_core(model) -> set[str]:
 
 
 def _load_extra(model, path: Path, *, required: set[str], target: torch.device) -> None:
-    from davir.models.davir_checkpoint import _load_weights
-
     if not path.is_file():
         if required:
             raise DataError(f"{path}: missing — the model needs {sorted(required)[:3]} from it")
         return
-    weights = _load_weights(path, lambda: load_file(str(path), device=str(target)))
-    missing = sorted(required - set(weights))
-    if missing:
-        raise DataError(f"{path}: lacks trained weights this model needs: {missing[:5]}")
-    unexpected = _load_weights(path, lambda: model.load_state_dict(weights, strict=False)).unexpected_keys
-    if unexpected:
-        raise DataError(f"{path}: weights that fit no parameter of this model: {unexpected[:5]}")
+    load_extra_weights(model, path, required, target)

@@ -100,27 +100,42 @@ class DavirCheckpointMixin:
             raise DataError(
                 f"{directory}: neither {FULL_WEIGHTS_FILE} nor {ADAPTER_DIR}/adapter_model.safetensors found"
             )
-        state = _load_weights(adapter, lambda: load_file(str(adapter), device=str(target)))
-        result = _load_weights(adapter, lambda: set_peft_model_state_dict(model.wrapped(), state))
-        if getattr(result, "unexpected_keys", None):
-            raise DataError(f"{adapter}: weights that fit no LoRA layer of this model: {result.unexpected_keys[:5]}")
+        load_adapter_weights(model, adapter, target)
         # The trained parts that are not LoRA (extra_trainable, segment embeddings) must all come back: without
         # them the model would silently run with the base model's language_projection / query_tokens / projector.
-        wanted = {name for name, parameter in model.named_parameters()
-                  if parameter.requires_grad and "lora_" not in name}
+        wanted = trained_outside_lora(model)
         extra = directory / EXTRA_WEIGHTS_FILE
         if wanted and not extra.is_file():
             raise DataError(f"{extra}: missing — {directory} is a LoRA model whose config trains "
                             f"{sorted(wanted)[:3]} in full, and they are saved in {EXTRA_WEIGHTS_FILE}")
         if extra.is_file():
-            weights = _load_weights(extra, lambda: load_file(str(extra), device=str(target)))
-            missing = sorted(wanted - set(weights))
-            if missing:
-                raise DataError(f"{extra}: lacks trained weights this model needs: {missing[:5]}")
-            unexpected = _load_weights(extra, lambda: model.load_state_dict(weights, strict=False)).unexpected_keys
-            if unexpected:
-                raise DataError(f"{extra}: weights that fit no parameter of this model: {unexpected[:5]}")
+            load_extra_weights(model, extra, wanted, target)
         return model
+
+
+def load_adapter_weights(model, adapter: Path, target: torch.device) -> None:
+    """A PEFT ``adapter_model.safetensors`` into the model's LoRA layers; a key that fits none is a DataError."""
+    state = _load_weights(adapter, lambda: load_file(str(adapter), device=str(target)))
+    result = _load_weights(adapter, lambda: set_peft_model_state_dict(model.wrapped(), state))
+    if getattr(result, "unexpected_keys", None):
+        raise DataError(f"{adapter}: weights that fit no LoRA layer of this model: {result.unexpected_keys[:5]}")
+
+
+def trained_outside_lora(model) -> set[str]:
+    """Names of the parameters a LoRA model trains in full (extra_trainable parts, segment embeddings)."""
+    return {name for name, parameter in model.named_parameters() if parameter.requires_grad and "lora_" not in name}
+
+
+def load_extra_weights(model, path: Path, wanted: set[str], target: torch.device) -> None:
+    """The weights of ``path`` (a safetensors file) into the model: every name of ``wanted`` must be there, and
+    every weight there must fit a parameter (DataErrors naming the file)."""
+    weights = _load_weights(path, lambda: load_file(str(path), device=str(target)))
+    missing = sorted(wanted - set(weights))
+    if missing:
+        raise DataError(f"{path}: lacks trained weights this model needs: {missing[:5]}")
+    unexpected = _load_weights(path, lambda: model.load_state_dict(weights, strict=False)).unexpected_keys
+    if unexpected:
+        raise DataError(f"{path}: weights that fit no parameter of this model: {unexpected[:5]}")
 
 
 def read_davir_config(directory: str | Path) -> DavirModelConfig:
