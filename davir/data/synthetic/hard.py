@@ -17,11 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from davir.data.records import CHANGE_TYPES
 from davir.data.synthetic.config import SynthConfig
 from davir.data.synthetic.render import SpriteCache, visible_coverage
 from davir.data.synthetic.scenes import (DISTRACTOR_KINDS, Scene, _Layout, _place, _sample_illumination,
-                                         _sample_objects)
+                                         _sample_objects, change_object)
 from davir.data.synthetic.world import (COLORS, MATERIALS, SHAPES, Camera, Floor, Illumination, Light, PoseCamera,
                                         SceneObject, View)
 from davir.errors import DataError
@@ -132,33 +131,9 @@ def _apply_change(rng: np.random.Generator, change_type: str, objects: list[Scen
     targeted = bool(candidates)
     pool = candidates or ids
     target = int(pool[rng.integers(len(pool))])
-    old = objects[target]
-    if change_type == "drop":
-        return (objects[:target] + objects[target + 1:], ids[:target] + ids[target + 1:],
-                {"type": "drop", "object": target}, targeted)
-    if change_type in ("color", "material"):
-        choices = [c for c in (COLORS if change_type == "color" else MATERIALS) if c != getattr(old, change_type)]
-        new_value = choices[rng.integers(len(choices))]
-        after = list(objects)
-        after[target] = replace(old, **{change_type: new_value})
-        change = {"type": change_type, "object": target, "attribute": change_type,
-                  "old": getattr(old, change_type), "new": new_value}
-        return after, ids, change, targeted
-    if change_type == "move":
-        others = objects[:target] + objects[target + 1:]
-        attributes = {"shape": old.shape, "color": old.color, "material": old.material, "size": old.size,
-                      "scale": old.scale}
-        moved = _place(rng, attributes, others, layout, away_from=(old.x, old.y))
-        if moved is None:
-            return None
-        moved = replace(moved, yaw=old.yaw)
-        if not layout.ok(others + [moved]):
-            return None
-        after = list(objects)
-        after[target] = moved
-        change = {"type": "move", "object": target, "from": [old.x, old.y], "to": [moved.x, moved.y]}
-        return after, ids, change, targeted
-    raise DataError(f"synthetic set: unknown change type {change_type!r}; known: {', '.join(CHANGE_TYPES)}")
+    result = change_object(rng, objects, ids, target, change_type, layout,
+                           kept=("shape", "color", "material", "size", "scale"))
+    return None if result is None else (*result, targeted)
 
 
 def sample_hard_scene(index: int, change_type: str, config: SynthConfig) -> tuple[Scene, np.random.Generator]:

@@ -153,6 +153,14 @@ def _apply_change(rng: np.random.Generator, change_type: str, objects: list[Scen
             return None
         return objects + [added], ids + [len(objects)], {"type": "add", "object": len(objects)}
     target = int(rng.integers(len(objects)))
+    return change_object(rng, objects, ids, target, change_type, layout)
+
+
+
+def change_object(rng: np.random.Generator, objects: list[SceneObject], ids: list[int], target: int, change_type: str,
+                  layout: _Layout, kept: tuple[str, ...] = ("shape", "color", "material", "size")):
+    """(after objects, their ids, the change record) of a drop, colour, material or move change of object
+    `target`, or None when the moved object finds no valid place; `kept`: what a moved object keeps."""
     old = objects[target]
     if change_type == "drop":
         return objects[:target] + objects[target + 1:], ids[:target] + ids[target + 1:], {"type": "drop", "object": target}
@@ -166,7 +174,7 @@ def _apply_change(rng: np.random.Generator, change_type: str, objects: list[Scen
         return after, ids, change
     if change_type == "move":
         others = objects[:target] + objects[target + 1:]
-        attributes = {"shape": old.shape, "color": old.color, "material": old.material, "size": old.size}
+        attributes = {name: getattr(old, name) for name in kept}
         moved = _place(rng, attributes, others, layout, away_from=(old.x, old.y))
         if moved is None:
             return None
@@ -178,7 +186,6 @@ def _apply_change(rng: np.random.Generator, change_type: str, objects: list[Scen
         change = {"type": "move", "object": target, "from": [old.x, old.y], "to": [moved.x, moved.y]}
         return after, ids, change
     raise DataError(f"synthetic set: unknown change type {change_type!r}; known: {', '.join(CHANGE_TYPES)}")
-
 
 def sample_standard_scene(index: int, change_type: str, config: SynthConfig) -> tuple[Scene, np.random.Generator]:
     """Sample scene `index` of a standard set from its own random stream (independent of every other scene)."""
