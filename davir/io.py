@@ -109,11 +109,10 @@ def read_json(path: Path) -> Any:
         raise DataError(f"{path}: not UTF-8 text ({error})") from error
 
 
-def read_jsonl(path: Path) -> list[Any]:
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSON Lines file, streamed; a malformed line or non-UTF-8
+    text is a DataError naming the file and the line. The caller checks that the file exists."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"file is missing: {path}")
-    rows = []
     with open(path, encoding="utf-8") as handle:
         number = 0
         try:
@@ -121,9 +120,16 @@ def read_jsonl(path: Path) -> list[Any]:
                 if not line.strip():
                     continue
                 try:
-                    rows.append(json.loads(line))
+                    value = json.loads(line)
                 except json.JSONDecodeError as error:
                     raise DataError(f"{path}: malformed JSON on line {number}: {error.msg}") from error
+                yield number, value
         except UnicodeDecodeError as error:
             raise DataError(f"{path}: not UTF-8 text after line {number} ({error})") from error
-    return rows
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"file is missing: {path}")
+    return [value for _, value in iter_jsonl(path)]

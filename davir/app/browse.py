@@ -11,12 +11,12 @@ pairs is counted without holding it.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from davir.errors import DataError
+from davir.io import iter_jsonl
 from davir.viz.folder_report import strip_name
 
 
@@ -51,25 +51,18 @@ def read_captions(path: str | Path, *, failed_only: bool = False, word: str = ""
         raise DataError(f"{path}: no such file (a captions.jsonl written by `caption.py --out`)")
     wanted = _words(word or "")
     listing = Listing(path)
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}: line {number} is not JSON ({error.msg}); is it a captions.jsonl?") from error
-            if not isinstance(row, dict) or "id" not in row:
-                raise DataError(f"{path}: line {number} is not a caption.py row (no \"id\")")
-            listing.total += 1
-            failed = row.get("error") is not None
-            listing.failed += failed
-            listing.captioned += not failed
-            if (failed_only and not failed) or (wanted and not wanted <= _words(_row_text(row))):
-                continue
-            listing.matched += 1
-            if len(listing.rows) < limit:
-                listing.rows.append(row)
+    for number, row in iter_jsonl(path):
+        if not isinstance(row, dict) or "id" not in row:
+            raise DataError(f"{path}: line {number} is not a caption.py row (no \"id\")")
+        listing.total += 1
+        failed = row.get("error") is not None
+        listing.failed += failed
+        listing.captioned += not failed
+        if (failed_only and not failed) or (wanted and not wanted <= _words(_row_text(row))):
+            continue
+        listing.matched += 1
+        if len(listing.rows) < limit:
+            listing.rows.append(row)
     return listing
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from davir.data.records import ChangePair
 from davir.errors import DataError
-from davir.io import atomic_path
+from davir.io import atomic_path, iter_jsonl
 
 SPLITS = ("train", "val", "test")
 ID_KEY = "id"  # the pair id, kept in every record: the toolkits' loaders drop columns they do not read
@@ -71,15 +71,8 @@ def read_rows(path: Path) -> Iterator[tuple[str, dict]]:
         for number, row in enumerate(data):
             yield f"{path}: record {number}", _object(row, path, f"record {number}")
         return
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}: line {number}: not valid JSON ({error})") from None
-            yield f"{path}: line {number}", _object(row, path, f"line {number}")
+    for number, row in iter_jsonl(path):
+        yield f"{path}: line {number}", _object(row, path, f"line {number}")
 
 
 def _object(row, path: Path, where: str) -> dict:
