@@ -12,20 +12,15 @@ import zlib
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 
 from davir.app.browser import Chromium, chromium_path
-from davir.config import load_config
-from davir.data.synthetic import SynthConfig, generate_dataset
-from davir.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from davir.cli import app as app_script  # noqa: E402
 from davir.cli import caption as caption_script  # noqa: E402
-from davir.training import loop as train_script  # noqa: E402
-from preprocess import masks as masks_job  # noqa: E402
+from tests.test_caption import trained  # noqa: E402,F401 - the tiny DAVIR run fixture
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from gradio_client import Client, handle_file  # noqa: E402
@@ -35,26 +30,6 @@ GOOD = ("p00", "p01")
 BAD = ("corrupt", "mismatch", "huge")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny DAVIR run (as tests/test_caption.py's), trained from its own folder with relative paths."""
-    torch.set_num_threads(1)
-    base = tmp_path_factory.mktemp("app")
-    generate_dataset(base / "data", SynthConfig(scenes=16, seed=4, width=96, height=72), workers=1)
-    cwd = os.getcwd()
-    os.chdir(base)
-    try:
-        assert masks_job.main(["--format", "clevr_change", "--root", "data", "--split", "train", "--out", "masks",
-                               "--limit", "4", "--workers", "1"]) == 0
-        config = load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-            "data.root=data", "data.masks=masks", "data.entities=null", "model.fac.lambda_attn=0",
-            "model.epc.use_entities=false", f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}",
-            "optim.batch_size=4", "optim.max_steps=1", "run.val_max_pairs=2", "run.eval_every=0",
-            "run.tensorboard=false", "run.output_dir=runs/tiny"])
-        train_script.train(config)
-    finally:
-        os.chdir(cwd)
-    return base
 
 
 def huge_png(path: Path, width: int = 20000, height: int = 20000) -> Path:
