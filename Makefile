@@ -11,7 +11,8 @@ DEMO_RUN ?= runs/demo$(DEMO_SUFFIX)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install system-deps test demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo
+.PHONY: install system-deps test demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo \
+	demo-hard ablation-hard hard-data-check clean-demo-hard
 
 $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,11 +34,12 @@ system-deps:
 	@test -f /usr/share/wordnet/index.noun || (apt-get update && apt-get install -y --no-install-recommends wordnet-base) || \
 		echo "wordnet-base not installed: the entity chunker uses its corpus-fitted rules"
 
-# One pytest-xdist worker per core, a test file per worker (module fixtures are built once); TEST_WORKERS=0 runs serially.
+# One pytest-xdist worker per core, a test file per worker (module fixtures are built once), the files in the order
+# tests/conftest.py gives them (the minute-long ones first); TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= auto
 
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 DEMO_SCENES ?= 1500
 DEMO_SEED ?= 0
@@ -118,3 +120,49 @@ demo-lightweight: install $(DEMO_READY)
 
 clean-demo:
 	rm -rf $(DEMO_DIR) $(DEMO_RUN) $(ABLATION_RUNS) $(LW_RUNS)
+
+# The hard set, where localisation decides (docs/synthetic_hard.md; docs/results.md, "The hard set"): its data and
+# pixel-level caches as `make demo-data DEMO_DIFFICULTY=hard` makes them, plus the object-level masks [D] and the
+# entities retrieved from them (ablation-hard compares the two).
+HARD_DIR ?= outputs/demo_hard
+HARD_RUN ?= runs/demo_hard
+HARD_ABLATION_RUNS ?= runs/ablation_hard
+HARD_LW_RUNS ?= runs/lightweight_hard
+HARD := DEMO_DIR=$(HARD_DIR) DEMO_DIFFICULTY=hard DEMO_SCENES=$(DEMO_SCENES) DEMO_SEED=$(DEMO_SEED)
+HARD_READY := $(HARD_DIR)/.object-ready
+HARD_OBJECT := data.masks=$(HARD_DIR)/masks_object data.entities=$(HARD_DIR)/entities_object data.preprocessing_profile=null
+
+# A hard folder made with other settings is refused before anything runs (as demo-data-check does for DEMO_DIR).
+hard-data-check:
+	@$(MAKE) --no-print-directory -s demo-data-check $(HARD)
+
+$(HARD_READY): $(VENV)/.installed | hard-data-check
+	$(MAKE) demo-data $(HARD)
+	for split in $(SPLITS); do $(PY) -m preprocess masks --format clevr_change --root $(HARD_DIR)/data --split $$split \
+		--out $(HARD_DIR)/masks_object --localisation object --workers 2 --viz $(HARD_DIR)/mask_viz_object \
+		--viz-count 4 || exit 1; done
+	$(PY) -m preprocess mask-eval --format clevr_change --root $(HARD_DIR)/data --split test --masks $(HARD_DIR)/masks_object
+	for split in $(SPLITS); do $(PY) -m preprocess entities --format clevr_change --root $(HARD_DIR)/data --split $$split \
+		--masks $(HARD_DIR)/masks_object --out $(HARD_DIR)/entities_object || exit 1; done
+	$(PY) -m preprocess entity-eval --format clevr_change --root $(HARD_DIR)/data --split test \
+		--entities $(HARD_DIR)/entities_object
+	cp $(HARD_DIR)/.data-ready $@
+
+# The demo on the hard set: data and both caches, DAVIR (FAC + EPC on the object-level masks) → evaluate → report,
+# then the five lightweight methods (3 seeds each, $(HARD_LW_RUNS)/summary.md).
+demo-hard: install hard-data-check $(HARD_READY)
+	$(MAKE) demo $(HARD) DEMO_RUN=$(HARD_RUN) DEMO_TRAIN_ARGS="$(HARD_OBJECT) $(DEMO_TRAIN_ARGS)"
+	$(MAKE) demo-lightweight $(HARD) LW_RUNS=$(HARD_LW_RUNS)
+
+# FAC off / toolkit / paper × EPC off/on × pixel / object masks on the hard set, 3 seeds (configs/sweeps/ablation_hard.yaml;
+# $(HARD_ABLATION_RUNS)/summary.md): two 1-thread processes of three variants each, then one summary pass.
+HARD_SWEEP := $(PY) -m davir.sweep configs/sweeps/ablation_hard.yaml --var demo_dir=$(HARD_DIR) --out $(HARD_ABLATION_RUNS) $(SWEEP_ARGS)
+ablation-hard: install hard-data-check $(HARD_READY)
+	export OMP_NUM_THREADS=1; \
+		$(HARD_SWEEP) --variants lora_no_fac_no_epc epc_pixel_entities fac_toolkit_epc_pixel & p0=$$!; \
+		$(HARD_SWEEP) --variants epc_object_entities fac_toolkit_epc_object fac_paper_eq_7_epc_object & p1=$$!; \
+		wait $$p0 && wait $$p1
+	$(HARD_SWEEP)
+
+clean-demo-hard:
+	rm -rf $(HARD_DIR) $(HARD_RUN) $(HARD_ABLATION_RUNS) $(HARD_LW_RUNS)

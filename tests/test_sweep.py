@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -184,12 +185,30 @@ def test_sweep_variables_fill_configs_and_overrides(tmp_path):
         cell_recipe(sweep, sweep.variants[0], 5, [])
 
 
-def test_repository_sweeps_load_and_name_existing_configs():
-    for name in ("ablation_demo.yaml", "lightweight_demo.yaml"):
-        sweep = load_sweep(REPO / "configs" / "sweeps" / name)
-        assert sweep.seeds == [0, 1, 2]
+def test_repository_sweeps_load_and_every_cell_config_resolves(monkeypatch):
+    from davir.config import load_config
+    from davir.training.config import TrainConfig
+
+    monkeypatch.chdir(REPO)  # the sweeps name configs/… from the repository, as make runs them
+    sweeps = sorted((REPO / "configs" / "sweeps").glob("*.yaml"))
+    assert {"ablation_demo.yaml", "ablation_hard.yaml", "lightweight_demo.yaml"} <= {p.name for p in sweeps}
+    for path in sweeps:
+        sweep = load_sweep(path)
+        assert sweep.seeds == [0, 1, 2], path.name
         for variant in sweep.variants:
-            assert (REPO / variant.config).is_file(), variant.config
+            recipe = cell_recipe(sweep, variant, 0, [])
+            config = load_config(TrainConfig, recipe["config"], recipe["overrides"])  # a bad key fails here
+            assert config.run.seed == 0, (path.name, variant.name)
+
+
+def test_makefile_splits_each_sweep_into_variants_it_has_and_covers_them_all():
+    """`make ablation-hard` and `make demo-lightweight` run their sweeps as two processes of named variants."""
+    makefile = (REPO / "Makefile").read_text()
+    for target, name in (("ablation-hard", "ablation_hard.yaml"), ("demo-lightweight", "lightweight_demo.yaml")):
+        recipe = makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+        named = [Variant(n, "").slug for group in re.findall(r"--variants ([^)&;]+)", recipe) for n in group.split()]
+        sweep = load_sweep(REPO / "configs" / "sweeps" / name)
+        assert sorted(named) == sorted(v.slug for v in sweep.variants), target
     ablation = load_sweep(REPO / "configs" / "sweeps" / "ablation_demo.yaml")
     assert [v.slug for v in ablation.variants] == ["lora_no_fac_no_epc", "fac", "epc", "fac_epc_davir"]
     assert "model.seed" in ablation.seed_keys

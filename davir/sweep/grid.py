@@ -58,6 +58,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("CIDEr", ("rows", "total", "metrics", "CIDEr")),
     Column("attn. in mask", ("localisation", "attention_share_in_mask"), scale=1.0, digits=3,
            note="the attention share (share of last-layer CLS attention inside the ground-truth change mask)"),
+    Column("pointing", ("localisation", "pointing_accuracy"), scale=1.0, digits=3,
+           note="pointing (share of images whose attention peak lies in the ground-truth change mask)"),
     Column("distinct captions", ("distinct_captions",), scale=1.0, digits=0, note="the number of distinct captions"),
     Column("object F1", ("faithfulness", "rows", "total", "objects", "f1")),
     Column("hallucinated", ("faithfulness", "rows", "total", "hallucination_rate")),
@@ -279,7 +281,8 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
     cost_columns = [c for c in COST_COLUMNS if present(c)]
     seeds = ", ".join(map(str, sweep.seeds))
     unscaled = [c.note or c.title for c in columns if c.scale == 1.0]
-    scale_note = "x100" + (" except " + " and ".join(unscaled) if unscaled else "")
+    listed = ", ".join(unscaled[:-1]) + " and " + unscaled[-1] if len(unscaled) > 1 else "".join(unscaled)
+    scale_note = "x100" + (" except " + listed if unscaled else "")
     lines = [f"## {sweep.title}", "", f"{sweep.split} split; mean ± std (min–max) over seeds {seeds}; {scale_note}.", "",
              "| variant | " + " | ".join(c.title for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     summary: dict[str, Any] = {"title": sweep.title, "split": sweep.split, "seeds": sweep.seeds, "variants": {}}
