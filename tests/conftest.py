@@ -20,6 +20,22 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files holding a `slow` test first, then those holding a `faults` one, the rest as collected.
+
+    `make test` hands whole files to the xdist workers in this order (--dist loadfile --no-loadscope-reorder), so
+    the minute-long end-to-end files start at once instead of ending the run on one worker while the other idles
+    (xdist's own order, most tests first, put these one- and two-test files last)."""
+    def file_of(item):
+        return item.nodeid.split("::")[0]
+
+    rank: dict[str, int] = {}
+    for item in items:
+        level = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("faults") else 2
+        rank[file_of(item)] = min(rank.get(file_of(item), 2), level)
+    items.sort(key=lambda item: rank[file_of(item)])  # stable: a file's tests stay together and in order
+
+
 @pytest.fixture(scope="session")
 def shared_datasets() -> Path:
     """The folder of real annotation files and image pairs (never copied into the repository)."""

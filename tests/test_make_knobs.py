@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv"
@@ -55,26 +55,58 @@ def test_demo_folder_of_other_data_is_refused_naming_both_settings(clone, tmp_pa
     assert done.returncode != 0 and "made with settings it did not record" in done.stderr
 
 
+def recording_python(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in for the venv's python that writes its arguments, one call a line, and does nothing else: `make`
+    runs its recipes for real (loops, background jobs, waits, the data marker) in a second, not a CPU-minute."""
+    log, shim = tmp_path / "calls.txt", tmp_path / "python"
+    # one write per call (printf's argument list, then echo's newline, would interleave between the shard jobs)
+    shim.write_text(f'#!/bin/bash\nline=$(printf "%q " "$@")\necho "$line" >> {log}\n')
+    shim.chmod(0o755)
+    return shim, log
+
+
+def calls(log: Path) -> list[list[str]]:
+    return [shlex.split(line) for line in log.read_text().splitlines()]
+
+
+def option(call: list[str], name: str) -> str:
+    return call[call.index(name) + 1]
+
+
 def test_demo_lightweight_elsewhere_uses_that_folder_and_seed(clone, tmp_path):
-    """A tiny `make demo-lightweight DEMO_DIR=… DEMO_SEED=3`: every step reads and writes that folder."""
+    """`make demo-lightweight DEMO_DIR=… DEMO_SEED=3 DEMO_SCENES=16 LW_RUNS=…`: every command reads and writes
+    that folder and seed (each command's own tests show it honours the flags it is given)."""
     demo, runs = tmp_path / "demo", tmp_path / "runs"
-    tiny = ["--seeds 0", "--set optim.max_steps=2", "--set run.eval_every=2", "--set run.val_max_pairs=4",
-            "--set optim.batch_size=4"]
-    done = _make(clone, "demo-lightweight", f"DEMO_DIR={demo}", "DEMO_SEED=3", "DEMO_SCENES=16", f"LW_RUNS={runs}",
-                 "SWEEP_ARGS=" + " ".join(tiny))
+    shim, log = recording_python(tmp_path)
+    demo.mkdir()  # the synth command, recorded here, would make it
+    knobs = [f"DEMO_DIR={demo}", "DEMO_SEED=3", "DEMO_SCENES=16", f"LW_RUNS={runs}", "SWEEP_ARGS=--seeds 0",
+             f"PY={shim}"]
+    done = _make(clone, "demo-lightweight", *knobs)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (demo / ".data-ready").read_text().strip() == "scenes=16 seed=3"
-    scenes = json.loads((demo / "data" / "scenes.json").read_text())
-    assert scenes["config"]["seed"] == 3 and scenes["config"]["scenes"] == 16
-    for cell, entities in (("subtraction", None), ("cheer", str(demo / "entities_image"))):
-        config = yaml.safe_load((runs / cell / "seed0" / "config.yaml").read_text())
-        assert config["data"]["root"] == str(demo / "data")
-        assert config["data"]["features"] == str(demo / "features")
-        assert config["data"]["entities"] == entities
-        assert (runs / cell / "seed0" / "eval" / "clevr_change_test" / "metrics.json").is_file()
-    assert (runs / "summary.md").is_file()
+    made = calls(log)
+    synth = [c for c in made if c[:3] == ["-m", "davir.data", "synth"]]
+    assert len(synth) == 1 and option(synth[0], "--scenes") == "16" and option(synth[0], "--seed") == "3"
+    assert option(synth[0], "--out") == str(demo / "data")
+    jobs = [c for c in made if c[:2] == ["-m", "preprocess"]]
+    assert {(c[2], option(c, "--split")) for c in jobs if c[2] in ("masks", "entities", "features")} == \
+        {(job, split) for job in ("masks", "entities", "features") for split in ("train", "val", "test")}
+    for call in jobs:
+        assert option(call, "--root") == str(demo / "data"), call
+        written = option(call, "--out") if "--out" in call else option(call, "--masks" if call[2] == "mask-eval"
+                                                                          else "--entities")
+        assert Path(written).parent == demo, call
+    features = [c for c in jobs if c[2] == "features"]
+    assert sorted((option(c, "--split"), option(c, "--shard-index")) for c in features) == \
+        sorted((split, shard) for split in ("train", "val", "test") for shard in "01")
+    sweeps = [c for c in made if c[:2] == ["-m", "davir.sweep"]]
+    assert len(sweeps) == 3 and all(option(c, "--var") == f"demo_dir={demo}" and option(c, "--out") == str(runs)
+                                    and option(c, "--seeds") == "0" for c in sweeps)
+    assert sorted(name for c in sweeps if "--variants" in c for name in c[c.index("--variants") + 1:]) == \
+        sorted(["subtraction", "SCORER+CBR", "DIRL+CCR", "RDD+ACR", "CHEER"])
+    assert "--variants" not in sweeps[-1]  # the summary pass, after both halves
+    assert not any(arg.startswith(("outputs/", "runs/")) for call in made for arg in call)
     assert not (clone / "runs").exists() and not (clone / "outputs").exists()  # nothing went to the defaults
 
-    again = _make(clone, "demo-lightweight", f"DEMO_DIR={demo}", "DEMO_SEED=4", "DEMO_SCENES=16", f"LW_RUNS={runs}",
-                  "SWEEP_ARGS=" + " ".join(tiny))
+    again = _make(clone, "demo-lightweight", *knobs[:1], "DEMO_SEED=4", *knobs[2:])
     assert again.returncode != 0 and "not scenes=16 seed=4" in again.stderr

@@ -4,8 +4,10 @@ a chat family's from the patterns its family module names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from peft import LoraConfig
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 # PEFT target regexes (module names inside InstructBlipForConditionalGeneration, transformers 5.x).
 VISION_QKV_PATTERN = r"vision_model\.encoder\.layers\.\d+\.self_attn\.qkv"
@@ -53,6 +55,8 @@ def _lora_config(parts: list[tuple[str, int]], settings: LoraSettings) -> LoraCo
     """One ``LoraConfig``: a full-match regex over the parts, per-part ranks via ``rank_pattern``."""
     if not parts:
         raise ValueError("LoRA mode with every rank 0 trains nothing; set a rank or use train_mode='full'")
+    from peft import LoraConfig  # here: peft imports most of transformers (~3 s), which a config alone does not need
+
     default_rank = parts[-1][1]
     return LoraConfig(
         r=default_rank,

@@ -15,7 +15,6 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms.v2.functional import gaussian_blur
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Shared
@@ -114,6 +113,8 @@ def change_mask_target(
         raise ValueError(f"change mask must be (B, H, W), got shape {tuple(mask.shape)}")
     pooled = F.adaptive_avg_pool2d(mask.float().unsqueeze(1), grid)
     if kernel_size > 1:
+        from torchvision.transforms.v2.functional import gaussian_blur  # torchvision: ~1 s of imports, FAC only
+
         pooled = gaussian_blur(pooled, kernel_size=[kernel_size, kernel_size], sigma=[sigma, sigma])
     return pooled.squeeze(1)
 

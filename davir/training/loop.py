@@ -20,7 +20,6 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 from davir.runtime.cost import CostMeter
 from davir.config import ConfigError, save_config
@@ -106,6 +105,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
                                   weight_decay=config.optim.weight_decay, betas=tuple(config.optim.betas))
     # accelerate steps a prepared scheduler once per process at every optimizer step (split_batches=False),
     # as HF's no_trainer examples count it: the schedule spans max_steps x num_processes scheduler steps.
+    from transformers import get_scheduler  # here: it imports transformers' trainer and peft (~4 s), which a config error need not wait for
+
     scheduler = get_scheduler(config.optim.schedule, optimizer,
                               num_warmup_steps=round(config.optim.warmup_ratio * max_steps) * accelerator.num_processes,
                               num_training_steps=max_steps * accelerator.num_processes)
