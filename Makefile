@@ -133,8 +133,13 @@ HARD_READY := $(HARD_DIR)/.object-ready
 HARD_OBJECT := data.masks=$(HARD_DIR)/masks_object data.entities=$(HARD_DIR)/entities_object data.preprocessing_profile=null
 
 # A hard folder made with other settings is refused before anything runs (as demo-data-check does for DEMO_DIR).
+HARD_SPEC := scenes=$(DEMO_SCENES) seed=$(DEMO_SEED) difficulty=hard
 hard-data-check:
-	@$(MAKE) --no-print-directory -s demo-data-check $(HARD)
+	@if [ -f $(HARD_DIR)/.data-ready ] && [ "$$(cat $(HARD_DIR)/.data-ready)" != "$(HARD_SPEC)" ]; then \
+		made="$$(cat $(HARD_DIR)/.data-ready)"; \
+		echo "error: $(HARD_DIR) holds demo data made with $${made:-settings it did not record}, not $(HARD_SPEC);" \
+			"give another HARD_DIR=... for this data, or remove the old one first: make clean-demo-hard HARD_DIR=$(HARD_DIR)" >&2; \
+		exit 2; fi
 
 $(HARD_READY): $(VENV)/.installed | hard-data-check
 	$(MAKE) demo-data $(HARD)

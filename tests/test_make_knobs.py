@@ -55,6 +55,19 @@ def test_demo_folder_of_other_data_is_refused_naming_both_settings(clone, tmp_pa
     assert done.returncode != 0 and "made with settings it did not record" in done.stderr
 
 
+def test_hard_targets_refuse_a_folder_of_other_data_naming_their_own_clean_target(clone, tmp_path):
+    hard = tmp_path / "hard"
+    hard.mkdir()
+    (hard / ".data-ready").write_text("scenes=1500 seed=0\n")  # a standard demo folder
+    for target in ("demo-hard", "ablation-hard"):
+        done = _make(clone, target, f"HARD_DIR={hard}")
+        assert done.returncode != 0
+        assert (f"error: {hard} holds demo data made with scenes=1500 seed=0, not scenes=1500 seed=0 difficulty=hard"
+                in done.stderr)
+        assert f"make clean-demo-hard HARD_DIR={hard}" in done.stderr  # not clean-demo, which removes runs/demo
+        assert sorted(p.name for p in hard.iterdir()) == [".data-ready"]
+
+
 def recording_python(tmp_path: Path) -> tuple[Path, Path]:
     """A stand-in for the venv's python that writes its arguments, one call a line, and does nothing else: `make`
     runs its recipes for real (loops, background jobs, waits, the data marker) in a second, not a CPU-minute."""

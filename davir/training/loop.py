@@ -105,7 +105,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
                                   weight_decay=config.optim.weight_decay, betas=tuple(config.optim.betas))
     # accelerate steps a prepared scheduler once per process at every optimizer step (split_batches=False),
     # as HF's no_trainer examples count it: the schedule spans max_steps x num_processes scheduler steps.
-    from transformers import get_scheduler  # here: it imports transformers' trainer and peft (~4 s), which a config error need not wait for
+    from transformers import get_scheduler  # here: it imports transformers' trainer and peft (~4 s)
 
     scheduler = get_scheduler(config.optim.schedule, optimizer,
                               num_warmup_steps=round(config.optim.warmup_ratio * max_steps) * accelerator.num_processes,
