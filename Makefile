@@ -61,11 +61,15 @@ SWEEP_ARGS ?=
 # Extra key=value overrides for the DAVIR demo's training (e.g. DEMO_TRAIN_ARGS="optim.max_steps=50").
 DEMO_TRAIN_ARGS ?=
 
+# The knob that names the folder and the target that clears it, for the refusal below (the hard targets pass theirs).
+DIR_KNOB ?= DEMO_DIR
+CLEAN_HINT ?= make clean-demo DEMO_DIR=$(DEMO_DIR)
+
 demo-data-check:
 	@if [ -f $(DEMO_READY) ] && [ "$$(cat $(DEMO_READY))" != "$(DEMO_SPEC)" ]; then \
 		made="$$(cat $(DEMO_READY))"; \
 		echo "error: $(DEMO_DIR) holds demo data made with $${made:-settings it did not record}, not $(DEMO_SPEC);" \
-			"give another DEMO_DIR=... for this data, or remove the old one first: make clean-demo DEMO_DIR=$(DEMO_DIR)" >&2; \
+			"give another $(DIR_KNOB)=... for this data, or remove the old one first: $(CLEAN_HINT)" >&2; \
 		exit 2; fi
 
 # The built-in synthetic set with its preprocessing: data → change masks → change entities (scored on test).
@@ -128,18 +132,16 @@ HARD_DIR ?= outputs/demo_hard
 HARD_RUN ?= runs/demo_hard
 HARD_ABLATION_RUNS ?= runs/ablation_hard
 HARD_LW_RUNS ?= runs/lightweight_hard
-HARD := DEMO_DIR=$(HARD_DIR) DEMO_DIFFICULTY=hard DEMO_SCENES=$(DEMO_SCENES) DEMO_SEED=$(DEMO_SEED)
+# What every recursive make of the hard targets passes: the folder, the data, and the refusal's own clean-up hint
+# (clean-demo would also remove runs/demo and the standard sweeps).
+HARD := DEMO_DIR=$(HARD_DIR) DEMO_DIFFICULTY=hard DEMO_SCENES=$(DEMO_SCENES) DEMO_SEED=$(DEMO_SEED) DIR_KNOB=HARD_DIR \
+	CLEAN_HINT="make clean-demo-hard HARD_DIR=$(HARD_DIR)"
 HARD_READY := $(HARD_DIR)/.object-ready
 HARD_OBJECT := data.masks=$(HARD_DIR)/masks_object data.entities=$(HARD_DIR)/entities_object data.preprocessing_profile=null
 
-# A hard folder made with other settings is refused before anything runs (as demo-data-check does for DEMO_DIR).
-HARD_SPEC := scenes=$(DEMO_SCENES) seed=$(DEMO_SEED) difficulty=hard
+# A hard folder made with other settings is refused before anything runs.
 hard-data-check:
-	@if [ -f $(HARD_DIR)/.data-ready ] && [ "$$(cat $(HARD_DIR)/.data-ready)" != "$(HARD_SPEC)" ]; then \
-		made="$$(cat $(HARD_DIR)/.data-ready)"; \
-		echo "error: $(HARD_DIR) holds demo data made with $${made:-settings it did not record}, not $(HARD_SPEC);" \
-			"give another HARD_DIR=... for this data, or remove the old one first: make clean-demo-hard HARD_DIR=$(HARD_DIR)" >&2; \
-		exit 2; fi
+	@$(MAKE) --no-print-directory -s demo-data-check $(HARD)
 
 $(HARD_READY): $(VENV)/.installed | hard-data-check
 	$(MAKE) demo-data $(HARD)
