@@ -156,7 +156,6 @@ def _apply_change(rng: np.random.Generator, change_type: str, objects: list[Scen
     return change_object(rng, objects, ids, target, change_type, layout)
 
 
-
 def change_object(rng: np.random.Generator, objects: list[SceneObject], ids: list[int], target: int, change_type: str,
                   layout: _Layout, kept: tuple[str, ...] = ("shape", "color", "material", "size")):
     """(after objects, their ids, the change record) of a drop, colour, material or move change of object
@@ -186,6 +185,7 @@ def change_object(rng: np.random.Generator, objects: list[SceneObject], ids: lis
         change = {"type": "move", "object": target, "from": [old.x, old.y], "to": [moved.x, moved.y]}
         return after, ids, change
     raise DataError(f"synthetic set: unknown change type {change_type!r}; known: {', '.join(CHANGE_TYPES)}")
+
 
 def sample_standard_scene(index: int, change_type: str, config: SynthConfig) -> tuple[Scene, np.random.Generator]:
     """Sample scene `index` of a standard set from its own random stream (independent of every other scene)."""
