@@ -56,6 +56,14 @@ def test_tokens_and_pixels_are_the_processors_own(user_folder):
     assert model._prompt_ids([prompt])[0] == reference["input_ids"][0].tolist()
     assert torch.equal(model._pixel_inputs(pixels[:1], pixels[1:])["pixel_values"], reference["pixel_values"])
     assert torch.equal(model._pixel_inputs(pixels[:1], pixels[1:])["image_grid_thw"], reference["image_grid_thw"])
+    # The one-picture turn of the description stage (davir.pretrain_tiny): the processor's own tokens and pixels too.
+    describe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image."}]}]
+    text = model.processor.apply_chat_template(describe, add_generation_prompt=True, tokenize=False)
+    single = model.processor(text=[text], images=[pictures[1].resize((64, 64), Image.Resampling.BICUBIC)],
+                             return_tensors="pt")
+    assert model._prompt_ids(["Describe the image."], images=1)[0] == single["input_ids"][0].tolist()
+    assert torch.equal(model._pixel_inputs(pixels[1:])["pixel_values"], single["pixel_values"])
+    assert single["input_ids"][0].tolist().count(model.processor.image_token_id) == 16
     # 16 image tokens (8×8 patches, 2×2 merger) per picture, before then after, then the prompt
     image_id = model.processor.image_token_id
     ids = reference["input_ids"][0].tolist()

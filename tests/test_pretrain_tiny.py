@@ -213,6 +213,19 @@ def test_cli_writes_a_loadable_checkpoint(synth_root, tmp_path):
     assert model.image_size == 32 and model.num_query_tokens == 16
 
 
+def test_cli_pretrains_a_chat_family_with_both_stages(synth_root, tmp_path):
+    """Qwen2.5-VL: the description stage puts one picture in the chat turn; the folder loads as a user's."""
+    out = tmp_path / "tiny_qwen"
+    code = _quick_pretrain(out, synth_root, "--family", "qwen2_5_vl", "--desc-steps", "2", "--change-steps", "2",
+                           "--eval-scenes", "1")
+    assert code == 0
+    info = json.loads((out / INFO_FILE).read_text())
+    assert info["family"] == "qwen2_5_vl" and [p["stage"] for p in info["curve"]] == ["describe", "change"]
+    assert info["curve"][0]["description_exact"] == 0.0  # 2 steps from random weights describe nothing right
+    model = build_davir_model(DavirModelConfig(family="qwen2_5_vl", pretrained=str(out), image_size=32))
+    assert type(model.core).__name__ == "Qwen2_5_VLForConditionalGeneration" and model.patch_grid == (4, 4)
+
+
 def test_noisy_entities_imitate_a_retriever():
     """Changed pairs get the changed object (or, at the ``wrong`` share, another object of the scene);
     distractor pairs get none (or, at the ``on_distractor`` share, one of the scene's objects)."""

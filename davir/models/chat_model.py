@@ -109,17 +109,18 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         """Eq. 10 prompts for a batch (see :func:`davir.models.epc.entity_prompts`), with ``config.epc``."""
         return entity_prompts(self.config.epc, entities, batch_size=batch_size)
 
-    def chat_text(self, prompt: str) -> str:
+    def chat_text(self, prompt: str, images: int = 2) -> str:
         """The user turn (before image, after image, the prompt) and the assistant's opening, image
-        placeholders expanded as the processor expands them."""
+        placeholders expanded as the processor expands them. ``images=1``: one picture before the prompt
+        (the single-image description stage of ``davir.pretrain_tiny``)."""
         prompt = self._cut_prompt(prompt)
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+        messages = [{"role": "user", "content": [*({"type": "image"} for _ in range(images)),
                                                  {"type": "text", "text": prompt}]}]
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         token = self.processor.image_token
-        if text.count(token) != 2:
+        if text.count(token) != images:
             raise ValueError(f"the {self.config.family} chat template put {text.count(token)} image placeholders "
-                             "for two images")
+                             f"for {images} images")
         return text.replace(token, self.image_text)
 
     def _cut_prompt(self, prompt: str) -> str:
@@ -128,9 +129,9 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
             return prompt
         return self.tokenizer.decode(ids[: self.config.max_prompt_tokens], skip_special_tokens=True)
 
-    def _prompt_ids(self, prompts: Sequence[str]) -> list[list[int]]:
+    def _prompt_ids(self, prompts: Sequence[str], images: int = 2) -> list[list[int]]:
         # As the processor's own __call__ tokenizes the templated text.
-        encoded = self.tokenizer([self.chat_text(p) for p in prompts])
+        encoded = self.tokenizer([self.chat_text(p, images) for p in prompts])
         return [list(ids) for ids in encoded["input_ids"]]
 
     def caption_lengths(self, captions: Sequence[str]) -> list[int]:
@@ -149,18 +150,18 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         types = self.processor.create_mm_token_type_ids(input_ids.tolist())
         return {"mm_token_type_ids": torch.tensor(types, dtype=torch.long, device=input_ids.device)}
 
-    def _pixel_inputs(self, pixel_before: torch.Tensor, pixel_after: torch.Tensor) -> dict[str, torch.Tensor]:
-        if pixel_before.shape != pixel_after.shape:
-            raise ValueError(f"pixel_before {tuple(pixel_before.shape)} and pixel_after {tuple(pixel_after.shape)} "
-                             "differ")
+    def _pixel_inputs(self, *images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's image arguments for B rows of K pictures (``images``: K tensors of (B, …), in text order)."""
+        if any(pixels.shape != images[0].shape for pixels in images[1:]):
+            raise ValueError("the images of a turn differ in shape: " + ", ".join(str(tuple(p.shape)) for p in images))
         expected = self._pixel_shape
-        if tuple(pixel_before.shape[1:]) != expected:
-            raise ValueError(f"pixels of shape {tuple(pixel_before.shape[1:])} per image, the model takes {expected} "
+        if tuple(images[0].shape[1:]) != expected:
+            raise ValueError(f"pixels of shape {tuple(images[0].shape[1:])} per image, the model takes {expected} "
                              f"(pictures through this model's image_processor at {self.image_size}×{self.image_size})")
         dtype = self.family.vision_tower(self.core).dtype
         device = self.device
         one = {key: value.to(device) for key, value in self._one_image.items() if torch.is_tensor(value)}
-        inputs = self.family.pixel_inputs(pixel_before.to(device), pixel_after.to(device), one)
+        inputs = self.family.pixel_inputs(torch.stack(images, dim=1).to(device), one)
         inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
         return inputs
 
@@ -182,8 +183,21 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
             raise ValueError(f"{len(prompts)} prompts for a batch of {batch} image pairs")
         if captions is not None and len(captions) != batch:
             raise ValueError(f"{len(captions)} captions for a batch of {batch} image pairs")
-        pixels = self._pixel_inputs(pixel_before, pixel_after)
-        prompt_ids = self._prompt_ids(prompts)
+        logits, labels = self.teacher_forced([pixel_before, pixel_after], prompts, captions)
+        maps = self.family.attention_maps(self.attention_hook.pop(), 2 * batch, self.patch_grid)
+        attention_before, attention_after = maps[0::2], maps[1::2]
+
+        return davir_output(logits, labels if captions is not None else None, attention_before,
+                            attention_after, self.config.fac, masks_before, masks_after, mask_valid)
+
+    def teacher_forced(self, images: Sequence[torch.Tensor], prompts: Sequence[str],
+                       captions: Sequence[str] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, labels) of one chat turn per row holding ``images`` (K tensors of (B, …), in text order)
+        and its prompt, the caption teacher-forced after it (labels only on the caption and its end of turn;
+        all ``IGNORE_INDEX`` without captions). The FAC hook keeps the vision pass's attention for ``pop()``."""
+        batch = len(prompts)
+        pixels = self._pixel_inputs(*images)
+        prompt_ids = self._prompt_ids(prompts, len(images))
         caption_ids = self._caption_ids(captions) if captions is not None else [[] for _ in range(batch)]
         length = max(len(p) + len(c) for p, c in zip(prompt_ids, caption_ids))
         input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
@@ -198,11 +212,7 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         input_ids, attention_mask, labels = input_ids.to(device), attention_mask.to(device), labels.to(device)
         output = self.vlm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                           **pixels, **self._token_types(input_ids))
-        maps = self.family.attention_maps(self.attention_hook.pop(), 2 * batch, self.patch_grid)
-        attention_before, attention_after = maps[0::2], maps[1::2]
-
-        return davir_output(output.logits, labels if captions is not None else None, attention_before,
-                            attention_after, self.config.fac, masks_before, masks_after, mask_valid)
+        return output.logits, labels
 
     # ---------------------------------------------------------------------------------------------- generate
     @torch.no_grad()
@@ -227,22 +237,8 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
             if len(prompts) != batch:
                 raise ValueError(f"{len(prompts)} prompts for a batch of {batch} image pairs")
             pixels = self._pixel_inputs(pixel_before, pixel_after)
-            prompt_ids = self._prompt_ids(prompts)
-            length = max(len(p) for p in prompt_ids)
-            input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
-            attention_mask = torch.zeros((batch, length), dtype=torch.long)
-            for row, p in enumerate(prompt_ids):
-                input_ids[row, length - len(p):] = torch.tensor(p)
-                attention_mask[row, length - len(p):] = 1
-            input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-            settings = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=False,
-                            pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.end_token_id)
-            settings.update(generate_kwargs)
-            output = self.core.generate(input_ids=input_ids, attention_mask=attention_mask, **pixels,
-                                        **self._token_types(input_ids), **settings)
-            self.attention_hook.pop(missing_ok=True)  # the prefill's (beam-expanded) images: not used
-            captions = [text.strip() for text in
-                        self.tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)]
+            settings = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, **generate_kwargs)
+            captions = self.generate_turns(pixels, prompts, images=2, **settings)
             if return_attention:
                 # One vision pass of the B pairs, in the order the text holds them.
                 self.family.encode_images(self.core, pixels)
@@ -253,6 +249,26 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         if return_attention:
             return captions, maps[0::2], maps[1::2]
         return captions
+
+    @torch.no_grad()
+    def generate_turns(self, pixels: dict[str, torch.Tensor], prompts: Sequence[str], *, images: int,
+                       **generate_kwargs: Any) -> list[str]:
+        """Greedy/beam answers to one chat turn per row (``images`` pictures, then its prompt) with the model's
+        own ``generate`` (left padding, KV cache); ``pixels``: :meth:`_pixel_inputs` of the rows' pictures."""
+        prompt_ids = self._prompt_ids(prompts, images)
+        batch, length = len(prompt_ids), max(len(p) for p in prompt_ids)
+        input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch, length), dtype=torch.long)
+        for row, p in enumerate(prompt_ids):
+            input_ids[row, length - len(p):] = torch.tensor(p)
+            attention_mask[row, length - len(p):] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        settings = dict(do_sample=False, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.end_token_id)
+        settings.update(generate_kwargs)
+        output = self.core.generate(input_ids=input_ids, attention_mask=attention_mask, **pixels,
+                                    **self._token_types(input_ids), **settings)
+        self.attention_hook.pop(missing_ok=True)  # the prefill's (beam-expanded) images: not used
+        return [text.strip() for text in self.tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)]
 
     # ----------------------------------------------------------------------------------------------- summary
     def trainable_parameter_summary(self) -> dict[str, tuple[int, int]]:

@@ -17,8 +17,13 @@ def description_loss(model: DavirModel, pixels: torch.Tensor, captions: list[str
                      ) -> torch.Tensor:
     """Single-image captioning: [one image's Q visual tokens | prompt | caption], token CE on the caption.
 
-    Same layout as ``DavirModel.forward`` with one image instead of two (the before/after pair)."""
+    Same layout as ``DavirModel.forward`` with one image instead of two (the before/after pair); a chat
+    family's turn holds the one picture, then the prompt (``ChatDavirModel.teacher_forced``)."""
     batch = pixels.shape[0]
+    if model.config.family != "instructblip":
+        logits, labels = model.teacher_forced([pixels], [prompt] * batch, captions)
+        model.attention_hook.pop()  # the FAC hook recorded this pass; not used here
+        return caption_cross_entropy(logits, labels)
     qformer = model.qformer_tokenizer([prompt] * batch, padding=True, return_tensors="pt")
     features = model.core.get_image_features(
         pixels, qformer_input_ids=qformer["input_ids"], qformer_attention_mask=qformer["attention_mask"],

@@ -17,8 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m davir.pretrain_tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder to write the checkpoint into")
     parser.add_argument("--family", default="instructblip",
-                        help="model family of the tiny preset (instructblip, qwen2_5_vl, llava_onevision, smolvlm); "
-                             "a chat family pretrains on change pairs only (--desc-steps 0 --desc-mix 0)")
+                        help="model family of the tiny preset (instructblip, qwen2_5_vl, llava_onevision, smolvlm)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--data", help="an existing synthetic set (python -m davir.data synth)")
     source.add_argument("--scenes", type=int, default=2000, help="generate a set of this many scenes (no --data)")

@@ -93,10 +93,6 @@ class TinyPretrainSettings:
         from davir.models.families import check_family_name
 
         check_family_name(self.family, key="family")
-        if self.family != "instructblip" and (self.desc_steps or self.desc_mix):
-            raise ValueError(f"desc-steps / desc-mix: the single-image description stage is InstructBLIP's (one image "
-                             f"through the Q-Former); family {self.family} pretrains on change pairs only: pass "
-                             "--desc-steps 0 --desc-mix 0")
         for name in ("desc_mix", "entity_share", "entity_wrong", "entity_on_distractor"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name.replace('_', '-')} must be a share in [0, 1], got {getattr(self, name)}")

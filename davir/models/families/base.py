@@ -161,10 +161,10 @@ class ChatFamily(ABC):
         return pixels
 
     @abstractmethod
-    def pixel_inputs(self, before: torch.Tensor, after: torch.Tensor, one_image: dict[str, torch.Tensor]
-                     ) -> dict[str, torch.Tensor]:
-        """The model's image keyword arguments for B pairs: images in text order (pair 0 before, pair 0 after,
-        pair 1 before, …). ``one_image``: ``process_images`` of one S×S picture (the per-run constants)."""
+    def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The model's image keyword arguments for B rows of K pictures each, ``pixels`` (B, K, …) from
+        ``per_image_pixels``: images in text order (row 0 before, row 0 after, row 1 before, …; K = 1 for the
+        description stage of ``davir.pretrain_tiny``). ``one_image``: ``process_images`` of one S×S picture."""
 
     # -------------------------------------------------------------------------------------------------- FAC
     @abstractmethod

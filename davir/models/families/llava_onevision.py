@@ -215,13 +215,11 @@ class LlavaOnevisionFamily(ChatFamily):
                              f"{count} images of one crop each")
         return pixels[:, 0]
 
-    def pixel_inputs(self, before: torch.Tensor, after: torch.Tensor, one_image: dict[str, torch.Tensor]
-                     ) -> dict[str, torch.Tensor]:
-        pairs = before.shape[0]
-        pixels = torch.stack([before, after], dim=1)  # (B, 2, C, S, S): pair by pair, before first
-        return {"pixel_values": pixels.reshape(2 * pairs, 1, *pixels.shape[2:]),
-                "image_sizes": one_image["image_sizes"][:1].repeat(2 * pairs, 1),
-                "batch_num_images": torch.full((pairs,), 2, dtype=torch.long, device=before.device)}
+    def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        rows, per_row = pixels.shape[:2]  # (B, K, C, S, S): row by row, in text order
+        return {"pixel_values": pixels.reshape(rows * per_row, 1, *pixels.shape[2:]),
+                "image_sizes": one_image["image_sizes"][:1].repeat(rows * per_row, 1),
+                "batch_num_images": torch.full((rows,), per_row, dtype=torch.long, device=pixels.device)}
 
     # -------------------------------------------------------------------------------------------------- FAC
     def fac_attention(self, core: nn.Module) -> nn.Module:

@@ -217,10 +217,8 @@ class Qwen25VLFamily(ChatFamily):
         pixels = processed["pixel_values"]  # (count · patches, C · T · p · p), images one after another
         return pixels.reshape(count, pixels.shape[0] // count, pixels.shape[1])
 
-    def pixel_inputs(self, before: torch.Tensor, after: torch.Tensor, one_image: dict[str, torch.Tensor]
-                     ) -> dict[str, torch.Tensor]:
-        pixels = torch.stack([before, after], dim=1)  # (B, 2, patches, dim): pair by pair, before first
-        images = pixels.shape[0] * 2
+    def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        images = pixels.shape[0] * pixels.shape[1]  # (B, K, patches, dim): row by row, in text order
         return {"pixel_values": pixels.reshape(-1, pixels.shape[-1]),
                 "image_grid_thw": one_image["image_grid_thw"].repeat(images, 1)}
 

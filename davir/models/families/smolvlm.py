@@ -185,14 +185,12 @@ class SmolVLMFamily(ChatFamily):
                              f"{count} images (expected one S×S image per picture: was it split into tiles?)")
         return pixels[0]
 
-    def pixel_inputs(self, before: torch.Tensor, after: torch.Tensor, one_image: dict[str, torch.Tensor]
-                     ) -> dict[str, torch.Tensor]:
-        """``pixel_values`` (B, 2, 3, S, S), before first, and the processor's ``pixel_attention_mask``
-        (B, 2, S, S): all ones, every picture fills its S×S frame. (The model skips an all-zero pixel tensor as
+    def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``pixel_values`` (B, K, 3, S, S) in text order, and the processor's ``pixel_attention_mask``
+        (B, K, S, S): all ones, every picture fills its S×S frame. (The model skips an all-zero pixel tensor as
         a padding image; after SmolVLM's 0.5/0.5 normalisation of 8-bit pixels no picture is all zero.)"""
-        pixels = torch.stack([before, after], dim=1)
         mask = one_image["pixel_attention_mask"].reshape(1, 1, *pixels.shape[-2:])
-        return {"pixel_values": pixels, "pixel_attention_mask": mask.expand(pixels.shape[0], 2, -1, -1).clone()}
+        return {"pixel_values": pixels, "pixel_attention_mask": mask.expand(*pixels.shape[:2], -1, -1).clone()}
 
     # -------------------------------------------------------------------------------------------------- FAC
     def attention_hook(self, core: nn.Module) -> QueryKeyHook:
