@@ -56,7 +56,7 @@ DEMO_READY := $(DEMO_DIR)/.data-ready
 DEMO_SPEC := scenes=$(DEMO_SCENES) seed=$(DEMO_SEED)$(if $(filter-out standard,$(DEMO_DIFFICULTY)), difficulty=$(DEMO_DIFFICULTY))
 # Where the sweeps write their runs, and extra arguments for every sweep (e.g. SWEEP_ARGS="--seeds 0").
 LW_RUNS ?= runs/lightweight_demo
-ABLATION_RUNS ?= runs/ablation_demo
+ABLATION_RUNS ?= runs/ablation_demo$(DEMO_SUFFIX)
 SWEEP_ARGS ?=
 # Extra key=value overrides for the DAVIR demo's training (e.g. DEMO_TRAIN_ARGS="optim.max_steps=50").
 DEMO_TRAIN_ARGS ?=
@@ -97,9 +97,11 @@ demo: install $(DEMO_READY)
 		--html $(DEMO_DIR)/report$(DEMO_SUFFIX).html
 	@echo "demo done: metrics in $(DEMO_RUN)/eval/clevr_change_test/metrics.md, report in $(DEMO_DIR)/report$(DEMO_SUFFIX).html"
 
-# The paper's Table 4 at tiny scale: FAC off/on × EPC off/on, 3 seeds, mean ± std (runs/ablation_demo/summary.md).
+# The paper's Table 4 at tiny scale: FAC off/on × EPC off/on, 3 seeds, mean ± std (runs/ablation_demo/summary.md);
+# DEMO_FAMILY=qwen2_5_vl: the same on the tiny pretrained Qwen2.5-VL (runs/ablation_demo_qwen2_5_vl).
 ablation-demo: install $(DEMO_READY)
-	$(PY) -m davir.sweep configs/sweeps/ablation_demo.yaml --var demo_dir=$(DEMO_DIR) --out $(ABLATION_RUNS) $(SWEEP_ARGS)
+	$(PY) -m davir.sweep configs/sweeps/ablation_demo.yaml --var demo_dir=$(DEMO_DIR) --out $(ABLATION_RUNS) \
+		$(if $(DEMO_SUFFIX),--set model.family=$(DEMO_FAMILY)) $(SWEEP_ARGS)
 
 # The five lightweight methods on the same data: layer3 grid features of the shipped tiny pretrained ResNet
 # (davir/assets/tiny_resnet, docs/tiny_backbone.md; no ImageNet weights can be downloaded here), CHEER's image-level

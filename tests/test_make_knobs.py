@@ -123,3 +123,25 @@ def test_demo_lightweight_elsewhere_uses_that_folder_and_seed(clone, tmp_path):
 
     again = _make(clone, "demo-lightweight", *knobs[:1], "DEMO_SEED=4", *knobs[2:])
     assert again.returncode != 0 and "not scenes=16 seed=4" in again.stderr
+
+
+def test_demo_family_reaches_the_demo_and_its_ablation(clone, tmp_path):
+    """`make demo` / `make ablation-demo` with DEMO_FAMILY=qwen2_5_vl: the family reaches training and the sweep, and
+    its runs get their own folders; without it, the InstructBLIP commands are unchanged."""
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / ".data-ready").write_text("scenes=1500 seed=0\n")  # the data is made: only the family's commands run
+    for family, suffix in (("qwen2_5_vl", "_qwen2_5_vl"), ("instructblip", "")):
+        (tmp_path / family).mkdir()
+        shim, log = recording_python(tmp_path / family)
+        for target in ("demo", "ablation-demo"):
+            done = _make(clone, target, f"DEMO_DIR={demo}", f"DEMO_FAMILY={family}", f"PY={shim}")
+            assert done.returncode == 0, done.stderr[-3000:]
+        made = calls(log)
+        train = next(c for c in made if c[0] == "train.py")
+        assert f"model.family={family}" in train and f"run.output_dir=runs/demo{suffix}" in train
+        assert [option(c, "--checkpoint") for c in made if c[0] in ("evaluate.py", "caption.py")] == \
+            [f"runs/demo{suffix}"] * 2
+        sweep = next(c for c in made if c[:2] == ["-m", "davir.sweep"])
+        assert option(sweep, "--out") == f"runs/ablation_demo{suffix}"
+        assert (option(sweep, "--set") == f"model.family={family}") if suffix else "--set" not in sweep
