@@ -3,6 +3,9 @@
     python -m davir.data synth --out /tmp/synth_pt8k --scenes 8000 --seed 1     # not the demo's seed 0
     python -m davir.pretrain_tiny --out assets/tiny_instructblip --data /tmp/synth_pt8k --seed 1 --desc-order canonical …
 
+``--family qwen2_5_vl`` makes ``assets/tiny_qwen2_5_vl`` the same way (a chat turn with one picture in the
+description stage, both pictures in the change stage; docs/tiny_pretraining.md).
+
 A real DAVIR run starts from a pretrained InstructBLIP; the demo mirrors that with a ~2 M-parameter model
 of the same classes (``InstructBlipForConditionalGeneration`` + ``InstructBlipProcessor``), pretrained here
 on the built-in synthetic set with full training:
