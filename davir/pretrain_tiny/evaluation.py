@@ -80,8 +80,7 @@ def description_accuracy(model: DavirModel, data: SceneTensors, norm: Normaliser
 def _describe(model: DavirModel, pixels: torch.Tensor) -> list[str]:
     batch = pixels.shape[0]
     if model.config.family != "instructblip":  # a chat turn with the one picture
-        return model.generate_turns(model._pixel_inputs(pixels), [DESCRIBE_PROMPT] * batch, images=1,
-                                    max_new_tokens=40)
+        return model.generate_turns([pixels], [DESCRIBE_PROMPT] * batch, max_new_tokens=40)
     qformer = model.qformer_tokenizer([DESCRIBE_PROMPT] * batch, padding=True, return_tensors="pt")
     visual = model.core.get_image_features(
         pixels, qformer_input_ids=qformer["input_ids"], qformer_attention_mask=qformer["attention_mask"],
