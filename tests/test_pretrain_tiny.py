@@ -33,6 +33,7 @@ from davir.models.tokenizer import build_word_tokenizer
 from davir.pretrain_tiny import (
     CHANGE_PROMPT,
     INFO_FILE,
+    LAST_FOLDER,
     EntityNoise,
     SceneTensors,
     build_tiny_model,
@@ -211,6 +212,25 @@ def test_cli_writes_a_loadable_checkpoint(synth_root, tmp_path):
     assert info["final_eval"]["type_accuracy"] is not None
     model = build_davir_model(DavirModelConfig(pretrained=str(out)))
     assert model.image_size == 32 and model.num_query_tokens == 16
+
+
+def test_last_folder_holds_the_final_steps_weights_and_continues(synth_root, tmp_path):
+    """OUT keeps the best scored point, OUT/last the final step's weights; `--init OUT/last` continues from it.
+    Six steps from random weights score 0 at every point, so the best is the first (a tie keeps the earlier)."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "tiny"
+    assert _quick_pretrain(out, synth_root, "--desc-steps", "0", "--change-steps", "6", "--eval-every", "2",
+                           "--eval-scenes", "2") == 0
+    info, last_info = (json.loads((folder / INFO_FILE).read_text()) for folder in (out, out / LAST_FOLDER))
+    assert len(info["curve"]) == 3 and last_info["curve"] == info["curve"] and "last step" in last_info["weights"]
+    best, last = (load_file(folder / "model.safetensors") for folder in (out, out / LAST_FOLDER))
+    assert info["best"]["step"] == 2 and best.keys() == last.keys()
+    assert not all(torch.equal(best[name], last[name]) for name in best)  # four more steps moved the weights
+    more = tmp_path / "more"
+    assert _quick_pretrain(more, synth_root, "--init", str(out / LAST_FOLDER), "--desc-steps", "0",
+                           "--change-steps", "2", "--eval-scenes", "1") == 0
+    assert json.loads((more / INFO_FILE).read_text())["init"]["folder"] == str(out / LAST_FOLDER)
 
 
 def test_cli_pretrains_a_chat_family_with_both_stages(synth_root, tmp_path):

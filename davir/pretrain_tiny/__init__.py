@@ -26,7 +26,8 @@ captions held-out test pairs greedily (also with entity prompts under ``--entity
 (type + object accuracy, with entity prompts when they were trained) so far is written to
 ``--out`` as ``InstructBlipForConditionalGeneration.save_pretrained`` (safetensors) +
 ``InstructBlipProcessor.save_pretrained`` + ``pretrain_info.json`` (command, seed, versions, curve), which
-``build_davir_model(DavirModelConfig(pretrained=OUT))`` loads like a real InstructBLIP folder.
+``build_davir_model(DavirModelConfig(pretrained=OUT))`` loads like a real InstructBLIP folder. ``OUT/last``
+holds the same files for the final step's weights, to continue a stage that was still improving (``--init``).
 
 The package, one idea a module: ``model`` (prompts, vocabulary, the tiny build), ``data`` (scenes in memory),
 ``batches`` (sampled batches, the description loss, entity noise), ``evaluation`` (held-out scoring),
@@ -41,7 +42,7 @@ from davir.pretrain_tiny.batches import (
     sample_change_batch,
     sample_description_batch,
 )
-from davir.pretrain_tiny.checkpoint import INFO_FILE, package_versions, save_checkpoint
+from davir.pretrain_tiny.checkpoint import INFO_FILE, LAST_FOLDER, package_versions, save_checkpoint
 from davir.pretrain_tiny.cli import build_parser, main
 from davir.pretrain_tiny.data import (
     DESCRIPTION_ORDERS,
@@ -62,7 +63,7 @@ from davir.pretrain_tiny.model import (
 )
 
 __all__ = [
-    "CHANGE_PROMPT", "DESCRIBE_PROMPT", "DESCRIPTION_ORDERS", "ENTITY_PROMPTS", "INFO_FILE", "VIEWS", "ChangeBatch",
+    "CHANGE_PROMPT", "DESCRIBE_PROMPT", "DESCRIPTION_ORDERS", "ENTITY_PROMPTS", "INFO_FILE", "LAST_FOLDER", "VIEWS", "ChangeBatch",
     "EntityNoise", "Normaliser", "SceneTensors", "build_parser", "build_tiny_model", "canonical_description",
     "description_accuracy", "description_loss", "evaluate", "evaluation_entities", "load_split", "main",
     "TinyPretrainSettings", "noisy_entities", "package_versions", "pretrain", "sample_change_batch",

@@ -12,6 +12,8 @@ from davir.io import write_json_atomic
 from davir.models.davir import DavirModel
 
 INFO_FILE = "pretrain_info.json"
+# The final step's weights, beside the best ones: a stage still improving when it ends continues from here (--init).
+LAST_FOLDER = "last"
 
 
 def save_checkpoint(model: DavirModel, out: str | Path, info: dict[str, Any]) -> None:

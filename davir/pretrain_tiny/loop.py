@@ -32,7 +32,7 @@ from davir.pretrain_tiny.batches import (
     sample_change_batch,
     sample_description_batch,
 )
-from davir.pretrain_tiny.checkpoint import INFO_FILE, package_versions, save_checkpoint
+from davir.pretrain_tiny.checkpoint import INFO_FILE, LAST_FOLDER, package_versions, save_checkpoint
 from davir.pretrain_tiny.data import ModelPixels, canonical_description, load_split
 from davir.pretrain_tiny.evaluation import description_accuracy, evaluate
 from davir.pretrain_tiny.model import (
@@ -205,6 +205,7 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
         log(f"stage {stage}: {steps} steps in {(time.time() - stage_start) / 60:.1f} min", flush=True)
 
     info["minutes"] = round((time.time() - started) / 60, 2)
+    save_checkpoint(model, out / LAST_FOLDER, {**info, "weights": "the last step's; the folder above holds the best"})
     # The saved folder holds the best model; re-evaluate it with CIDEr for the record.
     best = build_davir_model(DavirModelConfig(
         family=settings.family, pretrained=str(out), epc=EpcConfig(use_entities=False),
