@@ -57,7 +57,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("ROUGE-L", ("rows", "total", "metrics", "ROUGE_L")),
     Column("CIDEr", ("rows", "total", "metrics", "CIDEr")),
     Column("attn. in mask", ("localisation", "attention_share_in_mask"), scale=1.0, digits=3,
-           note="the attention share (share of last-layer CLS attention inside the ground-truth change mask)"),
+           note="the attention share (share of the patch map FAC supervises inside the ground-truth change mask: "
+                "InstructBLIP's last-layer CLS attention, a chat family's map of docs/families.md)"),
     Column("pointing", ("localisation", "pointing_accuracy"), scale=1.0, digits=3,
            note="pointing (share of images whose attention peak lies in the ground-truth change mask)"),
     Column("distinct captions", ("distinct_captions",), scale=1.0, digits=0, note="the number of distinct captions"),
