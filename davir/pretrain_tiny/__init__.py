@@ -63,8 +63,8 @@ from davir.pretrain_tiny.model import (
 )
 
 __all__ = [
-    "CHANGE_PROMPT", "DESCRIBE_PROMPT", "DESCRIPTION_ORDERS", "ENTITY_PROMPTS", "INFO_FILE", "LAST_FOLDER", "VIEWS", "ChangeBatch",
-    "EntityNoise", "Normaliser", "SceneTensors", "build_parser", "build_tiny_model", "canonical_description",
+    "CHANGE_PROMPT", "DESCRIBE_PROMPT", "DESCRIPTION_ORDERS", "ENTITY_PROMPTS", "INFO_FILE", "LAST_FOLDER", "VIEWS",
+    "ChangeBatch", "EntityNoise", "Normaliser", "SceneTensors", "build_parser", "build_tiny_model", "canonical_description",
     "description_accuracy", "description_loss", "evaluate", "evaluation_entities", "load_split", "main",
     "TinyPretrainSettings", "noisy_entities", "package_versions", "pretrain", "sample_change_batch",
     "sample_description_batch",

@@ -25,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="generator seed of the --scenes set (default 1: not the demo's seed 0, so no demo scene is seen)")
     parser.add_argument("--workers", type=int, default=0, help="processes for generating (0 = one per core)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init", help="continue from a folder this command wrote, its best weights (OUT) or its last (OUT/last) "
-                             "(default: random weights)")
+    parser.add_argument("--init", help="continue from a folder this command wrote: its best weights (OUT) or its "
+                                       "last (OUT/last); default: random weights")
     parser.add_argument("--desc-steps", type=int, default=3000)
     parser.add_argument("--change-steps", type=int, default=3000)
     parser.add_argument("--desc-mix", type=float, default=0.2, help="share of description batches in stage 2")
