@@ -236,11 +236,12 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
             batch = pixel_before.shape[0]
             if len(prompts) != batch:
                 raise ValueError(f"{len(prompts)} prompts for a batch of {batch} image pairs")
-            captions = self.generate_turns([pixel_before, pixel_after], prompts, max_new_tokens=max_new_tokens,
-                                           num_beams=num_beams, **generate_kwargs)
+            pixels = self._pixel_inputs(pixel_before, pixel_after)
+            captions = self._generate_from_pixels(pixels, prompts, 2, max_new_tokens=max_new_tokens,
+                                                  num_beams=num_beams, **generate_kwargs)
             if return_attention:
                 # One vision pass of the B pairs, in the order the text holds them.
-                self.family.encode_images(self.core, self._pixel_inputs(pixel_before, pixel_after))
+                self.family.encode_images(self.core, pixels)
                 maps = self.family.attention_maps(self.attention_hook.pop(), 2 * batch, self.patch_grid)
         finally:
             if was_training:
@@ -254,8 +255,13 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
                        ) -> list[str]:
         """Greedy/beam answers to one chat turn per row holding ``images`` (K tensors of (B, …), in text order)
         and its prompt, with the model's own ``generate`` (left padding, KV cache)."""
-        pixels = self._pixel_inputs(*images)
-        prompt_ids = self._prompt_ids(prompts, len(images))
+        return self._generate_from_pixels(self._pixel_inputs(*images), prompts, len(images), **generate_kwargs)
+
+    def _generate_from_pixels(self, pixels: dict[str, torch.Tensor], prompts: Sequence[str], images: int,
+                              **generate_kwargs: Any) -> list[str]:
+        """:meth:`generate_turns` on the turn's :meth:`_pixel_inputs` (``generate`` reuses them for its attention
+        pass); ``images``: pictures per turn."""
+        prompt_ids = self._prompt_ids(prompts, images)
         batch, length = len(prompt_ids), max(len(p) for p in prompt_ids)
         input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((batch, length), dtype=torch.long)
