@@ -1,17 +1,19 @@
-"""Captioning throughput of ``DavirModel.generate``: batched vs one pair at a time, same pairs, same run.
+"""Captioning throughput of the DAVIR model's ``generate``: batched vs one pair at a time, same pairs, same run.
 
     python bench/generate.py                      # GPU: vicuna7b, 128 pairs, batches 1,16,64; CPU: tiny, 16 pairs
     python bench/generate.py --preset vicuna7b --pairs 128 --batch-sizes 1,16,64 --max-new-tokens 20 --num-beams 1,3
+    python bench/generate.py --family qwen2_5_vl  # GPU: the Qwen2.5-VL-7B architecture at 448 px
     python bench/generate.py --preset tiny --pairs 16 --batch-sizes 1,8 --threads 1          # CPU smoke run
 
-One model with random weights (``vicuna7b``: the full InstructBLIP-Vicuna-7B architecture at 224 px, bf16 on
-the GPU), LoRA of App. B attached, eval mode. The pairs are random pixels with entity prompts (EPC on, one
+One model with random weights of ``--family`` and ``--preset`` (as ``bench/train_step.py``: ``vicuna7b`` is the
+full InstructBLIP-Vicuna-7B architecture at 224 px, a chat family's ``7b``/``2b`` its published architecture;
+bf16 on the GPU), LoRA attached, eval mode. The pairs are random pixels with entity prompts (EPC on, one
 CLEVR entity each, as ``caption.py`` builds them). Every call generates exactly ``--max-new-tokens`` tokens
 (``min_new_tokens`` = ``max_new_tokens``: random weights would otherwise stop at random places), and the bench
 checks the length of every output. A row is one setting; each is warmed up on its first batch, then timed over
 ``--repeats`` passes over its pairs (median reported, with min and max):
 
-* ``dynamic``: ``DavirModel.generate`` as it is (HF dynamic KV cache, LoRA layers unmerged), every batch size
+* ``dynamic``: the model's ``generate`` as it is (HF dynamic KV cache, LoRA layers unmerged), every batch size
   and beam setting; batch size 1 is the loop that captions one pair at a time (over ``--loop-pairs`` of the
   same pairs: its rate per pair does not depend on how many);
 * ``merged``: the same with the LoRA deltas merged into the base weights for the row (PEFT
@@ -46,10 +48,11 @@ import transformers  # noqa: E402
 from transformers import CompileConfig  # noqa: E402
 
 from bench.train_step import (  # noqa: E402
-    COLORS, MATERIALS, SHAPES, SIZES, check_gpu_memory, clevr_like_captions, device_name, pick_device, sync,
-    vocabulary_texts,
+    COLORS, LARGE_PRESETS, MATERIALS, SHAPES, SIZES, check_gpu_memory, clevr_like_captions, device_name,
+    pick_device, pixel_shape, sync, vocabulary_texts,
 )
 from davir.models.davir import DavirModel, DavirModelConfig, build_davir_model  # noqa: E402
+from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES  # noqa: E402
 
 ROW_KINDS = ("dynamic", "merged", "static_compiled", "static_compiled_merged")
 DEFAULT_ROWS = ("dynamic", "merged", "static_compiled")
@@ -72,62 +75,73 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def build_model(preset: str, dtype: str, device: torch.device) -> DavirModel:
-    config = DavirModelConfig(preset=preset, train_mode="lora", dtype=dtype, seed=0)
+def build_model(family: str, preset: str, dtype: str, device: torch.device) -> torch.nn.Module:
+    config = DavirModelConfig(family=family, preset=preset, train_mode="lora", dtype=dtype, seed=0)
     captions = clevr_like_captions(256, seed=1) + vocabulary_texts()
-    return build_davir_model(config, captions_for_tokenizer=captions, device=device).eval()
+    try:
+        model = build_davir_model(config, captions_for_tokenizer=captions, device=device)
+    except ValueError as error:  # an unknown preset of this family names the choices
+        raise SystemExit(str(error)) from None
+    return model.eval()
 
 
-def synthetic_pairs(model: DavirModel, count: int, device: torch.device, seed: int = 0) -> dict:
-    """``count`` random float32 pixel pairs (normal, like CLIP-normalised images) and their entity prompts, on
+def generating_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model whose ``generate`` (and compiled decode step) the DAVIR model calls."""
+    return model.core.language_model if isinstance(model, DavirModel) else model.core
+
+
+def synthetic_pairs(model: torch.nn.Module, count: int, device: torch.device, seed: int = 0) -> dict:
+    """``count`` random float32 pixel pairs (normal, like normalised images) and their entity prompts, on
     ``device``."""
     generator = torch.Generator().manual_seed(seed)
-    size = model.image_size
+    shape = pixel_shape(model)
     objects = [f"{s} {c} {m} {h}" for s in SIZES for c in COLORS for m in MATERIALS for h in SHAPES]
     return {
-        "pixel_before": torch.randn(count, 3, size, size, generator=generator).to(device),
-        "pixel_after": torch.randn(count, 3, size, size, generator=generator).to(device),
+        "pixel_before": torch.randn(count, *shape, generator=generator).to(device),
+        "pixel_after": torch.randn(count, *shape, generator=generator).to(device),
         "prompts": model.build_prompts([[objects[(7 * k) % len(objects)]] for k in range(count)]),
     }
 
 
 class LengthProbe:
-    """Wraps the LLM's ``generate`` to record the number of new tokens of every call (the bench's check that
-    each pair got exactly ``max_new_tokens``); with ``inputs_embeds`` HF returns only the new tokens."""
+    """Wraps the generating model's ``generate`` to record the number of new tokens of every call (the bench's
+    check that each pair got exactly ``max_new_tokens``); HF returns the ``input_ids`` given and the new tokens
+    (only the new ones for InstructBLIP's ``inputs_embeds``)."""
 
-    def __init__(self, model: DavirModel) -> None:
-        self.language_model = model.core.language_model
-        self.original = self.language_model.generate
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.target = generating_model(model)
+        self.original = self.target.generate
         self.lengths: set[int] = set()
 
     def __enter__(self) -> "LengthProbe":
         def generate(*args, **kwargs):
             output = self.original(*args, **kwargs)
-            self.lengths.add(int(output.shape[1]))
+            given = kwargs["input_ids"].shape[1] if kwargs.get("input_ids") is not None else 0
+            self.lengths.add(int(output.shape[1]) - given)
             return output
 
-        self.language_model.generate = generate  # instance attribute shadows the method
+        self.target.generate = generate  # instance attribute shadows the method
         return self
 
     def __exit__(self, *exc) -> None:
-        del self.language_model.generate
+        del self.target.generate
 
 
 @contextlib.contextmanager
-def merged_lora(model: DavirModel, merge: bool):
+def merged_lora(model: torch.nn.Module, merge: bool):
     """PEFT ``merge_adapter`` for the duration (W ← W + B·A·scale in the base weights), unmerged afterwards."""
     if not merge:
         yield
         return
-    model.blip.merge_adapter()
+    model.wrapped().merge_adapter()
     try:
         yield
     finally:
-        model.blip.unmerge_adapter()
+        model.wrapped().unmerge_adapter()
 
 
 def run_pass(
-    model: DavirModel, pairs: dict, count: int, batch: int, settings: dict, device: torch.device
+    model: torch.nn.Module, pairs: dict, count: int, batch: int, settings: dict, device: torch.device
 ) -> tuple[float, float]:
     """Caption the first ``count`` pairs in batches of ``batch``: (wall seconds, synchronised; CPU seconds of
     this process, which on a shared CPU, with one thread, is the time an idle core would take)."""
@@ -140,7 +154,7 @@ def run_pass(
     return time.perf_counter() - started, time.process_time() - cpu_started
 
 
-def time_row(model: DavirModel, pairs: dict, row: dict, args: argparse.Namespace, device: torch.device) -> dict:
+def time_row(model: torch.nn.Module, pairs: dict, row: dict, args: argparse.Namespace, device: torch.device) -> dict:
     """Warm up on the first batch, then ``args.repeats`` timed passes over the row's pairs."""
     batch, beams, kind = row["batch_size"], row["num_beams"], row["kind"]
     count = min(args.loop_pairs, args.pairs) if batch == 1 else args.pairs
@@ -153,7 +167,6 @@ def time_row(model: DavirModel, pairs: dict, row: dict, args: argparse.Namespace
         settings["cache_implementation"] = "static"
         settings["compile_config"] = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead")
     warmup_calls = 3 if static else 1  # compile, then CUDA-graph recording, then replay
-    language_model = model.core.language_model
     with LengthProbe(model) as probe, merged_lora(model, kind in MERGED_KINDS):
         for _ in range(warmup_calls):
             run_pass(model, pairs, batch, batch, settings, device)
@@ -173,7 +186,7 @@ def time_row(model: DavirModel, pairs: dict, row: dict, args: argparse.Namespace
     if device.type == "cpu":
         result["pairs_per_cpu_s"] = round(count / statistics.median(cpu for _, cpu in passes), 2)
     if static:
-        result["compiled"] = hasattr(language_model, "_compiled_call")
+        result["compiled"] = hasattr(generating_model(model), "_compiled_call")
         if not result["compiled"]:
             result["note"] = "not compiled: HF compiles the static-cache decode step only on an accelerator"
     return result
@@ -195,7 +208,7 @@ def planned_rows(args: argparse.Namespace) -> list[dict]:
 
 
 def add_speedups(results: list[dict]) -> None:
-    """pairs/s over the one-at-a-time rate of the same beam setting with ``DavirModel.generate`` as it is."""
+    """pairs/s over the one-at-a-time rate of the same beam setting with the model's ``generate`` as it is."""
     loop = {r["num_beams"]: r["pairs_per_s"] for r in results
             if r["kind"] == "dynamic" and r["batch_size"] == 1 and "pairs_per_s" in r}
     for r in results:
@@ -205,7 +218,8 @@ def add_speedups(results: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=("vicuna7b", "tiny"), help="default: vicuna7b on GPU, tiny on CPU")
+    parser.add_argument("--family", choices=FAMILY_NAMES, default=DEFAULT_FAMILY, help="model.family")
+    parser.add_argument("--preset", help=f"a preset of the family (default on a GPU: {LARGE_PRESETS}; tiny on CPU)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--pairs", type=int, help="pairs captioned per pass (default: 128 on GPU, 16 on CPU)")
     parser.add_argument("--loop-pairs", type=int,
@@ -227,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     gpu = device.type == "cuda"
     if args.threads or not gpu:
         torch.set_num_threads(args.threads or 1)
-    args.preset = args.preset or ("vicuna7b" if gpu else "tiny")
+    args.preset = args.preset or (LARGE_PRESETS[args.family] if gpu else "tiny")
     args.pairs = args.pairs or (128 if gpu else 16)
     args.loop_pairs = args.loop_pairs or (16 if gpu else args.pairs)
     args.batch_sizes = args.batch_sizes or ([1, 16, 64] if gpu else [1, 8])
@@ -242,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     check_gpu_memory(device, args.preset, args.dtype)
     torch.manual_seed(0)
     started = time.perf_counter()
-    model = build_model(args.preset, args.dtype, device)
+    model = build_model(args.family, args.preset, args.dtype, device)
     sync(device)
     build_seconds = time.perf_counter() - started
     pairs = synthetic_pairs(model, args.pairs, device)
@@ -266,8 +280,10 @@ def main(argv: list[str] | None = None) -> dict:
         best_by_kind[r["kind"]] = max(best_by_kind.get(r["kind"], 0.0), r["pairs_per_s"])
     target_applies = gpu and args.preset == "vicuna7b" and "H100" in device_name(device)
     report = {
-        "benchmark": "DavirModel.generate: batched vs one pair at a time (greedy and beam), forced length",
+        "benchmark": f"{type(model).__name__}.generate ({args.family}): batched vs one pair at a time (greedy and "
+        "beam), forced length",
         "device": device_name(device),
+        "family": args.family,
         "preset": args.preset,
         "image_size": model.image_size,
         "dtype": args.dtype,
@@ -291,9 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if not gpu:
         report["note"] = (
-            "CPU run of the small preset: checks the bench and the relative batching gain only. The GPU figures "
-            "(vicuna7b, 128 pairs, batch 1/16/64, greedy and beam 3, H100) are still owed: no GPU was lent when "
-            "this ran."
+            "CPU run of the small preset: checks the bench and the relative batching gain only; the GPU figures "
+            "are in bench/README.md."
         )
     print(json.dumps(report, indent=2))
     return report

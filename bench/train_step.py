@@ -1,20 +1,23 @@
-"""Cost of the DAVIR training step next to a plain InstructBLIP LoRA step: same model, same batch, same run.
+"""Cost of the DAVIR training step next to a plain LoRA step of the same model: same batch, same run.
 
     python bench/train_step.py                    # GPU: vicuna7b, batch 16, bf16, LLM checkpointing; CPU: tiny, batch 8
     python bench/train_step.py --preset vicuna7b --batch-size 16 --steps 10 --warmup 3 --dtype bfloat16 \\
         --gradient-checkpointing                  # the issue's setting (H100)
+    python bench/train_step.py --family qwen2_5_vl --batch-size 16   # GPU: the Qwen2.5-VL-7B architecture, 448 px
     python bench/train_step.py --preset tiny --batch-size 8 --steps 5 --warmup 2 --threads 1   # CPU smoke run
     python bench/train_step.py --estimate-only    # FLOP estimate of each variant (vicuna7b), on any machine
 
-One model with random weights (``--preset``: ``vicuna7b`` is the full InstructBLIP-Vicuna-7B architecture at
-224 px, built directly on the GPU in the chosen dtype), LoRA as in App. B (r=4 ViT qkv and Q-Former q/k/v, r=8
-LLM attention). Each timed step is what ``train.py`` does per batch: forward, backward, gradient clipping
-(max norm 1) and an AdamW step over the trainable (LoRA) parameters, under bf16 autocast when the weights are
-bf16 on a GPU (``run.mixed_precision: bf16`` of the DAVIR configs). Variants, all on the same inputs:
+One model with random weights of ``--family`` (``model.family``; default ``instructblip``) and ``--preset``
+(``vicuna7b`` is the full InstructBLIP-Vicuna-7B architecture at 224 px, a chat family's ``7b``/``2b`` its
+published architecture at the family's size: Qwen2.5-VL-7B at 448 px), built directly on the GPU in the chosen
+dtype, LoRA as in App. B (InstructBLIP: r=4 ViT qkv and Q-Former q/k/v, r=8 LLM attention; a chat family: its
+mapping of the same ranks, ``davir/models/families``). Each timed step is what ``train.py`` does per batch:
+forward, backward, gradient clipping (max norm 1) and an AdamW step over the trainable (LoRA) parameters, under
+bf16 autocast when the weights are bf16 on a GPU (``run.mixed_precision: bf16`` of the DAVIR configs). Variants, all on the same inputs:
 
 * ``davir``: FAC on (λ = 0.1, synthetic rectangular change masks in both images) and EPC on (the prompt
   "Describe the difference between the two images. Entity: small red metal sphere.");
-* ``plain``: the plain InstructBLIP LoRA step: FAC off (λ = 0, no masks), the base prompt alone;
+* ``plain``: the plain LoRA step: FAC off (λ = 0, no masks), the base prompt alone;
 * ``epc_only``: the entity prompt with FAC off, which splits DAVIR's extra cost into EPC (longer LLM and
   Q-Former sequences) and FAC (the attention KL and its backward through the last ViT layer).
 
@@ -22,7 +25,8 @@ The variants run interleaved (ABC CBA ...) after a warm-up of each, so drift of 
 load) hits all of them alike; every step is synchronised and timed alone, and the peak GPU memory is reset
 before each step. Prints one JSON object: per variant mean/median/min/max seconds per step, pairs/s at the
 median (and per CPU-second on a CPU), peak memory, LLM sequence length, the matrix-multiply TFLOP of the step
-estimated from the layer shapes and the rate achieved; the DAVIR/plain ratio measured and predicted from the
+(counted by ``torch.utils.flop_counter`` on one extra step of each variant; for InstructBLIP also estimated from
+the layer shapes) and the rate achieved; the DAVIR/plain ratio measured and predicted from the
 FLOPs; device and library versions; the targets.
 """
 
@@ -45,10 +49,15 @@ if __package__ in (None, ""):
 import peft  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from davir.models.davir import DavirModel, DavirModelConfig, build_davir_model  # noqa: E402
+from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES  # noqa: E402
 
 ENTITY = "small red metal sphere"
+# Each family's published architecture (random weights): the default preset on a GPU.
+LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b"}
 VARIANTS = ("davir", "plain", "epc_only")
 TARGETS = {
     "text": "DAVIR <= 1.05x the plain step and >= 41 pairs/s on an H100 at batch 16 bf16 with LLM gradient "
@@ -108,14 +117,15 @@ def sync(device: torch.device) -> None:
 
 
 def check_gpu_memory(device: torch.device, preset: str, dtype: str) -> None:
-    """Refuse early, with numbers, when the GPU cannot hold the 7B weights (7.9 B parameters ≈ 16 GB in bf16)."""
-    if device.type != "cuda" or preset != "vicuna7b":
+    """Refuse early, with numbers, when the GPU cannot hold a 7B-class preset's weights (≤ 8.3 B parameters ≈
+    17 GB in bf16)."""
+    if device.type != "cuda" or preset == "tiny":
         return
     free, total = torch.cuda.mem_get_info(device)
-    need = 7.9e9 * (4 if dtype == "float32" else 2) * 1.5  # weights + room for activations
+    need = 8.3e9 * (4 if dtype == "float32" else 2) * 1.5  # weights + room for activations
     if free < need:
         raise SystemExit(
-            f"vicuna7b in {dtype} needs about {need / 2**30:.0f} GiB of GPU memory; "
+            f"{preset} in {dtype} needs about {need / 2**30:.0f} GiB of GPU memory; "
             f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB are free"
         )
 
@@ -123,6 +133,7 @@ def check_gpu_memory(device: torch.device, preset: str, dtype: str) -> None:
 def build_model(args: argparse.Namespace, device: torch.device) -> DavirModel:
     """The benchmark model: random weights, LoRA of App. B, built on ``device`` in ``args.dtype``."""
     config = DavirModelConfig(
+        family=args.family,
         preset=args.preset,
         train_mode="lora",
         dtype=args.dtype,
@@ -133,7 +144,17 @@ def build_model(args: argparse.Namespace, device: torch.device) -> DavirModel:
     config.epc.use_entities = True
     config.epc.num_entities = 1
     captions = clevr_like_captions(256, seed=1) + vocabulary_texts()
-    return build_davir_model(config, captions_for_tokenizer=captions, device=device).train()
+    try:
+        model = build_davir_model(config, captions_for_tokenizer=captions, device=device)
+    except ValueError as error:  # an unknown preset of this family names the choices
+        raise SystemExit(str(error)) from None
+    return model.train()
+
+
+def pixel_shape(model: torch.nn.Module) -> tuple[int, ...]:
+    """Per-picture shape of the model's pixel input: (3, S, S) for InstructBLIP, the family processor's patch
+    rows for a chat family (Qwen2.5-VL: (patches, C·T·p·p))."""
+    return tuple(model.image_processor(Image.new("RGB", (model.image_size, model.image_size))).shape[1:])
 
 
 def rectangle_masks(batch: int, size: int, generator: torch.Generator) -> torch.Tensor:
@@ -148,12 +169,13 @@ def rectangle_masks(batch: int, size: int, generator: torch.Generator) -> torch.
 
 
 def synthetic_batch(model: DavirModel, batch: int, device: torch.device, seed: int = 0) -> dict:
-    """Random pixels (normal, as after CLIP normalisation), CLEVR-like captions, rectangle masks: on ``device``."""
+    """Random pixels (normal, as after the processor's normalisation), CLEVR-like captions, rectangle masks: on
+    ``device``."""
     generator = torch.Generator().manual_seed(seed)
-    size = model.image_size
+    size, shape = model.image_size, pixel_shape(model)
     return {
-        "pixel_before": torch.randn(batch, 3, size, size, generator=generator).to(device),
-        "pixel_after": torch.randn(batch, 3, size, size, generator=generator).to(device),
+        "pixel_before": torch.randn(batch, *shape, generator=generator).to(device),
+        "pixel_after": torch.randn(batch, *shape, generator=generator).to(device),
         "captions": clevr_like_captions(batch, seed=seed + 2),
         "masks_before": rectangle_masks(batch, size, generator).to(device),
         "masks_after": rectangle_masks(batch, size, generator).to(device),
@@ -200,6 +222,19 @@ class StepRunner:
         self.cpu_seconds: list[float] = []  # process CPU time: on a shared CPU, what an idle core would take
         self.peak_bytes = 0
         self.last: dict = {}
+        self.counted_tflop: float | None = None
+        self.count_error: str | None = None
+
+    def count_flops(self) -> None:
+        """One untimed step under ``FlopCounterMode``: the matrix products (and attention kernels) of forward,
+        backward and the checkpointing recompute, as run."""
+        try:
+            with FlopCounterMode(display=False) as counter:
+                self.step(timed=False)
+        except Exception as error:  # an op the counter cannot follow: time the variant anyway
+            self.count_error = f"{type(error).__name__}: {error}"[:300]
+            return
+        self.counted_tflop = _sig(counter.get_total_flops() / 1e12)
 
     def step(self, timed: bool) -> None:
         self.optimizer.zero_grad(set_to_none=True)  # also frees the previous variant's gradients
@@ -240,10 +275,13 @@ class StepRunner:
 
     def summary(self, batch: int, checkpointing: bool) -> dict:
         median = statistics.median(self.seconds)
-        estimate = self.estimate(batch, checkpointing)
-        if estimate["llm_sequence_length"] != self.last["llm_sequence_length"]:
-            raise RuntimeError(f"variant {self.name}: estimated LLM length {estimate['llm_sequence_length']} but the "
-                               f"forward used {self.last['llm_sequence_length']}")
+        estimate = None
+        if isinstance(self.model, DavirModel):  # the shape estimate knows InstructBLIP's towers only
+            estimate = self.estimate(batch, checkpointing)
+            if estimate["llm_sequence_length"] != self.last["llm_sequence_length"]:
+                raise RuntimeError(f"variant {self.name}: estimated LLM length {estimate['llm_sequence_length']} but "
+                                   f"the forward used {self.last['llm_sequence_length']}")
+        tflop = self.counted_tflop if self.counted_tflop is not None else (estimate or {}).get("step_tflop")
         result = {
             "seconds_per_step": {
                 "mean": round(statistics.fmean(self.seconds), 4),
@@ -260,8 +298,10 @@ class StepRunner:
             "prompt": self.kwargs["prompts"][0],
             "fac_lambda": self.lambda_attn,
             **self.last,
-            "estimate": estimate,
-            "achieved_tflop_per_s": _sig(estimate["step_tflop"] / median, 3),
+            "counted_step_tflop": self.counted_tflop,
+            **({"count_error": self.count_error} if self.count_error else {}),
+            **({"estimate": estimate} if estimate is not None else {}),
+            "achieved_tflop_per_s": None if tflop is None else _sig(tflop / median, 3),
         }
         if self.device.type == "cuda":
             result["peak_memory_gib"] = round(self.peak_bytes / 2**30, 2)
@@ -357,6 +397,7 @@ def target_verdict(args: argparse.Namespace, device: torch.device, variants: dic
     applicable = (
         device.type == "cuda"
         and "H100" in torch.cuda.get_device_name(device)
+        and args.family == "instructblip"
         and args.preset == "vicuna7b"
         and args.batch_size == 16
         and args.dtype == "bfloat16"
@@ -374,7 +415,8 @@ def target_verdict(args: argparse.Namespace, device: torch.device, variants: dic
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=("vicuna7b", "tiny"), help="default: vicuna7b on GPU, tiny on CPU")
+    parser.add_argument("--family", choices=FAMILY_NAMES, default=DEFAULT_FAMILY, help="model.family")
+    parser.add_argument("--preset", help=f"a preset of the family (default on a GPU: {LARGE_PRESETS}; tiny on CPU)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, help="pairs per step (default: 16 on GPU, 8 on CPU)")
     parser.add_argument("--steps", type=int, help="timed steps per variant (default: 10 on GPU, 5 on CPU)")
@@ -384,7 +426,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--autocast", action=argparse.BooleanOptionalAction,
                         help="bf16 autocast around the forward (default: on for bf16 weights on a GPU)")
     parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction,
-                        help="non-reentrant checkpointing of the LLM (default: on for vicuna7b, off for tiny)")
+                        help="non-reentrant checkpointing (InstructBLIP: the LLM; a chat family: every layer "
+                        "HF checkpoints, ViT blocks included) (default: on for the large presets, off for tiny)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list from {VARIANTS}")
     parser.add_argument("--threads", type=int,
                         help="torch intra-op threads (default: 1 on CPU, where oversubscribed cores of a shared "
@@ -394,17 +437,20 @@ def main(argv: list[str] | None = None) -> dict:
                         help="build on the 'meta' device (no memory, any machine) and print only the FLOP estimate "
                         "per variant (default preset then: vicuna7b, batch 16, checkpointing on)")
     args = parser.parse_args(argv)
+    if args.estimate_only and args.family != "instructblip":
+        raise SystemExit("--estimate-only is the layer-shape estimate of InstructBLIP; a chat family's FLOPs are "
+                         "counted on a real step (run without --estimate-only)")
     device = torch.device("meta") if args.estimate_only else pick_device(args.device)
     gpu = device.type == "cuda" or args.estimate_only  # the estimate describes the GPU setting
     if args.threads or device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
-    args.preset = args.preset or ("vicuna7b" if gpu else "tiny")
+    args.preset = args.preset or (LARGE_PRESETS[args.family] if gpu else "tiny")
     args.batch_size = args.batch_size or (16 if gpu else 8)
     args.steps = args.steps or (10 if gpu else 5)
     args.warmup = args.warmup if args.warmup is not None else (3 if gpu else 2)
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
     if args.gradient_checkpointing is None:
-        args.gradient_checkpointing = args.preset == "vicuna7b"
+        args.gradient_checkpointing = args.preset != "tiny"
     autocast = args.autocast if args.autocast is not None else (gpu and args.dtype == "bfloat16")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(names) - set(VARIANTS))
@@ -423,15 +469,18 @@ def main(argv: list[str] | None = None) -> dict:
     data = synthetic_batch(model, args.batch_size, torch.device("cpu") if args.estimate_only else device)
     runners = {name: StepRunner(name, model, data, device, autocast) for name in names}
     setting = {
+        "family": args.family,
         "preset": args.preset,
         "image_size": model.image_size,
         "batch_size": args.batch_size,
         "dtype": args.dtype,
         "autocast_bf16": autocast,
-        "llm_gradient_checkpointing": args.gradient_checkpointing,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "parameters": {"total": total, "trainable": trainable},
     }
-    estimates = {name: r.estimate(args.batch_size, args.gradient_checkpointing) for name, r in runners.items()}
+    estimates = {}
+    if isinstance(model, DavirModel):
+        estimates = {name: r.estimate(args.batch_size, args.gradient_checkpointing) for name, r in runners.items()}
     predicted = {}
     if "davir" in estimates and "plain" in estimates:
         predicted["davir_over_plain"] = round(estimates["davir"]["step_tflop"] / estimates["plain"]["step_tflop"], 4)
@@ -450,6 +499,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     for name in interleaved_order(names, args.warmup):
         runners[name].step(timed=False)
+    for runner in runners.values():
+        runner.count_flops()
     for name in interleaved_order(names, args.steps):
         runners[name].step(timed=True)
 
@@ -461,11 +512,14 @@ def main(argv: list[str] | None = None) -> dict:
         if "epc_only" in variants:
             ratios["epc_only_over_plain"] = round(median["epc_only"] / median["plain"], 4)
             ratios["davir_over_epc_only"] = round(median["davir"] / median["epc_only"], 4)
+        counted = {name: v["counted_step_tflop"] for name, v in variants.items()}
+        if counted["davir"] and counted["plain"]:
+            predicted["davir_over_plain_counted"] = round(counted["davir"] / counted["plain"], 4)
         if device.type == "cpu":
             cpu = {name: v["cpu_seconds_per_step_median"] for name, v in variants.items()}
             ratios["cpu_time_davir_over_plain"] = round(cpu["davir"] / cpu["plain"], 4)
     report = {
-        "benchmark": "DAVIR training step vs plain InstructBLIP LoRA step (forward + backward + clip + AdamW, "
+        "benchmark": f"DAVIR training step vs plain {args.family} LoRA step (forward + backward + clip + AdamW, "
         "same batch, interleaved)",
         "device": device_name(device),
         **setting,
@@ -485,8 +539,8 @@ def main(argv: list[str] | None = None) -> dict:
         report["cuda"] = torch.version.cuda
     else:
         report["note"] = (
-            "CPU run of the small preset: checks the bench and the relative cost only. The GPU figures "
-            "(vicuna7b, batch 16, bf16, LLM checkpointing, H100) are still owed: no GPU was lent when this ran."
+            "CPU run of the small preset: checks the bench and the relative cost only; the GPU figures are in "
+            "bench/README.md."
         )
     print(json.dumps(report, indent=2))
     return report
