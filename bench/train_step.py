@@ -19,7 +19,9 @@ bf16 autocast when the weights are bf16 on a GPU (``run.mixed_precision: bf16`` 
   "Describe the difference between the two images. Entity: small red metal sphere.");
 * ``plain``: the plain LoRA step: FAC off (λ = 0, no masks), the base prompt alone;
 * ``epc_only``: the entity prompt with FAC off, which splits DAVIR's extra cost into EPC (longer LLM and
-  Q-Former sequences) and FAC (the attention KL and its backward through the last ViT layer).
+  Q-Former sequences) and FAC (the attention KL and its backward through the last ViT layer);
+* ``davir_split_windows`` (Qwen2.5-VL, on request): ``davir`` with transformers' SDPA call per ViT window, the
+  baseline of ``davir.models.window_attention``'s packed windows, which every other variant uses.
 
 The variants run interleaved (ABC CBA ...) after a warm-up of each, so drift of the machine (clocks, other
 load) hits all of them alike; every step is synchronised and timed alone, and the peak GPU memory is reset
@@ -59,6 +61,7 @@ ENTITY = "small red metal sphere"
 # Each family's published architecture (random weights): the default preset on a GPU.
 LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b"}
 VARIANTS = ("davir", "plain", "epc_only")
+SPLIT_WINDOWS = "davir_split_windows"  # Qwen2.5-VL only, on request
 TARGETS = {
     "text": "DAVIR <= 1.05x the plain step and >= 41 pairs/s on an H100 at batch 16 bf16 with LLM gradient "
     "checkpointing (vicuna7b preset, 224 px)",
@@ -138,6 +141,7 @@ def build_model(args: argparse.Namespace, device: torch.device) -> DavirModel:
         train_mode="lora",
         dtype=args.dtype,
         gradient_checkpointing=args.gradient_checkpointing,
+        image_size=args.image_size,
         seed=0,
     )
     config.fac.lambda_attn = 0.1
@@ -196,10 +200,24 @@ def fac_lambda(model: DavirModel, value: float):
         model.config.fac = saved
 
 
+@contextlib.contextmanager
+def split_windows(model: torch.nn.Module, split: bool):
+    """With ``split``: a Qwen2.5-VL ViT on transformers' own SDPA path (one call per window) for the duration."""
+    if not split:
+        yield
+        return
+    config = model.core.model.visual.config
+    saved, config._attn_implementation = config._attn_implementation, "sdpa"
+    try:
+        yield
+    finally:
+        config._attn_implementation = saved
+
+
 def variant_inputs(name: str, data: dict) -> tuple[dict, float]:
     """Forward keyword arguments and FAC λ of one variant."""
     common = {"pixel_before": data["pixel_before"], "pixel_after": data["pixel_after"], "captions": data["captions"]}
-    if name == "davir":
+    if name in ("davir", SPLIT_WINDOWS):
         masks = {k: data[k] for k in ("masks_before", "masks_after", "mask_valid")}
         return {**common, "prompts": data["entity_prompts"], **masks}, 0.1
     if name == "epc_only":
@@ -242,9 +260,8 @@ class StepRunner:
             torch.cuda.reset_peak_memory_stats(self.device)
         sync(self.device)
         started, cpu_started = time.perf_counter(), time.process_time()
-        with fac_lambda(self.model, self.lambda_attn), torch.autocast(
-            self.device.type, dtype=torch.bfloat16, enabled=self.autocast
-        ):
+        with fac_lambda(self.model, self.lambda_attn), split_windows(self.model, self.name == SPLIT_WINDOWS), \
+                torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             out = self.model(**self.kwargs)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.parameters, 1.0)
@@ -428,7 +445,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction,
                         help="non-reentrant checkpointing (InstructBLIP: the LLM; a chat family: every layer "
                         "HF checkpoints, ViT blocks included) (default: on for the large presets, off for tiny)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list from {VARIANTS}")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma list from {(*VARIANTS, SPLIT_WINDOWS)} (the last: qwen2_5_vl only)")
+    parser.add_argument("--image-size", type=int, help="model.image_size (default: the preset's)")
     parser.add_argument("--threads", type=int,
                         help="torch intra-op threads (default: 1 on CPU, where oversubscribed cores of a shared "
                         "machine made a 2-thread tiny step about 10x slower: 2.7 s vs 0.28 s; torch's choice on a "
@@ -453,9 +472,10 @@ def main(argv: list[str] | None = None) -> dict:
         args.gradient_checkpointing = args.preset != "tiny"
     autocast = args.autocast if args.autocast is not None else (gpu and args.dtype == "bfloat16")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(names) - set(VARIANTS))
+    unknown = sorted(set(names) - {*VARIANTS, *([SPLIT_WINDOWS] if args.family == "qwen2_5_vl" else [])})
     if unknown or not names:
-        raise SystemExit(f"--variants {args.variants!r}: choose from {VARIANTS}")
+        raise SystemExit(f"--variants {args.variants!r}: choose from {VARIANTS}"
+                         + (f" and {SPLIT_WINDOWS}" if args.family == "qwen2_5_vl" else ""))
     if args.steps < 1 or args.batch_size < 1 or args.warmup < 0:
         raise SystemExit("--steps and --batch-size must be >= 1, --warmup >= 0")
 
@@ -506,8 +526,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     variants = {name: runner.summary(args.batch_size, args.gradient_checkpointing) for name, runner in runners.items()}
     ratios = {}
+    median = {name: v["seconds_per_step"]["median"] for name, v in variants.items()}
+    if "davir" in variants and SPLIT_WINDOWS in variants:
+        ratios["split_windows_over_davir"] = round(median[SPLIT_WINDOWS] / median["davir"], 4)
     if "davir" in variants and "plain" in variants:
-        median = {name: v["seconds_per_step"]["median"] for name, v in variants.items()}
         ratios["davir_over_plain"] = round(median["davir"] / median["plain"], 4)
         if "epc_only" in variants:
             ratios["epc_only_over_plain"] = round(median["epc_only"] / median["plain"], 4)

@@ -239,6 +239,22 @@ def test_forward_with_masks_trains_the_vision_lora_and_generate_returns_maps(mod
     assert torch.allclose(maps_after, reference.attention_after, atol=1e-6)
 
 
+def test_generation_computes_no_fac_map_unless_asked(model, batch, monkeypatch):
+    """The prefill's images need no map (a T×T matrix per head and image): the hook is off during generate."""
+    import davir.models.received_attention as received
+
+    calls = []
+    real = received.received_attention
+    monkeypatch.setattr(received, "received_attention", lambda *args: calls.append(args[0].shape) or real(*args))
+    before, after, prompts = batch
+    model.generate(before, after, prompts, max_new_tokens=3, num_beams=2)
+    assert calls == []
+    _, maps_before, _ = model.generate(before, after, prompts, max_new_tokens=3, return_attention=True)
+    assert len(calls) == 1 and calls[0][0] == 4 and maps_before.shape == (2, 8, 8)  # one pass of the 4 images
+    model(before, after, prompts)  # the forward keeps its maps
+    assert len(calls) == 2
+
+
 # --------------------------------------------------------------------------------------------- save and load
 def logits(model, batch) -> torch.Tensor:
     before, after, prompts = batch

@@ -136,6 +136,53 @@ def test_fac_hook_equals_eager_attention_and_keeps_sdpa():
     assert not not_called and torch.allclose(fast, hooked, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize(("size", "vision_calls"), [
+    (64, (36, 3)),  # 8×8 patches: 4 windows of 4×4 an image, all alike; split: 2 window blocks × 4 × 4 images + 4
+    (80, (76, 7)),  # 10×10: 9 windows of 16, 8 or 4 patches (edge windows are smaller): packed 2 × 3 lengths + 1
+])
+def test_packed_window_attention_equals_transformers_per_window_sdpa(size, vision_calls):
+    """The ViT's windows through a few batched SDPA calls (davir.models.window_attention) give the losses, FAC
+    maps and LoRA gradients of transformers' SDPA call per window."""
+    from davir.models.window_attention import PACKED_ATTENTION
+
+    model = build_davir_model(DavirModelConfig(family="qwen2_5_vl", preset="tiny", train_mode="lora", image_size=size,
+                                               seed=3), captions_for_tokenizer=TEXTS)
+    visual = model.core.model.visual
+    assert {block.attn.config._attn_implementation for block in visual.blocks} == {PACKED_ATTENTION}
+    assert model.core.config.text_config._attn_implementation == "sdpa"  # the LLM keeps transformers' SDPA
+    pixels = model.image_processor(_pictures(4, seed=2))
+    masks = torch.zeros(2, size, size)
+    masks[:, : size // 2, : size // 3] = 1.0
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls: list[tuple[int, ...]] = []
+
+    def counted(*args, **kwargs):
+        calls.append(tuple(args[0].shape))
+        return sdpa(*args, **kwargs)
+
+    def step():
+        calls.clear()
+        model.zero_grad()
+        torch.manual_seed(0)  # the LoRA dropout masks
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+            output = model(pixels[0::2], pixels[1::2], model.build_prompts(None, batch_size=2), captions=TEXTS[:2],
+                           masks_before=masks, masks_after=masks)
+        output.loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+        return output, grads, len(calls) - 2  # the 2 LLM layers call SDPA once each
+
+    packed, packed_grads, packed_calls = step()
+    visual.config._attn_implementation = "sdpa"  # transformers' own path
+    split, split_grads, split_calls = step()
+    assert (split_calls, packed_calls) == vision_calls
+    for name in ("loss", "caption_loss", "attn_loss", "attention_before", "attention_after"):
+        torch.testing.assert_close(getattr(packed, name), getattr(split, name), atol=1e-6, rtol=1e-5)
+    assert packed_grads.keys() == split_grads.keys() and any("visual" in name for name in packed_grads)
+    for name, grad in packed_grads.items():
+        torch.testing.assert_close(grad, split_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
 def test_lora_targets_exist_and_only_they_train(user_folder):
     model = build_davir_model(DavirModelConfig(family="qwen2_5_vl", pretrained=str(user_folder), image_size=64))
     adapted = {name.split(".lora_A")[0] for name, _ in model.named_parameters() if ".lora_A." in name}

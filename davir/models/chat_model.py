@@ -18,8 +18,9 @@ InstructBLIP's :class:`davir.models.davir.DavirModel`, whose public methods this
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -271,10 +272,21 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         settings = dict(do_sample=False, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.end_token_id)
         settings.update(generate_kwargs)
-        output = self.core.generate(input_ids=input_ids, attention_mask=attention_mask, **pixels,
-                                    **self._token_types(input_ids), **settings)
-        self.attention_hook.pop(missing_ok=True)  # the prefill's (beam-expanded) images: not used
+        with self._attention_hook_off():
+            output = self.core.generate(input_ids=input_ids, attention_mask=attention_mask, **pixels,
+                                        **self._token_types(input_ids), **settings)
         return [text.strip() for text in self.tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)]
+
+    @contextlib.contextmanager
+    def _attention_hook_off(self) -> Iterator[None]:
+        """The FAC hook detached: the prefill's (beam-expanded) images need no map, and the received attention
+        of a patch grid is a T×T matrix per head and image (Qwen2.5-VL-7B at 448 px: 64 MiB an image in float32,
+        24 GiB for 64 pairs × 3 beams)."""
+        self.attention_hook.detach()
+        try:
+            yield
+        finally:
+            self.attention_hook.attach()
 
     # ----------------------------------------------------------------------------------------------- summary
     def trainable_parameter_summary(self) -> dict[str, tuple[int, int]]:

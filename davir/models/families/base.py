@@ -89,14 +89,19 @@ class ChatFamily(ABC):
         self.check_pretrained_folder(path)
         core = self.model_class.from_pretrained(str(path), local_files_only=True, dtype=DTYPES[config.dtype],
                                                 attn_implementation=config.attn_implementation)
-        return core.to(device)
+        return self.prepare_core(core.to(device), config)
 
     def random_core(self, architecture, config, device: torch.device) -> nn.Module:
         """Random weights of the family's classes, reproducible from ``config.seed``, built directly on ``device``."""
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
             torch.manual_seed(config.seed)
-            return self.model_class._from_config(architecture, attn_implementation=config.attn_implementation,
+            core = self.model_class._from_config(architecture, attn_implementation=config.attn_implementation,
                                                  dtype=DTYPES[config.dtype])
+        return self.prepare_core(core, config)
+
+    def prepare_core(self, core: nn.Module, config) -> nn.Module:
+        """A family's settings of a core just built or loaded, before LoRA (default: none)."""
+        return core
 
     def build_core(self, config, captions_for_tokenizer: Sequence[str] | None, device: torch.device):
         """(core, processor) for a new model: the local folder ``config.pretrained``, or a seeded preset whose

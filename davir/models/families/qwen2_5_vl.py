@@ -12,6 +12,8 @@
   full-attention block relates every patch of the picture to every other. The hook recomputes it from that
   block's qkv output and rotary embeddings, so SDPA/flash stay in place (tests: equal to eager attention).
   The tokens reach the block in window order; the map is put back in raster order.
+* **Speed.** With ``attn_implementation: sdpa`` the ViT's windows go through SDPA a few at a time
+  (``davir.models.window_attention``) instead of transformers' one call per window.
 * **LoRA**: the ViT's fused ``qkv`` (``vision_rank``), the merger MLP (``qformer_rank``), the LLM attention
   projections (``llm_rank``).
 """
@@ -35,6 +37,7 @@ from transformers.vision_utils import get_vision_window_index
 
 from davir.models.families.base import ChatFamily
 from davir.models.received_attention import received_attention
+from davir.models.window_attention import use_packed_window_attention
 
 QWEN_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -193,6 +196,11 @@ class Qwen25VLFamily(ChatFamily):
     trainable_parts = {"projector": "model.visual.merger"}
     fac_reads = ("mean attention each patch receives in the last full-attention ViT block [D] "
                  "(no [CLS]; window blocks see only their window)")
+
+    def prepare_core(self, core: nn.Module, config) -> nn.Module:
+        if config.attn_implementation == "sdpa":  # eager stays eager: the tests' reference
+            use_packed_window_attention(core.model.visual)
+        return core
 
     def preset_processor(self, tokenizer, architecture: Qwen2_5_VLConfig) -> Qwen2_5_VLProcessor:
         vision = architecture.vision_config
