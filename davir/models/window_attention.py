@@ -34,23 +34,21 @@ def packed_window_attention(module: torch.nn.Module, query: torch.Tensor, key: t
         raise ValueError("packed_window_attention takes one packed, unmasked, non-causal sequence with cu_seqlens")
     bounds = cu_seq_lens_q.tolist()
     starts, lengths = bounds[:-1], [end - start for start, end in zip(bounds[:-1], bounds[1:])]
-    if len(set(lengths)) == 1:  # every window alike (the grid a multiple of the window): a view, no gather
-        windows = [states[0].unflatten(1, (len(lengths), lengths[0])).transpose(0, 1) for states in (query, key, value)]
-        attended = F.scaled_dot_product_attention(*windows, dropout_p=dropout, scale=scaling)
-        return attended.permute(0, 2, 1, 3).flatten(0, 1).unsqueeze(0), None
+    states, sdpa = (query[0], key[0], value[0]), {"dropout_p": dropout, "scale": scaling}
+    if len(set(lengths)) == 1:  # every window alike (the grid a multiple of the window): views, no gather
+        return _attend(*states, lengths[0], **sdpa).unsqueeze(0), None
     output = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # (N, H, D)
     for length in sorted(set(lengths)):
         first = torch.tensor([s for s, n in zip(starts, lengths) if n == length], device=query.device)
-        index = (first[:, None] + torch.arange(length, device=query.device)).flatten()  # (windows · length,)
-
-        def windows(states: torch.Tensor) -> torch.Tensor:  # (1, H, N, D) → (windows, H, length, D)
-            picked = states[0].index_select(1, index)
-            return picked.unflatten(1, (-1, length)).transpose(0, 1)
-
-        attended = F.scaled_dot_product_attention(windows(query), windows(key), windows(value),
-                                                  dropout_p=dropout, scale=scaling)
-        output[index] = attended.permute(0, 2, 1, 3).flatten(0, 1)
+        index = (first[:, None] + torch.arange(length, device=query.device)).flatten()  # the group's positions
+        output[index] = _attend(*(s.index_select(1, index) for s in states), length, **sdpa)
     return output.unsqueeze(0), None
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, length: int, **sdpa) -> torch.Tensor:
+    """(H, M, D) of M / ``length`` whole windows one after another → (M, H, D), one SDPA call for all."""
+    windows = [s.unflatten(1, (-1, length)).transpose(0, 1) for s in (query, key, value)]  # (windows, H, L, D)
+    return F.scaled_dot_product_attention(*windows, **sdpa).permute(0, 2, 1, 3).flatten(0, 1)
 
 
 AttentionInterface.register(PACKED_ATTENTION, packed_window_attention)
