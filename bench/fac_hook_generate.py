@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
             runs[name].append(json.loads(child.stdout.strip().splitlines()[-1]))
     summary = {name: {"peak_rss_mb": [r["peak_rss_mb"] for r in rows],
                       "rss_before_generate_mb": [r["rss_before_generate_mb"] for r in rows],
-                      "seconds_median": round(statistics.median(r["seconds"] for r in rows), 2)} for name, rows in runs.items()}
+                      "seconds_median": round(statistics.median(r["seconds"] for r in rows), 2)}
+               for name, rows in runs.items()}
     report = {
         "benchmark": "chat-family generate: FAC hook off during generation (now) vs on (before)",
         "family": args.family, "preset": "tiny", "image_size": args.image_size, "pairs": args.pairs,

@@ -13,7 +13,8 @@ published architecture at the family's size: Qwen2.5-VL-7B at 448 px), built dir
 dtype, LoRA as in App. B (InstructBLIP: r=4 ViT qkv and Q-Former q/k/v, r=8 LLM attention; a chat family: its
 mapping of the same ranks, ``davir/models/families``). Each timed step is what ``train.py`` does per batch:
 forward, backward, gradient clipping (max norm 1) and an AdamW step over the trainable (LoRA) parameters, under
-bf16 autocast when the weights are bf16 on a GPU (``run.mixed_precision: bf16`` of the DAVIR configs). Variants, all on the same inputs:
+bf16 autocast when the weights are bf16 on a GPU (``run.mixed_precision: bf16`` of the DAVIR configs).
+Variants, all on the same inputs:
 
 * ``davir``: FAC on (λ = 0.1, synthetic rectangular change masks in both images) and EPC on (the prompt
   "Describe the difference between the two images. Entity: small red metal sphere.");
