@@ -88,13 +88,14 @@ $(DEMO_READY): $(VENV)/.installed | demo-data-check
 demo-data: install $(DEMO_READY)
 
 # The whole job: data → masks → entities → DAVIR fine-tune of the tiny pretrained model → evaluate → caption.
+# Each run trains anew (run.overwrite), so caption.py starts its captions anew too (--overwrite).
 demo: install $(DEMO_READY)
 	$(PY) train.py --config configs/demo.yaml run.overwrite=true run.output_dir=$(DEMO_RUN) data.root=$(DEMO_DATA) \
 		data.masks=$(DEMO_DIR)/masks data.entities=$(DEMO_DIR)/entities model.family=$(DEMO_FAMILY) $(DEMO_TRAIN_ARGS)
 	$(PY) evaluate.py --checkpoint $(DEMO_RUN) --split test --no-spice
 	$(PY) -m davir.data pairs --format clevr_change --root $(DEMO_DATA) --split test --num 12 --out $(DEMO_DATA)/demo_pairs.csv
 	$(PY) caption.py --checkpoint $(DEMO_RUN) --pairs $(DEMO_DATA)/demo_pairs.csv --out $(DEMO_DIR)/captions$(DEMO_SUFFIX).jsonl \
-		--html $(DEMO_DIR)/report$(DEMO_SUFFIX).html
+		--html $(DEMO_DIR)/report$(DEMO_SUFFIX).html --overwrite
 	@echo "demo done: metrics in $(DEMO_RUN)/eval/clevr_change_test/metrics.md, report in $(DEMO_DIR)/report$(DEMO_SUFFIX).html"
 
 # The paper's Table 4 at tiny scale: FAC off/on × EPC off/on, 3 seeds, mean ± std (runs/ablation_demo/summary.md);
