@@ -37,9 +37,11 @@ from davir.pretrain_tiny import (
     EntityNoise,
     SceneTensors,
     build_tiny_model,
+    change_type_weights,
     description_loss,
     main,
     noisy_entities,
+    sample_change_batch,
     save_checkpoint,
     vocabulary_texts,
 )
@@ -279,6 +281,34 @@ def test_cli_with_entity_prompts_scores_both_prompts(synth_root, tmp_path):
     assert point["stage"] == "change" and "--entity-share 1" in info["command"]
     assert point["with_entities"]["per_type"]["none"]["pairs"] == info["eval_scenes"] >= 1  # every distractor pair
     assert info["final_eval_with_entities"]["type_accuracy"] is not None
+
+
+def test_type_weights_draw_the_changed_pairs_of_a_type_more_often(tmp_path, capsys):
+    """--type-weights move=4: of four scenes (one a move), the changed pairs are a move 4/7 of the time instead of
+    1/4; distractor pairs and the unweighted draw stay as they were."""
+    import random
+
+    kinds = ["color", "move", "add", "drop"]
+    data = SceneTensors(ids=["0", "1", "2", "3"], images=torch.zeros(4, 3, 3, 4, 4, dtype=torch.uint8),
+                        descriptions=[], captions=[["c"]] * 4, no_change=[["n"]] * 4, subjects=[], objects=[],
+                        change_types=kinds)
+    assert change_type_weights(data, {}) is None
+    cumulative = change_type_weights(data, {"move": 4.0})
+    assert cumulative == [1.0, 5.0, 6.0, 7.0]
+    norm = lambda images: images.float()  # noqa: E731
+    changed, distractor = [], []
+    for seed in range(50):
+        batch = sample_change_batch(data, 40, random.Random(seed), norm, cumulative)
+        changed += [kinds[r] for r, s in zip(batch.rows, batch.semantic) if s]
+        distractor += [kinds[r] for r, s in zip(batch.rows, batch.semantic) if not s]
+    assert abs(changed.count("move") / len(changed) - 4 / 7) < 0.04  # ~1,000 draws: sd 0.016
+    assert abs(distractor.count("move") / len(distractor) - 1 / 4) < 0.04
+    plain, reference = sample_change_batch(data, 40, random.Random(3), norm), random.Random(3)
+    assert plain.rows == [reference.randrange(4) for _ in range(40)]  # the unweighted draw is unchanged
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "x"), "--scenes", "2", "--type-weights", "moved=2", "--quiet"])
+    assert exit_info.value.code == 2 and "type-weights: moved=2.0; give positive weights of color" in \
+        capsys.readouterr().err
 
 
 def test_cli_refuses_shares_outside_0_1(tmp_path, capsys):

@@ -37,6 +37,7 @@ The package, one idea a module: ``model`` (prompts, vocabulary, the tiny build),
 from davir.pretrain_tiny.batches import (
     ChangeBatch,
     EntityNoise,
+    change_type_weights,
     description_loss,
     noisy_entities,
     sample_change_batch,
@@ -65,6 +66,7 @@ from davir.pretrain_tiny.model import (
 __all__ = [
     "CHANGE_PROMPT", "DESCRIBE_PROMPT", "DESCRIPTION_ORDERS", "ENTITY_PROMPTS", "INFO_FILE", "LAST_FOLDER", "VIEWS",
     "ChangeBatch", "EntityNoise", "Normaliser", "SceneTensors", "build_parser", "build_tiny_model", "canonical_description",
+    "change_type_weights",
     "description_accuracy", "description_loss", "evaluate", "evaluation_entities", "load_split", "main",
     "TinyPretrainSettings", "noisy_entities", "package_versions", "pretrain", "sample_change_batch",
     "sample_description_batch",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -53,15 +54,29 @@ class ChangeBatch:
     semantic: list[bool]
 
 
-def sample_change_batch(data: SceneTensors, batch: int, rng: random.Random, norm: Normaliser) -> ChangeBatch:
-    """Half semantic pairs, half distractor pairs (as in the data), one reference drawn per pair."""
+def sample_change_batch(data: SceneTensors, batch: int, rng: random.Random, norm: Normaliser,
+                        changed_weights: list[float] | None = None) -> ChangeBatch:
+    """Half semantic pairs, half distractor pairs (as in the data), one reference drawn per pair.
+    ``changed_weights``: cumulative weights of the scenes (:func:`change_type_weights`) by which the changed
+    pairs are drawn instead of uniformly."""
     rows = [rng.randrange(len(data.ids)) for _ in range(batch)]
     semantic = [rng.random() < 0.5 for _ in range(batch)]
+    if changed_weights is not None:
+        scenes = range(len(data.ids))
+        rows = [rng.choices(scenes, cum_weights=changed_weights)[0] if s else r for r, s in zip(rows, semantic)]
     after_views = [1 if s else 2 for s in semantic]
     before = norm(data.images[rows, [0] * batch])
     after = norm(data.images[rows, after_views])
     captions = [rng.choice(data.captions[r] if s else data.no_change[r]) for r, s in zip(rows, semantic)]
     return ChangeBatch(before, after, captions, rows, semantic)
+
+
+def change_type_weights(data: SceneTensors, weights: dict[str, float]) -> list[float] | None:
+    """Cumulative per-scene weights for drawing changed pairs (a type's weight, 1 for the types not named);
+    None when no type is weighted."""
+    if not weights:
+        return None
+    return list(itertools.accumulate(weights.get(kind, 1.0) for kind in data.change_types))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,18 @@ from davir.pretrain_tiny.data import DESCRIPTION_ORDERS
 from davir.pretrain_tiny.loop import TinyPretrainSettings, pretrain
 
 
+def type_weights(text: str) -> dict[str, float]:
+    """``move=3,color=1.5`` → {"move": 3.0, "color": 1.5} (the settings check the types and weights)."""
+    weights = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, _, weight = item.partition("=")
+        try:
+            weights[kind.strip()] = float(weight)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not TYPE=WEIGHT") from None
+    return weights
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m davir.pretrain_tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder to write the checkpoint into")
@@ -38,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="share of distractor pairs given one of the scene's objects as entity")
     parser.add_argument("--desc-order", choices=DESCRIPTION_ORDERS, default="left-to-right",
                         help="object order of the description targets")
+    parser.add_argument("--type-weights", type=type_weights, default={}, metavar="TYPE=W,...",
+                        help="draw the changed pairs of these change types W times as often, e.g. move=3 "
+                        "(default: as the data holds them)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--image-size", type=int, default=64)

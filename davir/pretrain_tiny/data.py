@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ from davir.io import read_json
 class SceneTensors:
     """Scenes of one split: images (N, 3 views, 3, S, S) uint8 (before, after, nonsemantic), descriptions
     per view, change captions and "no change" captions per scene, the scene ids, the changed object's phrase
-    (``subjects``, the entity an oracle retriever would return) and the phrases of the before image's objects."""
+    (``subjects``, the entity an oracle retriever would return), the phrases of the before image's objects and
+    the change type of each scene."""
 
     ids: list[str]
     images: torch.Tensor
@@ -39,6 +40,7 @@ class SceneTensors:
     no_change: list[list[str]]
     subjects: list[str]
     objects: list[list[str]]
+    change_types: list[str] = field(default_factory=list)
 
 
 VIEWS = ("before", "after", "nonsemantic")
@@ -60,7 +62,7 @@ def load_split(root: Path, split: str, size: int, *, limit: int | None = None,
     if not ids:
         raise DataError(f"{root / 'scenes.json'}: no scenes in split {split!r}")
     images = np.empty((len(ids), 3, 3, size, size), dtype=np.uint8)
-    descriptions, captions, no_change, subjects, objects = [], [], [], [], []
+    descriptions, captions, no_change, subjects, objects, change_types = [], [], [], [], [], []
     for row, scene_id in enumerate(ids):
         record = scenes[scene_id]
         for view_index, view in enumerate(VIEWS):
@@ -71,7 +73,9 @@ def load_split(root: Path, split: str, size: int, *, limit: int | None = None,
         no_change.append(list(no_change_file.get(key) or NO_CHANGE_CAPTIONS[-1:]))
         subjects.append(str(record["change"]["subject"]))
         objects.append([object_phrase(o) for o in record["images"]["before"]["objects"]])
-    return SceneTensors(ids, torch.from_numpy(images), descriptions, captions, no_change, subjects, objects)
+        change_types.append(str(record["change"]["type"]))
+    return SceneTensors(ids, torch.from_numpy(images), descriptions, captions, no_change, subjects, objects,
+                        change_types)
 
 
 DESCRIPTION_ORDERS = ("left-to-right", "canonical")

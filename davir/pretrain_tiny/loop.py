@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from davir.data.records import CHANGE_TYPES
 from davir.data.synthetic import (
     SynthConfig,
     generate_dataset,
@@ -27,6 +28,7 @@ from davir.models.davir_config import DavirModelConfig
 from davir.models.epc import EpcConfig, entity_prompts
 from davir.pretrain_tiny.batches import (
     EntityNoise,
+    change_type_weights,
     description_loss,
     noisy_entities,
     sample_change_batch,
@@ -76,6 +78,7 @@ class TinyPretrainSettings:
     entity_wrong: float = EntityNoise.wrong
     entity_on_distractor: float = EntityNoise.on_distractor
     desc_order: str = "left-to-right"
+    type_weights: dict[str, float] = field(default_factory=dict)  # change type → weight of its changed pairs
     batch_size: int = 32
     lr: float = 1e-3
     image_size: int = 64
@@ -96,6 +99,9 @@ class TinyPretrainSettings:
         for name in ("desc_mix", "entity_share", "entity_wrong", "entity_on_distractor"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name.replace('_', '-')} must be a share in [0, 1], got {getattr(self, name)}")
+        for kind, weight in self.type_weights.items():
+            if kind not in CHANGE_TYPES or not weight > 0:
+                raise ValueError(f"type-weights: {kind}={weight}; give positive weights of {', '.join(CHANGE_TYPES)}")
 
 
 def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
@@ -150,6 +156,7 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
         info["init"] = {"folder": str(settings.init), "command": earlier.get("command"), "seed": earlier.get("seed"),
                         "curve": earlier.get("curve", [])}
     noise = EntityNoise(wrong=settings.entity_wrong, on_distractor=settings.entity_on_distractor)
+    changed_weights = change_type_weights(train, settings.type_weights)
     best_score = -1.0
     step_total = 0
     for stage, steps in (("describe", settings.desc_steps), ("change", settings.change_steps)):
@@ -163,7 +170,7 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
                 pixels, captions = sample_description_batch(train, settings.batch_size, rng, norm)
                 loss = description_loss(model, pixels, captions)
             else:
-                pairs = sample_change_batch(train, settings.batch_size, rng, norm)
+                pairs = sample_change_batch(train, settings.batch_size, rng, norm, changed_weights)
                 if rng.random() < settings.entity_share:  # EPC-style prompts with retriever-like entities
                     prompts = entity_prompts(ENTITY_PROMPTS, noisy_entities(train, pairs.rows, pairs.semantic, rng, noise))
                 else:
