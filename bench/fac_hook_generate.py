@@ -33,12 +33,12 @@ def one_run(args: argparse.Namespace) -> dict:
     """Build the model, caption the pairs once in ``args.setting``; the child process's measurement."""
     import torch
 
-    from bench.train_step import clevr_like_captions, pixel_shape, vocabulary_texts
-    from davir.models.davir import DavirModelConfig, build_davir_model
+    from bench.train_step import build_random_model, pixel_shape
+    from davir.models.davir import DavirModelConfig
 
     torch.set_num_threads(args.threads)
     config = DavirModelConfig(family=args.family, preset="tiny", train_mode="lora", image_size=args.image_size)
-    model = build_davir_model(config, captions_for_tokenizer=clevr_like_captions(64, 1) + vocabulary_texts()).eval()
+    model = build_random_model(config).eval()
     if args.setting == "hook_on":  # the behaviour before: the hook stays attached through generation
         model._attention_hook_off = contextlib.nullcontext
     generator = torch.Generator().manual_seed(0)

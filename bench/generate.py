@@ -48,10 +48,10 @@ import transformers  # noqa: E402
 from transformers import CompileConfig  # noqa: E402
 
 from bench.train_step import (  # noqa: E402
-    COLORS, LARGE_PRESETS, MATERIALS, SHAPES, SIZES, check_gpu_memory, clevr_like_captions, device_name,
-    pick_device, pixel_shape, sync, vocabulary_texts,
+    COLORS, LARGE_PRESETS, MATERIALS, SHAPES, SIZES, build_random_model, check_gpu_memory, device_name,
+    pick_device, pixel_shape, sync,
 )
-from davir.models.davir import DavirModel, DavirModelConfig, build_davir_model  # noqa: E402
+from davir.models.davir import DavirModel, DavirModelConfig  # noqa: E402
 from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES  # noqa: E402
 
 ROW_KINDS = ("dynamic", "merged", "static_compiled", "static_compiled_merged")
@@ -77,12 +77,7 @@ def int_list(text: str) -> list[int]:
 
 def build_model(family: str, preset: str, dtype: str, device: torch.device) -> torch.nn.Module:
     config = DavirModelConfig(family=family, preset=preset, train_mode="lora", dtype=dtype, seed=0)
-    captions = clevr_like_captions(256, seed=1) + vocabulary_texts()
-    try:
-        model = build_davir_model(config, captions_for_tokenizer=captions, device=device)
-    except ValueError as error:  # an unknown preset of this family names the choices
-        raise SystemExit(str(error)) from None
-    return model.eval()
+    return build_random_model(config, device).eval()
 
 
 def generating_model(model: torch.nn.Module) -> torch.nn.Module:

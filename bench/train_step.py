@@ -148,12 +148,17 @@ def build_model(args: argparse.Namespace, device: torch.device) -> DavirModel:
     config.fac.lambda_attn = 0.1
     config.epc.use_entities = True
     config.epc.num_entities = 1
+    return build_random_model(config, device).train()
+
+
+def build_random_model(config: DavirModelConfig, device: torch.device | str = "cpu") -> torch.nn.Module:
+    """``config``'s random-weight preset, its word-level tokenizer learned from the benches' captions; an unknown
+    preset of the family stops with the choices."""
     captions = clevr_like_captions(256, seed=1) + vocabulary_texts()
     try:
-        model = build_davir_model(config, captions_for_tokenizer=captions, device=device)
-    except ValueError as error:  # an unknown preset of this family names the choices
+        return build_davir_model(config, captions_for_tokenizer=captions, device=device)
+    except ValueError as error:
         raise SystemExit(str(error)) from None
-    return model.train()
 
 
 def pixel_shape(model: torch.nn.Module) -> tuple[int, ...]:
