@@ -36,6 +36,7 @@ from davir.pretrain_tiny import (
     LAST_FOLDER,
     EntityNoise,
     SceneTensors,
+    add_language_layers,
     build_tiny_model,
     change_type_weights,
     description_loss,
@@ -246,6 +247,33 @@ def test_cli_pretrains_a_chat_family_with_both_stages(synth_root, tmp_path):
     assert info["curve"][0]["description_exact"] == 0.0  # 2 steps from random weights describe nothing right
     model = build_davir_model(DavirModelConfig(family="qwen2_5_vl", pretrained=str(out), image_size=32))
     assert type(model.core).__name__ == "Qwen2_5_VLForConditionalGeneration" and model.patch_grid == (4, 4)
+
+
+def test_added_llm_layers_start_as_the_identity_and_load_from_the_folder(synth_root, tmp_path):
+    """--add-llm-layers 2: the grown Qwen computes exactly the checkpoint's logits, its new layers are trainable
+    (their output projections zero, the rest drawn), and the folder the CLI writes loads with 4 LLM layers."""
+    model = build_tiny_model(family="qwen2_5_vl", image_size=32, seed=3)
+    model.eval()
+    ids = torch.tensor([[5, 9, 14, 22, 31, 40, 7, 3]])
+    with torch.no_grad():
+        before = model.core(input_ids=ids).logits
+        assert add_language_layers(model, 2) == 4
+        after = model.core(input_ids=ids).logits
+    assert torch.equal(before, after)
+    new = model.core.get_decoder().layers[3]
+    assert new.self_attn.layer_idx == 3 and not new.mlp.down_proj.weight.any() and new.self_attn.q_proj.weight.std() > 0.01
+    assert model.core.config.text_config.layer_types == ["full_attention"] * 4
+    with pytest.raises(ValueError, match="add-llm-layers"):
+        add_language_layers(model, -1)
+
+    start, grown = tmp_path / "start", tmp_path / "grown"
+    assert _quick_pretrain(start, synth_root, "--family", "qwen2_5_vl", "--desc-steps", "1", "--change-steps", "0",
+                           "--eval-scenes", "1") == 0
+    assert _quick_pretrain(grown, synth_root, "--family", "qwen2_5_vl", "--init", str(start), "--add-llm-layers", "2",
+                           "--desc-steps", "0", "--change-steps", "2", "--eval-scenes", "1") == 0
+    loaded = build_davir_model(DavirModelConfig(family="qwen2_5_vl", pretrained=str(grown), image_size=32))
+    assert len(loaded.core.get_decoder().layers) == 4
+    assert "--add-llm-layers 2" in json.loads((grown / INFO_FILE).read_text())["command"]
 
 
 def test_noisy_entities_imitate_a_retriever():

@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--patch-size", type=int, default=8)
     parser.add_argument("--query-tokens", type=int, default=0, help="0 = the preset's 16")
+    parser.add_argument("--add-llm-layers", type=int, default=0,
+                        help="append N LLM layers to the --init model, each starting as the identity")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--eval-scenes", type=int, default=100, help="test scenes scored (2 pairs each)")

@@ -41,6 +41,7 @@ from davir.pretrain_tiny.model import (
     CHANGE_PROMPT,
     DESCRIBE_PROMPT,
     ENTITY_PROMPTS,
+    add_language_layers,
     build_tiny_model,
 )
 
@@ -84,6 +85,7 @@ class TinyPretrainSettings:
     image_size: int = 64
     patch_size: int = 8
     query_tokens: int = 0
+    add_llm_layers: int = 0               # identity-initialised LLM layers appended to the --init model
     threads: int = 2
     eval_every: int = 500
     eval_scenes: int = 100
@@ -102,6 +104,8 @@ class TinyPretrainSettings:
         for kind, weight in self.type_weights.items():
             if kind not in CHANGE_TYPES or not weight > 0:
                 raise ValueError(f"type-weights: {kind}={weight}; give positive weights of {', '.join(CHANGE_TYPES)}")
+        if self.add_llm_layers < 0:
+            raise ValueError(f"add-llm-layers must be ≥ 0, got {self.add_llm_layers}")
 
 
 def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
@@ -138,6 +142,9 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
     else:
         model = build_tiny_model(image_size=settings.image_size, patch_size=settings.patch_size, seed=settings.seed,
                                  query_tokens=settings.query_tokens, family=settings.family)
+    if settings.add_llm_layers:
+        depth = add_language_layers(model, settings.add_llm_layers)
+        log(f"LLM grown to {depth} layers (+{settings.add_llm_layers}, starting as the identity)", flush=True)
     norm = ModelPixels(model)  # uint8 images → the model's pixels (InstructBLIP: CLIP mean/std)
     model.train()
     params = sum(p.numel() for p in model.parameters())

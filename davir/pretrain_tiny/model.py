@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from davir.data.synthetic import (
     CHANGE_TEMPLATES,
     COLOR_WORDS,
@@ -42,3 +44,30 @@ def build_tiny_model(*, image_size: int = 64, patch_size: int = 8, seed: int = 0
         preset_overrides=({"num_query_tokens": query_tokens} if query_tokens else {}),
     )
     return build_davir_model(config, captions_for_tokenizer=vocabulary_texts())
+
+
+def add_language_layers(model: DavirModel, count: int) -> int:
+    """Append ``count`` decoder layers to the LLM of ``model.core``, each starting as the identity (its attention
+    output and MLP down projections zero, so the residual stream passes through): the grown model computes exactly
+    what the checkpoint did, and the new layers learn from the next step. The config is updated, so the folder
+    ``save_pretrained`` writes loads as the deeper model. Returns the new depth.
+
+    Why: the tiny chat preset's two LLM layers have to find the named object in both pictures *and* compare them,
+    where InstructBLIP's Q-Former reads the prompt and looks before its LLM does (docs/tiny_pretraining.md)."""
+    if count < 0:
+        raise ValueError(f"add-llm-layers must be ≥ 0, got {count}")
+    decoder = model.core.get_decoder()
+    config, layers = decoder.config, decoder.layers
+    layer_class, dtype = type(layers[0]), next(layers[-1].parameters()).dtype
+    if count and getattr(config, "layer_types", None):  # a layer reads its own type at construction
+        config.layer_types = list(config.layer_types) + [config.layer_types[-1]] * count
+    for _ in range(count):
+        layer = layer_class(config, layer_idx=len(layers)).to(dtype)
+        layer.apply(model.core._init_weights)
+        for output in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            torch.nn.init.zeros_(output.weight)
+            if output.bias is not None:
+                torch.nn.init.zeros_(output.bias)
+        layers.append(layer)
+    config.num_hidden_layers = len(layers)
+    return len(layers)
