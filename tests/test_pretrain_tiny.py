@@ -233,7 +233,8 @@ def test_last_folder_holds_the_final_steps_weights_and_continues(synth_root, tmp
     more = tmp_path / "more"
     assert _quick_pretrain(more, synth_root, "--init", str(out / LAST_FOLDER), "--desc-steps", "0",
                            "--change-steps", "2", "--eval-scenes", "1") == 0
-    assert json.loads((more / INFO_FILE).read_text())["init"]["folder"] == str(out / LAST_FOLDER)
+    chain = json.loads((more / INFO_FILE).read_text())["init"]
+    assert chain["folder"] == str(out / LAST_FOLDER) and chain["init"] is None  # out itself started from random weights
 
 
 def test_cli_pretrains_a_chat_family_with_both_stages(synth_root, tmp_path):
@@ -273,7 +274,13 @@ def test_added_llm_layers_start_as_the_identity_and_load_from_the_folder(synth_r
                            "--desc-steps", "0", "--change-steps", "2", "--eval-scenes", "1") == 0
     loaded = build_davir_model(DavirModelConfig(family="qwen2_5_vl", pretrained=str(grown), image_size=32))
     assert len(loaded.core.get_decoder().layers) == 4
-    assert "--add-llm-layers 2" in json.loads((grown / INFO_FILE).read_text())["command"]
+    info = json.loads((grown / INFO_FILE).read_text())
+    assert "--add-llm-layers 2" in info["command"] and info["init"]["folder"] == str(start)
+    again = tmp_path / "again"  # a third stage keeps the whole chain: again ← grown ← start
+    assert _quick_pretrain(again, synth_root, "--family", "qwen2_5_vl", "--init", str(grown), "--desc-steps", "0",
+                           "--change-steps", "1", "--eval-scenes", "1") == 0
+    chain = json.loads((again / INFO_FILE).read_text())["init"]
+    assert chain["folder"] == str(grown) and chain["init"]["folder"] == str(start) and chain["init"]["init"] is None
 
 
 def test_noisy_entities_imitate_a_retriever():

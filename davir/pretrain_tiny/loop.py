@@ -160,8 +160,9 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
     }
     if settings.init is not None:
         earlier = read_json(Path(settings.init) / INFO_FILE)
+        # the whole chain of stages, newest first: a checkpoint made in several stages can be made again
         info["init"] = {"folder": str(settings.init), "command": earlier.get("command"), "seed": earlier.get("seed"),
-                        "curve": earlier.get("curve", [])}
+                        "curve": earlier.get("curve", []), "init": earlier.get("init")}
     noise = EntityNoise(wrong=settings.entity_wrong, on_distractor=settings.entity_on_distractor)
     changed_weights = change_type_weights(train, settings.type_weights)
     best_score = -1.0
