@@ -66,7 +66,8 @@ from davir.pretrain_tiny.model import (
 
 __all__ = [
     "CHANGE_PROMPT", "DESCRIBE_PROMPT", "DESCRIPTION_ORDERS", "ENTITY_PROMPTS", "INFO_FILE", "LAST_FOLDER", "VIEWS",
-    "ChangeBatch", "add_language_layers", "EntityNoise", "Normaliser", "SceneTensors", "build_parser", "build_tiny_model", "canonical_description",
+    "ChangeBatch", "EntityNoise", "Normaliser", "SceneTensors", "add_language_layers", "build_parser", "build_tiny_model",
+    "canonical_description",
     "change_type_weights",
     "description_accuracy", "description_loss", "evaluate", "evaluation_entities", "load_split", "main",
     "TinyPretrainSettings", "noisy_entities", "package_versions", "pretrain", "sample_change_batch",
