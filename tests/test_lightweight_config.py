@@ -245,7 +245,10 @@ def test_a_model_saved_before_the_split_loads_to_the_same_outputs(method, tmp_pa
     torch.manual_seed(0)
     model = build_lightweight_model(config).eval()
     loss, ids = _outputs(model)
-    assert (loss, ids) == PRE_SPLIT_OUTPUTS[method]
+    # float32 sums round differently on another CPU's kernels (an AMD EPYC gave 7e-8 relative), hence rel 1e-6 for
+    # the pinned loss; a changed model or initialisation moves it by far more. The ids must match exactly.
+    expected_loss, expected_ids = PRE_SPLIT_OUTPUTS[method]
+    assert loss == pytest.approx(expected_loss, rel=1e-6) and ids == expected_ids
     # the file as that code wrote it: its state dict, the flat dump in the metadata
     path = tmp_path / "model.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path),
