@@ -22,7 +22,17 @@ Variants, all on the same inputs:
 * ``epc_only``: the entity prompt with FAC off, which splits DAVIR's extra cost into EPC (longer LLM and
   Q-Former sequences) and FAC (the attention KL and its backward through the last ViT layer);
 * ``davir_split_windows`` (Qwen2.5-VL, on request): ``davir`` with transformers' SDPA call per ViT window, the
-  baseline of ``davir.models.window_attention``'s packed windows, which every other variant uses.
+  baseline of ``davir.models.window_attention``'s packed windows, which every other variant uses;
+* ``davir_fused_adamw`` (on request): ``davir`` with ``AdamW(fused=True)`` (one kernel for the whole update);
+* ``davir_compiled`` (InstructBLIP, on request): ``davir`` with each LLM decoder layer and each ViT layer but the
+  last (FAC's hook) under ``torch.compile`` (regional: one compiled graph serves every layer of a kind, the
+  checkpointing inside it), switched on for this variant's steps only; its first warm-up step compiles;
+* ``reference`` (InstructBLIP, on request): a second model of the same architecture, dtype and LoRA config
+  through transformers + PEFT alone (``bench/step_tools.py``: HF's modules, HF's loss and checkpointing, the
+  inputs tokenised once), on the ``davir`` variant's sequences without FAC: what davir's code costs.
+
+``--busy-cpus N`` times every variant again with N processes keeping N cores busy (as DataLoader workers do);
+``--profile`` adds one profiled step per variant (kernels launched, GPU-busy share, the ops of most GPU time).
 
 The variants run interleaved (ABC CBA ...) after a warm-up of each, so drift of the machine (clocks, other
 load) hits all of them alike; every step is synchronised and timed alone, and the peak GPU memory is reset
@@ -55,6 +65,7 @@ import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from bench.step_tools import build_reference, busy_cpus, profile_step, reference_inputs, reference_loss  # noqa: E402
 from davir.models.davir import DavirModel, DavirModelConfig, build_davir_model  # noqa: E402
 from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES  # noqa: E402
 
@@ -63,6 +74,9 @@ ENTITY = "small red metal sphere"
 LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b"}
 VARIANTS = ("davir", "plain", "epc_only")
 SPLIT_WINDOWS = "davir_split_windows"  # Qwen2.5-VL only, on request
+FUSED_ADAMW = "davir_fused_adamw"  # on request
+COMPILED = "davir_compiled"  # InstructBLIP only, on request: LLM and ViT layers under torch.compile
+REFERENCE = "reference"  # InstructBLIP only, on request: transformers + PEFT alone
 TARGETS = {
     "text": "DAVIR <= 1.05x the plain step and >= 41 pairs/s on an H100 at batch 16 bf16 with LLM gradient "
     "checkpointing (vicuna7b preset, 224 px)",
@@ -207,6 +221,26 @@ def fac_lambda(model: DavirModel, value: float):
 
 
 @contextlib.contextmanager
+def compiled_layers(model: torch.nn.Module, on: bool):
+    """With ``on``: InstructBLIP's LLM decoder layers and ViT layers (all but the last, where FAC's hook reads the
+    attention) run through ``torch.compile`` for the duration; the compiled code is kept for the next time."""
+    if not on:
+        yield
+        return
+    core = model.core
+    layers = [*core.language_model.model.layers, *core.vision_model.encoder.layers[:-1]]
+    for layer in layers:
+        if not hasattr(layer, "_bench_compiled"):
+            layer._bench_compiled = torch.compile(layer._call_impl, dynamic=False)
+        layer._compiled_call_impl = layer._bench_compiled
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._compiled_call_impl = None
+
+
+@contextlib.contextmanager
 def split_windows(model: torch.nn.Module, split: bool):
     """With ``split``: a Qwen2.5-VL ViT on transformers' own SDPA path (one call per window) for the duration."""
     if not split:
@@ -223,7 +257,7 @@ def split_windows(model: torch.nn.Module, split: bool):
 def variant_inputs(name: str, data: dict) -> tuple[dict, float]:
     """Forward keyword arguments and FAC λ of one variant."""
     common = {"pixel_before": data["pixel_before"], "pixel_after": data["pixel_after"], "captions": data["captions"]}
-    if name in ("davir", SPLIT_WINDOWS):
+    if name in ("davir", SPLIT_WINDOWS, FUSED_ADAMW, COMPILED):
         masks = {k: data[k] for k in ("masks_before", "masks_after", "mask_valid")}
         return {**common, "prompts": data["entity_prompts"], **masks}, 0.1
     if name == "epc_only":
@@ -237,11 +271,21 @@ class StepRunner:
     """One variant's training step: zero grads, forward (autocast), backward, clip, AdamW; timed alone."""
 
     def __init__(self, name: str, model: DavirModel, data: dict, device: torch.device, autocast: bool) -> None:
-        self.name, self.model, self.device, self.autocast = name, model, device, autocast
-        self.kwargs, self.lambda_attn = variant_inputs(name, data)
-        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        self.name, self.device, self.autocast = name, device, autocast
+        self.davir_model = model
+        if name == REFERENCE:
+            self.model = build_reference(model, device)
+            self.reference_inputs = reference_inputs(model, data, device)
+            self.kwargs, self.lambda_attn = variant_inputs("epc_only", data)
+        else:
+            self.model = model
+            self.kwargs, self.lambda_attn = variant_inputs(name, data)
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         # train.py's optimizer (weight decay 0.05 of the DAVIR configs); one per variant, over the same LoRA weights.
-        self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-5, weight_decay=0.05)
+        fused = {"fused": True} if name == FUSED_ADAMW else {}
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-5, weight_decay=0.05, **fused)
+        self.busy_seconds: list[float] = []
+        self.profile: dict | None = None
         self.seconds: list[float] = []
         self.cpu_seconds: list[float] = []  # process CPU time: on a shared CPU, what an idle core would take
         self.peak_bytes = 0
@@ -260,15 +304,22 @@ class StepRunner:
             return
         self.counted_tflop = _sig(counter.get_total_flops() / 1e12)
 
-    def step(self, timed: bool) -> None:
+    def step(self, timed: bool, busy: bool = False) -> None:
         self.optimizer.zero_grad(set_to_none=True)  # also frees the previous variant's gradients
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         sync(self.device)
         started, cpu_started = time.perf_counter(), time.process_time()
-        with fac_lambda(self.model, self.lambda_attn), split_windows(self.model, self.name == SPLIT_WINDOWS), \
-                torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            out = self.model(**self.kwargs)
+        if self.name == REFERENCE:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                loss, length = reference_loss(self.model, self.reference_inputs)
+            out = dataclasses.make_dataclass("Out", ["loss", "caption_loss", "attn_loss", "fac_pairs", "labels"])(
+                loss, loss, None, 0, torch.empty(0, length))
+        else:
+            with fac_lambda(self.model, self.lambda_attn), split_windows(self.model, self.name == SPLIT_WINDOWS), \
+                    compiled_layers(self.model, self.name == COMPILED), \
+                    torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                out = self.model(**self.kwargs)  # a compiled layer's backward (and recompute) is compiled with it
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.parameters, 1.0)
         self.optimizer.step()
@@ -276,7 +327,9 @@ class StepRunner:
         elapsed, cpu_elapsed = time.perf_counter() - started, time.process_time() - cpu_started
         if self.device.type == "cuda":
             self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated(self.device))
-        if timed:
+        if timed and busy:
+            self.busy_seconds.append(elapsed)
+        elif timed:
             self.seconds.append(elapsed)
             self.cpu_seconds.append(cpu_elapsed)
         loss = out.loss.item()
@@ -299,7 +352,7 @@ class StepRunner:
     def summary(self, batch: int, checkpointing: bool) -> dict:
         median = statistics.median(self.seconds)
         estimate = None
-        if isinstance(self.model, DavirModel):  # the shape estimate knows InstructBLIP's towers only
+        if isinstance(self.model, DavirModel) and self.name != REFERENCE:  # the shape estimate knows InstructBLIP's towers only
             estimate = self.estimate(batch, checkpointing)
             if estimate["llm_sequence_length"] != self.last["llm_sequence_length"]:
                 raise RuntimeError(f"variant {self.name}: estimated LLM length {estimate['llm_sequence_length']} but "
@@ -328,6 +381,13 @@ class StepRunner:
         }
         if self.device.type == "cuda":
             result["peak_memory_gib"] = round(self.peak_bytes / 2**30, 2)
+        if self.busy_seconds:
+            busy = statistics.median(self.busy_seconds)
+            result["with_busy_cpus"] = {"median": round(busy, 4), "min": round(min(self.busy_seconds), 4),
+                                        "max": round(max(self.busy_seconds), 4), "pairs_per_s": round(batch / busy, 2),
+                                        "over_idle": round(busy / median, 3)}
+        if self.profile is not None:
+            result["profile"] = self.profile
         return result
 
 
@@ -452,7 +512,12 @@ def main(argv: list[str] | None = None) -> dict:
                         help="non-reentrant checkpointing (InstructBLIP: the LLM; a chat family: every layer "
                         "HF checkpoints, ViT blocks included) (default: on for the large presets, off for tiny)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"comma list from {(*VARIANTS, SPLIT_WINDOWS)} (the last: qwen2_5_vl only)")
+                        help=f"comma list from {(*VARIANTS, FUSED_ADAMW, SPLIT_WINDOWS, REFERENCE, COMPILED)} "
+                        f"({SPLIT_WINDOWS}: qwen2_5_vl only; {REFERENCE}, {COMPILED}: instructblip only)")
+    parser.add_argument("--busy-cpus", type=int, default=0,
+                        help="time every variant again with N processes keeping N CPU cores busy")
+    parser.add_argument("--profile", action="store_true",
+                        help="one profiled step per variant: kernels, GPU-busy share, ops of most GPU time")
     parser.add_argument("--image-size", type=int, help="model.image_size (default: the preset's)")
     parser.add_argument("--threads", type=int,
                         help="torch intra-op threads (default: 1 on CPU, where oversubscribed cores of a shared "
@@ -478,10 +543,10 @@ def main(argv: list[str] | None = None) -> dict:
         args.gradient_checkpointing = args.preset != "tiny"
     autocast = args.autocast if args.autocast is not None else (gpu and args.dtype == "bfloat16")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(names) - {*VARIANTS, *([SPLIT_WINDOWS] if args.family == "qwen2_5_vl" else [])})
+    extra = {"qwen2_5_vl": [SPLIT_WINDOWS], "instructblip": [REFERENCE, COMPILED]}.get(args.family, [])
+    unknown = sorted(set(names) - {*VARIANTS, FUSED_ADAMW, *extra})
     if unknown or not names:
-        raise SystemExit(f"--variants {args.variants!r}: choose from {VARIANTS}"
-                         + (f" and {SPLIT_WINDOWS}" if args.family == "qwen2_5_vl" else ""))
+        raise SystemExit(f"--variants {args.variants!r}: choose from {(*VARIANTS, FUSED_ADAMW, *extra)}")
     if args.steps < 1 or args.batch_size < 1 or args.warmup < 0:
         raise SystemExit("--steps and --batch-size must be >= 1, --warmup >= 0")
 
@@ -506,7 +571,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     estimates = {}
     if isinstance(model, DavirModel):
-        estimates = {name: r.estimate(args.batch_size, args.gradient_checkpointing) for name, r in runners.items()}
+        estimates = {name: r.estimate(args.batch_size, args.gradient_checkpointing) for name, r in runners.items()
+                     if name != REFERENCE}
     predicted = {}
     if "davir" in estimates and "plain" in estimates:
         predicted["davir_over_plain"] = round(estimates["davir"]["step_tflop"] / estimates["plain"]["step_tflop"], 4)
@@ -529,12 +595,21 @@ def main(argv: list[str] | None = None) -> dict:
         runner.count_flops()
     for name in interleaved_order(names, args.steps):
         runners[name].step(timed=True)
+    if args.busy_cpus:
+        with busy_cpus(args.busy_cpus):
+            for name in interleaved_order(names, args.steps):
+                runners[name].step(timed=True, busy=True)
+    if args.profile:
+        for runner in runners.values():
+            runner.profile = profile_step(lambda r=runner: r.step(timed=False), device)
 
     variants = {name: runner.summary(args.batch_size, args.gradient_checkpointing) for name, runner in runners.items()}
     ratios = {}
     median = {name: v["seconds_per_step"]["median"] for name, v in variants.items()}
-    if "davir" in variants and SPLIT_WINDOWS in variants:
-        ratios["split_windows_over_davir"] = round(median[SPLIT_WINDOWS] / median["davir"], 4)
+    for other, key in ((SPLIT_WINDOWS, "split_windows_over_davir"), (FUSED_ADAMW, "fused_adamw_over_davir"),
+                       (REFERENCE, "reference_over_davir"), (COMPILED, "compiled_over_davir")):
+        if "davir" in variants and other in variants:
+            ratios[key] = round(median[other] / median["davir"], 4)
     if "davir" in variants and "plain" in variants:
         ratios["davir_over_plain"] = round(median["davir"] / median["plain"], 4)
         if "epc_only" in variants:
@@ -552,7 +627,8 @@ def main(argv: list[str] | None = None) -> dict:
         "device": device_name(device),
         **setting,
         "build_seconds": round(build_seconds, 1),
-        "steps": {"warmup_per_variant": args.warmup, "timed_per_variant": args.steps, "order": "interleaved ABC CBA"},
+        "steps": {"warmup_per_variant": args.warmup, "timed_per_variant": args.steps, "order": "interleaved ABC CBA",
+                  "busy_cpus": args.busy_cpus},
         "variants": variants,
         "ratios_of_median_step": ratios,
         "predicted_ratio_from_flops": predicted,

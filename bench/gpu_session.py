@@ -1,0 +1,134 @@
+"""One lent GPU session's benches in one command: the rows bench/README.md owes, in order of priority, each under
+what is left of one deadline, their JSON gathered into one file (rewritten after every part, so a part killed by
+the deadline leaves the others' results).
+
+    python3 bench/gpu_session.py --out $OUT/gpu_session.json --deadline 520
+    python3 bench/gpu_session.py --out /tmp/s.json --cpu-smoke     # the same parts at tiny size, on any machine
+
+Parts run one after another (nothing else busy on the machine's CPUs while one times); each part's stderr goes
+to ``--log``. A part that fails or runs out of time is recorded with its exit status and the end of its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parts(smoke: bool, step_json: Path) -> list[tuple[str, list[str], float]]:
+    """(name, argv after the interpreter, seconds it may take at most)."""
+    if smoke:
+        tiny = ["--preset", "tiny", "--threads", "1"]
+        return [
+            ("qwen_step", ["bench/train_step.py", "--family", "qwen2_5_vl", *tiny, "--batch-size", "2", "--steps", "1",
+                           "--warmup", "1", "--variants", "davir,davir_split_windows", "--profile"], 300),
+            ("instructblip_step", ["bench/train_step.py", "--family", "instructblip", *tiny, "--batch-size", "4",
+                                   "--steps", "2", "--warmup", "1", "--variants",
+                                   "davir,plain,reference,davir_fused_adamw", "--busy-cpus", "1", "--profile"], 300),
+            ("sam", ["bench/preprocess.py", "--pairs", "8", "--work-sizes", "160"], 300),
+            ("instructblip_loop", ["bench/train_loop.py", "--preset", "tiny", "--scenes", "30", "--steps", "4",
+                                   "--log-every", "2", "--workers", "0", "--step-bench", str(step_json)], 400),
+            ("instructblip_generate", ["bench/generate.py", "--preset", "tiny", "--pairs", "8", "--batch-sizes", "4",
+                                       "--num-beams", "1", "--rows", "merged,static_compiled_merged",
+                                       "--compile-batch-sizes", "4", "--repeats", "1", "--threads", "1"], 300),
+        ]
+    return [
+        ("qwen_step", ["bench/train_step.py", "--family", "qwen2_5_vl", "--batch-size", "16", "--steps", "3",
+                       "--warmup", "1", "--variants", "davir,davir_split_windows", "--profile"], 170),
+        ("instructblip_step", ["bench/train_step.py", "--family", "instructblip", "--batch-size", "16", "--steps", "6",
+                               "--warmup", "2", "--variants", "davir,plain,reference,davir_fused_adamw",
+                               "--busy-cpus", "12", "--profile"], 130),
+        ("sam", ["bench/preprocess.py", "--pairs", "200", "--work-sizes", "320", "--sam-pairs", "200",
+                 "--sam-type", "vit_b"], 90),
+        ("instructblip_loop", ["bench/train_loop.py", "--family", "instructblip", "--steps", "40", "--workers", "0,8",
+                               "--step-bench", str(step_json), "--timeout", "100"], 200),
+        ("instructblip_generate", ["bench/generate.py", "--family", "instructblip", "--pairs", "64",
+                                   "--batch-sizes", "64", "--num-beams", "1", "--rows", "merged,static_compiled_merged",
+                                   "--compile-batch-sizes", "64", "--repeats", "3"], 150),
+        ("qwen_generate", ["bench/generate.py", "--family", "qwen2_5_vl", "--pairs", "64", "--loop-pairs", "8",
+                           "--batch-sizes", "1,64", "--num-beams", "1", "--rows", "dynamic,merged", "--repeats", "2"],
+         150),
+    ]
+
+
+def environment() -> dict:
+    import torch
+
+    info = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cpu_count": os.cpu_count()}
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError as error:
+        info["transformers"] = str(error)
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    info["commit"] = commit.stdout.strip() or None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True)
+    info["uncommitted_changes"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    return info
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--log", type=Path, help="stderr of every part (default: OUT with .log)")
+    parser.add_argument("--deadline", type=float, default=520, help="seconds for all parts together")
+    parser.add_argument("--only", help="comma list of part names")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny settings on any machine: checks the parts run")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    log = args.log or args.out.with_suffix(".log")
+    step_json = args.out.with_name("instructblip_step.json")
+    report = {"environment": environment(), "deadline_s": args.deadline, "parts": {}}
+    chosen = set(args.only.split(",")) if args.only else None
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    for name, command, cap in parts(args.cpu_smoke, step_json):
+        if chosen is not None and name not in chosen:
+            continue
+        left = args.deadline - (time.monotonic() - started)
+        if left < 20:
+            report["parts"][name] = {"skipped": f"{left:.0f} s of the deadline left"}
+            continue
+        limit = min(cap, left)
+        part_started = time.monotonic()
+        with log.open("a") as err:
+            err.write(f"\n=== {name}: {' '.join(command)} (limit {limit:.0f} s)\n")
+            err.flush()
+            try:
+                done = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=err, text=True, timeout=limit)
+                code, stdout = done.returncode, done.stdout
+            except subprocess.TimeoutExpired as expired:
+                code, stdout = 124, (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) else ""
+        entry: dict = {"exit": code, "seconds": round(time.monotonic() - part_started, 1), "limit_s": round(limit)}
+        try:
+            entry["result"] = json.loads(stdout)
+        except (json.JSONDecodeError, TypeError):
+            entry["stdout_tail"] = (stdout or "")[-2000:]
+        if name == "instructblip_step" and "result" in entry:
+            step_json.write_text(json.dumps(entry["result"]))
+        report["parts"][name] = entry
+        report["elapsed_s"] = round(time.monotonic() - started, 1)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        os.replace(tmp, args.out)
+        print(f"{name}: exit {code}, {entry['seconds']} s", file=sys.stderr, flush=True)
+    summary = {name: {"exit": p.get("exit"), "seconds": p.get("seconds")} for name, p in report["parts"].items()}
+    print(json.dumps(summary))
+    return report
+
+
+if __name__ == "__main__":
+    main()
