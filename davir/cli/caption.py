@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                           help="vllm: a merged export (davir-export --merge) of a chat family, on a CUDA GPU with "
                                "vLLM installed; greedy, no attention maps (docs/toolkits.md)")
+    decoding.add_argument("--merge-lora", action=argparse.BooleanOptionalAction, default=True,
+                          help="fold the LoRA deltas into the base weights in memory before captioning (default; "
+                               "about 1.5x faster on a GPU; the saved files are untouched)")
     decoding.add_argument("--num-beams", type=int, default=None,
                           help="default: the run's run.num_beams (the decoding its best/ was selected with)")
     decoding.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         sam_checkpoint=args.sam_checkpoint, clip_checkpoint=args.clip_checkpoint,
         backbone_weights=args.backbone_weights, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
         size_policy="resize_before_to_after" if args.resize_mismatched else "error",
-        allow_profile_mismatch=args.allow_profile_mismatch, engine=args.engine)
+        allow_profile_mismatch=args.allow_profile_mismatch, engine=args.engine, merge_lora=args.merge_lora)
     try:
         return caption_folder(args.checkpoint, args.pairs, args.out, html=args.html, report_limit=args.report_limit,
                               overwrite=args.overwrite, wait_lock=args.wait_lock, batch_size=args.batch_size,

@@ -63,6 +63,7 @@ class CaptionerOptions:
     max_side: int | None = LOAD_MAX_SIDE               # decode images no larger than needed (None: full size)
     allow_profile_mismatch: bool = False               # accept caches of another preprocessing profile
     engine: str = "transformers"                       # or "vllm": a merged export on a GPU (davir/inference/vllm_engine.py)
+    merge_lora: bool = True                            # fold LoRA into the base weights in memory (faster; files untouched)
 
     def check_paths(self) -> None:
         """The folders given here exist (a DataError naming the flag otherwise), before any work."""
@@ -158,7 +159,7 @@ class ChangeCaptioner:
             engine = VllmEngine.load(run, num_beams=options.num_beams)
         else:
             engine = load_engine(run, device, pretrained=options.pretrained or options.base_model,
-                                 backbone_weights=options.backbone_weights)
+                                 backbone_weights=options.backbone_weights, merge_lora=options.merge_lora)
         entities, entity_dir, mask_dir = None, None, None
         if engine.uses_entities:
             entity_dir = options.entities_from or run.resolve(run.data.get("entities"),

@@ -36,20 +36,26 @@ class DavirEngine:
 
     @classmethod
     def load(cls, run: RunPaths, device, *, pretrained: str | Path | None = None,
-             pretrained_flag: str | None = "--pretrained") -> "DavirEngine":
+             pretrained_flag: str | None = "--pretrained", merge_lora: bool = True) -> "DavirEngine":
         """The run's model on `device`; its base InstructBLIP folder is `pretrained`, else the one it recorded,
-        found from any folder (`RunPaths.resolve`: found nowhere, a DataError naming `pretrained_flag`)."""
+        found from any folder (`RunPaths.resolve`: found nowhere, a DataError naming `pretrained_flag`). With
+        `merge_lora` the LoRA deltas are folded into the base weights in memory (faster captioning)."""
         from davir.models.davir import load_davir_model
         from davir.models.davir_checkpoint import read_davir_config
+        from davir.models.davir_lora import merge_lora_for_inference
 
         if run.exported:  # davir-export's folder: an adapter over its base (`pretrained`), or merged weights
             from davir.export.loading import load_exported_model
 
-            return cls(load_exported_model(run.model_dir, device=device, base_model=pretrained).eval())
-        recorded = read_davir_config(run.model_dir).pretrained
-        base = pretrained or run.resolve(recorded, what="pretrained InstructBLIP folder (model.pretrained)",
-                                         flag=pretrained_flag)
-        return cls(load_davir_model(run.model_dir, device=device, pretrained=base).eval())
+            model = load_exported_model(run.model_dir, device=device, base_model=pretrained)
+        else:
+            recorded = read_davir_config(run.model_dir).pretrained
+            base = pretrained or run.resolve(recorded, what="pretrained InstructBLIP folder (model.pretrained)",
+                                             flag=pretrained_flag)
+            model = load_davir_model(run.model_dir, device=device, pretrained=base)
+        if merge_lora:
+            merge_lora_for_inference(model)
+        return cls(model.eval())
 
     def inputs(self, pair: ChangePair, before: Image.Image, after: Image.Image, entities: list[str]) -> torch.Tensor:
         return self.model.image_processor([before, after])
@@ -139,7 +145,7 @@ class LightweightEngine:
 
 def load_engine(run: RunPaths, device=None, *, pretrained: str | Path | None = None,
                 pretrained_flag: str | None = "--pretrained", backbone_weights: str | Path | None = None,
-                features=None, read_files: bool = False) -> DavirEngine | LightweightEngine:
+                features=None, read_files: bool = False, merge_lora: bool = True) -> DavirEngine | LightweightEngine:
     """The engine of a run or model folder, DAVIR or lightweight (see `DavirEngine.load`, `LightweightEngine.load`);
     `device` None: CUDA when there is one."""
     if device is None:
@@ -147,4 +153,4 @@ def load_engine(run: RunPaths, device=None, *, pretrained: str | Path | None = N
     if run.lightweight:
         return LightweightEngine.load(run, device, features=features, backbone_weights=backbone_weights,
                                       read_files=read_files)
-    return DavirEngine.load(run, device, pretrained=pretrained, pretrained_flag=pretrained_flag)
+    return DavirEngine.load(run, device, pretrained=pretrained, pretrained_flag=pretrained_flag, merge_lora=merge_lora)

@@ -81,3 +81,19 @@ def make_family_lora_config(family, settings: LoraSettings) -> LoraConfig:
     if settings.llm_rank > 0 and settings.llm_targets:
         parts.append((family.llm_lora_pattern.format(targets="|".join(settings.llm_targets)), settings.llm_rank))
     return _lora_config(parts, settings)
+
+
+def merge_lora_for_inference(model) -> bool:
+    """Fold the LoRA deltas into the base weights (PEFT ``merge_adapter``, W ← W + s·B·A) of a model that will only
+    caption: each adapted layer then runs one matrix product instead of three (measured in bench/generate.py:
+    InstructBLIP-7B at batch 64, 55 → 83 pairs/s on an H200). Returns whether anything was merged (a model without
+    adapters, or already merged, is left alone). The saved files are untouched; ``unmerge_adapter`` reverts it."""
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    wrapped = model.wrapped()
+    layers = [m for m in wrapped.modules() if isinstance(m, BaseTunerLayer)] if isinstance(wrapped, PeftModel) else []
+    if not layers or all(layer.merged for layer in layers):
+        return False
+    wrapped.merge_adapter()
+    return True
