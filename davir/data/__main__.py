@@ -69,7 +69,8 @@ def _export(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     summary = export_toolkit(args.to, args.format, args.root, args.split or ["train", "val", "test"], args.out,
-                             prompt_for=epc_prompt_for(args.entities, epc), name=args.name)
+                             prompt_for=epc_prompt_for(args.entities, epc), name=args.name,
+                             overwrite=args.overwrite)
     splits = ", ".join(f"{split} {c['pairs']} pairs / {c['samples']} samples" for split, c in summary["splits"].items())
     print(f"{args.to}: {splits}: {', '.join(summary['files'])} in {args.out}")
     return 0
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--num-entities", type=int, default=1, help="entities in the EPC phrase (k of Eq. 10)")
     export.add_argument("--prompt", default=None, help="the base prompt (default: DAVIR's)")
     export.add_argument("--name", default=None, help="dataset name in dataset_info.json (default: the root's name)")
+    export.add_argument("--overwrite", action="store_true", help="replace files in --out that an earlier export did "
+                        "not write or that changed since (refused otherwise)")
 
     synth = commands.add_parser("synth", help="render the built-in synthetic change dataset (CLEVR-Change layout)")
     synth.add_argument("--out", required=True)

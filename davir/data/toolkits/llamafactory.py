@@ -21,7 +21,7 @@ from pathlib import Path
 
 from davir.data.toolkits.shared import ID_KEY, Conversation, read_rows, split_files, two_images
 from davir.errors import DataError
-from davir.io import read_json, write_json_atomic
+from davir.io import read_json
 
 NAME = "llamafactory"
 IMAGE_TOKEN = "<image>"
@@ -40,16 +40,20 @@ def dataset_entry(file_name: str) -> dict:
             "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}
 
 
-def write_extras(out: Path, files: dict[str, str], name: str) -> list[str]:
-    """dataset_info.json: one entry per split file (kept beside entries of other datasets already in it)."""
+def extras(out: Path, files: dict[str, str], name: str, *, overwrite: bool = False) -> dict[str, dict]:
+    """dataset_info.json with one entry per split file, beside the entries of other datasets already in it; an
+    entry of the same name that names something else is refused unless ``overwrite``."""
     path = out / DATASET_INFO
-    info = read_json(path) if path.is_file() else {}
+    info = read_json(path) if path.exists() else {}
     if not isinstance(info, dict):
         raise DataError(f"{path} is not a JSON object of datasets; write the export into another folder")
     for split, file_name in files.items():
-        info[f"davir_{name}_{split}"] = dataset_entry(file_name)
-    write_json_atomic(path, info)
-    return [DATASET_INFO]
+        key, entry = f"davir_{name}_{split}", dataset_entry(file_name)
+        if info.get(key, entry) != entry and not overwrite:
+            raise DataError(f"{path}: entry {key!r} already names another dataset; pass --overwrite to replace it, "
+                            "or choose another --name")
+        info[key] = entry
+    return {DATASET_INFO: info}
 
 
 def _columns(entry: dict) -> tuple[str, str, dict]:

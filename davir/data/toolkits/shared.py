@@ -8,6 +8,7 @@ absolute; reading back, a relative path is taken from the export folder (LLaMA-F
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from davir.data.records import ChangePair
 from davir.errors import DataError
-from davir.io import atomic_path, iter_jsonl
+from davir.io import atomic_path, iter_jsonl, read_json
 
 SPLITS = ("train", "val", "test")
 ID_KEY = "id"  # the pair id, kept in every record: the toolkits' loaders drop columns they do not read
@@ -45,16 +46,69 @@ def conversations(pairs: Iterable[ChangePair], prompt_for: Callable[[ChangePair]
             yield Conversation(pair.pair_id, pair.split, before, after, prompt, caption)
 
 
-def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
-    """Rows as JSON lines, written through a temporary file (atomic); returns the count."""
-    count = 0
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+def write_rows(path: Path, rows: Iterable[dict]) -> tuple[int, str]:
+    """Rows as JSON lines into `path` (a temporary the caller renames); returns (count, sha256 of the file)."""
+    count, digest = 0, hashlib.sha256()
+    with open(path, "w", encoding="utf-8") as handle:
         for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            line = json.dumps(row, ensure_ascii=False) + "\n"
+            handle.write(line)
+            digest.update(line.encode("utf-8"))
             count += 1
         handle.flush()
         os.fsync(handle.fileno())
-    return count
+    return count, digest.hexdigest()
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
+    """Rows as JSON lines, written through a temporary file (atomic); returns the count."""
+    with atomic_path(path) as tmp:
+        return write_rows(tmp, rows)[0]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+EXPORT_RECORD = "davir_export.json"
+
+
+def written_files(out: Path) -> dict[str, str]:
+    """{file name: sha256} of the files an earlier export wrote into `out` (its davir_export.json), {} if none."""
+    record = out / EXPORT_RECORD
+    if not record.exists():
+        return {}
+    data = read_json(record)
+    if not isinstance(data, dict) or "toolkit" not in data:
+        raise DataError(f"{record} was not written by `python -m davir.data export`; pass --overwrite to replace "
+                        "it, or choose another --out")
+    hashes = data.get("sha256")
+    return {k: v for k, v in hashes.items() if isinstance(v, str)} if isinstance(hashes, dict) else {}
+
+
+def check_replaceable(out: Path, names: Iterable[str], *, overwrite: bool) -> dict[str, str]:
+    """Refuse (DataError) to replace a file of `out` that no earlier export wrote, or that changed since it did
+    (its sha256 in davir_export.json), unless `overwrite`; returns the earlier export's {name: sha256}."""
+    try:
+        written = written_files(out)
+    except DataError:
+        if not overwrite:
+            raise
+        written = {}
+    for name in [] if overwrite else names:
+        path = out / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        if not path.is_file():
+            raise DataError(f"{path} is not a file; choose another --out")
+        if written.get(name) != file_sha256(path):
+            raise DataError(f"{path} exists and was not written by `python -m davir.data export` (or was changed "
+                            "since); pass --overwrite to replace it, or choose another --out")
+    return written
 
 
 def read_rows(path: Path) -> Iterator[tuple[str, dict]]:

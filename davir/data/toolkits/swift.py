@@ -27,8 +27,8 @@ def encode(talk: Conversation) -> dict:
             "images": [talk.before, talk.after]}
 
 
-def write_extras(out: Path, files: dict[str, str], name: str) -> list[str]:
-    return []
+def extras(out: Path, files: dict[str, str], name: str, *, overwrite: bool = False) -> dict[str, dict]:
+    return {}
 
 
 def read(source: Path):
