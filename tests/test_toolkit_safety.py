@@ -74,3 +74,23 @@ def test_export_checks_dataset_info_before_writing_anything(demo, tmp_path, caps
     assert data_main(_export("llamafactory", demo, out, "--name", "other")) == 0
     info = json.loads((out / "dataset_info.json").read_text())
     assert set(info) == {"davir_demo_val", "davir_other_train", "davir_other_val", "davir_other_test"}
+
+
+def test_export_refuses_an_entity_cache_made_for_another_dataset(demo, tmp_path, capsys):
+    from davir.data.caches import EntityCache
+
+    pairs = read_dataset("clevr_change", demo, "test").pairs
+    cache = EntityCache(tmp_path / "entities")
+    cache.write_part("test-0", {pair.pair_id: [["small red cube", 0.9]] for pair in pairs})
+    elsewhere = tmp_path / "another" / "dataset"
+    (cache.folder / "manifest.json").write_text(json.dumps({"splits": {"test": {"root": str(elsewhere)}}}))
+    argv = _export("trl", demo, tmp_path / "trl", "--split", "test", "--entities", str(tmp_path / "entities"))
+    assert data_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"error: --entities={tmp_path / 'entities'} was built from dataset root {elsewhere} "
+        f"({cache.folder / 'manifest.json'}), but --root is {demo.resolve()}: rebuild the cache for this dataset, "
+        f"or, if the dataset only moved, pass --moved-from {elsewhere}\n")
+    assert not (tmp_path / "trl").exists()
+    # the same dataset, moved: accepted as train.py accepts it with data.moved_from
+    assert data_main([*argv, "--moved-from", str(elsewhere)]) == 0
+    assert len(_rows(tmp_path / "trl" / "test.jsonl")) == sum(len(p.captions) for p in pairs)

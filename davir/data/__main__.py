@@ -68,6 +68,11 @@ def _export(args) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.entities is not None:  # as train.py checks data.entities against data.root
+        from davir.data.caches import check_cache_root
+
+        check_cache_root(args.entities, args.root, key="--entities", moved_from=args.moved_from, root_key="--root",
+                         moved_hint="pass --moved-from ")
     summary = export_toolkit(args.to, args.format, args.root, args.split or ["train", "val", "test"], args.out,
                              prompt_for=epc_prompt_for(args.entities, epc), name=args.name,
                              overwrite=args.overwrite)
@@ -122,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--out", required=True, help="folder for <split>.jsonl (+ dataset_info.json for llamafactory)")
     export.add_argument("--entities", default=None, help="a davir entity cache: add the EPC entity phrase to each "
                         "pair's prompt (`python -m preprocess entities`)")
+    export.add_argument("--moved-from", default=None, help="the dataset root the entity cache recorded, when the "
+                        "dataset only moved since (as train.py's data.moved_from)")
     export.add_argument("--num-entities", type=int, default=1, help="entities in the EPC phrase (k of Eq. 10)")
     export.add_argument("--prompt", default=None, help="the base prompt (default: DAVIR's)")
     export.add_argument("--name", default=None, help="dataset name in dataset_info.json (default: the root's name)")
