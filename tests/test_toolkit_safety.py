@@ -94,3 +94,24 @@ def test_export_refuses_an_entity_cache_made_for_another_dataset(demo, tmp_path,
     # the same dataset, moved: accepted as train.py accepts it with data.moved_from
     assert data_main([*argv, "--moved-from", str(elsewhere)]) == 0
     assert len(_rows(tmp_path / "trl" / "test.jsonl")) == sum(len(p.captions) for p in pairs)
+
+
+@pytest.fixture(scope="module")
+def swift_export(demo, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("swift_export") / "swift"
+    assert data_main(_export("swift", demo, out)) == 0
+    return out
+
+
+@pytest.mark.parametrize("toolkit", ["swift", "llamafactory"])
+def test_import_refuses_two_files_of_one_split(swift_export, tmp_path, toolkit, capsys):
+    folder = tmp_path / "two"
+    folder.mkdir()
+    rows = _rows(swift_export / "val.jsonl")
+    _write_rows(folder / "val.jsonl", rows)
+    (folder / "val.json").write_text(json.dumps(rows))
+    assert data_main(["import", str(folder), "--from", toolkit, "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {folder}: both val.jsonl and val.json hold split 'val'; davir reads one file per split: "
+        "remove or rename one (or import one file: import FILE --from …)\n")
+    assert not (tmp_path / "o" / "pairs.jsonl").exists()

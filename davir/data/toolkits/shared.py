@@ -142,8 +142,13 @@ def split_files(source: Path, *, suffixes: tuple[str, ...] = (".jsonl", ".json")
         return [(source.stem, source)]
     if not source.is_dir():
         raise DataError(f"{source}: no such toolkit dataset file or folder")
-    found = [(split, source / f"{split}{suffix}") for split in SPLITS for suffix in suffixes
-             if (source / f"{split}{suffix}").is_file()]
+    found = []
+    for split in SPLITS:
+        files = [source / f"{split}{suffix}" for suffix in suffixes if (source / f"{split}{suffix}").is_file()]
+        if len(files) > 1:  # reading both would double every caption
+            raise DataError(f"{source}: both {' and '.join(f.name for f in files)} hold split {split!r}; davir reads "
+                            "one file per split: remove or rename one (or import one file: import FILE --from …)")
+        found += [(split, path) for path in files]
     if not found:
         raise DataError(f"{source}: no {'/'.join(SPLITS)}.jsonl files (what `python -m davir.data export` writes)")
     return found
