@@ -115,3 +115,122 @@ def test_import_refuses_two_files_of_one_split(swift_export, tmp_path, toolkit, 
         f"error: {folder}: both val.jsonl and val.json hold split 'val'; davir reads one file per split: "
         "remove or rename one (or import one file: import FILE --from …)\n")
     assert not (tmp_path / "o" / "pairs.jsonl").exists()
+
+
+def _downloaded(demo: Path, folder: Path, count: int = 4) -> list[tuple[str, str, str, str]]:
+    """A third-party dataset folder: `count` pairs' images copied into folder/images, as (id, before, after,
+    caption) with paths relative to the folder."""
+    import shutil
+
+    (folder / "images").mkdir(parents=True)
+    pairs = []
+    for pair in read_dataset("clevr_change", demo, "train").pairs[:count]:
+        names = []
+        for role, path in (("before", pair.before), ("after", pair.after)):
+            shutil.copyfile(path, folder / "images" / f"{role}_{Path(path).name}")
+            names.append(f"images/{role}_{Path(path).name}")
+        pairs.append((pair.pair_id, *names, pair.captions[0]))
+    return pairs
+
+
+def _swift_row(pair_id, before, after, caption) -> dict:
+    return {"id": pair_id, "images": [before, after],
+            "messages": [{"role": "user", "content": "<image><image>What changed?"},
+                         {"role": "assistant", "content": caption}]}
+
+
+def test_import_skips_and_names_each_malformed_row(demo, tmp_path, capsys):
+    """One rule for a row that is no pair (issue 49 item 7): skipped, named by file, row and key; the others are
+    imported; exit 1. Never an AttributeError."""
+    folder = tmp_path / "download"
+    good = _downloaded(demo, folder, 3)
+    rows = [_swift_row(*pair) for pair in good]
+    user_string = _swift_row(good[0][0] + "x", *good[0][1:])
+    user_string["messages"][0] = "<image><image>What changed?"
+    answer_list = _swift_row(good[1][0] + "y", *good[1][1:])
+    answer_list["messages"][1]["content"] = ["a list", "of captions"]
+    answer_number = _swift_row(good[2][0] + "z", *good[2][1:])
+    answer_number["messages"][1]["content"] = 5
+    data = _write_rows(folder / "train.jsonl", [rows[0], user_string, rows[1], answer_list, answer_number, rows[2], [1]])
+    for toolkit in ("llamafactory", "swift"):
+        out = tmp_path / f"out_{toolkit}"
+        assert data_main(["import", str(data), "--from", toolkit, "--out", str(out)]) == 1
+        captured = capsys.readouterr()
+        assert [line for line in captured.err.splitlines() if line.startswith("skipped:")] == [
+            f"skipped: {data}: line 2: 'messages' turn 0 must be a JSON object, got str",
+            f"skipped: {data}: line 4: the assistant turn's 'content' must be text, got list",
+            f"skipped: {data}: line 5: the assistant turn's 'content' must be text, got int",
+            f"skipped: {data}: line 7: expected a JSON object, got list"]
+        assert "3 pair(s)" in captured.out and "4 row(s) of" in captured.out
+        imported = _rows(out / "pairs.jsonl")
+        assert [(row["id"], row["captions"], row["split"]) for row in imported] == \
+            [(pair_id, [caption], "train") for pair_id, _, _, caption in good]
+        report = json.loads((out / "report.json").read_text())
+        assert report["toolkit_rows_skipped"] == 4 and len(report["skipped"]) == 4
+
+
+def _lf_row(pair_id, before, after, caption, *, system: bool = False) -> dict:
+    row = _swift_row(pair_id, before, after, caption)
+    if system:
+        row["messages"].insert(0, {"role": "system", "content": "You compare pictures."})
+    return row
+
+
+def test_llamafactory_import_takes_the_pairs_that_are_pairs(demo, tmp_path, capsys):
+    """LLaMA-Factory's own data/ layout (issue 50 item 3): a dataset_info.json listing other datasets, a file named
+    like a dataset, system turns; records that are no pair are skipped and each named; a dataset chosen by name."""
+    folder = tmp_path / "data"
+    good = _downloaded(demo, folder, 4)
+    one_image = _lf_row("one", *good[0][1:])
+    one_image["images"] = one_image["images"][:1]
+    one_image["messages"][0]["content"] = "<image>What is this?"
+    three = _lf_row("three", *good[1][1:])
+    three["images"].append(good[2][1])
+    three["messages"][0]["content"] = "<image><image><image>What changed?"
+    second_turn = _lf_row("chat", *good[2][1:])
+    second_turn["messages"] += [{"role": "user", "content": "And then?"}, {"role": "assistant", "content": "no"}]
+    rows = [_lf_row(*good[0], system=True), one_image, _lf_row(*good[1]), three, second_turn,
+            _lf_row(*good[2], system=True), _lf_row(*good[3])]
+    (folder / "pairs_demo.json").write_text(json.dumps(rows))
+    (folder / "alpaca_en_demo.json").write_text(json.dumps([{"instruction": "hi", "output": "hello"}]))
+    entry = {"file_name": "pairs_demo.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+             "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}
+    (folder / "dataset_info.json").write_text(json.dumps({
+        "alpaca_en_demo": {"file_name": "alpaca_en_demo.json"}, "open_hub": {"hf_hub_url": "someone/data"},
+        "pairs_demo": entry}))
+
+    out = tmp_path / "out"
+    assert data_main(["import", str(folder), "--from", "llamafactory", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {folder / 'dataset_info.json'} lists 3 datasets, 2 of which davir cannot read (e.g. 'alpaca_en_demo': "
+        "formatting 'alpaca'; davir reads sharegpt (multi-image conversations)); choose with --dataset NAME: "
+        "pairs_demo\n")
+    assert data_main(["import", str(folder), "--from", "llamafactory", "--dataset", "open_hub", "--out", str(out)]) == 2
+    assert "dataset 'open_hub': no local file_name" in capsys.readouterr().err
+
+    argv = ["import", str(folder), "--from", "llamafactory", "--dataset", "pairs_demo", "--out", str(out)]
+    assert data_main([*argv, "--split", "val"]) == 1
+    err = capsys.readouterr().err
+    data = folder / "pairs_demo.json"
+    assert [line for line in err.splitlines() if line.startswith("skipped:")] == [
+        f"skipped: {data}: record 1: 'images' must list two images, before then after (1 given)",
+        f"skipped: {data}: record 3: 'images' must list two images, before then after (3 given)",
+        f"skipped: {data}: record 4: 'messages' holds the turns ['user', 'assistant', 'user', 'assistant']; davir "
+        "imports one 'user' turn then one 'assistant' turn (a pair and its caption)"]
+    imported = _rows(out / "pairs.jsonl")
+    assert [(row["id"], row["captions"], row["split"]) for row in imported] == \
+        [(pair_id, [caption], "val") for pair_id, _, _, caption in good]
+    assert imported[0]["before"] == str((folder / good[0][1]).resolve())
+
+    # the split the entry declares when --split is not given; the file alone, named like a dataset, likewise
+    entry["split"] = "test"
+    (folder / "dataset_info.json").write_text(json.dumps({"pairs_demo": entry}))
+    assert data_main(["import", str(folder), "--from", "llamafactory", "--out", str(out)]) == 1
+    assert {row["split"] for row in _rows(out / "pairs.jsonl")} == {"test"}
+    assert data_main(["import", str(data), "--from", "llamafactory", "--out", str(out)]) == 1
+    assert {row["split"] for row in _rows(out / "pairs.jsonl")} == {"test"}
+    (folder / "dataset_info.json").unlink()  # no split anywhere: the import's seeded split, as for a folder
+    assert data_main(["import", str(data), "--from", "llamafactory", "--out", str(out), "--val-fraction", "0.5",
+                      "--test-fraction", "0"]) == 1
+    assert sorted(row["split"] for row in _rows(out / "pairs.jsonl")) == ["train", "train", "val", "val"]
+

@@ -5,8 +5,10 @@
     toolkit_manifest("trl", "out/trl", "folder/pairs.jsonl")    # back to a davir folder manifest
 
 One module per toolkit (``llamafactory``, ``swift``, ``trl``): ``encode`` (a conversation → the toolkit's
-record), ``read`` (an export → conversations) and ``extras`` (the JSON files beside the splits, e.g. LLaMA-Factory's
-dataset_info.json, checked before anything is written; a module with ``write_extras`` instead writes them last). The prompt of each pair is the caller's (``davir.integrations.prompts.epc_prompt_for``
+record), ``read(source, options)`` (a toolkit dataset → (record, Conversation or Skipped); a reader taking only
+``source`` is called so, its first DataError stops the import) and ``extras`` (the JSON files beside the splits,
+e.g. LLaMA-Factory's dataset_info.json, checked before anything is written; a module with ``write_extras``
+instead writes them last). The prompt of each pair is the caller's (``davir.integrations.prompts.epc_prompt_for``
 gives the DAVIR prompt with its EPC entity phrase): the data layer knows no model.
 """
 
@@ -14,15 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from davir.data.formats import read_dataset
 from davir.data.records import ChangePair
-from davir.data.toolkits.shared import (EXPORT_RECORD, SPLITS, check_replaceable, conversations, manifest_rows,
-                                        write_jsonl, write_rows)
+from davir.data.toolkits.shared import (EXPORT_RECORD, SPLITS, ImportOptions, Skipped, check_replaceable,
+                                        conversations, manifest_rows, write_jsonl, write_rows)
 from davir.errors import DataError, check_output_dir
 from davir.io import atomic_path
 
@@ -82,16 +86,35 @@ def write_text(path: Path, text: str) -> None:
         os.fsync(handle.fileno())
 
 
-def toolkit_manifest(toolkit: str, source: str | Path, manifest: str | Path) -> Path:
+def toolkit_manifest(toolkit: str, source: str | Path, manifest: str | Path,
+                     options: ImportOptions = ImportOptions()) -> tuple[Path, list[str]]:
     """A toolkit dataset (an export folder or one split file) as a folder-format ``pairs.jsonl`` at ``manifest``:
-    one row per pair id, its captions in order, its split from the file name (train/val/test.jsonl)."""
-    rows = manifest_rows(toolkit_module(toolkit).read(Path(source)))
+    one row per pair id, its captions in order, its split from the file name (train/val/test.jsonl), else
+    ``options.split`` or the dataset's declared split. Returns (manifest, skipped): every row that is no pair
+    davir can import (a wrong shape, a wrong count of images or turns) is left out and named with its reason; the others are imported."""
+    source = Path(source)
+    module = toolkit_module(toolkit)
+    takes_options = len(inspect.signature(module.read).parameters) > 1
+    skipped: list[str] = []
+
+    def conversations_read():
+        for record, talk in module.read(source, options) if takes_options else module.read(source):
+            refused = talk if isinstance(talk, Skipped) else None
+            if refused is not None:
+                skipped.append(refused.reason)
+            elif talk.split not in SPLITS:  # a reader that took the split from a file name that is not one
+                yield record, replace(talk, split=options.split or "")
+            else:
+                yield record, talk
+
+    rows = manifest_rows(conversations_read())
     if not rows:
-        raise DataError(f"{source}: the {toolkit} dataset holds no samples")
+        more = f"; {len(skipped)} row(s) skipped, the first: {skipped[0]}" if skipped else ""
+        raise DataError(f"{source}: the {toolkit} dataset holds no samples davir can import{more}")
     manifest = Path(manifest)
     manifest.parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(manifest, rows)
-    return manifest
+    return manifest, skipped
 
 
-__all__ = ["TOOLKITS", "export_toolkit", "toolkit_manifest", "toolkit_module"]
+__all__ = ["TOOLKITS", "ImportOptions", "export_toolkit", "toolkit_manifest", "toolkit_module"]

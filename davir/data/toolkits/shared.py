@@ -111,8 +111,35 @@ def check_replaceable(out: Path, names: Iterable[str], *, overwrite: bool) -> di
     return written
 
 
-def read_rows(path: Path) -> Iterator[tuple[str, dict]]:
-    """(record name "file: line N", row) of a .jsonl file, or of a .json file holding a list of rows."""
+@dataclass(frozen=True)
+class ImportOptions:
+    """What the user said about a toolkit dataset: the split of a file whose name is not one (``--split``), the
+    LLaMA-Factory datasets to read (``--dataset``)."""
+
+    split: str | None = None
+    datasets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A row that is no pair davir can import: ``reason`` names the file, the row and the key."""
+
+    reason: str
+
+
+def split_of(stem: str, options: ImportOptions, declared: str | None = None) -> str:
+    """The split of a file: its name when that is a split (train.jsonl), else ``--split``, else the split its
+    dataset declares (LLaMA-Factory's dataset_info ``split``), else "" (the import's seeded split decides)."""
+    if stem in SPLITS:
+        return stem
+    if options.split:
+        return options.split
+    declared = {"validation": "val", "dev": "val"}.get(declared, declared) if isinstance(declared, str) else None
+    return declared if declared in SPLITS else ""
+
+
+def read_values(path: Path) -> Iterator[tuple[str, object]]:
+    """(record name "file: line N", value) of a .jsonl file, or of a .json file holding a list of records."""
     if not path.is_file():
         raise DataError(f"toolkit dataset file is missing: {path}")
     if path.suffix == ".json":
@@ -120,19 +147,62 @@ def read_rows(path: Path) -> Iterator[tuple[str, dict]]:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
             raise DataError(f"{path}: not valid JSON ({error})") from None
+        except UnicodeDecodeError as error:
+            raise DataError(f"{path}: not UTF-8 text ({error})") from None
         if not isinstance(data, list):
             raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
-        for number, row in enumerate(data):
-            yield f"{path}: record {number}", _object(row, path, f"record {number}")
+        yield from ((f"{path}: record {number}", row) for number, row in enumerate(data))
         return
-    for number, row in iter_jsonl(path):
-        yield f"{path}: line {number}", _object(row, path, f"line {number}")
+    yield from ((f"{path}: line {number}", row) for number, row in iter_jsonl(path))
 
 
-def _object(row, path: Path, where: str) -> dict:
-    if not isinstance(row, dict):
-        raise DataError(f"{path}: {where}: expected a JSON object, got {type(row).__name__}")
-    return row
+def read_rows(path: Path) -> Iterator[tuple[str, dict]]:
+    """(record name, row) of every row; a row that is not a JSON object is a DataError."""
+    for record, row in read_values(path):
+        if not isinstance(row, dict):
+            raise DataError(f"{record}: expected a JSON object, got {type(row).__name__}")
+        yield record, row
+
+
+def read_samples(path: Path, decode: Callable[[dict, str, int], Conversation]
+                 ) -> Iterator[tuple[str, Conversation | Skipped]]:
+    """(record, conversation) of each row ``decode(row, record, number)`` accepts, (record, Skipped) of each it
+    refuses with a DataError: one malformed row never stops the others (file-level problems still do)."""
+    for number, (record, row) in enumerate(read_values(path)):
+        if not isinstance(row, dict):
+            yield record, Skipped(f"{record}: expected a JSON object, got {type(row).__name__}")
+            continue
+        try:
+            yield record, decode(row, record, number)
+        except DataError as error:
+            yield record, Skipped(str(error))
+
+
+def turn_text(turn: dict, key: str, record: str, which: str) -> str:
+    """A turn's text under ``key`` (missing or null: ""); anything but a string is a DataError naming the key."""
+    value = turn.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{record}: the {which} turn's {key!r} must be text, got {type(value).__name__}")
+    return value
+
+
+def user_and_answer(messages, record: str, key: str, *, role: str = "role", user: str = "user",
+                    assistant: str = "assistant", system: str = "system") -> tuple[dict, dict]:
+    """The user turn and the assistant turn of a one-question conversation (a leading system turn is allowed);
+    any other shape is a DataError naming the key."""
+    if not isinstance(messages, list):
+        raise DataError(f"{record}: {key!r} must be a list of turns, got {type(messages).__name__}")
+    for number, turn in enumerate(messages):
+        if not isinstance(turn, dict):
+            raise DataError(f"{record}: {key!r} turn {number} must be a JSON object, got {type(turn).__name__}")
+    turns = messages[1:] if messages and messages[0].get(role) == system else messages
+    roles = [turn.get(role) for turn in turns]
+    if roles != [user, assistant]:
+        raise DataError(f"{record}: {key!r} holds the turns {roles}; davir imports one {user!r} turn then one "
+                        f"{assistant!r} turn (a pair and its caption)")
+    return turns[0], turns[1]
 
 
 def split_files(source: Path, *, suffixes: tuple[str, ...] = (".jsonl", ".json")) -> list[tuple[str, Path]]:
@@ -173,18 +243,20 @@ def two_images(row: dict, key: str, base: Path, record: str) -> tuple[str, str]:
 
 
 def manifest_rows(read: Iterable[tuple[str, Conversation]]) -> list[dict]:
-    """Folder-manifest rows (davir/data/formats/folder.py) from conversations: one per pair id, captions in order.
-    A pair whose conversations disagree on its images or split is a DataError naming both records."""
+    """Folder-manifest rows (davir/data/formats/folder.py) from conversations: one per pair id, captions in order,
+    the split only where the conversation has one (else the import's seeded split decides). A pair whose
+    conversations disagree on its images or split is a DataError naming both records."""
     rows: dict[str, dict] = {}
     first: dict[str, str] = {}
     for record, talk in read:
         row = rows.get(talk.pair_id)
         if row is None:
             rows[talk.pair_id] = {"id": talk.pair_id, "before": talk.before, "after": talk.after,
-                                  "captions": [talk.answer] if talk.answer.strip() else [], "split": talk.split}
+                                  "captions": [talk.answer] if talk.answer.strip() else [],
+                                  **({"split": talk.split} if talk.split else {})}
             first[talk.pair_id] = record
             continue
-        if (row["before"], row["after"], row["split"]) != (talk.before, talk.after, talk.split):
+        if (row["before"], row["after"], row.get("split", "")) != (talk.before, talk.after, talk.split):
             raise DataError(f"{record}: pair {talk.pair_id!r} has other images or another split than in "
                             f"{first[talk.pair_id]}")
         if talk.answer.strip():
