@@ -234,3 +234,70 @@ def test_llamafactory_import_takes_the_pairs_that_are_pairs(demo, tmp_path, caps
                       "--test-fraction", "0"]) == 1
     assert sorted(row["split"] for row in _rows(out / "pairs.jsonl")) == ["train", "train", "val", "val"]
 
+
+def _trl_row(pair_id, before, after, caption) -> dict:
+    return {"id": pair_id, "images": [before, after],
+            "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                                      {"type": "text", "text": "What changed?"}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": caption}]}]}
+
+
+@pytest.mark.parametrize("toolkit", ["llamafactory", "swift", "trl"])
+def test_a_downloaded_dataset_is_read_only_inside_its_folder(demo, tmp_path, toolkit, capsys):
+    """Issue 49 item 12: `../`, absolute paths and symlinks leading out of the dataset folder are refused row by
+    row (named, exit 1) unless --allow-outside; a split file or dataset_info file_name leading out stops it."""
+    folder, outside = tmp_path / "download", tmp_path / "outside"
+    good = _downloaded(demo, folder, 2)
+    secret = _downloaded(demo, outside, 4)[2:]  # two other pairs, outside the dataset folder
+    (folder / "images" / "link.png").symlink_to(outside / secret[1][2])
+    make = {"llamafactory": _swift_row, "swift": _swift_row, "trl": _trl_row}[toolkit]
+    rows = [make(*good[0]),
+            make("climb", "../outside/" + secret[0][1], good[1][2], "up"),
+            make("absolute", good[1][1], str(outside / secret[0][2]), "abs"),
+            make("linked", good[1][1], "images/link.png", "link"),
+            make(*good[1])]
+    data = _write_rows(folder / "train.jsonl", rows)
+    out = tmp_path / "out"
+    assert data_main(["import", str(folder), "--from", toolkit, "--out", str(out)]) == 1
+    skipped = [line for line in capsys.readouterr().err.splitlines() if line.startswith("skipped:")]
+    where = f" lies outside the dataset folder {folder}"
+    assert skipped == [
+        f"skipped: {data}: line 2: the before image {outside / secret[0][1]}{where}; pass --allow-outside to read "
+        "images outside it (davir's own export names absolute paths)",
+        f"skipped: {data}: line 3: the after image {outside / secret[0][2]}{where}; pass --allow-outside to read "
+        "images outside it (davir's own export names absolute paths)",
+        f"skipped: {data}: line 4: the after image {folder / 'images' / 'link.png'}{where} (through a symlink, to "
+        f"{outside / secret[1][2]}); pass --allow-outside to read images outside it (davir's own export names "
+        "absolute paths)"]
+    imported = _rows(out / "pairs.jsonl")
+    assert [row["id"] for row in imported] == [good[0][0], good[1][0]]
+    assert not any(str(outside) in line for line in (out / "pairs.jsonl").read_text().splitlines())
+    # the user trusts it: every row read
+    assert data_main(["import", str(folder), "--from", toolkit, "--out", str(out), "--allow-outside"]) == 0
+    assert len(_rows(out / "pairs.jsonl")) == 5
+
+    # a split file that is a symlink leading out stops the import
+    data.unlink()
+    _write_rows(outside / "train.jsonl", [make(*good[0])])
+    data.symlink_to(outside / "train.jsonl")
+    capsys.readouterr()
+    assert data_main(["import", str(folder), "--from", toolkit, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {data} leads out of the dataset folder {folder} (to {outside / 'train.jsonl'}); a downloaded "
+        "dataset is read only inside its folder: pass --allow-outside if you trust it\n")
+
+
+@pytest.mark.parametrize("file_name", ["../outside/train.jsonl", "/etc/passwd"])
+def test_a_dataset_info_file_name_leading_out_is_refused(demo, tmp_path, file_name, capsys):
+    folder = tmp_path / "download"
+    good = _downloaded(demo, folder, 1)
+    _write_rows(tmp_path / "outside" / "train.jsonl", [_swift_row(*good[0])])
+    (folder / "dataset_info.json").write_text(json.dumps({"theirs": {
+        "file_name": file_name, "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}}}))
+    assert data_main(["import", str(folder), "--from", "llamafactory", "--out", str(tmp_path / "o")]) == 2
+    real = Path(file_name) if file_name.startswith("/") else tmp_path / "outside" / "train.jsonl"
+    assert capsys.readouterr().err == (
+        f"error: {folder / 'dataset_info.json'}: dataset 'theirs': file_name {file_name!r} leads out of the dataset "
+        f"folder {folder} (to {real}); a downloaded dataset is read only inside its folder: pass --allow-outside if "
+        "you trust it\n")
+    assert not (tmp_path / "o").exists()

@@ -37,14 +37,14 @@ def _import(args) -> int:
 
     from davir.data.toolkits import ImportOptions
 
-    toolkit_only = {"--split": args.split, "--dataset": args.dataset}
+    toolkit_only = {"--split": args.split, "--dataset": args.dataset, "--allow-outside": args.allow_outside}
     misplaced = [name for name, value in toolkit_only.items() if value] if args.toolkit is None else []
     if misplaced or (args.dataset and args.toolkit != "llamafactory"):
         print(f"error: {(misplaced or ['--dataset'])[0]} is an option of `import --from "
               f"{'llamafactory' if not misplaced else 'llamafactory|swift|trl'}`", file=sys.stderr)
         return 2
     options = SplitOptions(seed=args.split_seed, val_fraction=args.val_fraction, test_fraction=args.test_fraction)
-    toolkit_options = ImportOptions(split=args.split,
+    toolkit_options = ImportOptions(allow_outside=args.allow_outside, split=args.split,
                                     datasets=tuple(args.dataset or ()))
     status, report = import_pairs(args.source, args.out, options=options, allow_uncaptioned=args.allow_uncaptioned,
                                   allow_size_mismatch=args.allow_size_mismatch, encoding=args.encoding,
@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                                "declared split, else the seeded split)")
     importer.add_argument("--dataset", action="append", default=None,
                           help="with --from llamafactory: a dataset of dataset_info.json to read (repeatable)")
+    importer.add_argument("--allow-outside", action="store_true",
+                          help="with --from: read images and files outside the dataset's folder (davir's own "
+                               "export names absolute paths; a downloaded dataset should not)")
+
     export = commands.add_parser("export", help="write a dataset as LLaMA-Factory / ms-swift / TRL multi-image chat "
                                  "datasets (before image, after image, the DAVIR prompt; the captions as answers)")
     export.add_argument("--to", required=True, choices=("llamafactory", "swift", "trl"))

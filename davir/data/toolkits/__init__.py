@@ -8,7 +8,8 @@ One module per toolkit (``llamafactory``, ``swift``, ``trl``): ``encode`` (a con
 record), ``read(source, options)`` (a toolkit dataset → (record, Conversation or Skipped); a reader taking only
 ``source`` is called so, its first DataError stops the import) and ``extras`` (the JSON files beside the splits,
 e.g. LLaMA-Factory's dataset_info.json, checked before anything is written; a module with ``write_extras``
-instead writes them last). The prompt of each pair is the caller's (``davir.integrations.prompts.epc_prompt_for``
+instead writes them last). Images leading out of the dataset folder are refused here for every reader
+(``shared.FolderGuard``). The prompt of each pair is the caller's (``davir.integrations.prompts.epc_prompt_for``
 gives the DAVIR prompt with its EPC entity phrase): the data layer knows no model.
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from davir.data.formats import read_dataset
 from davir.data.records import ChangePair
-from davir.data.toolkits.shared import (EXPORT_RECORD, SPLITS, ImportOptions, Skipped, check_replaceable,
+from davir.data.toolkits.shared import (EXPORT_RECORD, SPLITS, FolderGuard, ImportOptions, Skipped, check_replaceable,
                                         conversations, manifest_rows, write_jsonl, write_rows)
 from davir.errors import DataError, check_output_dir
 from davir.io import atomic_path
@@ -91,15 +92,17 @@ def toolkit_manifest(toolkit: str, source: str | Path, manifest: str | Path,
     """A toolkit dataset (an export folder or one split file) as a folder-format ``pairs.jsonl`` at ``manifest``:
     one row per pair id, its captions in order, its split from the file name (train/val/test.jsonl), else
     ``options.split`` or the dataset's declared split. Returns (manifest, skipped): every row that is no pair
-    davir can import (a wrong shape, a wrong count of images or turns) is left out and named with its reason; the others are imported."""
+    davir can import (a wrong shape, a wrong count of images or turns, an image outside the dataset folder
+    without ``options.allow_outside``) is left out and named with its reason; the others are imported."""
     source = Path(source)
     module = toolkit_module(toolkit)
     takes_options = len(inspect.signature(module.read).parameters) > 1
+    guard = FolderGuard(source if source.is_dir() else source.parent)
     skipped: list[str] = []
 
     def conversations_read():
         for record, talk in module.read(source, options) if takes_options else module.read(source):
-            refused = talk if isinstance(talk, Skipped) else None
+            refused = talk if isinstance(talk, Skipped) else None if options.allow_outside else guard.refuse(record, talk)
             if refused is not None:
                 skipped.append(refused.reason)
             elif talk.split not in SPLITS:  # a reader that took the split from a file name that is not one

@@ -21,7 +21,7 @@ import os
 from functools import partial
 from pathlib import Path
 
-from davir.data.toolkits.shared import (ID_KEY, Conversation, ImportOptions, read_samples, split_files,
+from davir.data.toolkits.shared import (ID_KEY, Conversation, FolderGuard, ImportOptions, read_samples, split_files,
                                         split_of, turn_text, two_images, user_and_answer)
 from davir.errors import DataError
 from davir.io import read_json
@@ -102,10 +102,12 @@ def _declared(folder: Path, info_path: Path, options: ImportOptions) -> list[tup
         raise DataError(f"{info_path} lists {len(info)} datasets, {len(refused)} of which davir cannot read (e.g. "
                         f"{name!r}: {reason}); choose with --dataset NAME: "
                         + (", ".join(readable[:20]) if readable else "none is a local sharegpt file with images"))
-    found, seen = [], set()
+    guard, found, seen = FolderGuard(folder), [], set()
     for name in names:
         entry = info[name]
         path = folder / entry["file_name"]
+        if not options.allow_outside:
+            guard.check_file(path, f"{info_path}: dataset {name!r}: file_name {entry['file_name']!r}")
         if os.path.realpath(path) not in seen:  # two names for one file: read it once
             seen.add(os.path.realpath(path))
             found.append((split_of(Path(entry["file_name"]).stem, options, entry.get("split")), path, entry))
@@ -125,7 +127,7 @@ def files_to_read(source: Path, options: ImportOptions = ImportOptions()) -> lis
         by_file = {entry["file_name"]: entry for entry in info.values() if isinstance(entry, dict)
                    and isinstance(entry.get("file_name"), str) and not _unreadable(entry)} if isinstance(info, dict) else {}
     found = []
-    for split, path in split_files(source):
+    for split, path in split_files(source, allow_outside=options.allow_outside):
         entry = by_file.get(path.name, dataset_entry(path.name))
         found.append((split_of(split, options, entry.get("split")), path, entry))
     return found

@@ -113,9 +113,10 @@ def check_replaceable(out: Path, names: Iterable[str], *, overwrite: bool) -> di
 
 @dataclass(frozen=True)
 class ImportOptions:
-    """What the user said about a toolkit dataset: the split of a file whose name is not one (``--split``), the
-    LLaMA-Factory datasets to read (``--dataset``)."""
+    """What the user said about a toolkit dataset: images outside its folder may be read (``--allow-outside``), the
+    split of a file whose name is not one (``--split``), the LLaMA-Factory datasets to read (``--dataset``)."""
 
+    allow_outside: bool = False
     split: str | None = None
     datasets: tuple[str, ...] = ()
 
@@ -125,6 +126,47 @@ class Skipped:
     """A row that is no pair davir can import: ``reason`` names the file, the row and the key."""
 
     reason: str
+
+
+class FolderGuard:
+    """Does a path stay inside a downloaded dataset's folder once ``..`` and every symlink are followed?
+    (the toolkit formats' counterpart of ``davir.data.formats._common.links_leaving``). Each folder is resolved
+    once; a file costs one lstat (and a realpath when it is a link). Used by every toolkit reader, TRL's too:
+    ``guard.leaves(path)`` is the real path when it leads out, else None."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.real = os.path.realpath(folder)
+        self._folders: dict[str, str] = {}
+
+    def leaves(self, path: str | Path) -> str | None:
+        parent, name = os.path.split(os.path.join(self.folder, path))
+        real_parent = self._folders.get(parent)
+        if real_parent is None:
+            real_parent = self._folders[parent] = os.path.realpath(parent)
+        joined = os.path.join(real_parent, name)
+        real = os.path.realpath(joined) if name in ("", ".", "..") or os.path.islink(joined) else joined
+        return None if os.path.commonpath([self.real, real]) == self.real else real
+
+    def check_file(self, path: Path, what: str) -> Path:
+        """A file a dataset's own files name (dataset_info.json's ``file_name``, a split file): DataError when it
+        leads out of the folder (the caller skips this check under ``--allow-outside``)."""
+        real = self.leaves(path)
+        if real is not None:
+            raise DataError(f"{what} leads out of the dataset folder {self.folder} (to {real}); a downloaded dataset "
+                            "is read only inside its folder: pass --allow-outside if you trust it")
+        return path
+
+    def refuse(self, record: str, talk: Conversation) -> Skipped | None:
+        """Why a conversation's images lead out of the folder (a Skipped naming the row), or None."""
+        for role, path in (("before", talk.before), ("after", talk.after)):
+            real = self.leaves(path)
+            if real is not None:
+                through = f" (through a symlink, to {real})" if real != os.path.normpath(path) else ""
+                return Skipped(f"{record}: the {role} image {path} lies outside the dataset folder {self.folder}"
+                               f"{through}; pass --allow-outside to read images outside it (davir's own export "
+                               "names absolute paths)")
+        return None
 
 
 def split_of(stem: str, options: ImportOptions, declared: str | None = None) -> str:
@@ -205,33 +247,37 @@ def user_and_answer(messages, record: str, key: str, *, role: str = "role", user
     return turns[0], turns[1]
 
 
-def split_files(source: Path, *, suffixes: tuple[str, ...] = (".jsonl", ".json")) -> list[tuple[str, Path]]:
-    """(split, file) to read: a file alone (its name is its split: train.jsonl), or a folder's train/val/test files."""
+def split_files(source: Path, *, suffixes: tuple[str, ...] = (".jsonl", ".json"),
+                allow_outside: bool = False) -> list[tuple[str, Path]]:
+    """(split, file) to read: a file alone (its name is its split: train.jsonl), or a folder's train/val/test files
+    (a split file that is a symlink leading out of the folder is refused unless ``allow_outside``)."""
     source = Path(source)
     if source.is_file():
         return [(source.stem, source)]
     if not source.is_dir():
         raise DataError(f"{source}: no such toolkit dataset file or folder")
+    guard = FolderGuard(source)
     found = []
     for split in SPLITS:
         files = [source / f"{split}{suffix}" for suffix in suffixes if (source / f"{split}{suffix}").is_file()]
         if len(files) > 1:  # reading both would double every caption
             raise DataError(f"{source}: both {' and '.join(f.name for f in files)} hold split {split!r}; davir reads "
                             "one file per split: remove or rename one (or import one file: import FILE --from …)")
-        found += [(split, path) for path in files]
+        found += [(split, path if allow_outside else guard.check_file(path, str(path))) for path in files]
     if not found:
         raise DataError(f"{source}: no {'/'.join(SPLITS)}.jsonl files (what `python -m davir.data export` writes)")
     return found
 
 
 def image_path(value, base: Path, record: str) -> str:
-    """An image entry as an absolute path (relative ones from ``base``); a non-string entry is a DataError."""
+    """An image entry as an absolute path (relative ones from ``base``, symlinks kept: the import resolves them once
+    ``FolderGuard`` has checked where they lead); a non-string entry is a DataError."""
     if isinstance(value, dict):  # {"path": ...} as datasets.Image stores a file it has not decoded
         value = value.get("path")
     if not isinstance(value, str) or not value:
         raise DataError(f"{record}: an image entry must be a path, got {value!r}")
     path = Path(value)
-    return str(path if path.is_absolute() else (base / path).resolve())
+    return str(path if path.is_absolute() else os.path.abspath(base / path))
 
 
 def two_images(row: dict, key: str, base: Path, record: str) -> tuple[str, str]:

@@ -36,7 +36,7 @@ def extras(out: Path, files: dict[str, str], name: str, *, overwrite: bool = Fal
 def read(source: Path, options: ImportOptions = ImportOptions()):
     """(record, Conversation or Skipped) of every row of an export folder or file; relative image paths are read
     from the file's folder."""
-    for split, path in split_files(source):
+    for split, path in split_files(source, allow_outside=options.allow_outside):
         yield from read_samples(path, partial(_decode, split=split_of(split, options), base=path.parent,
                                               stem=path.stem))
 
