@@ -35,13 +35,28 @@ def _import(args) -> int:
     from davir.data.formats.folder import SplitOptions
     from davir.data.importer import import_pairs
 
+    from davir.data.toolkits import ImportOptions
+
+    toolkit_only = {"--split": args.split, "--dataset": args.dataset, "--allow-outside": args.allow_outside}
+    misplaced = [name for name, value in toolkit_only.items() if value] if args.toolkit is None else []
+    if misplaced or (args.dataset and args.toolkit != "llamafactory"):
+        print(f"error: {(misplaced or ['--dataset'])[0]} is an option of `import --from "
+              f"{'llamafactory' if not misplaced else 'llamafactory|swift|trl'}`", file=sys.stderr)
+        return 2
     options = SplitOptions(seed=args.split_seed, val_fraction=args.val_fraction, test_fraction=args.test_fraction)
+    toolkit_options = ImportOptions(allow_outside=args.allow_outside, split=args.split,
+                                    datasets=tuple(args.dataset or ()))
     status, report = import_pairs(args.source, args.out, options=options, allow_uncaptioned=args.allow_uncaptioned,
                                   allow_size_mismatch=args.allow_size_mismatch, encoding=args.encoding,
-                                  toolkit=args.toolkit)
+                                  toolkit=args.toolkit, toolkit_options=toolkit_options)
     problems = report["problems"]
     for line in report["warnings"]:
         print(f"warning: {line}", file=sys.stderr)
+    skipped = report["skipped"][:report.get("toolkit_rows_skipped", 0)]
+    for line in skipped[:20]:
+        print(f"skipped: {line}", file=sys.stderr)
+    if len(skipped) > 20:
+        print(f"skipped: … and {len(skipped) - 20} more row(s): {args.out}/report.json \"skipped\"", file=sys.stderr)
     if problems:
         print(f"error: {len(problems)} problem(s) in {report['source']}; nothing imported "
               f"(report: {args.out}/report.json, {args.out}/summary.html)", file=sys.stderr)
@@ -54,8 +69,9 @@ def _import(args) -> int:
     captions = report["captions"]
     print(f"imported {report['pairs']} pair(s) ({splits}; {report['pairs_without_captions']} without captions) "
           f"with {captions['captions']} caption(s), vocabulary {captions.get('vocabulary', 0)}: {args.out}/pairs.jsonl; "
-          f"summary {args.out}/summary.html" + (f"; {len(report['warnings'])} warning(s) above" if report["warnings"] else ""))
-    return 0
+          f"summary {args.out}/summary.html" + (f"; {len(report['warnings'])} warning(s) above" if report["warnings"] else "")
+          + (f"; {len(skipped)} row(s) of {args.source} skipped (listed above)" if skipped else ""))
+    return status
 
 
 def _export(args) -> int:
@@ -68,8 +84,14 @@ def _export(args) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.entities is not None:  # as train.py checks data.entities against data.root
+        from davir.data.caches import check_cache_root
+
+        check_cache_root(args.entities, args.root, key="--entities", moved_from=args.moved_from, root_key="--root",
+                         moved_hint="pass --moved-from ")
     summary = export_toolkit(args.to, args.format, args.root, args.split or ["train", "val", "test"], args.out,
-                             prompt_for=epc_prompt_for(args.entities, epc), name=args.name)
+                             prompt_for=epc_prompt_for(args.entities, epc), name=args.name,
+                             overwrite=args.overwrite)
     splits = ", ".join(f"{split} {c['pairs']} pairs / {c['samples']} samples" for split, c in summary["splits"].items())
     print(f"{args.to}: {splits}: {', '.join(summary['files'])} in {args.out}")
     return 0
@@ -109,8 +131,17 @@ def main(argv: list[str] | None = None) -> int:
                                "the pairs.jsonl written is UTF-8")
 
     importer.add_argument("--from", dest="toolkit", choices=("llamafactory", "swift", "trl"), default=None,
-                          help="SOURCE is that toolkit's dataset (an export folder or one <split>.jsonl), e.g. "
-                               "what `export --to` wrote; the split is the file's name (docs/toolkits.md)")
+                          help="SOURCE is that toolkit's dataset (an export folder or one file), e.g. what "
+                               "`export --to` wrote; rows that are no pair are skipped and listed, exit 1 "
+                               "(docs/toolkits.md)")
+    importer.add_argument("--split", choices=("train", "val", "test"), default=None,
+                          help="with --from: the split of a file whose name is not one (default: LLaMA-Factory's "
+                               "declared split, else the seeded split)")
+    importer.add_argument("--dataset", action="append", default=None,
+                          help="with --from llamafactory: a dataset of dataset_info.json to read (repeatable)")
+    importer.add_argument("--allow-outside", action="store_true",
+                          help="with --from: read images and files outside the dataset's folder (davir's own "
+                               "export names absolute paths; a downloaded dataset should not)")
 
     export = commands.add_parser("export", help="write a dataset as LLaMA-Factory / ms-swift / TRL multi-image chat "
                                  "datasets (before image, after image, the DAVIR prompt; the captions as answers)")
@@ -121,9 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--out", required=True, help="folder for <split>.jsonl (+ dataset_info.json for llamafactory)")
     export.add_argument("--entities", default=None, help="a davir entity cache: add the EPC entity phrase to each "
                         "pair's prompt (`python -m preprocess entities`)")
+    export.add_argument("--moved-from", default=None, help="the dataset root the entity cache recorded, when the "
+                        "dataset only moved since (as train.py's data.moved_from)")
     export.add_argument("--num-entities", type=int, default=1, help="entities in the EPC phrase (k of Eq. 10)")
     export.add_argument("--prompt", default=None, help="the base prompt (default: DAVIR's)")
     export.add_argument("--name", default=None, help="dataset name in dataset_info.json (default: the root's name)")
+    export.add_argument("--overwrite", action="store_true", help="replace files in --out that an earlier export did "
+                        "not write or that changed since (refused otherwise)")
 
     synth = commands.add_parser("synth", help="render the built-in synthetic change dataset (CLEVR-Change layout)")
     synth.add_argument("--out", required=True)

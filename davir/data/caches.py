@@ -140,17 +140,19 @@ def recorded_roots(cache: str | Path) -> list[tuple[Path, str]]:
     return found
 
 
-def check_cache_root(cache: str | Path, data_root: str | Path, *, key: str, moved_from: str | Path | None = None) -> None:
+def check_cache_root(cache: str | Path, data_root: str | Path, *, key: str, moved_from: str | Path | None = None,
+                     root_key: str = "data.root", moved_hint: str = "set data.moved_from=") -> None:
     """Refuse a cache built from another dataset: pair ids repeat across datasets (000123.png …), so a
     cache for other data would be used silently. `moved_from` accepts caches that recorded the dataset's
-    old location (the data moved, the caches did not). `key` is the config key naming the cache."""
+    old location (the data moved, the caches did not). `key` is the config key naming the cache; `root_key`
+    and `moved_hint` name the dataset root and the way to pass `moved_from` (a config key, or a command's options)."""
     accepted = {Path(data_root).resolve()} | ({Path(moved_from).resolve()} if moved_from else set())
     for manifest, root in recorded_roots(cache):
         if Path(root).resolve() not in accepted:
             raise DataError(
-                f"{key}={cache} was built from dataset root {root} ({manifest}), but data.root is "
+                f"{key}={cache} was built from dataset root {root} ({manifest}), but {root_key} is "
                 f"{Path(data_root).resolve()}: rebuild the cache for this dataset, or, if the dataset only moved, "
-                f"set data.moved_from={root}")
+                f"{moved_hint}{root}")
 
 
 class EntityCache:

@@ -248,22 +248,31 @@ def write_summary(path: Path, report: dict, pairs) -> None:
     }
     if report["notes"]:
         summary["notes"] = " | ".join(report["notes"])
+    if report.get("toolkit_rows_skipped"):
+        summary["skipped rows"] = f"{report['toolkit_rows_skipped']}: " + " | ".join(report["skipped"][:20])
     if report["warnings"]:
         summary["warnings"] = f"{len(report['warnings'])}: " + " | ".join(report["warnings"][:20])
     write_report(path, rows, title=f"davir import — {Path(report['source']).name}", summary=summary)
 
 
-def import_pairs(source: str | Path, out: str | Path, *, toolkit: str | None = None, **kwargs) -> tuple[int, dict]:
+def import_pairs(source: str | Path, out: str | Path, *, toolkit: str | None = None, toolkit_options=None,
+                 **kwargs) -> tuple[int, dict]:
     """Check `source`, write report.json + summary.html (+ pairs.jsonl when clean) into `out`; (exit status, report).
     `toolkit` (llamafactory, swift, trl): `source` is that toolkit's dataset, turned into `out/toolkit_pairs.jsonl`
-    (a folder manifest, davir/data/toolkits) before the same checks."""
+    (a folder manifest, davir/data/toolkits; `toolkit_options`: its ImportOptions) before the same checks; its rows
+    that are no pair davir can import are left out and listed (report "skipped", "toolkit_rows_skipped"): status 1."""
     out = Path(out)
+    skipped: list[str] = []
     if toolkit is not None:
-        from davir.data.toolkits import toolkit_manifest
+        from davir.data.toolkits import ImportOptions, toolkit_manifest
 
-        source = toolkit_manifest(toolkit, source, out / "toolkit_pairs.jsonl")
+        source, skipped = toolkit_manifest(toolkit, source, out / "toolkit_pairs.jsonl",
+                                           toolkit_options or ImportOptions())
     report = check_pairs(source, **kwargs)
     pairs = report.pop("_pairs")
+    if toolkit is not None:
+        report["toolkit_rows_skipped"] = len(skipped)
+        report["skipped"] = skipped + report["skipped"]
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "report.json", report)
     write_summary(out / "summary.html", report, pairs)
@@ -275,4 +284,4 @@ def import_pairs(source: str | Path, out: str | Path, *, toolkit: str | None = N
     if not pairs:
         raise DataError(f"{source}: no pairs to import")
     write_normalised_manifest(manifest, pairs)
-    return 0, report
+    return (1 if skipped else 0), report

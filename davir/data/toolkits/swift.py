@@ -11,9 +11,11 @@ keys (``messages``, ``images``) and drops ``id``.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
-from davir.data.toolkits.shared import ID_KEY, Conversation, read_rows, split_files, two_images
+from davir.data.toolkits.shared import (ID_KEY, Conversation, ImportOptions, read_samples, split_files, split_of,
+                                        turn_text, two_images, user_and_answer)
 from davir.errors import DataError
 
 NAME = "swift"
@@ -27,22 +29,24 @@ def encode(talk: Conversation) -> dict:
             "images": [talk.before, talk.after]}
 
 
-def write_extras(out: Path, files: dict[str, str], name: str) -> list[str]:
-    return []
+def extras(out: Path, files: dict[str, str], name: str, *, overwrite: bool = False) -> dict[str, dict]:
+    return {}
 
 
-def read(source: Path):
-    for split, path in split_files(source):
-        for number, (record, row) in enumerate(read_rows(path)):
-            messages = row.get("messages")
-            if not isinstance(messages, list):
-                raise DataError(f"{record}: no 'messages' list")
-            turns = [m for m in messages if isinstance(m, dict) and m.get("role") != "system"]
-            if [m.get("role") for m in turns] != ["user", "assistant"]:
-                raise DataError(f"{record}: expected a user turn then an assistant turn")
-            content = turns[0].get("content")
-            if not isinstance(content, str) or content.count(IMAGE_TAG) != 2:
-                raise DataError(f"{record}: the user turn must hold two {IMAGE_TAG} tags (before, after)")
-            before, after = two_images(row, "images", path.parent, record)
-            yield record, Conversation(str(row.get(ID_KEY) or f"{split}-{number}"), split, before, after,
-                                       content.replace(IMAGE_TAG, "").strip(), turns[1].get("content") or "")
+def read(source: Path, options: ImportOptions = ImportOptions()):
+    """(record, Conversation or Skipped) of every row of an export folder or file; relative image paths are read
+    from the file's folder."""
+    for split, path in split_files(source, allow_outside=options.allow_outside):
+        yield from read_samples(path, partial(_decode, split=split_of(split, options), base=path.parent,
+                                              stem=path.stem))
+
+
+def _decode(row: dict, record: str, number: int, *, split: str, base: Path, stem: str) -> Conversation:
+    user, assistant = user_and_answer(row.get("messages"), record, "messages")
+    before, after = two_images(row, "images", base, record)
+    content = turn_text(user, "content", record, "user")
+    if content.count(IMAGE_TAG) != 2:
+        raise DataError(f"{record}: the user turn must hold two {IMAGE_TAG} tags (before, after)")
+    answer = turn_text(assistant, "content", record, "assistant")
+    return Conversation(str(row.get(ID_KEY) or f"{stem}-{number}"), split, before, after,
+                        content.replace(IMAGE_TAG, "").strip(), answer)
