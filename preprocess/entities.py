@@ -325,6 +325,8 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     manifest.update({
         "command": "python -m preprocess entities " + " ".join(argv),
         "vocabulary": {"size": len(vocabulary), "extractor": vocabulary.extractor, "path": str(out / "vocab.json")},
+        # the word lists the phrases were read with (davir.text.lexicon; None for the rules/spaCy back-ends)
+        "lexicon": vocabulary.extractor.get("lexicon"),
         "retriever": retriever.describe(), "entity_gate": None if gate is None else gate.describe(),
         "mask_source": "none (image level)" if masks is None else masks.describe(),
         # derived from the settings (davir.preprocessing.profiles), recorded for the reader
