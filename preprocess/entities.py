@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --image-level: bef_minus_aft = S_bef − S_aft (CHEER Eq. 1 as written; the default "
                              "with --profile paper); abs = |S_bef − S_aft| ([D], the default otherwise)")
     parser.add_argument("--vocab-min-count", type=int, default=2)
-    parser.add_argument("--phrase-backend", choices=BACKENDS, default="auto")
+    parser.add_argument("--phrase-backend", choices=BACKENDS, default="auto",
+                        help="how captions are chunked into phrases: auto = wordnet (the WordNet lists shipped with "
+                             "davir, the same on every machine), rules (fitted on the captions), spacy (when installed)")
     parser.add_argument("--mask-source", choices=MASK_SOURCES, default=None,
                         help="per_image: each image's own mask (union where missing/empty); union: one mask for both")
     parser.add_argument("--mask-weighting", choices=MASK_WEIGHTINGS, default=None,
