@@ -164,6 +164,7 @@ def files_of(folder: Path) -> dict[str, bytes]:
 def test_entity_caches_are_the_same_with_and_without_an_os_wordnet(synthetic_set, wordnet_folder, other_wordnet,
                                                                    tmp_path, monkeypatch, capsys):
     from davir.preprocessing.profiles import check_cache_profiles
+    from preprocess import entity_eval
 
     dataset = synthetic_set(24, 3)
     out = tmp_path / "entities"
@@ -189,7 +190,12 @@ def test_entity_caches_are_the_same_with_and_without_an_os_wordnet(synthetic_set
     warnings: list[str] = []
     check_cache_profiles(None, entities=out, allow_mismatch=True, warn=warnings.append)
     assert len(warnings) == 1 and "(accepted)" in warnings[0]
+    evaluation = ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--entities", str(out)]
+    assert entity_eval.main(evaluation) == 0  # the diagnostic still runs, marked
+    assert "not this davir's lexicon" in json.loads((out / "entity_eval_test.json").read_text())["lexicon_mismatch"]
     monkeypatch.delenv("DAVIR_WORDNET_DIR")
+    assert entity_eval.main(evaluation) == 0
+    assert json.loads((out / "entity_eval_test.json").read_text())["lexicon_mismatch"] is None
 
     # A cache from before davir shipped its lexicon (WordNet of the machine, unrecorded) is refused too.
     manifest_path = out / "entities" / "manifest.json"
