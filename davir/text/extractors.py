@@ -138,15 +138,6 @@ class SpacyExtractor(PhraseExtractor):
         return {"backend": self.backend, "model": self.model}
 
 
-def spacy_available(model: str = SPACY_MODEL) -> bool:
-    try:
-        import spacy  # noqa: F401
-        from spacy.util import is_package
-    except ImportError:
-        return False
-    return bool(is_package(model))
-
-
 def get_extractor(backend: str = "auto", *, corpus: Iterable[str] | None = None) -> PhraseExtractor:
     """The phrase extractor for a back-end name; "auto" is the shipped WordNet lexicon (spaCy only by name, so
     that what is installed never changes a result)."""
