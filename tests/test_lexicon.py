@@ -206,8 +206,11 @@ def test_entity_caches_are_the_same_with_and_without_an_os_wordnet(synthetic_set
         check_cache_profiles(None, entities=out)
 
 
-def test_run_info_records_the_lexicon(tmp_path):
+def test_run_info_records_the_lexicon(tmp_path, monkeypatch):
     from davir.training.run import write_run_info
 
     write_run_info(tmp_path, seed=3)
     assert json.loads((tmp_path / "run_info.json").read_text())["lexicon"]["sha256"] == SHIPPED_SHA256
+    monkeypatch.setenv("DAVIR_WORDNET_DIR", str(tmp_path / "none"))  # recorded, not a crash after the folder is made
+    write_run_info(tmp_path, seed=3)
+    assert "index.noun" in json.loads((tmp_path / "run_info.json").read_text())["lexicon"]["error"]

@@ -286,6 +286,12 @@ def current_lexicon() -> WordNetLexicon:
         raise DataError(f"{OVERRIDE_ENV}={folder}: {error}; unset it to use the lexicon shipped with davir") from error
 
 
-def lexicon_record() -> dict:
-    """The current lexicon's record (name, sha256, source, shipped) for metrics.json, caches and run records."""
-    return current_lexicon().describe()
+def lexicon_record(*, strict: bool = True) -> dict:
+    """The current lexicon's record (name, sha256, source, shipped) for metrics.json, caches and run records;
+    ``strict=False`` records an unreadable one as {"error": …} (a run that reads no caption need not stop)."""
+    try:
+        return current_lexicon().describe()
+    except DataError as error:
+        if strict:
+            raise
+        return {"error": str(error)}
