@@ -26,13 +26,12 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
 
 install: $(VENV)/.installed system-deps
 
-# Java runs the PTB tokenizer and METEOR (pycocoevalcap); WordNet's word lists feed the offline chunker; headless
-# Chromium loads davir-app's page in tests/test_app.py (over its DevTools protocol: no driver, no download).
+# Java runs the PTB tokenizer and METEOR (pycocoevalcap); headless Chromium loads davir-app's page in tests/test_app.py
+# (over its DevTools protocol: no driver, no download). The chunker's WordNet word lists ship with the package
+# (davir/text/data), so no OS package can change a score or an entity.
 system-deps:
 	@command -v java >/dev/null 2>&1 || (apt-get update && apt-get install -y default-jre-headless)
 	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y --no-install-recommends chromium)
-	@test -f /usr/share/wordnet/index.noun || (apt-get update && apt-get install -y --no-install-recommends wordnet-base) || \
-		echo "wordnet-base not installed: the entity chunker uses its corpus-fitted rules"
 
 # One pytest-xdist worker per core, a test file per worker (module fixtures are built once), the files in the order
 # tests/conftest.py gives them (the minute-long ones first); TEST_WORKERS=0 runs serially.

@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --image-level: bef_minus_aft = S_bef − S_aft (CHEER Eq. 1 as written; the default "
                              "with --profile paper); abs = |S_bef − S_aft| ([D], the default otherwise)")
     parser.add_argument("--vocab-min-count", type=int, default=2)
-    parser.add_argument("--phrase-backend", choices=BACKENDS, default="auto")
+    parser.add_argument("--phrase-backend", choices=BACKENDS, default="auto",
+                        help="how captions are chunked into phrases: auto = wordnet (the WordNet lists shipped with "
+                             "davir, the same on every machine), rules (fitted on the captions), spacy (when installed)")
     parser.add_argument("--mask-source", choices=MASK_SOURCES, default=None,
                         help="per_image: each image's own mask (union where missing/empty); union: one mask for both")
     parser.add_argument("--mask-weighting", choices=MASK_WEIGHTINGS, default=None,
@@ -325,6 +327,8 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     manifest.update({
         "command": "python -m preprocess entities " + " ".join(argv),
         "vocabulary": {"size": len(vocabulary), "extractor": vocabulary.extractor, "path": str(out / "vocab.json")},
+        # the word lists the phrases were read with (davir.text.lexicon; None for the rules/spaCy back-ends)
+        "lexicon": vocabulary.extractor.get("lexicon"),
         "retriever": retriever.describe(), "entity_gate": None if gate is None else gate.describe(),
         "mask_source": "none (image level)" if masks is None else masks.describe(),
         # derived from the settings (davir.preprocessing.profiles), recorded for the reader

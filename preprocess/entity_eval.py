@@ -27,7 +27,7 @@ from davir.data.records import DISTRACTOR, ChangePair
 from davir.errors import DataError, check_output_file
 from davir.io import write_json_atomic
 from davir.runtime.signals import START_AGAIN, stop_on_signals
-from davir.text.entity_vocabulary import EntityVocabulary
+from davir.text.entity_vocabulary import EntityVocabulary, lexicon_mismatch
 from davir.text.extractors import PhraseExtractor, get_extractor
 
 
@@ -131,6 +131,10 @@ def run(args: argparse.Namespace) -> dict:
     result = evaluate_entities(index.pairs, EntityCache(root).table(), extractor, args.k)
     result.update({"format": args.format, "split": args.split, "entities": str(root),
                    "extractor": extractor.describe()})
+    # references read with other word lists than the cache's phrases: the numbers are marked, not comparable
+    result["lexicon_mismatch"] = lexicon_mismatch(vocabulary.extractor, extractor.describe())
+    if result["lexicon_mismatch"]:
+        print(f"note: {root}'s phrases were read with {result['lexicon_mismatch']}", file=sys.stderr)
     out = Path(args.out) if args.out else root / f"entity_eval_{args.split}.json"
     write_json_atomic(out, result)
     result["out"] = str(out)

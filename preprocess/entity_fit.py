@@ -24,7 +24,7 @@ from davir.preprocessing.components import Component
 from davir.preprocessing.retrievers import (
     RETRIEVERS, EntityGate, PairRegions, Retriever, frame_pair_features, pair_features, pair_regions,
 )
-from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary
+from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary, lexicon_mismatch
 from davir.text.extractors import PhraseExtractor, get_extractor
 from preprocess.component_options import component_settings
 
@@ -136,7 +136,11 @@ def load_or_build_vocabulary(path: Path, fit_index: DatasetIndex, *, min_count: 
             raise DataError(f"{path} was built from {found} with min_count {vocabulary.min_count} and back-end "
                             f"{vocabulary.extractor.get('backend')!r} (subjects only: {stored_subjects}); this run asks "
                             f"for {expected}, {min_count}, {backend!r} (subjects only: {subjects}) (use another --out)")
-        return vocabulary, vocabulary_extractor(vocabulary.extractor.get("backend", "auto"), captions, subjects)
+        extractor = vocabulary_extractor(vocabulary.extractor.get("backend", "auto"), captions, subjects)
+        mismatch = lexicon_mismatch(vocabulary.extractor, extractor.describe())
+        if mismatch:  # its phrases and the new pairs' labels would be read with two different word lists
+            raise DataError(f"{path} was built with {mismatch}; use another --out for entities of this lexicon")
+        return vocabulary, extractor
     if not captions:
         raise DataError(f"split {fit_index.split!r} of {fit_index.root} has no captions to build the entity "
                         "vocabulary from (CLEVR-style sets need change_captions.json)")

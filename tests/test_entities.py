@@ -15,7 +15,6 @@ from davir.errors import DataError
 from davir.io import read_json
 from davir.text.entity_vocabulary import build_vocabulary
 from davir.text.extractors import PhraseExtractor, extract_attributes, extract_phrases, get_extractor, subject_phrase
-from davir.text.lexicon import wordnet_available
 from davir.text.words import CLOSED_CLASS, GENERIC_HEADS
 from preprocess import entities, entity_eval
 from davir.preprocessing.retrievers import (
@@ -23,14 +22,9 @@ from davir.preprocessing.retrievers import (
     pair_regions, phrase_words, retrieve_top_k, square_pad, top_k,
 )
 
-needs_wordnet = pytest.mark.skipif(not wordnet_available(), reason="WordNet (Debian wordnet-base) is not installed")
-
-
 @pytest.fixture(scope="module")
 def wordnet() -> PhraseExtractor:
-    if not wordnet_available():
-        pytest.skip("WordNet (Debian wordnet-base) is not installed")
-    return get_extractor("wordnet")
+    return get_extractor("wordnet")  # the lexicon shipped with davir: no OS package, no skip
 
 
 def real_captions(path: Path, field: str) -> list[str]:
@@ -58,7 +52,6 @@ IER_CASES = {
 }
 
 
-@needs_wordnet
 def test_chunker_on_real_spot_the_diff_and_ier_captions(shared_datasets, wordnet):
     spot = set(real_captions(shared_datasets / "spot_the_diff" / "annotations" / "val.json", "sentences"))
     ier = set(real_captions(shared_datasets / "ier" / "valid.json", "sents"))
@@ -76,7 +69,6 @@ def test_chunker_on_real_spot_the_diff_and_ier_captions(shared_datasets, wordnet
     assert wordnet.subject("different cars at stop sign in each picture") == "car"
 
 
-@needs_wordnet
 def test_chunker_keeps_full_clevr_object_phrases(wordnet):
     assert wordnet.phrases("the small red metal sphere changed to blue") == ["small red metal sphere"]
     assert wordnet.phrases("someone added a large green rubber cube") == ["large green rubber cube"]
@@ -90,7 +82,6 @@ def test_chunker_keeps_full_clevr_object_phrases(wordnet):
     assert subject_phrase("nothing has changed", backend="wordnet") is None
 
 
-@needs_wordnet
 def test_vocabulary_on_real_spot_the_diff_val(shared_datasets, wordnet):
     captions = real_captions(shared_datasets / "spot_the_diff" / "annotations" / "val.json", "sentences")
     assert len(captions) == 3310
@@ -129,11 +120,11 @@ def test_vocabulary_min_count_generic_heads_and_bare_attributes(wordnet):
         build_vocabulary(captions, min_count=0, extractor=wordnet)
 
 
-def test_rules_backend_without_wordnet(tmp_path, monkeypatch):
-    monkeypatch.setenv("DAVIR_WORDNET_DIR", str(tmp_path))
-    assert not wordnet_available()
-    with pytest.raises(DataError, match="WordNet is not installed"):
+def test_rules_backend_and_a_wordnet_override_that_is_no_wordnet(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAVIR_WORDNET_DIR", str(tmp_path))  # research override: an empty folder is an error
+    with pytest.raises(DataError, match="DAVIR_WORDNET_DIR=.*index.noun.*unset it"):
         get_extractor("wordnet")
+    monkeypatch.delenv("DAVIR_WORDNET_DIR")
     corpus = ["the red car is parked near the tree", "a person walked past the red car", "the tree is gone"]
     rules = get_extractor("rules", corpus=corpus)
     assert rules.backend == "rules"

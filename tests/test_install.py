@@ -18,7 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # Package data and the repository's copies of it (for users and the Makefile): the package's is the source.
 SHIPPED = {"configs/demo.yaml": "davir/configs/demo.yaml"}
-ASSETS = [f"davir/assets/tiny_resnet/{name}" for name in ("backbone.pth", "head.pth", "pretrain_info.json")]
+ASSETS = [f"davir/assets/tiny_resnet/{name}" for name in ("backbone.pth", "head.pth", "pretrain_info.json")] + [
+    f"davir/text/data/{name}" for name in ("wordnet-3.0-lexicon.txt.gz", "WORDNET_LICENSE")]
 PACKAGES = ("davir", "preprocess")
 # The console scripts the pipeline below does not run, or not with --help (davir-train's is 5-10 s of imports).
 SCRIPTS = (("davir-evaluate",), ("davir-caption",), ("davir-preprocess", "masks"), ("davir-data",), ("davir-export",), ("davir-app",))

@@ -119,11 +119,17 @@ def score_predictions(predictions: dict[str, str], references: ReferenceSource |
     faithfulness = score_faithfulness(predictions, chosen.references, chosen.groups)
     faithfulness_text = ("\nStated-difference faithfulness: are the objects and changes each caption states the ones "
                          "its references state?\n\n" + format_faithfulness_table(faithfulness))
+    lexicon = faithfulness["reader"].get("lexicon")
+    if lexicon is not None and not lexicon["shipped"]:  # $DAVIR_WORDNET_DIR: these numbers are not the comparable ones
+        faithfulness_text += (f"\nnote: read with the lexicon of {lexicon['source']} (sha256 {lexicon['sha256'][:12]}…), "
+                              "not the one shipped with davir: these faithfulness numbers are not comparable\n")
     say(faithfulness_text, end="")
     text += faithfulness_text
     if markdown is not None:
         write_text_atomic(markdown, text)
-    extra = {"predictions": predictions_source, "references": chosen.source, "faithfulness": faithfulness}
+    # Which word lists read the captions (davir.text.lexicon): scores made with another one are not comparable.
+    extra = {"predictions": predictions_source, "references": chosen.source, "lexicon": lexicon,
+             "faithfulness": faithfulness}
     if synthetic is not None:
         extra["synthetic"] = synthetic.to_dict()
     document = {**extra, **results_to_json(rows, per_image=[TOTAL])}

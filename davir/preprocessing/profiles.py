@@ -164,6 +164,17 @@ def entity_cache_level(folder: str | Path) -> str | None:
     return None
 
 
+def entity_cache_extractor(folder: str | Path) -> dict | None:
+    """The phrase extractor (back-end, lexicon) an EntityCache's vocabulary was read with, as its manifest records
+    it; None when it has no readable manifest."""
+    path = Path(folder) / "entities" / "manifest.json"
+    manifest = _read_json(path) if path.is_file() else None
+    if isinstance(manifest, dict) and isinstance(manifest.get("vocabulary"), dict):
+        extractor = manifest["vocabulary"].get("extractor")
+        return extractor if isinstance(extractor, dict) else None
+    return None
+
+
 def check_cache_profiles(expected: str | None, *, masks: str | Path | None = None,
                          entities: str | Path | None = None, allow_mismatch: bool = False,
                          where: str = "the config", override: str = "data.allow_profile_mismatch=true",
@@ -172,7 +183,9 @@ def check_cache_profiles(expected: str | None, *, masks: str | Path | None = Non
 
     `entity_level` ("region" for DAVIR, "image" for CHEER): the entity cache must hold entities of that level too
     — both levels have a `paper` profile, so the profile alone does not tell a CHEER cache from a DAVIR one.
-    Returns {"masks": profile, "entities": profile} of the caches given. A mismatch is a DataError naming the
+    An entity cache whose phrases were read with other word lists than this davir's lexicon (davir.text.lexicon,
+    by sha256) is a mismatch too. Returns {"masks": profile, "entities": profile} of the caches given. A mismatch
+    is a DataError naming the
     cache, its profile and the expected one, and how to fix it; with ``allow_mismatch`` it is reported
     through ``warn`` instead."""
     found: dict[str, str | None] = {}
@@ -183,6 +196,18 @@ def check_cache_profiles(expected: str | None, *, masks: str | Path | None = Non
             problems.append(f"the entities cache {entities} holds {level}-level entities, but {where} needs "
                             f"{entity_level}-level ones: `python -m preprocess entities` "
                             f"{'without' if entity_level == 'region' else 'with'} --image-level")
+    if entities is not None and Path(entities).is_dir():
+        # Entities read with other word lists than this davir's (davir.text.lexicon) make other prompts.
+        from davir.text.entity_vocabulary import lexicon_mismatch
+        from davir.text.lexicon import lexicon_record
+
+        extractor = entity_cache_extractor(entities)
+        mismatch = None if extractor is None else lexicon_mismatch(
+            extractor, {"backend": "wordnet", "lexicon": lexicon_record()} if extractor.get("backend") == "wordnet"
+            else extractor)
+        if mismatch:
+            problems.append(f"the entities cache {entities} was made with {mismatch}: recompute it with "
+                            "`python -m preprocess entities … --out NEW`")
     for kind, folder, reader in (("masks", masks, mask_cache_profile), ("entities", entities, entity_cache_profile)):
         if folder is None or not Path(folder).is_dir():
             continue  # no cache at all: the caller's "run preprocess … first" error says more

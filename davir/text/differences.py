@@ -151,7 +151,7 @@ def stated_object(phrases: list[str], words: list[str]) -> ChangeObject | None:
 
 
 class DifferenceReader:
-    """Reads captions into `Statement`s with one phrase extractor (WordNet's when installed, see
+    """Reads captions into `Statement`s with one phrase extractor (by default the shipped WordNet lexicon's, see
     `davir.text.extractors.get_extractor`); statements are cached, since references repeat across runs."""
 
     def __init__(self, extractor: PhraseExtractor | None = None):

@@ -89,6 +89,22 @@ def build_vocabulary(
                                     "bare_attributes_dropped": sorted(p for p in attributes if counts[p] >= min_count)})
 
 
+def lexicon_mismatch(recorded: dict, current: dict) -> str | None:
+    """Why entities recorded with extractor `recorded` (a vocabulary's `extractor`) were not read with the word lists
+    of extractor `current` (`describe()`), or None when they were (or when neither reads a lexicon)."""
+    if recorded.get("backend") != "wordnet" and current.get("backend") != "wordnet":
+        return None
+    if recorded.get("backend") != current.get("backend"):
+        return f"back-end {recorded.get('backend')!r}, not {current.get('backend')!r}"
+    made = (recorded.get("lexicon") or {}).get("sha256")
+    wanted = (current.get("lexicon") or {}).get("sha256")
+    if made == wanted:
+        return None
+    made_text = (f"the lexicon with sha256 {made[:12]}…" if made else
+                 "an unrecorded WordNet (before davir shipped its own word lists)")
+    return f"{made_text}, not this davir's lexicon (sha256 {str(wanted)[:12]}…)"
+
+
 def extractor_for(vocabulary: EntityVocabulary, corpus: Iterable[str] | None = None) -> PhraseExtractor:
     """The extractor a vocabulary was built with, so references are chunked the same way."""
     return get_extractor(vocabulary.extractor.get("backend", "auto"), corpus=corpus)

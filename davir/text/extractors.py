@@ -4,16 +4,18 @@ Used by DAVIR's entity prompt construction (methods.md §5.2(d), §5.8: "key nou
 ground-truth captions of the training set"), CHEER's subject entities (§4.8: the first noun phrase)
 and RDD's attribute segments (§3.8: noun and verb segments of a caption).
 
-Three interchangeable back-ends, chosen by `get_extractor(backend="auto")`:
+Three interchangeable back-ends, chosen by `get_extractor(backend=...)`; "auto" is ``wordnet``:
 
-* ``spacy``   — spaCy `en_core_web_sm` `noun_chunks` and the RDD verb Matcher, when both are installed
+* ``wordnet`` — the default, the same on every machine: a rule chunker whose part-of-speech lexicon is the part
+  of WordNet 3.0 shipped with the package (davir/text/data; `davir.text.lexicon`, its sha256 recorded by
+  `describe()` and from there in metrics.json, entity caches and run_info.json). Each open-class word gets its
+  candidate parts of speech from WordNet's lemma lists (via WordNet's own "morphy" lemmatiser) weighted by
+  their SemCor tag counts; a left context rule (after a determiner or preposition a word is nominal, after an
+  auxiliary it is predicative) picks one. `$DAVIR_WORDNET_DIR` (research) reads another WordNet dict folder
+  instead; its sha256 differs unless its content is the same.
+* ``spacy``   — spaCy `en_core_web_sm` `noun_chunks` and the RDD verb Matcher, only when asked for by name
   (imported lazily; the workplace does not ship them).
-* ``wordnet`` — the offline default: a rule chunker whose part-of-speech lexicon is WordNet 3.0 as
-  Debian's `wordnet-base` package installs it (`/usr/share/wordnet`, or `$DAVIR_WORDNET_DIR`). Each
-  open-class word gets its candidate parts of speech from `index.{noun,adj,verb,adv}` (via WordNet's
-  own "morphy" lemmatiser) weighted by their SemCor tag counts (`cntlist.rev`); a left context rule
-  (after a determiner or preposition a word is nominal, after an auxiliary it is predicative) picks one.
-* ``rules``   — no external data at all: a word is nominal if the caption corpus shows it after a
+* ``rules``   — no lexicon at all: a word is nominal if the caption corpus shows it after a
   determiner, verbal if it carries a verb suffix or follows an auxiliary (fitted on the captions given).
 
 Every back-end lower-cases, strips determiners and quantifiers (they are closed-class words and never
@@ -28,12 +30,11 @@ modifiers ("changed to metal" → "metal"), since they name an attribute, not an
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 from typing import Iterable
 
 from davir.errors import DataError
 from davir.text.chunker import chunk_tokens, phrase_text, tag_words, unique, verb_segments
-from davir.text.lexicon import CorpusLexicon, load_wordnet, wordnet_available, wordnet_dir
+from davir.text.lexicon import CorpusLexicon, WordNetLexicon, current_lexicon
 from davir.text.words import CLOSED_CLASS, Token, is_generic, tokenize
 
 BACKENDS = ("auto", "spacy", "wordnet", "rules")
@@ -77,13 +78,11 @@ class PhraseExtractor:
 class WordNetExtractor(PhraseExtractor):
     backend = "wordnet"
 
-    def __init__(self, folder: str | Path | None = None):
-        folder = Path(folder) if folder is not None else wordnet_dir()
-        super().__init__(load_wordnet(str(folder)))
-        self.folder = folder
+    def __init__(self, lexicon: WordNetLexicon | None = None):
+        super().__init__(lexicon if lexicon is not None else current_lexicon())
 
     def describe(self) -> dict:
-        return {"backend": self.backend, "wordnet_dir": str(self.folder)}
+        return {"backend": self.backend, "lexicon": self.lexicon.describe()}
 
 
 class SpacyExtractor(PhraseExtractor):
@@ -139,27 +138,14 @@ class SpacyExtractor(PhraseExtractor):
         return {"backend": self.backend, "model": self.model}
 
 
-def spacy_available(model: str = SPACY_MODEL) -> bool:
-    try:
-        import spacy  # noqa: F401
-        from spacy.util import is_package
-    except ImportError:
-        return False
-    return bool(is_package(model))
-
-
 def get_extractor(backend: str = "auto", *, corpus: Iterable[str] | None = None) -> PhraseExtractor:
-    """The phrase extractor for a back-end name; "auto" takes spaCy, then WordNet, then corpus rules."""
+    """The phrase extractor for a back-end name; "auto" is the shipped WordNet lexicon (spaCy only by name, so
+    that what is installed never changes a result)."""
     if backend not in BACKENDS:
         raise DataError(f"unknown phrase back-end {backend!r}; choose from {', '.join(BACKENDS)}")
-    if backend == "auto":
-        backend = "spacy" if spacy_available() else "wordnet" if wordnet_available() else "rules"
     if backend == "spacy":
         return SpacyExtractor()
-    if backend == "wordnet":
-        if not wordnet_available():
-            raise DataError(f"WordNet is not installed in {wordnet_dir()} (Debian package `wordnet-base`, "
-                            "or set DAVIR_WORDNET_DIR)")
+    if backend in ("auto", "wordnet"):
         return WordNetExtractor()
     return PhraseExtractor(CorpusLexicon(corpus or ()))
 

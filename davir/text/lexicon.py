@@ -1,7 +1,11 @@
-"""Lexicons: a word -> {tag: weight} map of its possible open-class parts of speech (WordNet, or fitted on captions)."""
+"""Lexicons: a word -> {tag: weight} map of its possible open-class parts of speech (WordNet, or fitted on captions).
+
+The WordNet lexicon is shipped with the package, so every machine reads captions the same way (no OS package)."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import os
 from collections import Counter
 from functools import lru_cache
@@ -12,11 +16,22 @@ from davir.errors import DataError
 from davir.text.words import (ADJ, ADVERB, AUX, CAPITAL, DET, NOUN, PREP, PRON, PUNCT, VERB, closed_tag, is_word,
                               tokenize)
 
-DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
+# The lexicon every machine uses: the part of WordNet 3.0 the chunker reads (lemmas, morphy exceptions, SemCor
+# counts), shipped with the package (davir/text/data/README.md; regenerate with `python -m davir.text.build_lexicon`).
+DATA_DIR = Path(__file__).resolve().parent / "data"
+SHIPPED_FILE = DATA_DIR / "wordnet-3.0-lexicon.txt.gz"
+SHIPPED_NAME = "wordnet-3.0"
+# sha256 of the file's text (its gzip bytes may differ with zlib's version; its text may not).
+SHIPPED_SHA256 = "3f16f03abeed4755157f041cec22cf8f14ec44581b2b678e7ab22532b3cdf4a7"
+# Research only: build the lexicon from another WordNet dict folder; its sha256 goes into every record instead.
+OVERRIDE_ENV = "DAVIR_WORDNET_DIR"
+FORMAT_LINE = "# davir lexicon 1: WordNet 3.0 lemmas, morphy exceptions and SemCor counts (see WORDNET_LICENSE)"
+POS = ("n", "v", "a", "r")
 
 
 class WordNetLexicon:
-    """Parts of speech and noun lemmas from WordNet 3.0's database files (Debian `wordnet-base`)."""
+    """Parts of speech and noun lemmas from WordNet 3.0: the shipped word lists (`shipped_lexicon`), or a WordNet
+    dict folder (`from_folder`, what the shipped file is made from)."""
 
     # WordNet's morphy detachment rules (wn `morph.c`).
     _RULES = {
@@ -30,29 +45,45 @@ class WordNetLexicon:
     _FILES = {"n": "noun", "v": "verb", "a": "adj", "r": "adv"}
     _TAGS = {"n": NOUN, "a": ADJ, "v": VERB, "r": ADVERB}
 
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
-        self.index: dict[str, frozenset[str]] = {}
-        self.exceptions: dict[str, dict[str, tuple[str, ...]]] = {}
-        for pos, name in self._FILES.items():
-            path = self.folder / f"index.{name}"
+    def __init__(self, index: dict[str, frozenset[str]], exceptions: dict[str, dict[str, tuple[str, ...]]],
+                 counts: Counter[tuple[str, str]], *, source: str = "shipped"):
+        self.index, self.exceptions, self.counts = index, exceptions, counts
+        self.source = source
+        self.text = canonical_text(index, exceptions, counts)
+        self.sha256 = hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+    def describe(self) -> dict:
+        """What records carry: the lexicon's name, the sha256 of its content, and where it came from."""
+        shipped = self.sha256 == SHIPPED_SHA256
+        return {"name": SHIPPED_NAME if shipped else "wordnet-custom", "sha256": self.sha256, "source": self.source,
+                "shipped": shipped}
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "WordNetLexicon":
+        """Read `index.*`, `*.exc` and `cntlist.rev` of a WordNet 3.0 dict folder (Debian's /usr/share/wordnet)."""
+        folder = Path(folder)
+        index: dict[str, frozenset[str]] = {}
+        exceptions: dict[str, dict[str, tuple[str, ...]]] = {}
+        for pos, name in cls._FILES.items():
+            path = folder / f"index.{name}"
             if not path.is_file():
-                raise DataError(f"WordNet index file is missing: {path} (install Debian's `wordnet-base`)")
+                raise DataError(f"WordNet index file is missing: {path} (a WordNet 3.0 dict folder holds "
+                                "index.noun, index.verb, index.adj, index.adv)")
             with open(path, encoding="utf-8", errors="replace") as handle:
                 # Data lines start with the lemma; the license header lines start with spaces.
-                self.index[pos] = frozenset(line.split(" ", 1)[0] for line in handle if not line.startswith(" "))
-            exceptions: dict[str, tuple[str, ...]] = {}
-            exc_path = self.folder / f"{name}.exc"
+                index[pos] = frozenset(line.split(" ", 1)[0] for line in handle if not line.startswith(" "))
+            found: dict[str, tuple[str, ...]] = {}
+            exc_path = folder / f"{name}.exc"
             if exc_path.is_file():
                 with open(exc_path, encoding="utf-8", errors="replace") as handle:
                     for line in handle:
                         parts = line.split()
                         if len(parts) >= 2:
-                            exceptions[parts[0]] = tuple(parts[1:])
-            self.exceptions[pos] = exceptions
+                            found[parts[0]] = tuple(parts[1:])
+            exceptions[pos] = found
         # SemCor tag counts per (lemma, pos): how often each reading occurs in running text.
-        self.counts: Counter[tuple[str, str]] = Counter()
-        count_path = self.folder / "cntlist.rev"
+        counts: Counter[tuple[str, str]] = Counter()
+        count_path = folder / "cntlist.rev"
         if count_path.is_file():
             ss_type = {"1": "n", "2": "v", "3": "a", "4": "r", "5": "a"}
             with open(count_path, encoding="utf-8", errors="replace") as handle:
@@ -63,7 +94,34 @@ class WordNetLexicon:
                     lemma, rest = parts[0].split("%", 1)
                     pos = ss_type.get(rest[:1])
                     if pos is not None:
-                        self.counts[(lemma, pos)] += int(parts[2])
+                        counts[(lemma, pos)] += int(parts[2])
+        return cls(index, exceptions, counts, source=str(folder))
+
+    @classmethod
+    def from_text(cls, text: str, *, source: str) -> "WordNetLexicon":
+        """Parse `canonical_text`'s format (the shipped file)."""
+        lines = text.split("\n")
+        if not lines or lines[0] != FORMAT_LINE:
+            raise DataError(f"{source}: not a davir lexicon file (its first line is not {FORMAT_LINE!r})")
+        index: dict[str, set[str]] = {pos: set() for pos in POS}
+        exceptions: dict[str, dict[str, tuple[str, ...]]] = {pos: {} for pos in POS}
+        counts: Counter[tuple[str, str]] = Counter()
+        section, pos = None, None
+        for line in lines[1:]:
+            if not line:
+                continue
+            parts = line.split(" ")
+            if parts[0] == "##" and len(parts) == 3 and parts[1] in ("index", "exc") and parts[2] in POS:
+                section, pos = parts[1:]
+            elif section == "index":
+                index[pos].add(parts[0])
+                if len(parts) > 1:
+                    counts[(parts[0], pos)] = int(parts[1])
+            elif section == "exc":
+                exceptions[pos][parts[0]] = tuple(parts[1:])
+            else:
+                raise DataError(f"{source}: a lexicon line outside a section: {line[:60]!r}")
+        return cls({pos: frozenset(words) for pos, words in index.items()}, exceptions, counts, source=source)
 
     def lemmas(self, word: str, pos: str) -> list[str]:
         """WordNet's morphy: the base forms of `word` that exist in the `pos` index (surface form first)."""
@@ -171,15 +229,69 @@ def _plural_to_singular(word: str) -> str:
     return word
 
 
+def canonical_text(index: dict[str, frozenset[str]], exceptions: dict[str, dict[str, tuple[str, ...]]],
+                   counts: Counter[tuple[str, str]]) -> str:
+    """The lexicon as text, one way only: what the chunker can reach of it, sorted; its sha256 names the lexicon.
+
+    A count or an exception base that names no lemma of the index can never be looked up (`lemmas` keeps only
+    index members), so it is left out: the text changes only when the chunker's answers can.
+    """
+    lines = [FORMAT_LINE]
+    for pos in POS:
+        lines.append(f"## index {pos}")
+        for lemma in sorted(index[pos]):
+            count = counts.get((lemma, pos), 0)
+            lines.append(f"{lemma} {count}" if count else lemma)
+        lines.append(f"## exc {pos}")
+        for word in sorted(exceptions[pos]):
+            bases = [base for base in exceptions[pos][word] if base in index[pos]]
+            if bases:
+                lines.append(" ".join([word, *bases]))
+    return "\n".join(lines) + "\n"
+
+
 @lru_cache(maxsize=4)
 def load_wordnet(folder: str) -> WordNetLexicon:
-    return WordNetLexicon(folder)
+    return WordNetLexicon.from_folder(folder)
 
 
-def wordnet_dir() -> Path:
-    return Path(os.environ.get("DAVIR_WORDNET_DIR", DEFAULT_WORDNET_DIR))
+@lru_cache(maxsize=1)
+def shipped_lexicon() -> WordNetLexicon:
+    """The lexicon shipped with davir, checked against its recorded sha256 (a damaged install is refused)."""
+    try:
+        text = gzip.decompress(SHIPPED_FILE.read_bytes()).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as error:
+        raise DataError(f"the shipped lexicon {SHIPPED_FILE} cannot be read ({error}); reinstall davir") from error
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if digest != SHIPPED_SHA256:
+        raise DataError(f"the shipped lexicon {SHIPPED_FILE} has sha256 {digest}, not the {SHIPPED_SHA256} this davir "
+                        "was made with; reinstall davir (or regenerate it: python -m davir.text.build_lexicon)")
+    return WordNetLexicon.from_text(text, source="shipped")
 
 
-def wordnet_available(folder: str | Path | None = None) -> bool:
-    folder = Path(folder) if folder is not None else wordnet_dir()
-    return all((folder / f"index.{name}").is_file() for name in ("noun", "adj", "verb", "adv"))
+def wordnet_override() -> Path | None:
+    """The WordNet folder of $DAVIR_WORDNET_DIR (research), or None: the shipped lexicon."""
+    value = os.environ.get(OVERRIDE_ENV, "").strip()
+    return Path(value) if value else None
+
+
+def current_lexicon() -> WordNetLexicon:
+    """The shipped lexicon, or the one $DAVIR_WORDNET_DIR names (its own sha256 is then recorded)."""
+    folder = wordnet_override()
+    if folder is None:
+        return shipped_lexicon()
+    try:
+        return load_wordnet(str(folder))
+    except DataError as error:
+        raise DataError(f"{OVERRIDE_ENV}={folder}: {error}; unset it to use the lexicon shipped with davir") from error
+
+
+def lexicon_record(*, strict: bool = True) -> dict:
+    """The current lexicon's record (name, sha256, source, shipped) for metrics.json, caches and run records;
+    ``strict=False`` records an unreadable one as {"error": …} (a run that reads no caption need not stop)."""
+    try:
+        return current_lexicon().describe()
+    except DataError as error:
+        if strict:
+            raise
+        return {"error": str(error)}

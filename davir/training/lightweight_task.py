@@ -352,6 +352,7 @@ class LightweightTask:
         return PooledFeatureTable.load(self.features, images, pool=lw.feature_pool)
 
     def _cheer_entities(self, data, train_pairs, val_pairs, top_k: int, source: str) -> EntityField:
+        from davir.preprocessing.profiles import check_cache_profiles
         from davir.text.entity_vocabulary import EntityVocabulary
 
         command = source.format(cmd="entities", split=data.train_split, out=data.entities or "CACHE") + \
@@ -363,6 +364,9 @@ class LightweightTask:
         if not vocab_path.is_file():
             raise DataError(f"{data.entities} has no entity vocabulary ({vocab_path}); run `{command}`")
         check_cache_root(data.entities, data.root, key="data.entities", moved_from=data.moved_from)
+        # Only the lexicon here (expected profile None): entities read with other word lists are another bank.
+        check_cache_profiles(None, entities=data.entities, allow_mismatch=data.allow_profile_mismatch, warn=self.note,
+                             where="this config")
         self.entity_cache = EntityCache(data.entities)
         self.entity_phrases = EntityVocabulary.load(vocab_path).phrases
         self.entity_index = {phrase: i for i, phrase in enumerate(self.entity_phrases)}

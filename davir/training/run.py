@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from davir.io import read_json, write_json_atomic
+from davir.text.lexicon import lexicon_record
 
 PACKAGES = ("torch", "torchvision", "transformers", "peft", "accelerate", "datasets", "numpy",
             "scikit-learn", "opencv-python-headless", "pycocoevalcap", "segment-anything", "open_clip_torch")
@@ -66,6 +67,8 @@ def write_run_info(run_dir: Path, *, seed: int, extra: dict | None = None) -> No
         "platform": platform.platform(),
         "packages": package_versions(),
         "git": git_state(),
+        # the word lists that read its captions and entities (davir.text.lexicon): another one, other prompts
+        "lexicon": lexicon_record(strict=False),
         **(extra or {}),
     })
 
