@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +33,8 @@ def parts(smoke: bool, step_json: Path) -> list[tuple[str, list[str], float]]:
             ("instructblip_step", ["bench/train_step.py", "--family", "instructblip", *tiny, "--batch-size", "4",
                                    "--steps", "2", "--warmup", "1", "--variants",
                                    "davir,plain,reference,davir_fused_adamw", "--busy-cpus", "1", "--profile"], 300),
+            ("instructblip_compiled", ["bench/train_step.py", "--family", "instructblip", *tiny, "--batch-size", "4",
+                                       "--steps", "1", "--warmup", "1", "--variants", "davir,davir_compiled"], 400),
             ("sam", ["bench/preprocess.py", "--pairs", "8", "--work-sizes", "160"], 300),
             ("instructblip_loop", ["bench/train_loop.py", "--preset", "tiny", "--scenes", "30", "--steps", "4",
                                    "--log-every", "2", "--workers", "0", "--step-bench", str(step_json)], 400),
@@ -45,10 +48,12 @@ def parts(smoke: bool, step_json: Path) -> list[tuple[str, list[str], float]]:
         ("instructblip_step", ["bench/train_step.py", "--family", "instructblip", "--batch-size", "16", "--steps", "6",
                                "--warmup", "2", "--variants", "davir,plain,reference,davir_fused_adamw",
                                "--busy-cpus", "12", "--profile"], 130),
+        ("instructblip_compiled", ["bench/train_step.py", "--family", "instructblip", "--batch-size", "16", "--steps",
+                                   "6", "--warmup", "2", "--variants", "davir,davir_compiled", "--busy-cpus", "12"], 150),
         ("sam", ["bench/preprocess.py", "--pairs", "200", "--work-sizes", "320", "--sam-pairs", "200",
                  "--sam-type", "vit_b"], 90),
-        ("instructblip_loop", ["bench/train_loop.py", "--family", "instructblip", "--steps", "40", "--workers", "0,8",
-                               "--step-bench", str(step_json), "--timeout", "100"], 200),
+        ("instructblip_loop", ["bench/train_loop.py", "--family", "instructblip", "--steps", "24", "--log-every", "4",
+                               "--workers", "0,4", "--step-bench", str(step_json), "--timeout", "90"], 200),
         ("instructblip_generate", ["bench/generate.py", "--family", "instructblip", "--pairs", "64",
                                    "--batch-sizes", "64", "--num-beams", "1", "--rows", "merged,static_compiled_merged",
                                    "--compile-batch-sizes", "64", "--repeats", "3"], 150),
@@ -56,6 +61,31 @@ def parts(smoke: bool, step_json: Path) -> list[tuple[str, list[str], float]]:
                            "--batch-sizes", "1,64", "--num-beams", "1", "--rows", "dynamic,merged", "--repeats", "2"],
          150),
     ]
+
+
+def write_atomically(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, path)
+
+
+def run_group(command: list[str], env: dict, err, limit: float) -> tuple[int, str]:
+    """Run ``command`` in its own process group; past ``limit`` seconds the whole group is killed (a part's own
+    children — accelerate's train.py, DataLoader workers — must not hold the GPU into the next part)."""
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+                               start_new_session=True)
+    try:
+        stdout, _ = process.communicate(timeout=limit)
+        return process.returncode, stdout
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)  # train_loop.py then stops the train.py it started in its own group
+        try:
+            stdout, _ = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, _ = process.communicate()
+        return 124, stdout or ""
 
 
 def environment() -> dict:
@@ -89,6 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny settings on any machine: checks the parts run")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     log = args.log or args.out.with_suffix(".log")
     step_json = args.out.with_name("instructblip_step.json")
     report = {"environment": environment(), "deadline_s": args.deadline, "parts": {}}
@@ -100,18 +131,14 @@ def main(argv: list[str] | None = None) -> dict:
         left = args.deadline - (time.monotonic() - started)
         if left < 20:
             report["parts"][name] = {"skipped": f"{left:.0f} s of the deadline left"}
+            write_atomically(args.out, report)
             continue
         limit = min(cap, left)
         part_started = time.monotonic()
         with log.open("a") as err:
             err.write(f"\n=== {name}: {' '.join(command)} (limit {limit:.0f} s)\n")
             err.flush()
-            try:
-                done = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=err, text=True, timeout=limit)
-                code, stdout = done.returncode, done.stdout
-            except subprocess.TimeoutExpired as expired:
-                code, stdout = 124, (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) else ""
+            code, stdout = run_group([sys.executable, *command], env, err, limit)
         entry: dict = {"exit": code, "seconds": round(time.monotonic() - part_started, 1), "limit_s": round(limit)}
         try:
             entry["result"] = json.loads(stdout)
@@ -121,9 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
             step_json.write_text(json.dumps(entry["result"]))
         report["parts"][name] = entry
         report["elapsed_s"] = round(time.monotonic() - started, 1)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=1))
-        os.replace(tmp, args.out)
+        write_atomically(args.out, report)
         print(f"{name}: exit {code}, {entry['seconds']} s", file=sys.stderr, flush=True)
     summary = {name: {"exit": p.get("exit"), "seconds": p.get("seconds")} for name, p in report["parts"].items()}
     print(json.dumps(summary))

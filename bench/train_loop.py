@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,15 +32,29 @@ ROOT = Path(__file__).resolve().parents[1]
 LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b"}
 
 
+RUNNING: list[subprocess.Popen] = []  # the child of the moment, stopped with us on SIGTERM
+
+
+def _stop(signum, frame) -> None:
+    for process in RUNNING:
+        os.killpg(process.pid, signal.SIGKILL)
+    raise SystemExit(128 + signum)
+
+
 def run(command: list[str], log: Path, timeout: float) -> tuple[int, float]:
     started = time.perf_counter()
     with log.open("a") as out:
         out.write("$ " + " ".join(command) + "\n")
         out.flush()
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        RUNNING[:] = [process]
         try:
-            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # the launcher and its train.py together
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
             code = 124
+        RUNNING.clear()
     return code, time.perf_counter() - started
 
 
@@ -110,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--step-bench", type=Path, help="bench/train_step.py's JSON of the same setting")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per train.py run")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
     gpu = torch.cuda.is_available()
     args.preset = args.preset or (LARGE_PRESETS[args.family] if gpu else "tiny")
     args.batch_size = args.batch_size or (16 if gpu else 4)
