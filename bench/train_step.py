@@ -316,11 +316,14 @@ class StepRunner:
             out = dataclasses.make_dataclass("Out", ["loss", "caption_loss", "attn_loss", "fac_pairs", "labels"])(
                 loss, loss, None, 0, torch.empty(0, length))
         else:
+            # the window split stays on through the backward: checkpointing recomputes the ViT blocks there
             with fac_lambda(self.model, self.lambda_attn), split_windows(self.model, self.name == SPLIT_WINDOWS), \
-                    compiled_layers(self.model, self.name == COMPILED), \
-                    torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                out = self.model(**self.kwargs)  # a compiled layer's backward (and recompute) is compiled with it
-        out.loss.backward()
+                    compiled_layers(self.model, self.name == COMPILED):
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                    out = self.model(**self.kwargs)  # a compiled layer's backward (and recompute) is compiled with it
+                out.loss.backward()
+        if self.name == REFERENCE:
+            out.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.parameters, 1.0)
         self.optimizer.step()
         sync(self.device)
