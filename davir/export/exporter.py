@@ -7,7 +7,8 @@ What captioning a new pair needs comes along — the processor, the decoding the
 the change-mask and entity settings of its caches (and the fitted retriever and gate) — and what describes the
 run: its config as trained, its evaluations, a model card. What belongs to the training machine stays: the
 checkpoints, optimizer state, caches' entries, paths. The layout: davir.export.layout; docs/sharing.md.
-The folder is written beside `out` and renamed into place when complete.
+The folder is written beside `out` and renamed into place when complete; `--overwrite` replaces only an
+earlier export (davir.export.target).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from davir.errors import DataError
-from davir.export import layout, preprocessing, weights
+from davir.export import layout, preprocessing, target, weights
 from davir.export.card import model_card
 from davir.io import read_json, write_json_atomic, write_text_atomic
 from davir.runs.files import LIGHTWEIGHT_CONFIG, read_lightweight_info
@@ -50,16 +51,6 @@ def _davir_version() -> str:
         return version("davir")
     except PackageNotFoundError:
         return "unknown"
-
-
-def _prepare_out(out: Path, overwrite: bool) -> Path:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise DataError(f"{out} exists and is not empty: give another --out, or --overwrite to replace it")
-    partial = out.parent / f".{out.name}.partial"
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    return partial
 
 
 def _evaluations(run: RunPaths, partial: Path) -> dict[str, dict]:
@@ -138,7 +129,9 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
     run = RunPaths.of(checkpoint)
     if layout.is_export(run.model_dir):
         raise DataError(f"{checkpoint} is an exported folder already: copy it as it is")
-    partial = _prepare_out(out, options.overwrite)
+    target.check_out(out, [Path(checkpoint), run.model_dir, *([run.run_dir] if run.run_dir else [])],
+                     options.overwrite)
+    partial = target.partial_folder(out)
     try:
         decoding = run_decoding(run.run_dir or run.model_dir)
         base = None
@@ -193,16 +186,15 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
                               **preprocessing.describe(mask_settings, entity_settings)},
         }
         write_json_atomic(partial / layout.EXPORT_FILE, info)
-        files = sorted(str(p.relative_to(partial)) for p in partial.rglob("*") if p.is_file()) + [layout.CARD_FILE]
+        files = [str(p.relative_to(partial)) for p in partial.rglob("*")
+                 if p.is_file() and p.name != target.PARTIAL_MARKER] + [layout.CARD_FILE]
         card = model_card(name=out.name, info=info, run_config=read_training_config(partial), run_info=run.info,
                           evaluations=evaluations, files=sorted(set(files)))
         write_text_atomic(partial / layout.CARD_FILE, card)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    if out.exists():
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    partial.rename(out)
+    target.move_into_place(partial, out)
     return out
 
 

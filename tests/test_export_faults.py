@@ -1,0 +1,136 @@
+"""davir-export as a careless or hostile user drives it (issue 49 items 1, 9, 11, 14, 15; issue 50 §3): `--overwrite`
+never removes the run, the current folder or anything it did not write; bad devices, a full disk, a damaged
+model folder and signals end in one line; the card's front matter is YAML whatever the names; what is shared
+holds no absolute path of the training machine; weight files follow the user's umask."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from davir.cli import export as export_script  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TINY_BLIP = REPO / "assets" / "tiny_instructblip"
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory) -> Path:
+    """A LoRA DAVIR model (extra_trainable parts too) over a copy of the tiny pretrained InstructBLIP, saved."""
+    from davir.models.davir import build_davir_model
+    from davir.models.davir_config import DavirModelConfig
+    from davir.models.epc import EpcConfig
+
+    work = tmp_path_factory.mktemp("saved")
+    base = work / "tiny blip"
+    shutil.copytree(TINY_BLIP, base)
+    config = DavirModelConfig(pretrained=str(base), extra_trainable=("language_projection",),
+                              epc=EpcConfig(use_entities=False))
+    build_davir_model(config).save_pretrained(work / "model")
+    return work / "model"
+
+
+@pytest.fixture
+def run(saved_model, tmp_path) -> Path:
+    """A run folder as training leaves it: config.yaml, run_info.json, best/, last/, checkpoints/, a log."""
+    folder = tmp_path / "work" / "runs" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("run:\n  output_dir: runs/tiny\n")
+    (folder / "run_info.json").write_text(json.dumps({"cwd": str(tmp_path / "work"), "seed": 0,
+                                                      "command": ["train.py", "--config", "configs/demo.yaml"]}))
+    shutil.copytree(saved_model, folder / "best")
+    shutil.copytree(saved_model, folder / "last")
+    (folder / "checkpoints" / "step_2").mkdir(parents=True)
+    (folder / "checkpoints" / "step_2" / "COMPLETE").write_text("{}")
+    (folder / "train_log.jsonl").write_text('{"step": 1}\n')
+    return folder
+
+
+def export(*argv) -> int:
+    return export_script.main([str(a) for a in argv])
+
+
+# ------------------------------------------------------------------------------ item 1: --overwrite loses nothing
+def test_overwrite_onto_the_run_itself_is_refused_and_the_run_kept(run, capsys):
+    before = tree(run)
+    for out in (run, run / "best", run.parent):  # is, lies inside, holds the run
+        assert export("--checkpoint", run, "--out", out, "--overwrite") == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --out ") and "the exported folder" in err and err.count("\n") == 1, err
+    assert tree(run) == before
+
+
+def test_overwrite_onto_the_current_folder_is_refused_and_nothing_deleted(run, tmp_path, monkeypatch, capsys):
+    here = tmp_path / "desk" / "mine"
+    here.mkdir(parents=True)
+    (here / "notes.txt").write_text("my notes")
+    monkeypatch.chdir(here)
+    assert export("--checkpoint", run, "--out", ".", "--overwrite") == 2
+    assert "is the current folder" in capsys.readouterr().err
+    assert tree(here) == {"notes.txt": b"my notes"}
+    monkeypatch.chdir(here)
+    assert export("--checkpoint", run, "--out", "..", "--overwrite") == 2  # holds the current folder
+    assert "holds the current folder" in capsys.readouterr().err
+    assert tree(here) == {"notes.txt": b"my notes"}
+
+
+def test_overwrite_refuses_a_home_or_the_root(run, tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home" / "alice"
+    home.mkdir(parents=True)
+    (home / ".bashrc").write_text("x")
+    monkeypatch.setenv("HOME", str(home))
+    for out in (home, home.parent, Path("/")):
+        assert export("--checkpoint", run, "--out", out, "--overwrite") == 2
+        err = capsys.readouterr().err
+        assert ("your home folder" in err or "the root folder" in err), err
+    assert (home / ".bashrc").read_text() == "x"
+
+
+def test_overwrite_replaces_only_an_earlier_export(run, tmp_path, capsys):
+    foreign = tmp_path / "exports" / "foreign"
+    foreign.mkdir(parents=True)
+    (foreign / "thesis.tex").write_text("years of work")
+    assert export("--checkpoint", run, "--out", foreign, "--overwrite") == 2
+    assert "did not write" in capsys.readouterr().err
+    assert tree(foreign) == {"thesis.tex": b"years of work"}
+    assert not (foreign.parent / ".foreign.partial").exists()
+
+    out = tmp_path / "exports" / "demo"
+    assert export("--checkpoint", run, "--out", out) == 0
+    (out / "stale.txt").write_text("from the first export")
+    assert export("--checkpoint", run, "--out", out) == 2  # no --overwrite
+    assert export("--checkpoint", run, "--out", out, "--overwrite") == 0
+    assert (out / "davir_export.json").is_file() and not (out / "stale.txt").exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["demo", "foreign"]  # nothing set aside is left
+    assert ".davir-export-partial" not in tree(out) and ".davir-export-partial" not in (out / "README.md").read_text()
+
+
+def test_a_stale_partial_folder_not_ours_is_kept(run, tmp_path, capsys):
+    out = tmp_path / "exports" / "demo"
+    partial = tmp_path / "exports" / ".demo.partial"
+    partial.mkdir(parents=True)
+    (partial / "keep.txt").write_text("mine")
+    assert export("--checkpoint", run, "--out", out) == 2
+    assert "was not left by davir-export" in capsys.readouterr().err
+    assert tree(partial) == {"keep.txt": b"mine"} and not out.exists()
+
+
+def test_a_failed_overwrite_keeps_the_earlier_export(run, tmp_path, capsys):
+    out = tmp_path / "exports" / "demo"
+    assert export("--checkpoint", run, "--out", out) == 0
+    before = tree(out)
+    assert export("--checkpoint", run, "--out", out, "--overwrite", "--base-model", tmp_path / "nowhere") == 2
+    assert "--base-model" in capsys.readouterr().err
+    assert tree(out) == before and not (out.parent / ".demo.partial").exists()
