@@ -134,3 +134,35 @@ def test_a_failed_overwrite_keeps_the_earlier_export(run, tmp_path, capsys):
     assert export("--checkpoint", run, "--out", out, "--overwrite", "--base-model", tmp_path / "nowhere") == 2
     assert "--base-model" in capsys.readouterr().err
     assert tree(out) == before and not (out.parent / ".demo.partial").exists()
+
+
+# ------------------------------------------------------------------------------------------- item 15: SIGTERM
+def test_sigterm_stops_with_one_line_and_leaves_no_partial_folder(run, tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "exports" / "merged"
+    partial = out.parent / ".merged.partial"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    stderr = tmp_path / "stderr.txt"
+    with open(stderr, "w") as handle:
+        process = subprocess.Popen([sys.executable, "-m", "davir.export", "--checkpoint", str(run), "--out", str(out),
+                                    "--merge"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=handle)
+    try:
+        deadline = time.monotonic() + 120
+        while not partial.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert process.poll() is None, f"the export ended before the signal: {stderr.read_text()[-2000:]}"
+        process.send_signal(signal.SIGTERM)
+        status = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = stderr.read_text()
+    assert status == 143, text
+    assert "Traceback" not in text
+    assert text.strip().splitlines()[-1] == "stopped by SIGTERM; rerun the same command to start it again"
+    assert not partial.exists() and not out.exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == []
