@@ -166,3 +166,59 @@ def test_sigterm_stops_with_one_line_and_leaves_no_partial_folder(run, tmp_path)
     assert text.strip().splitlines()[-1] == "stopped by SIGTERM; rerun the same command to start it again"
     assert not partial.exists() and not out.exists()
     assert sorted(p.name for p in out.parent.iterdir()) == []
+
+
+# ----------------------------------------------------------------- item 9: --device, a full disk under --merge
+@pytest.mark.parametrize("device, message", [("tpu", "--device tpu: not a device name"),
+                                             ("cuda", "--device cuda: no CUDA GPU on this machine"),
+                                             ("meta", "--device meta: davir-export merges on cpu, cuda or mps")])
+def test_a_device_this_machine_lacks_is_one_line_before_any_work(run, tmp_path, capsys, device, message):
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        device, message = f"cuda:{torch.cuda.device_count()}", "CUDA GPU(s), cuda:0 to"
+    out = tmp_path / "exports" / "merged"
+    assert export("--checkpoint", run, "--out", out, "--merge", "--device", device) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+
+
+def _limited_file_size(limit: int):
+    def apply() -> None:  # in the child: files may not grow past `limit` bytes (EFBIG), as a full disk stops them
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_merge_that_cannot_write_its_weights_is_one_line(run, tmp_path):
+    """A write error inside safetensors (a SafetensorError, not an OSError): the model.safetensors of the merged
+    tiny InstructBLIP (8 MB) may not grow past 1 MB."""
+    import subprocess
+
+    out = tmp_path / "exports" / "merged"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "davir.export", "--checkpoint", str(run), "--out", str(out),
+                             "--merge"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                            preexec_fn=_limited_file_size(1 << 20))  # pipes, not files: stderr is not limited
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and lines[-1].endswith("model.safetensors: file too large"), lines
+    assert list(out.parent.iterdir()) == []  # the partial folder went with it
+
+
+def test_a_full_disk_inside_safetensors_names_the_file_and_the_fix(tmp_path):
+    from safetensors import SafetensorError
+
+    from davir.errors import describe_os_error
+    from davir.export.weights import safetensors_os_error
+
+    path = tmp_path / "model.safetensors"
+    error = safetensors_os_error(SafetensorError("Error while serializing: I/O error: No space left on device "
+                                                 "(os error 28)"), path)
+    assert describe_os_error(error) == f"{path}: no space left on device (free some disk space)"
+    assert safetensors_os_error(SafetensorError("Error while deserializing header: HeaderTooLarge"), path) is None

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
 import torch
 from peft import PeftModel
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from davir.errors import DataError
@@ -95,6 +98,48 @@ def merged_core(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     return core, outside
 
 
+def check_device(device: str) -> torch.device:
+    """The torch device `--device` names, checked before any work: a DataError for a name torch does not know
+    and for a GPU this machine does not have."""
+    try:
+        target = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise DataError(f"--device {device}: not a device name (cpu, cuda, cuda:N, mps)") from None
+    if target.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise DataError(f"--device {device}: no CUDA GPU on this machine (torch.cuda.is_available() is false); "
+                            "use --device cpu")
+        if target.index is not None and target.index >= count:
+            raise DataError(f"--device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    elif target.type == "mps" and not torch.backends.mps.is_available():
+        raise DataError(f"--device {device}: MPS is not available on this machine; use --device cpu")
+    elif target.type not in ("cpu", "cuda", "mps"):
+        raise DataError(f"--device {device}: davir-export merges on cpu, cuda or mps")
+    return target
+
+
+def safetensors_os_error(error: SafetensorError, path: Path) -> OSError | None:
+    """The OSError inside a SafetensorError of a failed write (a full disk: `I/O error: No space left on
+    device (os error 28)`), naming `path`; None when it is not an OS error."""
+    found = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", str(error))
+    if found is None:
+        return None
+    code = int(found.group(1) or found.group(2))
+    return OSError(code, os.strerror(code), str(path))
+
+
+def _saving(path: Path, save) -> None:
+    """Run `save` (a safetensors write to `path`); its OS errors come out as OSErrors naming `path`."""
+    try:
+        save()
+    except SafetensorError as error:
+        os_error = safetensors_os_error(error, path)
+        if os_error is None:
+            raise DataError(f"{path}: could not be written ({error})") from error
+        raise os_error from error
+
+
 def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "cpu") -> list[str]:
     """The model's LoRA merged into the full weights of its family's model (`save_pretrained`); returns the
     files written besides the processor's."""
@@ -103,7 +148,7 @@ def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "c
     model = load_davir_model(model_dir, device=device, pretrained=base).eval()
     core, outside = merged_core(model)
     before = set(p.name for p in out.iterdir())
-    core.save_pretrained(str(out), safe_serialization=True)
+    _saving(out / "model.safetensors", lambda: core.save_pretrained(str(out), safe_serialization=True))
     if outside:
-        save_file(outside, str(out / DAVIR_EXTRA))
+        _saving(out / DAVIR_EXTRA, lambda: save_file(outside, str(out / DAVIR_EXTRA)))
     return sorted(set(p.name for p in out.iterdir()) - before)
