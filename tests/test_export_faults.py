@@ -222,3 +222,25 @@ def test_a_full_disk_inside_safetensors_names_the_file_and_the_fix(tmp_path):
                                                  "(os error 28)"), path)
     assert describe_os_error(error) == f"{path}: no space left on device (free some disk space)"
     assert safetensors_os_error(SafetensorError("Error while deserializing header: HeaderTooLarge"), path) is None
+
+
+# ----------------------------------------------------------------------------- item 11: a damaged model folder
+def test_a_model_folder_missing_its_extra_weights_is_not_exported(run, tmp_path, capsys):
+    (run / "best" / "trainable_extra.safetensors").unlink()
+    for merge in ([], ["--merge"]):
+        out = tmp_path / "exports" / f"x{len(merge)}"
+        assert export("--checkpoint", run, "--out", out, *merge) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"error: {run / 'best' / 'trainable_extra.safetensors'}: missing"), err
+        assert "language_projection" in err and not out.exists()
+
+
+def test_a_davir_config_without_its_lora_key_is_named(run, tmp_path, capsys):
+    path = run / "best" / "davir_config.json"
+    meta = json.loads(path.read_text())
+    del meta["config"]["lora"]
+    path.write_text(json.dumps(meta))
+    for merge in ([], ["--merge"]):
+        assert export("--checkpoint", run, "--out", tmp_path / "exports" / f"y{len(merge)}", *merge) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"error: {path}: config lacks key 'lora'") and "adapter_model" not in err, err

@@ -79,6 +79,7 @@ def _davir_weights(run: RunPaths, partial: Path, options: ExportOptions) -> tupl
     from davir.models.families import get_family
 
     config = read_davir_config(run.model_dir)
+    _check_model_files(run.model_dir, config)
     base_path = None
     if config.pretrained is not None:
         base_path = Path(options.base_model) if options.base_model is not None else run.resolve(
@@ -102,6 +103,22 @@ def _davir_weights(run: RunPaths, partial: Path, options: ExportOptions) -> tupl
     model = {"family": config.family, "model_class": get_family(config.family).model_class.__name__,
              "config": saved, "weights": "merged" if merged else "adapter"}
     return model, base, bool(config.epc.use_entities)
+
+
+def _check_model_files(model_dir: Path, config) -> None:
+    """What captioning the export will need of a LoRA model folder is there, checked before anything is written
+    (the loaders would find it missing only when the export is used)."""
+    if config.train_mode != "lora" or (model_dir / layout.HF_WEIGHTS).is_file():
+        return  # full weights hold every trained part
+    path = model_dir / "davir_config.json"
+    if "lora" not in read_json(path)["config"]:  # the default ranks would not fit the adapter: say which file
+        raise DataError(f"{path}: config lacks key 'lora' (the LoRA ranks and modules of the adapter); the model "
+                        "folder is damaged — save or copy it again")
+    extra = model_dir / layout.EXTRA_WEIGHTS
+    trained = [*config.extra_trainable, *(["segment_embeddings"] if config.segment_embeddings else [])]
+    if trained and not extra.is_file():
+        raise DataError(f"{extra}: missing — {model_dir} trains {trained} in full besides LoRA and keeps them "
+                        f"there; copy the whole model folder again")
 
 
 def _lightweight_weights(run: RunPaths, partial: Path) -> tuple[dict, bool]:
