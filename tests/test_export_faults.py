@@ -244,3 +244,49 @@ def test_a_davir_config_without_its_lora_key_is_named(run, tmp_path, capsys):
         assert export("--checkpoint", run, "--out", tmp_path / "exports" / f"y{len(merge)}", *merge) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err.startswith(f"error: {path}: config lacks key 'lora'") and "adapter_model" not in err, err
+
+
+# ----------------------------------------------------------- item 14: the card's YAML, no paths of this machine
+def front_matter(card: str) -> dict:
+    import yaml
+
+    assert card.startswith("---\n")
+    return yaml.safe_load(card[4:card.index("\n---\n", 4)])
+
+
+def test_card_front_matter_is_yaml_whatever_the_licence_and_base_name(saved_model, tmp_path):
+    base = tmp_path / "tiny: v1"
+    shutil.copytree(saved_model.parent / "tiny blip", base)
+    out = tmp_path / "exports" / "demo"
+    assert export("--checkpoint", saved_model, "--out", out, "--base-model", base,
+                  "--license", "mit\nlibrary_name: evil\ninjected: true") == 0
+    meta = front_matter((out / "README.md").read_text())
+    assert meta["license"] == "mit\nlibrary_name: evil\ninjected: true" and "injected" not in meta
+    assert meta["base_model"] == "tiny: v1" and meta["library_name"] == "peft"
+    assert meta["tags"] == ["davir", "image-change-captioning", "change-captioning", "lora"]
+
+
+def test_an_export_holds_no_absolute_path_of_the_training_machine(run, saved_model, tmp_path):
+    work = tmp_path / "work"
+    (run / "config.yaml").write_text(f"run:\n  output_dir: runs/tiny\ndata:\n  root: {tmp_path / 'data' / 'clevr'}\n")
+    info = json.loads((run / "run_info.json").read_text())
+    info["command"] = [sys.executable, "train.py", f"run.output_dir={work / 'runs' / 'tiny'}"]
+    (run / "run_info.json").write_text(json.dumps(info))
+    (run / "eval" / "test").mkdir(parents=True)
+    (run / "eval" / "test" / "metrics.json").write_text(json.dumps({
+        "rows": {}, "checkpoint": str(run / "best"), "decoding": {"source": {"num_beams": str(run / "config.yaml")}}}))
+    (run / "eval" / "test" / "metrics.md").write_text(f"scored {run / 'best'}\n")
+    out = tmp_path / "exports" / "demo"
+    assert export("--checkpoint", run, "--out", out) == 0
+    leaks = {name: text for name, text in ((n, b.decode("utf-8", "replace")) for n, b in tree(out).items())
+             if str(tmp_path) in text or str(tmp_path.resolve()) in text}
+    assert leaks == {}, {name: [line for line in text.splitlines() if str(tmp_path) in line][:3]
+                         for name, text in leaks.items()}
+    assert json.loads((out / "eval" / "test" / "metrics.json").read_text())["checkpoint"] == "runs/tiny/best"
+    run_info = json.loads((out / "training_run_info.json").read_text())
+    assert "cwd" not in run_info and run_info["command"][-1] == "run.output_dir=runs/tiny"
+    assert "root: clevr" in (out / "training_config.yaml").read_text()
+    # the base is still found from the export where it was, through the relative path recorded
+    base = json.loads((out / "davir_export.json").read_text())["base_model"]
+    assert not Path(base["path_at_export"]).is_absolute()
+    assert (out / base["path_at_export"]).resolve() == (saved_model.parent / "tiny blip").resolve()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shlex
 
+import yaml
+
 METRIC_COLUMNS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
 
 
@@ -29,16 +31,10 @@ def metrics_table(metrics: dict) -> str:
 
 
 def _yaml_header(fields: dict) -> str:
-    lines = ["---"]
-    for key, value in fields.items():
-        if value is None:
-            continue
-        if isinstance(value, list):
-            lines.append(f"{key}:")
-            lines.extend(f"- {item}" for item in value)
-        else:
-            lines.append(f"{key}: {value}")
-    return "\n".join(lines + ["---", ""])
+    """The Hub's metadata block, written by a YAML dumper: a licence with a newline or a base named `tiny: v1`
+    stays one quoted value."""
+    kept = {key: value for key, value in fields.items() if value is not None}
+    return "---\n" + yaml.safe_dump(kept, sort_keys=False, allow_unicode=True, default_flow_style=False) + "---\n"
 
 
 def _settings_lines(settings: dict) -> list[str]:
@@ -130,10 +126,10 @@ def model_card(*, name: str, info: dict, run_config: dict, run_info: dict, evalu
     out += ["", "## Reproduce", ""]
     command = run_info.get("command")
     if command:
-        out += ["The run was trained with (in the folder it records as `cwd`):", "", "```bash",
+        out += ["The run was trained with (in its training folder):", "", "```bash",
                 " ".join(shlex.quote(str(part)) for part in command), "```",
-                "", "`training_config.yaml` is the whole configuration it trained with (its paths as typed on that "
-                "machine); `training_run_info.json` has the seed and the versions of the packages."]
+                "", "`training_config.yaml` is the whole configuration it trained with (paths relative to its "
+                "training folder); `training_run_info.json` has the seed and the versions of the packages."]
     else:
         out.append("`training_config.yaml` is the configuration the run trained with.")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from davir.errors import DataError
-from davir.export import layout, preprocessing, target, weights
+from davir.export import layout, preprocessing, shareable, target, weights
 from davir.export.card import model_card
 from davir.io import read_json, write_json_atomic, write_text_atomic
 from davir.runs.files import LIGHTWEIGHT_CONFIG, read_lightweight_info
@@ -53,27 +53,29 @@ def _davir_version() -> str:
         return "unknown"
 
 
-def _evaluations(run: RunPaths, partial: Path) -> dict[str, dict]:
-    """The run's eval/*/metrics.json, copied (with metrics.md) into the export; {folder name: metrics}."""
+def _evaluations(run: RunPaths, partial: Path, bases) -> dict[str, dict]:
+    """The run's eval/*/metrics.json, copied (with metrics.md) into the export without the training machine's
+    absolute paths; {folder name: metrics}."""
     found: dict[str, dict] = {}
     if run.run_dir is None:
         return found
     for path in sorted((run.run_dir / "eval").glob("*/metrics.json")):
         try:
-            metrics = read_json(path)
+            metrics = shareable.scrub(read_json(path), bases)
         except DataError as error:
             print(f"note: {path} not exported: {error}", file=sys.stderr)
             continue
         target = partial / layout.METRICS_DIR / path.parent.name
         target.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target / "metrics.json")
+        write_json_atomic(target / "metrics.json", metrics)
         if (path.parent / "metrics.md").is_file():
-            shutil.copy2(path.parent / "metrics.md", target / "metrics.md")
+            write_text_atomic(target / "metrics.md",
+                              shareable.scrub_text((path.parent / "metrics.md").read_text(encoding="utf-8"), bases))
         found[path.parent.name] = metrics
     return found
 
 
-def _davir_weights(run: RunPaths, partial: Path, options: ExportOptions) -> tuple[dict, dict | None, bool]:
+def _davir_weights(run: RunPaths, partial: Path, out: Path, options: ExportOptions) -> tuple[dict, dict | None, bool]:
     """The DAVIR model's files; returns (the card's model description, base model record, uses entities)."""
     from davir.models.davir_checkpoint import read_davir_config
     from davir.models.families import get_family
@@ -86,7 +88,7 @@ def _davir_weights(run: RunPaths, partial: Path, options: ExportOptions) -> tupl
             config.pretrained, what="base model folder (model.pretrained)", flag="--base-model")
         if not base_path.is_dir():
             raise DataError(f"--base-model {base_path}: no such folder")
-    base = weights.describe_base(base_path, options.base_model_name) if base_path is not None else None
+    base = weights.describe_base(base_path, options.base_model_name, out) if base_path is not None else None
     has_adapter = (config.train_mode == "lora" and base is not None
                    and (run.model_dir / "adapter" / layout.ADAPTER_WEIGHTS).is_file()
                    and not (run.model_dir / "model.safetensors").is_file())
@@ -158,7 +160,7 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
                 print("note: a lightweight model has no adapter; --merge changes nothing", file=sys.stderr)
             model, uses_entities = _lightweight_weights(run, partial)
         else:
-            model, base, uses_entities = _davir_weights(run, partial, options)
+            model, base, uses_entities = _davir_weights(run, partial, out, options)
         mask_settings = entity_settings = None
         masks_dir = entities_dir = None
         if not run.lightweight:  # DAVIR's entities rank masked regions (and caption.py's report shows the masks)
@@ -172,7 +174,8 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
                                                           what="entity cache (data.entities)", flag="--entities-from")
             if source is None:
                 raise DataError(f"{run.model_dir} was trained with entities: pass --entities-from CACHE")
-            entity_settings = preprocessing.export_entity_source(Path(source), partial / layout.ENTITIES_DIR)
+            entity_settings = preprocessing.export_entity_source(Path(source), partial / layout.ENTITIES_DIR,
+                                                                 shareable.training_bases(run.info, run.run_dir))
             entities_dir = layout.ENTITIES_DIR
         data = run.data
         method = run.config.get("method") or (model["method"] if run.lightweight else "davir")
@@ -185,18 +188,22 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
         write_text_atomic(partial / layout.RUN_CONFIG,
                           "# What captioning reads (davir.runs.paths); the run's whole config: training_config.yaml\n"
                           + yaml.safe_dump(captioning, sort_keys=False))
+        bases = shareable.training_bases(run.info, run.run_dir)
+        run_info = shareable.scrub(run.info, bases)
         if run.run_dir is not None:
-            shutil.copy2(run.run_dir / "config.yaml", partial / "training_config.yaml")
+            write_text_atomic(partial / "training_config.yaml",
+                              "# The run's config as it trained; absolute paths made relative to its training folder\n"
+                              + yaml.safe_dump(shareable.scrub(run.config, bases), sort_keys=False))
             if run.info:
-                write_json_atomic(partial / "training_run_info.json", run.info)
-        evaluations = _evaluations(run, partial)
+                write_json_atomic(partial / "training_run_info.json", run_info)
+        evaluations = _evaluations(run, partial, bases)
         selection = read_json(run.model_dir / "selection.json") if (run.model_dir / "selection.json").is_file() else {}
         info = {
             "format": layout.FORMAT, "format_version": layout.FORMAT_VERSION,
             "weights": model["weights"], "base_model": base, "license": options.license,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "davir_version": _davir_version(),
             "source": {"run_name": run.run_dir.name if run.run_dir else run.model_dir.name,
-                       "run": str(run.run_dir) if run.run_dir else None, "model_folder": run.model_dir.name,
+                       "model_folder": run.model_dir.name,
                        "step": selection.get("step")},
             "model": model,
             "decoding": {"num_beams": decoding["num_beams"], "max_new_tokens": decoding["max_new_tokens"]},
@@ -206,7 +213,7 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
         write_json_atomic(partial / layout.EXPORT_FILE, info)
         files = [str(p.relative_to(partial)) for p in partial.rglob("*")
                  if p.is_file() and p.name != target.PARTIAL_MARKER] + [layout.CARD_FILE]
-        card = model_card(name=out.name, info=info, run_config=read_training_config(partial), run_info=run.info,
+        card = model_card(name=out.name, info=info, run_config=read_training_config(partial), run_info=run_info,
                           evaluations=evaluations, files=sorted(set(files)))
         write_text_atomic(partial / layout.CARD_FILE, card)
     except BaseException:

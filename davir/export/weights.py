@@ -42,11 +42,13 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def describe_base(path: Path, name: str | None) -> dict:
-    """What an export records of its base model folder: a name, its path here, model type, weight files' hashes."""
+def describe_base(path: Path, name: str | None, out: Path) -> dict:
+    """What an export records of its base model folder: a name, its path relative to the export `out` (no
+    absolute path of this machine), model type, weight files' hashes."""
     files = sorted({*(p for p in path.glob("*.safetensors")), *(path / n for n in BASE_FILES if (path / n).is_file())})
     config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
-    return {"name": name or path.name, "path_at_export": str(path.resolve()), "model_type": config.get("model_type"),
+    where = os.path.relpath(path.resolve(), Path(out).resolve())
+    return {"name": name or path.name, "path_at_export": where, "model_type": config.get("model_type"),
             "files": {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files}}
 
 
