@@ -290,3 +290,23 @@ def test_an_export_holds_no_absolute_path_of_the_training_machine(run, saved_mod
     base = json.loads((out / "davir_export.json").read_text())["base_model"]
     assert not Path(base["path_at_export"]).is_absolute()
     assert (out / base["path_at_export"]).resolve() == (saved_model.parent / "tiny blip").resolve()
+
+
+# ------------------------------------------------------------ issue 50 §3: weight files follow the user's umask
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_saved_and_exported_weights_follow_the_umask(saved_model, tmp_path, umask, mode):
+    from davir.models.davir import load_davir_model
+
+    previous = os.umask(umask)
+    try:
+        model = load_davir_model(saved_model, device="cpu")
+        model.save_pretrained(tmp_path / "model")  # what train.py writes as best/ and last/
+        for merge in ([], ["--merge"]):
+            assert export("--checkpoint", tmp_path / "model", "--out", tmp_path / f"export{len(merge)}", *merge) == 0
+    finally:
+        os.umask(previous)
+    for folder in ("model", "export0", "export1"):
+        modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
+                 for p in (tmp_path / folder).rglob("*") if p.is_file()}
+        assert any(name.endswith(".safetensors") for name in modes)
+        assert {name: m for name, m in modes.items() if m != oct(mode)} == {}

@@ -25,7 +25,7 @@ import yaml
 from davir.errors import DataError
 from davir.export import layout, preprocessing, shareable, target, weights
 from davir.export.card import model_card
-from davir.io import read_json, write_json_atomic, write_text_atomic
+from davir.io import follow_umask, read_json, write_json_atomic, write_text_atomic
 from davir.runs.files import LIGHTWEIGHT_CONFIG, read_lightweight_info
 from davir.runs.paths import RunPaths, run_decoding
 
@@ -216,6 +216,7 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
         card = model_card(name=out.name, info=info, run_config=read_training_config(partial), run_info=run_info,
                           evaluations=evaluations, files=sorted(set(files)))
         write_text_atomic(partial / layout.CARD_FILE, card)
+        follow_umask(partial)  # merged weights (safetensors: 0600) and files copied from older runs
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
