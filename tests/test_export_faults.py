@@ -310,3 +310,63 @@ def test_saved_and_exported_weights_follow_the_umask(saved_model, tmp_path, umas
                  for p in (tmp_path / folder).rglob("*") if p.is_file()}
         assert any(name.endswith(".safetensors") for name in modes)
         assert {name: m for name, m in modes.items() if m != oct(mode)} == {}
+
+
+# ------------------------------------------------- issue 50 §3: the card's plain-transformers lines give davir's
+CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm")
+
+
+@pytest.mark.parametrize("family", CHAT_FAMILIES)
+def test_merged_export_captions_with_plain_transformers_as_davir_does(family, tmp_path, monkeypatch):
+    """The tokenizer a run saves keeps training's caption cut (truncation at 47 tokens): in the export it cut the
+    prompt, image placeholders included (a token-count error, or other captions). The card's snippet, run as
+    written on the merged folder, must give the captions davir gives for the same pictures."""
+    import re
+
+    import torch
+    from PIL import Image
+
+    from davir.export.loading import load_exported_model
+    from davir.models.davir import build_davir_model
+    from davir.models.davir_config import DavirModelConfig
+    from davir.models.epc import EpcConfig
+    from davir.models.families import get_family
+    from family_fixtures import write_chat_folder
+
+    fam = get_family(family)
+    texts = ["the small red cube moved", "there is no change", "the large blue sphere turned green",
+             EpcConfig().prompt, EpcConfig().entity_prefix]
+    base = write_chat_folder(family, tmp_path / "base", texts)
+    model = build_davir_model(DavirModelConfig(family=family, pretrained=str(base), image_size=64,
+                                               extra_trainable=tuple(fam.trainable_parts)[:1],
+                                               epc=EpcConfig(use_entities=False))).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    model._caption_ids(["the small red cube moved " * 20])  # a training batch leaves the tokenizer cutting at 47
+    model.save_pretrained(tmp_path / "model")
+    folder = tmp_path / "merged"
+    assert export("--checkpoint", tmp_path / "model", "--out", folder, "--merge") == 0
+    assert json.loads((folder / "tokenizer.json").read_text()).get("truncation") is None
+
+    card = (folder / "README.md").read_text()
+    snippet = re.search(r"With plain transformers.*?```python\n(.*?)```", card, re.S).group(1)
+    snippet = snippet.replace("THIS_FOLDER", str(folder))
+    loaded = load_exported_model(folder, device="cpu")
+    decoding = json.loads((folder / "davir_export.json").read_text())["decoding"]
+    monkeypatch.chdir(tmp_path)
+    for seed in range(3):
+        shapes = ((40 + 8 * seed, 56), (56, 48 + 4 * seed))  # not square, not S: the snippet resizes them
+        pictures = [Image.fromarray(torch.randint(0, 256, (*shape, 3), dtype=torch.uint8,
+                                                  generator=torch.Generator().manual_seed(10 * seed + i)).numpy())
+                    for i, shape in enumerate(shapes)]
+        pictures[0].save(tmp_path / "before.png")
+        pictures[1].save(tmp_path / "after.png")
+        pixels = loaded.image_processor([Image.open(tmp_path / "before.png"), Image.open(tmp_path / "after.png")])
+        with torch.no_grad():
+            want = loaded.generate(pixels[0:1], pixels[1:2], loaded.build_prompts(None, batch_size=1), **decoding)
+        scope: dict = {}
+        exec(compile(snippet, "README.md", "exec"), scope)  # noqa: S102 (the card's own lines)
+        assert [scope["caption"]] == want, (seed, scope["caption"], want)

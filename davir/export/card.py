@@ -41,6 +41,35 @@ def _settings_lines(settings: dict) -> list[str]:
     return [f"- {key}: `{value}`" for key, value in settings.items() if value not in (None, {}, [])]
 
 
+def plain_transformers_snippet(model: dict, decoding: dict) -> list[str]:
+    """Lines of the card: caption one pair with plain transformers as davir does (tests/test_export_faults.py
+    runs them for every chat family): S×S pictures, davir's prompt in one user turn, davir's decoding."""
+    config = model.get("config") or {}
+    epc = config.get("epc") or {}
+    prompt = str(epc.get("prompt", "")).strip()
+    cls = model["model_class"]
+    return [
+        "With plain transformers (no davir), a pair is captioned as davir captions it by these lines:", "",
+        "```python", "from PIL import Image", f"from transformers import AutoProcessor, {cls}", "",
+        f"model = {cls}.from_pretrained(\"THIS_FOLDER\").eval()",
+        "processor = AutoProcessor.from_pretrained(\"THIS_FOLDER\")",
+        f"S = {model['image_size']}  # davir resizes every picture to S×S (bicubic) before the processor",
+        "pictures = [Image.open(p).convert(\"RGB\").resize((S, S), Image.Resampling.BICUBIC)",
+        "            for p in (\"before.png\", \"after.png\")]",
+        f"prompt = {prompt!r}" + (f"  # EPC: + ' {epc.get('entity_prefix')} <entity>.' (preprocessing/entities)"
+                                  if epc.get("use_entities") else ""),
+        "turn = [{\"role\": \"user\", \"content\": [{\"type\": \"image\"}, {\"type\": \"image\"}, "
+        "{\"type\": \"text\", \"text\": prompt}]}]",
+        "text = processor.apply_chat_template(turn, add_generation_prompt=True)",
+        "inputs = processor(text=[text], images=[pictures], return_tensors=\"pt\")  # one turn, two pictures",
+        f"ids = model.generate(**inputs, do_sample=False, num_beams={decoding.get('num_beams', 1)}, "
+        f"max_new_tokens={decoding.get('max_new_tokens', 30)},",
+        f"                     eos_token_id=processor.tokenizer.convert_tokens_to_ids({model['end_of_turn']!r}))",
+        "caption = processor.batch_decode(ids[:, inputs[\"input_ids\"].shape[1]:], "
+        "skip_special_tokens=True)[0].strip()",
+        "```", ""]
+
+
 def model_card(*, name: str, info: dict, run_config: dict, run_info: dict, evaluations: dict[str, dict],
                files: list[str]) -> str:
     """The README.md text. `info`: davir_export.json; `evaluations`: {eval folder name: metrics.json}."""
@@ -97,6 +126,8 @@ def model_card(*, name: str, info: dict, run_config: dict, run_info: dict, evalu
         out.append(f"The folder is also a plain `{model.get('model_class')}` + processor folder "
                    "(`from_pretrained(THIS_FOLDER)`), the form vLLM and SGLang serve; davir's two-image prompt "
                    "(Eq. 10) and decoding are in `davir_config.json` and `config.yaml` (davir's docs/sharing.md).")
+    if weights == "merged" and model.get("end_of_turn") and model.get("image_size"):
+        out += [""] + plain_transformers_snippet(model, info.get("decoding") or {})
     out.append("Change masks and entities of new pairs are computed with the settings in `preprocessing/` "
                "(the caches the model was trained on, without their entries).")
 

@@ -97,13 +97,16 @@ def _davir_weights(run: RunPaths, partial: Path, out: Path, options: ExportOptio
         print(f"note: {run.model_dir} is written with its full weights ({why})", file=sys.stderr)
     merged = options.merge or not has_adapter
     weights.copy_processor(run.model_dir, partial)
+    image_size = None
     if merged:
-        weights.write_merged(run.model_dir, partial, base_path, device=options.device)
+        image_size = weights.write_merged(run.model_dir, partial, base_path, device=options.device)
     else:
         weights.write_adapter(run.model_dir, partial, base["name"])
     saved = weights.write_davir_config(run.model_dir, partial, base["name"] if base else None)
-    model = {"family": config.family, "model_class": get_family(config.family).model_class.__name__,
-             "config": saved, "weights": "merged" if merged else "adapter"}
+    family = get_family(config.family)
+    model = {"family": config.family, "model_class": family.model_class.__name__,
+             "config": saved, "weights": "merged" if merged else "adapter", "image_size": image_size,
+             "end_of_turn": getattr(family, "end_of_turn", None)}
     return model, base, bool(config.epc.use_entities)
 
 

@@ -66,6 +66,18 @@ def copy_processor(model_dir: Path, out: Path) -> None:
     if not source.is_dir():
         raise DataError(f"{model_dir}: missing processor/ (tokenizers and image processor)")
     shutil.copytree(source, out, dirs_exist_ok=True)
+    for path in out.rglob("tokenizer.json"):
+        clear_call_settings(path)
+
+
+def clear_call_settings(path: Path) -> None:
+    """A fast tokenizer saves the truncation and padding of its last call (training's caption cut: 47 tokens);
+    loaded elsewhere they would cut every prompt, image placeholders included. The export's are none, as
+    davir's own prompts are (it cuts the prompt's text itself)."""
+    saved = read_json(path)
+    if isinstance(saved, dict) and (saved.get("truncation") is not None or saved.get("padding") is not None):
+        saved["truncation"], saved["padding"] = None, None
+        path.write_text(json.dumps(saved, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
 def write_adapter(model_dir: Path, out: Path, base_name: str) -> list[str]:
@@ -142,15 +154,32 @@ def _saving(path: Path, save) -> None:
         raise os_error from error
 
 
-def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "cpu") -> list[str]:
+def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "cpu") -> int:
     """The model's LoRA merged into the full weights of its family's model (`save_pretrained`); returns the
-    files written besides the processor's."""
+    picture size S×S the model takes."""
     from davir.models.davir import load_davir_model
 
     model = load_davir_model(model_dir, device=device, pretrained=base).eval()
     core, outside = merged_core(model)
-    before = set(p.name for p in out.iterdir())
     _saving(out / "model.safetensors", lambda: core.save_pretrained(str(out), safe_serialization=True))
     if outside:
         _saving(out / DAVIR_EXTRA, lambda: save_file(outside, str(out / DAVIR_EXTRA)))
-    return sorted(set(p.name for p in out.iterdir()) - before)
+    if model.config.family != "instructblip":
+        write_image_settings(out, model)
+    return int(model.image_size)
+
+
+def write_image_settings(out: Path, model) -> None:
+    """The image processor's settings davir captions with (one S×S picture, no tiles) in the saved
+    processor_config.json, so a plain `AutoProcessor` given S×S pictures makes davir's image tokens."""
+    path = out / "processor_config.json"
+    if not path.is_file():
+        return
+    saved = read_json(path)
+    settings = saved.get("image_processor") if isinstance(saved, dict) else None
+    if not isinstance(settings, dict):
+        return
+    settings.update(model.family.image_kwargs)
+    if model.config.family == "smolvlm":  # as SmolVLM's process_images calls it: the picture is one S-px tile
+        settings["size"] = settings["max_image_size"] = {"longest_edge": model.image_size}
+    write_json_atomic(path, saved)
