@@ -35,6 +35,32 @@ def name_os_error(error: OSError, path: Path) -> OSError:
     return error
 
 
+def current_umask() -> int:
+    """The process's umask (read from /proc where it can be: setting it to read it is not thread-safe)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: Path) -> None:
+    """Give `path` (a file, or every file under a folder) the mode a plain `open` gives, where it has 0600.
+
+    safetensors (0.8) writes through a temporary file created 0600, so weights saved by it, by
+    `save_pretrained` or by `accelerator.save_state` could be read by their owner only, whatever the umask:
+    a model made to be shared would not be readable by the other users of a machine."""
+    path = Path(path)
+    mode = 0o666 & ~current_umask()
+    for file in ([path] if path.is_file() else path.rglob("*") if path.is_dir() else []):
+        if not file.is_symlink() and file.is_file() and file.stat().st_mode & 0o777 == 0o600 and mode != 0o600:
+            os.chmod(file, mode)
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path, *, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path to write `path` through; renamed onto `path` when the block succeeds, removed when
@@ -44,6 +70,7 @@ def atomic_path(path: Path, *, suffix: str = ".tmp") -> Iterator[Path]:
     tmp = temporary_path(path, suffix)
     try:
         yield tmp
+        follow_umask(tmp)  # a safetensors write made it 0600
         os.replace(tmp, path)
     except BaseException as error:
         with contextlib.suppress(OSError):

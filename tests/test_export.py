@@ -122,6 +122,18 @@ def test_adapter_export_is_the_hf_layout_and_carries_the_card(exported):
     assert "upload_folder" in card
 
 
+def test_exports_hold_no_absolute_path_of_the_training_machine(exported, davir_run):
+    """Issue 49 item 14: davir_export.json, training_run_info.json, eval/*/metrics.json, the preprocessing
+    manifests and the card name no folder of the machine that trained (the run's folder, its data root)."""
+    machine = {str(davir_run["work"]), str(davir_run["work"].resolve()), str(davir_run["root"])}
+    for name in ("adapter", "merged"):
+        folder = exported["elsewhere"] / name
+        for path in folder.rglob("*"):
+            if path.is_file() and path.suffix in (".json", ".yaml", ".md", ".jsonl"):
+                text = path.read_text(encoding="utf-8")
+                assert not [m for m in machine if m in text], (path, [m for m in machine if m in text])
+
+
 def test_adapter_export_captions_as_the_run_with_the_base_given(exported, tmp_path):
     folder, base = exported["elsewhere"] / "adapter", exported["away"] / "tiny_instructblip"
     got = captions(folder, exported["pairs"], tmp_path / "a.jsonl", "--base-model", base)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from davir.errors import DataError, describe_os_error
+from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@stop_on_signals(rerun=START_AGAIN)  # the partial folder goes with the stop: the rerun starts afresh
 def main(argv: list[str] | None = None) -> int:
     from davir.export.exporter import ExportOptions, export_run, summary
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shlex
 
+import yaml
+
 METRIC_COLUMNS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
 
 
@@ -29,20 +31,43 @@ def metrics_table(metrics: dict) -> str:
 
 
 def _yaml_header(fields: dict) -> str:
-    lines = ["---"]
-    for key, value in fields.items():
-        if value is None:
-            continue
-        if isinstance(value, list):
-            lines.append(f"{key}:")
-            lines.extend(f"- {item}" for item in value)
-        else:
-            lines.append(f"{key}: {value}")
-    return "\n".join(lines + ["---", ""])
+    """The Hub's metadata block, written by a YAML dumper: a licence with a newline or a base named `tiny: v1`
+    stays one quoted value."""
+    kept = {key: value for key, value in fields.items() if value is not None}
+    return "---\n" + yaml.safe_dump(kept, sort_keys=False, allow_unicode=True, default_flow_style=False) + "---\n"
 
 
 def _settings_lines(settings: dict) -> list[str]:
     return [f"- {key}: `{value}`" for key, value in settings.items() if value not in (None, {}, [])]
+
+
+def plain_transformers_snippet(model: dict, decoding: dict) -> list[str]:
+    """Lines of the card: caption one pair with plain transformers as davir does (tests/test_export_faults.py
+    runs them for every chat family): S×S pictures, davir's prompt in one user turn, davir's decoding."""
+    config = model.get("config") or {}
+    epc = config.get("epc") or {}
+    prompt = str(epc.get("prompt", "")).strip()
+    cls = model["model_class"]
+    return [
+        "With plain transformers (no davir), a pair is captioned as davir captions it by these lines:", "",
+        "```python", "from PIL import Image", f"from transformers import AutoProcessor, {cls}", "",
+        f"model = {cls}.from_pretrained(\"THIS_FOLDER\").eval()",
+        "processor = AutoProcessor.from_pretrained(\"THIS_FOLDER\")",
+        f"S = {model['image_size']}  # davir resizes every picture to S×S (bicubic) before the processor",
+        "pictures = [Image.open(p).convert(\"RGB\").resize((S, S), Image.Resampling.BICUBIC)",
+        "            for p in (\"before.png\", \"after.png\")]",
+        f"prompt = {prompt!r}" + (f"  # EPC: + ' {epc.get('entity_prefix')} <entity>.' (preprocessing/entities)"
+                                  if epc.get("use_entities") else ""),
+        "turn = [{\"role\": \"user\", \"content\": [{\"type\": \"image\"}, {\"type\": \"image\"}, "
+        "{\"type\": \"text\", \"text\": prompt}]}]",
+        "text = processor.apply_chat_template(turn, add_generation_prompt=True)",
+        "inputs = processor(text=[text], images=[pictures], return_tensors=\"pt\")  # one turn, two pictures",
+        f"ids = model.generate(**inputs, do_sample=False, num_beams={decoding.get('num_beams', 1)}, "
+        f"max_new_tokens={decoding.get('max_new_tokens', 30)},",
+        f"                     eos_token_id=processor.tokenizer.convert_tokens_to_ids({model['end_of_turn']!r}))",
+        "caption = processor.batch_decode(ids[:, inputs[\"input_ids\"].shape[1]:], "
+        "skip_special_tokens=True)[0].strip()",
+        "```", ""]
 
 
 def model_card(*, name: str, info: dict, run_config: dict, run_info: dict, evaluations: dict[str, dict],
@@ -101,6 +126,8 @@ def model_card(*, name: str, info: dict, run_config: dict, run_info: dict, evalu
         out.append(f"The folder is also a plain `{model.get('model_class')}` + processor folder "
                    "(`from_pretrained(THIS_FOLDER)`), the form vLLM and SGLang serve; davir's two-image prompt "
                    "(Eq. 10) and decoding are in `davir_config.json` and `config.yaml` (davir's docs/sharing.md).")
+    if weights == "merged" and model.get("end_of_turn") and model.get("image_size"):
+        out += [""] + plain_transformers_snippet(model, info.get("decoding") or {})
     out.append("Change masks and entities of new pairs are computed with the settings in `preprocessing/` "
                "(the caches the model was trained on, without their entries).")
 
@@ -130,10 +157,10 @@ def model_card(*, name: str, info: dict, run_config: dict, run_info: dict, evalu
     out += ["", "## Reproduce", ""]
     command = run_info.get("command")
     if command:
-        out += ["The run was trained with (in the folder it records as `cwd`):", "", "```bash",
+        out += ["The run was trained with (in its training folder):", "", "```bash",
                 " ".join(shlex.quote(str(part)) for part in command), "```",
-                "", "`training_config.yaml` is the whole configuration it trained with (its paths as typed on that "
-                "machine); `training_run_info.json` has the seed and the versions of the packages."]
+                "", "`training_config.yaml` is the whole configuration it trained with (paths relative to its "
+                "training folder); `training_run_info.json` has the seed and the versions of the packages."]
     else:
         out.append("`training_config.yaml` is the configuration the run trained with.")
 

@@ -7,7 +7,8 @@ What captioning a new pair needs comes along — the processor, the decoding the
 the change-mask and entity settings of its caches (and the fitted retriever and gate) — and what describes the
 run: its config as trained, its evaluations, a model card. What belongs to the training machine stays: the
 checkpoints, optimizer state, caches' entries, paths. The layout: davir.export.layout; docs/sharing.md.
-The folder is written beside `out` and renamed into place when complete.
+The folder is written beside `out` and renamed into place when complete; `--overwrite` replaces only an
+earlier export (davir.export.target).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from pathlib import Path
 import yaml
 
 from davir.errors import DataError
-from davir.export import layout, preprocessing, weights
+from davir.export import layout, preprocessing, shareable, target, weights
 from davir.export.card import model_card
-from davir.io import read_json, write_json_atomic, write_text_atomic
+from davir.io import follow_umask, read_json, write_json_atomic, write_text_atomic
 from davir.runs.files import LIGHTWEIGHT_CONFIG, read_lightweight_info
 from davir.runs.paths import RunPaths, run_decoding
 
@@ -52,49 +53,42 @@ def _davir_version() -> str:
         return "unknown"
 
 
-def _prepare_out(out: Path, overwrite: bool) -> Path:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise DataError(f"{out} exists and is not empty: give another --out, or --overwrite to replace it")
-    partial = out.parent / f".{out.name}.partial"
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    return partial
-
-
-def _evaluations(run: RunPaths, partial: Path) -> dict[str, dict]:
-    """The run's eval/*/metrics.json, copied (with metrics.md) into the export; {folder name: metrics}."""
+def _evaluations(run: RunPaths, partial: Path, bases) -> dict[str, dict]:
+    """The run's eval/*/metrics.json, copied (with metrics.md) into the export without the training machine's
+    absolute paths; {folder name: metrics}."""
     found: dict[str, dict] = {}
     if run.run_dir is None:
         return found
     for path in sorted((run.run_dir / "eval").glob("*/metrics.json")):
         try:
-            metrics = read_json(path)
+            metrics = shareable.scrub(read_json(path), bases)
         except DataError as error:
             print(f"note: {path} not exported: {error}", file=sys.stderr)
             continue
         target = partial / layout.METRICS_DIR / path.parent.name
         target.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target / "metrics.json")
+        write_json_atomic(target / "metrics.json", metrics)
         if (path.parent / "metrics.md").is_file():
-            shutil.copy2(path.parent / "metrics.md", target / "metrics.md")
+            write_text_atomic(target / "metrics.md",
+                              shareable.scrub_text((path.parent / "metrics.md").read_text(encoding="utf-8"), bases))
         found[path.parent.name] = metrics
     return found
 
 
-def _davir_weights(run: RunPaths, partial: Path, options: ExportOptions) -> tuple[dict, dict | None, bool]:
+def _davir_weights(run: RunPaths, partial: Path, out: Path, options: ExportOptions) -> tuple[dict, dict | None, bool]:
     """The DAVIR model's files; returns (the card's model description, base model record, uses entities)."""
     from davir.models.davir_checkpoint import read_davir_config
     from davir.models.families import get_family
 
     config = read_davir_config(run.model_dir)
+    _check_model_files(run.model_dir, config)
     base_path = None
     if config.pretrained is not None:
         base_path = Path(options.base_model) if options.base_model is not None else run.resolve(
             config.pretrained, what="base model folder (model.pretrained)", flag="--base-model")
         if not base_path.is_dir():
             raise DataError(f"--base-model {base_path}: no such folder")
-    base = weights.describe_base(base_path, options.base_model_name) if base_path is not None else None
+    base = weights.describe_base(base_path, options.base_model_name, out) if base_path is not None else None
     has_adapter = (config.train_mode == "lora" and base is not None
                    and (run.model_dir / "adapter" / layout.ADAPTER_WEIGHTS).is_file()
                    and not (run.model_dir / "model.safetensors").is_file())
@@ -103,14 +97,33 @@ def _davir_weights(run: RunPaths, partial: Path, options: ExportOptions) -> tupl
         print(f"note: {run.model_dir} is written with its full weights ({why})", file=sys.stderr)
     merged = options.merge or not has_adapter
     weights.copy_processor(run.model_dir, partial)
+    image_size = None
     if merged:
-        weights.write_merged(run.model_dir, partial, base_path, device=options.device)
+        image_size = weights.write_merged(run.model_dir, partial, base_path, device=options.device)
     else:
         weights.write_adapter(run.model_dir, partial, base["name"])
     saved = weights.write_davir_config(run.model_dir, partial, base["name"] if base else None)
-    model = {"family": config.family, "model_class": get_family(config.family).model_class.__name__,
-             "config": saved, "weights": "merged" if merged else "adapter"}
+    family = get_family(config.family)
+    model = {"family": config.family, "model_class": family.model_class.__name__,
+             "config": saved, "weights": "merged" if merged else "adapter", "image_size": image_size,
+             "end_of_turn": getattr(family, "end_of_turn", None)}
     return model, base, bool(config.epc.use_entities)
+
+
+def _check_model_files(model_dir: Path, config) -> None:
+    """What captioning the export will need of a LoRA model folder is there, checked before anything is written
+    (the loaders would find it missing only when the export is used)."""
+    if config.train_mode != "lora" or (model_dir / layout.HF_WEIGHTS).is_file():
+        return  # full weights hold every trained part
+    path = model_dir / "davir_config.json"
+    if "lora" not in read_json(path)["config"]:  # the default ranks would not fit the adapter: say which file
+        raise DataError(f"{path}: config lacks key 'lora' (the LoRA ranks and modules of the adapter); the model "
+                        "folder is damaged — save or copy it again")
+    extra = model_dir / layout.EXTRA_WEIGHTS
+    trained = [*config.extra_trainable, *(["segment_embeddings"] if config.segment_embeddings else [])]
+    if trained and not extra.is_file():
+        raise DataError(f"{extra}: missing — {model_dir} trains {trained} in full besides LoRA and keeps them "
+                        f"there; copy the whole model folder again")
 
 
 def _lightweight_weights(run: RunPaths, partial: Path) -> tuple[dict, bool]:
@@ -138,7 +151,10 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
     run = RunPaths.of(checkpoint)
     if layout.is_export(run.model_dir):
         raise DataError(f"{checkpoint} is an exported folder already: copy it as it is")
-    partial = _prepare_out(out, options.overwrite)
+    target.check_out(out, [Path(checkpoint), run.model_dir, *([run.run_dir] if run.run_dir else [])],
+                     options.overwrite)
+    weights.check_device(options.device)
+    partial = target.partial_folder(out)
     try:
         decoding = run_decoding(run.run_dir or run.model_dir)
         base = None
@@ -147,7 +163,7 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
                 print("note: a lightweight model has no adapter; --merge changes nothing", file=sys.stderr)
             model, uses_entities = _lightweight_weights(run, partial)
         else:
-            model, base, uses_entities = _davir_weights(run, partial, options)
+            model, base, uses_entities = _davir_weights(run, partial, out, options)
         mask_settings = entity_settings = None
         masks_dir = entities_dir = None
         if not run.lightweight:  # DAVIR's entities rank masked regions (and caption.py's report shows the masks)
@@ -161,7 +177,8 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
                                                           what="entity cache (data.entities)", flag="--entities-from")
             if source is None:
                 raise DataError(f"{run.model_dir} was trained with entities: pass --entities-from CACHE")
-            entity_settings = preprocessing.export_entity_source(Path(source), partial / layout.ENTITIES_DIR)
+            entity_settings = preprocessing.export_entity_source(Path(source), partial / layout.ENTITIES_DIR,
+                                                                 shareable.training_bases(run.info, run.run_dir))
             entities_dir = layout.ENTITIES_DIR
         data = run.data
         method = run.config.get("method") or (model["method"] if run.lightweight else "davir")
@@ -174,18 +191,22 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
         write_text_atomic(partial / layout.RUN_CONFIG,
                           "# What captioning reads (davir.runs.paths); the run's whole config: training_config.yaml\n"
                           + yaml.safe_dump(captioning, sort_keys=False))
+        bases = shareable.training_bases(run.info, run.run_dir)
+        run_info = shareable.scrub(run.info, bases)
         if run.run_dir is not None:
-            shutil.copy2(run.run_dir / "config.yaml", partial / "training_config.yaml")
+            write_text_atomic(partial / "training_config.yaml",
+                              "# The run's config as it trained; absolute paths made relative to its training folder\n"
+                              + yaml.safe_dump(shareable.scrub(run.config, bases), sort_keys=False))
             if run.info:
-                write_json_atomic(partial / "training_run_info.json", run.info)
-        evaluations = _evaluations(run, partial)
+                write_json_atomic(partial / "training_run_info.json", run_info)
+        evaluations = _evaluations(run, partial, bases)
         selection = read_json(run.model_dir / "selection.json") if (run.model_dir / "selection.json").is_file() else {}
         info = {
             "format": layout.FORMAT, "format_version": layout.FORMAT_VERSION,
             "weights": model["weights"], "base_model": base, "license": options.license,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "davir_version": _davir_version(),
             "source": {"run_name": run.run_dir.name if run.run_dir else run.model_dir.name,
-                       "run": str(run.run_dir) if run.run_dir else None, "model_folder": run.model_dir.name,
+                       "model_folder": run.model_dir.name,
                        "step": selection.get("step")},
             "model": model,
             "decoding": {"num_beams": decoding["num_beams"], "max_new_tokens": decoding["max_new_tokens"]},
@@ -193,16 +214,16 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
                               **preprocessing.describe(mask_settings, entity_settings)},
         }
         write_json_atomic(partial / layout.EXPORT_FILE, info)
-        files = sorted(str(p.relative_to(partial)) for p in partial.rglob("*") if p.is_file()) + [layout.CARD_FILE]
-        card = model_card(name=out.name, info=info, run_config=read_training_config(partial), run_info=run.info,
+        files = [str(p.relative_to(partial)) for p in partial.rglob("*")
+                 if p.is_file() and p.name != target.PARTIAL_MARKER] + [layout.CARD_FILE]
+        card = model_card(name=out.name, info=info, run_config=read_training_config(partial), run_info=run_info,
                           evaluations=evaluations, files=sorted(set(files)))
         write_text_atomic(partial / layout.CARD_FILE, card)
+        follow_umask(partial)  # merged weights (safetensors: 0600) and files copied from older runs
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    if out.exists():
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    partial.rename(out)
+    target.move_into_place(partial, out)
     return out
 
 

@@ -31,10 +31,10 @@ def base_model_folder(folder: Path, info: dict, base_model: str | Path | None) -
                             f"adapter was trained on)")
         check_base(path, base)
         return path.resolve()
-    recorded = base.get("path_at_export")
-    if recorded and Path(recorded).is_dir():
-        return Path(recorded)
-    where = f" (it was at {recorded} when exported)" if recorded else ""
+    recorded = base.get("path_at_export")  # relative to the export folder (absolute in earlier exports)
+    if recorded and (folder / recorded).is_dir():
+        return (folder / recorded).resolve()
+    where = f" (it was at {recorded}, seen from the export folder, when exported)" if recorded else ""
     raise DataError(f"{folder} is a LoRA adapter over the base model {base['name']!r}{where}, which is not found: "
                     f"pass {BASE_FLAG}, a local folder of that model; or export the run with --merge for a folder "
                     "that needs no base")

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from davir.errors import DataError
+from davir.export.shareable import scrub
 from davir.io import read_json, write_json_atomic
 
 # What of a mask cache's manifest captioning (and the profile check) reads; the rest (root, command, counts,
@@ -45,9 +46,9 @@ def export_mask_settings(cache: Path, out: Path) -> dict:
     return kept["settings"]
 
 
-def export_entity_source(cache: Path, out: Path) -> dict:
-    """`out/`: the vocabulary, manifest settings and fitted retriever/gate of the entity cache `cache`.
-    Returns the manifest's settings."""
+def export_entity_source(cache: Path, out: Path, bases=()) -> dict:
+    """`out/`: the vocabulary, manifest settings and fitted retriever/gate of the entity cache `cache`, absolute
+    paths of the vocabulary made relative to `bases` (davir.export.shareable). Returns the manifest's settings."""
     manifest_path = cache / "entities" / "manifest.json"
     if not manifest_path.is_file() or not (cache / "vocab.json").is_file():
         raise DataError(f"{cache} holds no entity vocabulary/retriever (entities/manifest.json, vocab.json); give the "
@@ -58,8 +59,8 @@ def export_entity_source(cache: Path, out: Path) -> dict:
     (out / "entities").mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "entities" / "manifest.json",
                       {key: value for key, value in manifest.items() if key not in ENTITY_MANIFEST_DROP})
-    for name in ENTITY_FILES:
-        shutil.copy2(cache / name, out / name)
+    for name in ENTITY_FILES:  # the vocabulary records the data root it was counted on: a path of this machine
+        write_json_atomic(out / name, scrub(read_json(cache / name), bases))
     for name in ENTITY_FOLDERS:
         if (cache / name).is_dir():
             shutil.copytree(cache / name, out / name, dirs_exist_ok=True)

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
 import torch
 from peft import PeftModel
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from davir.errors import DataError
@@ -39,11 +42,13 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def describe_base(path: Path, name: str | None) -> dict:
-    """What an export records of its base model folder: a name, its path here, model type, weight files' hashes."""
+def describe_base(path: Path, name: str | None, out: Path) -> dict:
+    """What an export records of its base model folder: a name, its path relative to the export `out` (no
+    absolute path of this machine), model type, weight files' hashes."""
     files = sorted({*(p for p in path.glob("*.safetensors")), *(path / n for n in BASE_FILES if (path / n).is_file())})
     config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
-    return {"name": name or path.name, "path_at_export": str(path.resolve()), "model_type": config.get("model_type"),
+    where = os.path.relpath(path.resolve(), Path(out).resolve())
+    return {"name": name or path.name, "path_at_export": where, "model_type": config.get("model_type"),
             "files": {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files}}
 
 
@@ -61,6 +66,18 @@ def copy_processor(model_dir: Path, out: Path) -> None:
     if not source.is_dir():
         raise DataError(f"{model_dir}: missing processor/ (tokenizers and image processor)")
     shutil.copytree(source, out, dirs_exist_ok=True)
+    for path in out.rglob("tokenizer.json"):
+        clear_call_settings(path)
+
+
+def clear_call_settings(path: Path) -> None:
+    """A fast tokenizer saves the truncation and padding of its last call (training's caption cut: 47 tokens);
+    loaded elsewhere they would cut every prompt, image placeholders included. The export's are none, as
+    davir's own prompts are (it cuts the prompt's text itself)."""
+    saved = read_json(path)
+    if isinstance(saved, dict) and (saved.get("truncation") is not None or saved.get("padding") is not None):
+        saved["truncation"], saved["padding"] = None, None
+        path.write_text(json.dumps(saved, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
 def write_adapter(model_dir: Path, out: Path, base_name: str) -> list[str]:
@@ -95,15 +112,74 @@ def merged_core(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     return core, outside
 
 
-def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "cpu") -> list[str]:
+def check_device(device: str) -> torch.device:
+    """The torch device `--device` names, checked before any work: a DataError for a name torch does not know
+    and for a GPU this machine does not have."""
+    try:
+        target = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise DataError(f"--device {device}: not a device name (cpu, cuda, cuda:N, mps)") from None
+    if target.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise DataError(f"--device {device}: no CUDA GPU on this machine (torch.cuda.is_available() is false); "
+                            "use --device cpu")
+        if target.index is not None and target.index >= count:
+            raise DataError(f"--device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    elif target.type == "mps" and not torch.backends.mps.is_available():
+        raise DataError(f"--device {device}: MPS is not available on this machine; use --device cpu")
+    elif target.type not in ("cpu", "cuda", "mps"):
+        raise DataError(f"--device {device}: davir-export merges on cpu, cuda or mps")
+    return target
+
+
+def safetensors_os_error(error: SafetensorError, path: Path) -> OSError | None:
+    """The OSError inside a SafetensorError of a failed write (a full disk: `I/O error: No space left on
+    device (os error 28)`), naming `path`; None when it is not an OS error."""
+    found = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", str(error))
+    if found is None:
+        return None
+    code = int(found.group(1) or found.group(2))
+    return OSError(code, os.strerror(code), str(path))
+
+
+def _saving(path: Path, save) -> None:
+    """Run `save` (a safetensors write to `path`); its OS errors come out as OSErrors naming `path`."""
+    try:
+        save()
+    except SafetensorError as error:
+        os_error = safetensors_os_error(error, path)
+        if os_error is None:
+            raise DataError(f"{path}: could not be written ({error})") from error
+        raise os_error from error
+
+
+def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "cpu") -> int:
     """The model's LoRA merged into the full weights of its family's model (`save_pretrained`); returns the
-    files written besides the processor's."""
+    picture size S×S the model takes."""
     from davir.models.davir import load_davir_model
 
     model = load_davir_model(model_dir, device=device, pretrained=base).eval()
     core, outside = merged_core(model)
-    before = set(p.name for p in out.iterdir())
-    core.save_pretrained(str(out), safe_serialization=True)
+    _saving(out / "model.safetensors", lambda: core.save_pretrained(str(out), safe_serialization=True))
     if outside:
-        save_file(outside, str(out / DAVIR_EXTRA))
-    return sorted(set(p.name for p in out.iterdir()) - before)
+        _saving(out / DAVIR_EXTRA, lambda: save_file(outside, str(out / DAVIR_EXTRA)))
+    if model.config.family != "instructblip":
+        write_image_settings(out, model)
+    return int(model.image_size)
+
+
+def write_image_settings(out: Path, model) -> None:
+    """The image processor's settings davir captions with (one S×S picture, no tiles) in the saved
+    processor_config.json, so a plain `AutoProcessor` given S×S pictures makes davir's image tokens."""
+    path = out / "processor_config.json"
+    if not path.is_file():
+        return
+    saved = read_json(path)
+    settings = saved.get("image_processor") if isinstance(saved, dict) else None
+    if not isinstance(settings, dict):
+        return
+    settings.update(model.family.image_kwargs)
+    if model.config.family == "smolvlm":  # as SmolVLM's process_images calls it: the picture is one S-px tile
+        settings["size"] = settings["max_image_size"] = {"longest_edge": model.image_size}
+    write_json_atomic(path, saved)

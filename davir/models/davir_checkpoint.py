@@ -11,7 +11,7 @@ from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from davir.errors import DataError
-from davir.io import read_json, write_json_atomic
+from davir.io import follow_umask, read_json, write_json_atomic
 from davir.models.davir_config import DavirModelConfig
 from davir.models.families import get_family
 
@@ -57,6 +57,7 @@ class DavirCheckpointMixin:
             if extra:
                 save_file(extra, str(directory / EXTRA_WEIGHTS_FILE))
         write_json_atomic(directory / CONFIG_FILE, {"format_version": FORMAT_VERSION, "config": self.config.to_dict()})
+        follow_umask(directory)  # safetensors and PEFT write weights 0600
 
     @classmethod
     def from_pretrained(

@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from davir.errors import DataError
+from davir.io import follow_umask
 from davir.runs.files import check_keys
 from davir.training.run import list_checkpoints, mark_complete, read_checkpoint_state
 
@@ -113,6 +114,7 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, step: int, state: d
     accelerator.save_state(str(checkpoint))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        follow_umask(checkpoint)  # save_state's safetensors files are 0600
         files = file_manifest(checkpoint)
         mark_complete(checkpoint, {"step": step, **state, "files": files})
         size = sum(entry["bytes"] for entry in files.values())
