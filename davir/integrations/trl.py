@@ -9,12 +9,14 @@
     trainer.train()       # logs loss, attn_loss (Eq. 7) and fac_pairs beside TRL's own metrics
 
 The dataset is what ``python -m davir.data export --to trl`` writes (an ``id`` column, ``images`` = [before,
-after], chat ``messages``). The trainer wraps TRL's vision collator (:class:`DavirFacCollator`): each picture is
-resized to S×S first — one patch grid per run, as davir's own models do — the user turn's text becomes the pair's
-DAVIR prompt when an entity cache is given, and the pair's change masks are read from the davir mask cache by
-pair id. FAC is davir's own: the family's attention hook (``get_family(name).attention_hook(core)``) on the layer
-FAC reads, its ``attention_maps`` on the patch grid, and :func:`davir.models.losses.fac_attention_loss`, added to
-TRL's loss as Eq. 12 (``L = L_caption + λ · L_attn``).
+after], the user turn under ``prompt``, the caption under ``completion``; a ``messages`` dataset is split into the
+two). The trainer wraps TRL's vision collator (:class:`DavirFacCollator`): each picture is resized to S×S first —
+one patch grid per run, as davir's own models do — the user turn's text becomes the pair's DAVIR prompt when an
+entity cache is given, and the pair's change masks are read from the davir mask cache by pair id. The loss is on
+the caption and its end of turn only, as in davir's own training (TRL's ``completion_only_loss``; the template's
+newline after the end of turn is left out). FAC is davir's own: the family's attention hook
+(``get_family(name).attention_hook(core)``) on the layer FAC reads, its ``attention_maps`` on the patch grid, and
+:func:`davir.models.losses.fac_attention_loss`, added to TRL's loss as Eq. 12 (``L = L_caption + λ · L_attn``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 from PIL import Image
 from trl import SFTTrainer
+from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
 from davir.data.caches import MaskCache
 from davir.errors import DataError
@@ -81,15 +84,29 @@ def _square_mask(mask: np.ndarray | None, size: int) -> torch.Tensor | None:
     return torch.from_numpy(np.asarray(picture, dtype=np.float32).copy()).clamp_(0, 1)
 
 
+def _split_turns(messages: Any, pair_id: str) -> tuple[list, list]:
+    """A ``messages`` conversation as (prompt, completion): the turns before the last assistant turn, and that turn
+    (so TRL's completion-only loss scores the answer alone)."""
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages] if isinstance(messages, list) else []
+    if "assistant" not in roles:
+        raise DataError(f"pair {pair_id!r}: 'messages' must end with an assistant turn (the caption)")
+    last = len(roles) - 1 - roles[::-1].index("assistant")
+    return messages[:last], messages[last:]
+
+
 class DavirFacCollator:
     """TRL's collator with davir's pair handling around it: S×S pictures, EPC prompts, change masks by pair id.
 
     Adds ``davir_masks_before``/``davir_masks_after`` (B, S, S) and ``davir_mask_valid`` (B,) to the batch when a
-    mask cache is given (a pair missing from the cache is left out of FAC, never given an empty target)."""
+    mask cache is given (a pair missing from the cache is left out of FAC, never given an empty target). A
+    ``messages`` example is passed on as prompt + completion; with ``end_token_id`` (completion-only loss) the
+    labels stop at the caption's end of turn."""
 
     def __init__(self, collator, *, image_size: int, masks: str | Path | None = None,
-                 entities: str | Path | None = None, epc: EpcConfig | None = None, id_key: str = "id") -> None:
+                 entities: str | Path | None = None, epc: EpcConfig | None = None, id_key: str = "id",
+                 end_token_id: int | None = None) -> None:
         self.collator = collator
+        self.end_token_id = end_token_id
         self.image_size = image_size
         self.masks = MaskCache(masks) if masks is not None else None
         self.prompt_for = epc_prompt_for(entities, epc) if entities is not None else None
@@ -110,8 +127,10 @@ class DavirFacCollator:
                 raise DataError(f"pair {ids[-1]!r}: 'images' must hold two pictures, before then after")
             example["images"] = [_open(image).convert("RGB").resize(size, Image.Resampling.BICUBIC)
                                  for image in images]
+            if "messages" in example and "prompt" not in example:
+                example["prompt"], example["completion"] = _split_turns(example.pop("messages"), ids[-1])
             if self.prompt_for is not None:
-                example["messages"] = self._with_prompt(example["messages"], self.prompt_for(ids[-1]))
+                example["prompt"] = self._with_prompt(example["prompt"], self.prompt_for(ids[-1]))
             ready.append(example)
         return ready, ids
 
@@ -145,6 +164,10 @@ class DavirFacCollator:
     def __call__(self, examples: Sequence[dict]) -> dict[str, Any]:
         ready, ids = self._examples(examples)
         batch = self.collator(ready)
+        if self.end_token_id is not None and "labels" in batch:  # nothing after the caption's end of turn
+            labels = batch["labels"]
+            ends = labels == self.end_token_id
+            labels[(ends.cumsum(dim=1) - ends.long()) > 0] = -100
         if self.masks is not None:
             batch.update(self._mask_tensors(ids))
         return batch
@@ -168,9 +191,14 @@ class DavirSFTTrainer(SFTTrainer):
         probe = SimpleNamespace(image_size=self.davir.image_size, pretrained=True, preset=None)
         self.image_size = self.family.input_size(probe, core.config)
         self.patch_grid = self.family.patch_grid(self.image_size, core.config)
+        end = None
+        if isinstance(self.data_collator, DataCollatorForVisionLanguageModeling) \
+                and self.args.completion_only_loss is not False:
+            self.data_collator.completion_only_loss = True  # a `messages` dataset arrives as prompt + completion
+            end = self.processing_class.tokenizer.convert_tokens_to_ids(self.family.end_of_turn)
         self.data_collator = DavirFacCollator(self.data_collator, image_size=self.image_size, masks=self.davir.masks,
                                               entities=self.davir.entities, epc=self.davir.epc,
-                                              id_key=self.davir.id_key)
+                                              id_key=self.davir.id_key, end_token_id=end)
         self._captured: list[Any] = []
         self.attention_hook = self.family.attention_hook(core).attach()  # after PEFT: sees the LoRA projections
         self._vision_handle = self.family.vision_tower(core).register_forward_hook(self._keep_attention)
