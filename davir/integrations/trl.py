@@ -21,6 +21,7 @@ newline after the end of turn is left out). FAC is davir's own: the family's att
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ from davir.models.families.base import ChatFamily
 from davir.models.losses import FacConfig, davir_total_loss, fac_attention_loss
 
 MASK_KEYS = ("davir_masks_before", "davir_masks_after", "davir_mask_valid")
+MASKS_COMMAND = "python -m preprocess masks --format F --root R --split S --out CACHE"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,6 +79,25 @@ def _open(image: Any) -> Image.Image:
         return opened.convert("RGB")
 
 
+def open_mask_cache(path: str | Path) -> MaskCache:
+    """The mask cache at ``path``; a path that is no mask cache (a typo) is a DataError, never FAC silently off."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"masks={str(path)!r}: no such folder; FAC reads a davir mask cache (`{MASKS_COMMAND}`)")
+    cache = MaskCache(path)
+    if not cache.folder.is_dir() and not (path / "manifest.json").is_file():
+        raise DataError(f"masks={str(path)!r}: not a davir mask cache (no masks/ folder or manifest.json); make one "
+                        f"with `{MASKS_COMMAND}`")
+    return cache
+
+
+def mask_coverage(cache: MaskCache, pair_ids) -> dict:
+    """How many of the distinct ``pair_ids`` have an entry in ``cache`` (the rest are left out of FAC)."""
+    pairs = set(map(str, pair_ids))
+    missing = sorted(pair_id for pair_id in pairs if not cache.has(pair_id))
+    return {"pairs": len(pairs), "with_masks": len(pairs) - len(missing), "missing": missing}
+
+
 def _square_mask(mask: np.ndarray | None, size: int) -> torch.Tensor | None:
     """A boolean mask (any resolution) as the share of each pixel of the S×S picture it covers."""
     if mask is None:
@@ -108,7 +130,7 @@ class DavirFacCollator:
         self.collator = collator
         self.end_token_id = end_token_id
         self.image_size = image_size
-        self.masks = MaskCache(masks) if masks is not None else None
+        self.masks = open_mask_cache(masks) if masks is not None else None
         self.prompt_for = epc_prompt_for(entities, epc) if entities is not None else None
         self.id_key = id_key
 
@@ -199,9 +221,30 @@ class DavirSFTTrainer(SFTTrainer):
         self.data_collator = DavirFacCollator(self.data_collator, image_size=self.image_size, masks=self.davir.masks,
                                               entities=self.davir.entities, epc=self.davir.epc,
                                               id_key=self.davir.id_key, end_token_id=end)
+        self.fac_coverage = self._check_coverage()
         self._captured: list[Any] = []
         self.attention_hook = self.family.attention_hook(core).attach()  # after PEFT: sees the LoRA projections
         self._vision_handle = self.family.vision_tower(core).register_forward_hook(self._keep_attention)
+
+    def _check_coverage(self) -> dict | None:
+        """At start: how many training pairs have a change mask. None has: a DataError (the wrong cache or
+        dataset); some lack one: a warning with the count (they train without FAC's term)."""
+        cache = self.data_collator.masks
+        dataset = self.train_dataset
+        if cache is None or self.davir.fac.lambda_attn <= 0 or self.davir.id_key not in (
+                getattr(dataset, "column_names", None) or ()):
+            return None
+        coverage = mask_coverage(cache, dataset[self.davir.id_key])
+        where = f"the mask cache {cache.root}"
+        if coverage["pairs"] and not coverage["with_masks"]:
+            raise DataError(f"masks={str(cache.root)!r}: none of the {coverage['pairs']} training pairs has a change "
+                            f"mask in it (first id {coverage['missing'][0]!r}): another dataset's cache? Make it with "
+                            f"`{MASKS_COMMAND}` for this dataset")
+        if coverage["missing"]:
+            log.warning("FAC: %d of %d training pairs have no change mask in %s and train without FAC's term "
+                        "(first: %s)", len(coverage["missing"]), coverage["pairs"], where,
+                        ", ".join(coverage["missing"][:5]))
+        return coverage
 
     def _keep_attention(self, module, inputs, output) -> None:
         captured = self.attention_hook.pop(missing_ok=True)
