@@ -85,3 +85,39 @@ def test_a_mask_cache_that_is_not_there_stops_the_trainer(setup, tmp_path, caplo
     assert trainer.fac_coverage["pairs"] == total and trainer.fac_coverage["with_masks"] == total - 4
     assert sorted(trainer.fac_coverage["missing"]) == sorted(p.pair_id for p in setup.pairs[-4:])
     assert f"FAC: 4 of {total} training pairs have no change mask" in caplog.text
+
+
+def _sideways_photo(path: Path) -> Path:
+    """A 96×72 picture stored sideways with EXIF orientation 6 (a phone portrait): red in the stored top-left,
+    which a viewer (and every davir reader) shows at the top right of the 72×96 upright picture."""
+    from PIL import Image
+
+    stored = Image.new("RGB", (96, 72), (0, 0, 255))
+    stored.paste((255, 0, 0), (0, 0, 24, 24))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    stored.save(path, exif=exif.tobytes())
+    return path
+
+
+def test_collator_reads_pictures_upright(tmp_path):
+    """Issue 49.5: image paths (and pictures decoded without EXIF) are turned as the mask cache's masks were made:
+    the collator hands TRL the upright picture, as `davir.data.images.load_rgb` reads it."""
+    from PIL import Image
+
+    from davir.data.images import load_rgb
+    from davir.integrations.trl import DavirFacCollator
+
+    photo = _sideways_photo(tmp_path / "photo.jpg")
+    seen: list[dict] = []
+    collator = DavirFacCollator(lambda examples: seen.extend(examples) or {}, image_size=SIZE)
+    raw = Image.open(photo)  # decoded by the user without EXIF orientation
+    collator([{"id": "a", "images": [str(photo), raw], "prompt": [], "completion": []},
+              {"id": "b", "images": [{"path": None, "bytes": photo.read_bytes()}, {"path": str(photo)}],
+               "prompt": [], "completion": []}])
+    expected = np.asarray(load_rgb(photo).resize((SIZE, SIZE), Image.Resampling.BICUBIC))
+    assert load_rgb(photo).size == (72, 96)
+    for picture in [image for example in seen for image in example["images"]]:
+        pixels = np.asarray(picture)
+        assert pixels.shape == (SIZE, SIZE, 3) and np.array_equal(pixels, expected)
+        assert pixels[4, SIZE - 5, 0] > 200 and pixels[4, 4, 0] < 50  # red at the top right, not the top left

@@ -21,6 +21,7 @@ newline after the end of turn is left out). FAC is davir's own: the family's att
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from trl import SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
 from davir.data.caches import MaskCache
+from davir.data.images import load_rgb, to_rgb, upright
 from davir.errors import DataError
 from davir.integrations.prompts import epc_prompt_for
 from davir.models.epc import EpcConfig
@@ -68,15 +70,20 @@ class DavirTrlSettings:
     id_key: str = "id"
 
 
-def _open(image: Any) -> Image.Image:
-    if isinstance(image, Image.Image):
-        return image
+def _open(image: Any, pair_id: str) -> Image.Image:
+    """One picture of a pair, upright RGB as every davir reader gives it (EXIF orientation applied, as the mask
+    cache's masks were made): a path through ``load_rgb``, a PIL image or ``{"bytes"}`` through ``upright``."""
     if isinstance(image, dict):  # datasets.Image not decoded: {"path", "bytes"}
+        if image.get("bytes"):
+            with Image.open(io.BytesIO(image["bytes"])) as opened:
+                opened.load()
+                return to_rgb(upright(opened))
         image = image.get("path")
+    if isinstance(image, Image.Image):  # an image datasets decoded is upright already: upright() leaves it as is
+        return to_rgb(upright(image))
     if not isinstance(image, (str, Path)):
-        raise DataError(f"an image must be a PIL image or a path, got {type(image).__name__}")
-    with Image.open(image) as opened:
-        return opened.convert("RGB")
+        raise DataError(f"pair {pair_id!r}: an image must be a PIL image or a path, got {type(image).__name__}")
+    return load_rgb(Path(image), record=pair_id)
 
 
 def open_mask_cache(path: str | Path) -> MaskCache:
@@ -147,8 +154,7 @@ class DavirFacCollator:
             images = example.get("images")
             if not isinstance(images, list) or len(images) != 2:
                 raise DataError(f"pair {ids[-1]!r}: 'images' must hold two pictures, before then after")
-            example["images"] = [_open(image).convert("RGB").resize(size, Image.Resampling.BICUBIC)
-                                 for image in images]
+            example["images"] = [_open(image, ids[-1]).resize(size, Image.Resampling.BICUBIC) for image in images]
             if "messages" in example and "prompt" not in example:
                 example["prompt"], example["completion"] = _split_turns(example.pop("messages"), ids[-1])
             if self.prompt_for is not None:
