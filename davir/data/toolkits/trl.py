@@ -22,10 +22,14 @@ for all parts), which the chat templates ignore.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from davir.data.toolkits.shared import ID_KEY, Conversation, read_rows, split_files, two_images
+from davir.data.toolkits.shared import ID_KEY, Conversation, split_files
 from davir.errors import DataError
+from davir.io import iter_jsonl
 
 NAME = "trl"
 
@@ -41,37 +45,111 @@ def write_extras(out: Path, files: dict[str, str], name: str) -> list[str]:
     return []
 
 
-def _text(content, record: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise DataError(f"{record}: a message's content must be text or a list of parts")
-    return "".join(part.get("text") or "" for part in content if isinstance(part, dict) and part.get("type") == "text")
+try:  # the import's record of a skipped row, which it counts and lists (exit 1), where shared.py has one
+    from davir.data.toolkits.shared import Skipped
+except ImportError:
+    @dataclass(frozen=True)
+    class Skipped:  # type: ignore[no-redef]
+        """A row that is no pair davir can import; ``reason`` names the file, the row and the key."""
+
+        reason: str
 
 
-def _turns(row: dict, record: str) -> list:
-    """The conversation of a row: ``prompt`` + ``completion`` (what davir writes) or ``messages``."""
+def _values(path: Path) -> Iterator[tuple[str, object]]:
+    """(record "file: line N" / "file: record N", value) of a .jsonl file or a .json list; a file that cannot be
+    read as such is a DataError (the whole import stops)."""
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DataError(f"{path}: not valid UTF-8 JSON ({error})") from None
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+        yield from ((f"{path}: record {number}", row) for number, row in enumerate(data))
+    else:
+        yield from ((f"{path}: line {number}", row) for number, row in iter_jsonl(path))
+
+
+def _turns(row: dict, record: str) -> tuple[dict, dict]:
+    """The user turn and the answer of a row: ``prompt`` + ``completion`` (what davir writes) or ``messages``; a
+    leading system turn is allowed. Anything else is a DataError naming the key."""
     if "prompt" in row or "completion" in row:
-        prompt, completion = row.get("prompt"), row.get("completion")
-        if not isinstance(prompt, list) or not isinstance(completion, list):
-            raise DataError(f"{record}: 'prompt' and 'completion' must each be a list of messages")
-        return prompt + completion
-    return row.get("messages")
+        keys = ("prompt", "completion")
+        turns = [turn for key in keys for turn in _list(row.get(key), record, key)]
+    else:
+        keys = ("messages",)
+        turns = _list(row.get("messages"), record, "messages")
+    key = "/".join(map(repr, keys))
+    for number, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(f"{record}: {key} turn {number} must be a JSON object with 'role' and 'content', got "
+                            f"{type(turn).__name__}")
+    turns = turns[1:] if turns and turns[0].get("role") == "system" else turns
+    roles = [turn.get("role") for turn in turns]
+    if roles != ["user", "assistant"]:
+        raise DataError(f"{record}: {key} holds the turns {roles}; davir imports one 'user' turn then one "
+                        "'assistant' turn (a pair and its caption)")
+    return turns[0], turns[1]
 
 
-def read(source: Path):
-    for split, path in split_files(source):
-        for number, (record, row) in enumerate(read_rows(path)):
-            messages = _turns(row, record)
-            if not isinstance(messages, list) or [m.get("role") for m in messages if isinstance(m, dict)
-                                                  and m.get("role") != "system"] != ["user", "assistant"]:
-                raise DataError(f"{record}: 'messages' must hold a user turn then an assistant turn")
-            user, assistant = [m for m in messages if m.get("role") != "system"]
-            parts = user.get("content")
-            images = [p for p in parts if isinstance(p, dict) and p.get("type") == "image"] \
-                if isinstance(parts, list) else []
-            if len(images) != 2:
-                raise DataError(f"{record}: the user turn must hold two image parts (before, after)")
-            before, after = two_images(row, "images", path.parent, record)
-            yield record, Conversation(str(row.get(ID_KEY) or f"{split}-{number}"), split, before, after,
-                                       _text(parts, record).strip(), _text(assistant.get("content"), record))
+def _list(value, record: str, key: str) -> list:
+    if not isinstance(value, list):
+        raise DataError(f"{record}: {key!r} must be a list of turns, got {type(value).__name__}")
+    return value
+
+
+def _text(content, record: str, which: str) -> str:
+    """A turn's text: a string, or the text parts of a list of typed parts (image parts carry none)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise DataError(f"{record}: the {which} turn's 'content' must be text or a list of parts, got "
+                        f"{type(content).__name__}")
+    texts = []
+    for number, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise DataError(f"{record}: the {which} turn's content part {number} must be a JSON object, got "
+                            f"{type(part).__name__}")
+        if part.get("type") == "text":
+            if not isinstance(part.get("text"), str):
+                raise DataError(f"{record}: the {which} turn's content part {number}: 'text' must be a string, got "
+                                f"{type(part.get('text')).__name__}")
+            texts.append(part["text"])
+    return "".join(texts)
+
+
+def _decode(row, record: str, number: int, *, split: str, base: Path) -> Conversation:
+    if not isinstance(row, dict):
+        raise DataError(f"{record}: expected a JSON object, got {type(row).__name__}")
+    user, assistant = _turns(row, record)
+    prompt = _text(user.get("content"), record, "user")
+    parts = user.get("content") if isinstance(user.get("content"), list) else []
+    if sum(part.get("type") == "image" for part in parts) != 2:
+        raise DataError(f"{record}: the user turn must hold two image parts (before, after)")
+    images = row.get("images")
+    if not isinstance(images, list) or len(images) != 2:
+        count = len(images) if isinstance(images, list) else "no list"
+        raise DataError(f"{record}: 'images' must list two images, before then after ({count} given)")
+    paths = []
+    for role, value in zip(("before", "after"), images):
+        value = value.get("path") if isinstance(value, dict) else value  # datasets.Image's {"path", "bytes"}
+        if not isinstance(value, str) or not value:
+            raise DataError(f"{record}: 'images': the {role} image must be a path, got {value!r}")
+        paths.append(str(Path(value) if Path(value).is_absolute() else (base / value).resolve()))
+    return Conversation(str(row.get(ID_KEY) or f"{split}-{number}"), split, *paths, prompt.strip(),
+                        _text(assistant.get("content"), record, "assistant"))
+
+
+def read(source: Path, options=None) -> Iterator[tuple[str, Conversation | Skipped]]:
+    """(record, Conversation) of every row of a TRL dataset (an export folder or one file), relative image paths
+    from the file's folder. With the import's ``options``: a row that is no pair is (record, Skipped) naming the
+    row and key, the others go on. Without: the first such row is a DataError (a caller that counts no
+    skips)."""
+    for split, path in split_files(Path(source)):
+        for number, (record, row) in enumerate(_values(path)):
+            try:
+                yield record, _decode(row, record, number, split=split, base=path.parent)
+            except DataError as error:
+                if options is None:
+                    raise
+                yield record, Skipped(str(error))
