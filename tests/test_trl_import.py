@@ -104,3 +104,43 @@ def test_import_names_a_trl_row_that_is_no_pair(dataset, tmp_path, capsys):
     reason = f"{path}: {EXPECTED[1].replace('line 3', 'line 2')}"
     assert "Traceback" not in err and reason in err
     assert (status == 2 and err == f"error: {reason}\n") or (status == 1 and f"skipped: {reason}\n" in err)
+
+
+def test_reader_keeps_to_the_dataset_folder(dataset, tmp_path):
+    """Issue 49.12: images named by `../`, by an absolute path elsewhere or through a symlink leading out of the
+    downloaded folder are refused row by row (named, the others read), a split file leading out stops the read;
+    `allow_outside` reads them, as does a caller without the import's options (davir's own export)."""
+    folder = tmp_path / "downloaded"
+    shutil.copytree(dataset.folder, folder)
+    outside = tmp_path / "outside.png"
+    shutil.copyfile(folder / dataset.rows[0]["images"][0], outside)
+    (folder / "images" / "link.png").symlink_to(outside)
+    good = dataset.rows[0]
+    rows = [good, {**good, "images": ["../outside.png", good["images"][1]]},
+            {**good, "images": [good["images"][0], str(outside)]},
+            {**good, "images": ["images/link.png", good["images"][1]]},
+            {**good, "images": ["images/../images/" + Path(good["images"][0]).name, good["images"][1]]}]
+    path = _write(folder / "train.jsonl", rows)
+    read = list(trl.read(folder, OPTIONS))
+    skipped = [talk.reason for _, talk in read if isinstance(talk, trl.Skipped)]
+    where = f" lies outside the dataset folder {folder}"
+    advice = "; pass --allow-outside to read images outside it (davir's own export names absolute paths)"
+    assert skipped == [f"{path}: line 2: the before image {outside}{where}{advice}",
+                       f"{path}: line 3: the after image {outside}{where}{advice}",
+                       f"{path}: line 4: the before image {folder / 'images' / 'link.png'}{where} (through a "
+                       f"symlink, to {outside}){advice}"]
+    inside = [talk for _, talk in read if not isinstance(talk, trl.Skipped)]
+    assert [talk.before for talk in inside] == [str(folder / good["images"][0])] * 2
+    for options in (SimpleNamespace(**{**vars(OPTIONS), "allow_outside": True}), None):
+        befores = [talk.before for _, talk in trl.read(folder, options)]
+        assert befores[1:4] == [str(outside), str(folder / good["images"][0]), str(folder / "images" / "link.png")]
+
+    # a split file that is a symlink out of the folder: the whole read stops, naming it
+    elsewhere = _write(tmp_path / "elsewhere" / "val.jsonl", [good])
+    (folder / "val.jsonl").symlink_to(elsewhere)
+    with pytest.raises(DataError) as error:
+        list(trl.read(folder, OPTIONS))
+    assert str(error.value) == (f"{folder / 'val.jsonl'} leads out of the dataset folder {folder} (to {elsewhere}); "
+                                "a downloaded dataset is read only inside its folder: pass --allow-outside if you "
+                                "trust it")
+    assert len(list(trl.read(folder, None))) == len(rows) + 1

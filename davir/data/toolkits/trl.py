@@ -23,6 +23,7 @@ for all parts), which the chat templates ignore.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,41 @@ except ImportError:
         """A row that is no pair davir can import; ``reason`` names the file, the row and the key."""
 
         reason: str
+
+
+def leads_out(root: Path, path: str | Path) -> str | None:
+    """Where ``path`` really leads once ``..`` and every symlink are followed, when that is outside ``root``."""
+    real_root, real = os.path.realpath(root), os.path.realpath(path)
+    return None if os.path.commonpath([real_root, real]) == real_root else real
+
+
+def resolve_inside(root: Path, value: str, allow_outside: bool, what: str) -> str:
+    """An image path of a downloaded dataset as an absolute path (a relative one from ``root``; symlinks kept),
+    refused (DataError naming ``what``) when ``..``, an absolute path or a symlink leads it out of ``root`` and
+    ``allow_outside`` is off. (The toolkits branch checks every reader the same way: shared.FolderGuard.)"""
+    path = os.path.abspath(Path(root) / value)  # an absolute value stays itself
+    real = None if allow_outside else leads_out(root, path)
+    if real is not None:
+        through = f" (through a symlink, to {real})" if real != path else ""
+        raise DataError(f"{what} {path} lies outside the dataset folder {root}{through}; pass --allow-outside to "
+                        "read images outside it (davir's own export names absolute paths)")
+    return path
+
+
+def _split_files(source: Path, allow_outside: bool) -> list[tuple[str, Path]]:
+    """The split files to read; one that is a symlink leading out of the folder is a DataError (the whole read
+    stops) unless ``allow_outside``."""
+    try:  # shared.split_files makes this check itself where it takes allow_outside
+        found = split_files(source, allow_outside=allow_outside)
+    except TypeError:
+        found = split_files(source)
+    folder = source if source.is_dir() else source.parent
+    for _, path in found:
+        real = None if allow_outside else leads_out(folder, path)
+        if real is not None:
+            raise DataError(f"{path} leads out of the dataset folder {folder} (to {real}); a downloaded dataset is "
+                            "read only inside its folder: pass --allow-outside if you trust it")
+    return found
 
 
 def _values(path: Path) -> Iterator[tuple[str, object]]:
@@ -118,7 +154,7 @@ def _text(content, record: str, which: str) -> str:
     return "".join(texts)
 
 
-def _decode(row, record: str, number: int, *, split: str, base: Path) -> Conversation:
+def _decode(row, record: str, number: int, *, split: str, base: Path, allow_outside: bool) -> Conversation:
     if not isinstance(row, dict):
         raise DataError(f"{record}: expected a JSON object, got {type(row).__name__}")
     user, assistant = _turns(row, record)
@@ -135,7 +171,7 @@ def _decode(row, record: str, number: int, *, split: str, base: Path) -> Convers
         value = value.get("path") if isinstance(value, dict) else value  # datasets.Image's {"path", "bytes"}
         if not isinstance(value, str) or not value:
             raise DataError(f"{record}: 'images': the {role} image must be a path, got {value!r}")
-        paths.append(str(Path(value) if Path(value).is_absolute() else (base / value).resolve()))
+        paths.append(resolve_inside(base, value, allow_outside, f"{record}: the {role} image"))
     return Conversation(str(row.get(ID_KEY) or f"{split}-{number}"), split, *paths, prompt.strip(),
                         _text(assistant.get("content"), record, "assistant"))
 
@@ -143,12 +179,15 @@ def _decode(row, record: str, number: int, *, split: str, base: Path) -> Convers
 def read(source: Path, options=None) -> Iterator[tuple[str, Conversation | Skipped]]:
     """(record, Conversation) of every row of a TRL dataset (an export folder or one file), relative image paths
     from the file's folder. With the import's ``options``: a row that is no pair is (record, Skipped) naming the
-    row and key, the others go on. Without: the first such row is a DataError (a caller that counts no
-    skips)."""
-    for split, path in split_files(Path(source)):
+    row and key, the others go on, and images (and split files) must stay inside the dataset folder unless
+    ``options.allow_outside``. Without: the first such row is a DataError (a caller that counts no skips), and
+    paths are not confined."""
+    allow_outside = options is None or bool(getattr(options, "allow_outside", False))
+    for split, path in _split_files(Path(source), allow_outside):
         for number, (record, row) in enumerate(_values(path)):
             try:
-                yield record, _decode(row, record, number, split=split, base=path.parent)
+                yield record, _decode(row, record, number, split=split, base=path.parent,
+                                      allow_outside=allow_outside)
             except DataError as error:
                 if options is None:
                     raise
