@@ -109,9 +109,9 @@ def test_epc_phrase_from_an_entity_cache(demo, tmp_path, capsys):
     cache.write_part("1", {pairs[0].pair_id: [["small red cube", 0.9]]})
     assert data_main([*argv, "--num-entities", "2"]) == 0
     rows = _rows(tmp_path / "trl" / "test.jsonl")
-    texts = {row["messages"][0]["content"][2]["text"] for row in rows}
+    texts = {row["prompt"][0]["content"][2]["text"] for row in rows}
     assert texts == {f"{PROMPT} Entity: small red cube.", f"{PROMPT} Entity: small red cube, large sphere."}
-    assert [part["type"] for part in rows[0]["messages"][0]["content"]] == ["image", "image", "text"]
+    assert [part["type"] for part in rows[0]["prompt"][0]["content"]] == ["image", "image", "text"]
 
 
 def test_import_names_a_broken_record(exported, tmp_path, capsys):
@@ -143,7 +143,7 @@ def test_trl_reads_its_export_with_its_own_dataset_code(exported, demo, tmp_path
     assert len(dataset) == sum(len(p.captions) for p in pairs) and is_conversational(dataset[0])
     example = dataset[0]
     assert example["id"] == pairs[0].pair_id and [im.size for im in example["images"]] == [(96, 72), (96, 72)]
-    prepared = prepare_multimodal_messages(example["messages"], images=example["images"])
+    prepared = prepare_multimodal_messages(example["prompt"], images=example["images"])
     assert [part["type"] for part in prepared[0]["content"]] == ["image", "image", "text"]
     assert prepared[0]["content"][0]["image"] is example["images"][0]
 

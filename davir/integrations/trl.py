@@ -9,16 +9,20 @@
     trainer.train()       # logs loss, attn_loss (Eq. 7) and fac_pairs beside TRL's own metrics
 
 The dataset is what ``python -m davir.data export --to trl`` writes (an ``id`` column, ``images`` = [before,
-after], chat ``messages``). The trainer wraps TRL's vision collator (:class:`DavirFacCollator`): each picture is
-resized to S×S first — one patch grid per run, as davir's own models do — the user turn's text becomes the pair's
-DAVIR prompt when an entity cache is given, and the pair's change masks are read from the davir mask cache by
-pair id. FAC is davir's own: the family's attention hook (``get_family(name).attention_hook(core)``) on the layer
-FAC reads, its ``attention_maps`` on the patch grid, and :func:`davir.models.losses.fac_attention_loss`, added to
-TRL's loss as Eq. 12 (``L = L_caption + λ · L_attn``).
+after], the user turn under ``prompt``, the caption under ``completion``; a ``messages`` dataset is split into the
+two). The trainer wraps TRL's vision collator (:class:`DavirFacCollator`): each picture is resized to S×S first —
+one patch grid per run, as davir's own models do — the user turn's text becomes the pair's DAVIR prompt when an
+entity cache is given, and the pair's change masks are read from the davir mask cache by pair id. The loss is on
+the caption and its end of turn only, as in davir's own training (TRL's ``completion_only_loss``; the template's
+newline after the end of turn is left out). FAC is davir's own: the family's attention hook
+(``get_family(name).attention_hook(core)``) on the layer FAC reads, its ``attention_maps`` on the patch grid, and
+:func:`davir.models.losses.fac_attention_loss`, added to TRL's loss as Eq. 12 (``L = L_caption + λ · L_attn``).
 """
 
 from __future__ import annotations
 
+import io
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +33,10 @@ import numpy as np
 import torch
 from PIL import Image
 from trl import SFTTrainer
+from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
 from davir.data.caches import MaskCache
+from davir.data.images import load_rgb, to_rgb, upright
 from davir.errors import DataError
 from davir.integrations.prompts import epc_prompt_for
 from davir.models.epc import EpcConfig
@@ -39,6 +45,8 @@ from davir.models.families.base import ChatFamily
 from davir.models.losses import FacConfig, davir_total_loss, fac_attention_loss
 
 MASK_KEYS = ("davir_masks_before", "davir_masks_after", "davir_mask_valid")
+MASKS_COMMAND = "python -m preprocess masks --format F --root R --split S --out CACHE"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,15 +70,39 @@ class DavirTrlSettings:
     id_key: str = "id"
 
 
-def _open(image: Any) -> Image.Image:
-    if isinstance(image, Image.Image):
-        return image
+def _open(image: Any, pair_id: str) -> Image.Image:
+    """One picture of a pair, upright RGB as every davir reader gives it (EXIF orientation applied, as the mask
+    cache's masks were made): a path through ``load_rgb``, a PIL image or ``{"bytes"}`` through ``upright``."""
     if isinstance(image, dict):  # datasets.Image not decoded: {"path", "bytes"}
+        if image.get("bytes"):
+            with Image.open(io.BytesIO(image["bytes"])) as opened:
+                opened.load()
+                return to_rgb(upright(opened))
         image = image.get("path")
+    if isinstance(image, Image.Image):  # an image datasets decoded is upright already: upright() leaves it as is
+        return to_rgb(upright(image))
     if not isinstance(image, (str, Path)):
-        raise DataError(f"an image must be a PIL image or a path, got {type(image).__name__}")
-    with Image.open(image) as opened:
-        return opened.convert("RGB")
+        raise DataError(f"pair {pair_id!r}: an image must be a PIL image or a path, got {type(image).__name__}")
+    return load_rgb(Path(image), record=pair_id)
+
+
+def open_mask_cache(path: str | Path) -> MaskCache:
+    """The mask cache at ``path``; a path that is no mask cache (a typo) is a DataError, never FAC silently off."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"masks={str(path)!r}: no such folder; FAC reads a davir mask cache (`{MASKS_COMMAND}`)")
+    cache = MaskCache(path)
+    if not cache.folder.is_dir() and not (path / "manifest.json").is_file():
+        raise DataError(f"masks={str(path)!r}: not a davir mask cache (no masks/ folder or manifest.json); make one "
+                        f"with `{MASKS_COMMAND}`")
+    return cache
+
+
+def mask_coverage(cache: MaskCache, pair_ids) -> dict:
+    """How many of the distinct ``pair_ids`` have an entry in ``cache`` (the rest are left out of FAC)."""
+    pairs = set(map(str, pair_ids))
+    missing = sorted(pair_id for pair_id in pairs if not cache.has(pair_id))
+    return {"pairs": len(pairs), "with_masks": len(pairs) - len(missing), "missing": missing}
 
 
 def _square_mask(mask: np.ndarray | None, size: int) -> torch.Tensor | None:
@@ -81,17 +113,31 @@ def _square_mask(mask: np.ndarray | None, size: int) -> torch.Tensor | None:
     return torch.from_numpy(np.asarray(picture, dtype=np.float32).copy()).clamp_(0, 1)
 
 
+def _split_turns(messages: Any, pair_id: str) -> tuple[list, list]:
+    """A ``messages`` conversation as (prompt, completion): the turns before the last assistant turn, and that turn
+    (so TRL's completion-only loss scores the answer alone)."""
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages] if isinstance(messages, list) else []
+    if "assistant" not in roles:
+        raise DataError(f"pair {pair_id!r}: 'messages' must end with an assistant turn (the caption)")
+    last = len(roles) - 1 - roles[::-1].index("assistant")
+    return messages[:last], messages[last:]
+
+
 class DavirFacCollator:
     """TRL's collator with davir's pair handling around it: S×S pictures, EPC prompts, change masks by pair id.
 
     Adds ``davir_masks_before``/``davir_masks_after`` (B, S, S) and ``davir_mask_valid`` (B,) to the batch when a
-    mask cache is given (a pair missing from the cache is left out of FAC, never given an empty target)."""
+    mask cache is given (a pair missing from the cache is left out of FAC, never given an empty target). A
+    ``messages`` example is passed on as prompt + completion; with ``end_token_id`` (completion-only loss) the
+    labels stop at the caption's end of turn."""
 
     def __init__(self, collator, *, image_size: int, masks: str | Path | None = None,
-                 entities: str | Path | None = None, epc: EpcConfig | None = None, id_key: str = "id") -> None:
+                 entities: str | Path | None = None, epc: EpcConfig | None = None, id_key: str = "id",
+                 end_token_id: int | None = None) -> None:
         self.collator = collator
+        self.end_token_id = end_token_id
         self.image_size = image_size
-        self.masks = MaskCache(masks) if masks is not None else None
+        self.masks = open_mask_cache(masks) if masks is not None else None
         self.prompt_for = epc_prompt_for(entities, epc) if entities is not None else None
         self.id_key = id_key
 
@@ -108,10 +154,11 @@ class DavirFacCollator:
             images = example.get("images")
             if not isinstance(images, list) or len(images) != 2:
                 raise DataError(f"pair {ids[-1]!r}: 'images' must hold two pictures, before then after")
-            example["images"] = [_open(image).convert("RGB").resize(size, Image.Resampling.BICUBIC)
-                                 for image in images]
+            example["images"] = [_open(image, ids[-1]).resize(size, Image.Resampling.BICUBIC) for image in images]
+            if "messages" in example and "prompt" not in example:
+                example["prompt"], example["completion"] = _split_turns(example.pop("messages"), ids[-1])
             if self.prompt_for is not None:
-                example["messages"] = self._with_prompt(example["messages"], self.prompt_for(ids[-1]))
+                example["prompt"] = self._with_prompt(example["prompt"], self.prompt_for(ids[-1]))
             ready.append(example)
         return ready, ids
 
@@ -145,6 +192,10 @@ class DavirFacCollator:
     def __call__(self, examples: Sequence[dict]) -> dict[str, Any]:
         ready, ids = self._examples(examples)
         batch = self.collator(ready)
+        if self.end_token_id is not None and "labels" in batch:  # nothing after the caption's end of turn
+            labels = batch["labels"]
+            ends = labels == self.end_token_id
+            labels[(ends.cumsum(dim=1) - ends.long()) > 0] = -100
         if self.masks is not None:
             batch.update(self._mask_tensors(ids))
         return batch
@@ -168,12 +219,38 @@ class DavirSFTTrainer(SFTTrainer):
         probe = SimpleNamespace(image_size=self.davir.image_size, pretrained=True, preset=None)
         self.image_size = self.family.input_size(probe, core.config)
         self.patch_grid = self.family.patch_grid(self.image_size, core.config)
+        end = None
+        if isinstance(self.data_collator, DataCollatorForVisionLanguageModeling) \
+                and self.args.completion_only_loss is not False:
+            self.data_collator.completion_only_loss = True  # a `messages` dataset arrives as prompt + completion
+            end = self.processing_class.tokenizer.convert_tokens_to_ids(self.family.end_of_turn)
         self.data_collator = DavirFacCollator(self.data_collator, image_size=self.image_size, masks=self.davir.masks,
                                               entities=self.davir.entities, epc=self.davir.epc,
-                                              id_key=self.davir.id_key)
+                                              id_key=self.davir.id_key, end_token_id=end)
+        self.fac_coverage = self._check_coverage()
         self._captured: list[Any] = []
         self.attention_hook = self.family.attention_hook(core).attach()  # after PEFT: sees the LoRA projections
         self._vision_handle = self.family.vision_tower(core).register_forward_hook(self._keep_attention)
+
+    def _check_coverage(self) -> dict | None:
+        """At start: how many training pairs have a change mask. None has: a DataError (the wrong cache or
+        dataset); some lack one: a warning with the count (they train without FAC's term)."""
+        cache = self.data_collator.masks
+        dataset = self.train_dataset
+        if cache is None or self.davir.fac.lambda_attn <= 0 or self.davir.id_key not in (
+                getattr(dataset, "column_names", None) or ()):
+            return None
+        coverage = mask_coverage(cache, dataset[self.davir.id_key])
+        where = f"the mask cache {cache.root}"
+        if coverage["pairs"] and not coverage["with_masks"]:
+            raise DataError(f"masks={str(cache.root)!r}: none of the {coverage['pairs']} training pairs has a change "
+                            f"mask in it (first id {coverage['missing'][0]!r}): another dataset's cache? Make it with "
+                            f"`{MASKS_COMMAND}` for this dataset")
+        if coverage["missing"]:
+            log.warning("FAC: %d of %d training pairs have no change mask in %s and train without FAC's term "
+                        "(first: %s)", len(coverage["missing"]), coverage["pairs"], where,
+                        ", ".join(coverage["missing"][:5]))
+        return coverage
 
     def _keep_attention(self, module, inputs, output) -> None:
         captured = self.attention_hook.pop(missing_ok=True)

@@ -1,14 +1,20 @@
-"""TRL: a conversational vision dataset — chat ``messages`` whose contents are typed parts, two image parts before
-the prompt's text part, and the ``images`` column the parts are filled from in order (TRL's dataset formats page,
-"Vision datasets"; ``trl.data_utils.prepare_multimodal_messages``)::
+"""TRL: a conversational vision dataset of the **prompt-completion** type — the user turn under ``prompt``, the
+answer under ``completion``, typed content parts, two image parts before the prompt's text part, and the ``images``
+column the parts are filled from in order (TRL's dataset formats page, "Vision datasets";
+``trl.data_utils.prepare_multimodal_messages``)::
 
     {"id": "...", "images": ["/abs/before.png", "/abs/after.png"],
-     "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
-                                                {"type": "text", "text": "Describe the difference ..."}]},
-                  {"role": "assistant", "content": [{"type": "text", "text": "the red cube moved"}]}]}
+     "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                             {"type": "text", "text": "Describe the difference ..."}]}],
+     "completion": [{"role": "assistant", "content": [{"type": "text", "text": "the red cube moved"}]}]}
 
     dataset = load_dataset("json", data_files={"train": "DIR/train.jsonl"})["train"]
     dataset = dataset.cast_column("images", Sequence(Image()))      # paths → images, decoded when read
+
+Prompt-completion, not ``messages``: TRL's ``SFTTrainer`` then sets ``completion_only_loss`` and its vision collator
+(``DataCollatorForVisionLanguageModeling._collate_prompt_completion``) puts only the completion — the caption and
+the template's end of turn — in the loss, as davir's own training does; with ``messages`` every token is scored,
+the image placeholders included. ``import --from trl`` reads both forms.
 
 Image parts carry no ``text`` key; loading through ``datasets`` gives them ``"text": None`` (one Arrow schema
 for all parts), which the chat templates ignore.
@@ -16,46 +22,173 @@ for all parts), which the chat templates ignore.
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from davir.data.toolkits.shared import ID_KEY, Conversation, read_rows, split_files, two_images
+from davir.data.toolkits.shared import ID_KEY, Conversation, split_files
 from davir.errors import DataError
+from davir.io import iter_jsonl
 
 NAME = "trl"
 
 
 def encode(talk: Conversation) -> dict:
     return {ID_KEY: talk.pair_id, "images": [talk.before, talk.after],
-            "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
-                                                      {"type": "text", "text": talk.prompt}]},
-                         {"role": "assistant", "content": [{"type": "text", "text": talk.answer}]}]}
+            "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                                    {"type": "text", "text": talk.prompt}]}],
+            "completion": [{"role": "assistant", "content": [{"type": "text", "text": talk.answer}]}]}
 
 
 def write_extras(out: Path, files: dict[str, str], name: str) -> list[str]:
     return []
 
 
-def _text(content, record: str) -> str:
-    if isinstance(content, str):
-        return content
+try:  # the import's record of a skipped row, which it counts and lists (exit 1), where shared.py has one
+    from davir.data.toolkits.shared import Skipped
+except ImportError:
+    @dataclass(frozen=True)
+    class Skipped:  # type: ignore[no-redef]
+        """A row that is no pair davir can import; ``reason`` names the file, the row and the key."""
+
+        reason: str
+
+
+def leads_out(root: Path, path: str | Path) -> str | None:
+    """Where ``path`` really leads once ``..`` and every symlink are followed, when that is outside ``root``."""
+    real_root, real = os.path.realpath(root), os.path.realpath(path)
+    return None if os.path.commonpath([real_root, real]) == real_root else real
+
+
+def resolve_inside(root: Path, value: str, allow_outside: bool, what: str) -> str:
+    """An image path of a downloaded dataset as an absolute path (a relative one from ``root``; symlinks kept),
+    refused (DataError naming ``what``) when ``..``, an absolute path or a symlink leads it out of ``root`` and
+    ``allow_outside`` is off. (The toolkits branch checks every reader the same way: shared.FolderGuard.)"""
+    path = os.path.abspath(Path(root) / value)  # an absolute value stays itself
+    real = None if allow_outside else leads_out(root, path)
+    if real is not None:
+        through = f" (through a symlink, to {real})" if real != path else ""
+        raise DataError(f"{what} {path} lies outside the dataset folder {root}{through}; pass --allow-outside to "
+                        "read images outside it (davir's own export names absolute paths)")
+    return path
+
+
+def _split_files(source: Path, allow_outside: bool) -> list[tuple[str, Path]]:
+    """The split files to read; one that is a symlink leading out of the folder is a DataError (the whole read
+    stops) unless ``allow_outside``."""
+    try:  # shared.split_files makes this check itself where it takes allow_outside
+        found = split_files(source, allow_outside=allow_outside)
+    except TypeError:
+        found = split_files(source)
+    folder = source if source.is_dir() else source.parent
+    for _, path in found:
+        real = None if allow_outside else leads_out(folder, path)
+        if real is not None:
+            raise DataError(f"{path} leads out of the dataset folder {folder} (to {real}); a downloaded dataset is "
+                            "read only inside its folder: pass --allow-outside if you trust it")
+    return found
+
+
+def _values(path: Path) -> Iterator[tuple[str, object]]:
+    """(record "file: line N" / "file: record N", value) of a .jsonl file or a .json list; a file that cannot be
+    read as such is a DataError (the whole import stops)."""
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DataError(f"{path}: not valid UTF-8 JSON ({error})") from None
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+        yield from ((f"{path}: record {number}", row) for number, row in enumerate(data))
+    else:
+        yield from ((f"{path}: line {number}", row) for number, row in iter_jsonl(path))
+
+
+def _turns(row: dict, record: str) -> tuple[dict, dict]:
+    """The user turn and the answer of a row: ``prompt`` + ``completion`` (what davir writes) or ``messages``; a
+    leading system turn is allowed. Anything else is a DataError naming the key."""
+    if "prompt" in row or "completion" in row:
+        keys = ("prompt", "completion")
+        turns = [turn for key in keys for turn in _list(row.get(key), record, key)]
+    else:
+        keys = ("messages",)
+        turns = _list(row.get("messages"), record, "messages")
+    key = "/".join(map(repr, keys))
+    for number, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(f"{record}: {key} turn {number} must be a JSON object with 'role' and 'content', got "
+                            f"{type(turn).__name__}")
+    turns = turns[1:] if turns and turns[0].get("role") == "system" else turns
+    roles = [turn.get("role") for turn in turns]
+    if roles != ["user", "assistant"]:
+        raise DataError(f"{record}: {key} holds the turns {roles}; davir imports one 'user' turn then one "
+                        "'assistant' turn (a pair and its caption)")
+    return turns[0], turns[1]
+
+
+def _list(value, record: str, key: str) -> list:
+    if not isinstance(value, list):
+        raise DataError(f"{record}: {key!r} must be a list of turns, got {type(value).__name__}")
+    return value
+
+
+def _text(content, record: str, which: str) -> str:
+    """A turn's text: a string, or the text parts of a list of typed parts (image parts carry none)."""
+    if content is None or isinstance(content, str):
+        return content or ""
     if not isinstance(content, list):
-        raise DataError(f"{record}: a message's content must be text or a list of parts")
-    return "".join(part.get("text") or "" for part in content if isinstance(part, dict) and part.get("type") == "text")
+        raise DataError(f"{record}: the {which} turn's 'content' must be text or a list of parts, got "
+                        f"{type(content).__name__}")
+    texts = []
+    for number, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise DataError(f"{record}: the {which} turn's content part {number} must be a JSON object, got "
+                            f"{type(part).__name__}")
+        if part.get("type") == "text":
+            if not isinstance(part.get("text"), str):
+                raise DataError(f"{record}: the {which} turn's content part {number}: 'text' must be a string, got "
+                                f"{type(part.get('text')).__name__}")
+            texts.append(part["text"])
+    return "".join(texts)
 
 
-def read(source: Path):
-    for split, path in split_files(source):
-        for number, (record, row) in enumerate(read_rows(path)):
-            messages = row.get("messages")
-            if not isinstance(messages, list) or [m.get("role") for m in messages if isinstance(m, dict)
-                                                  and m.get("role") != "system"] != ["user", "assistant"]:
-                raise DataError(f"{record}: 'messages' must hold a user turn then an assistant turn")
-            user, assistant = [m for m in messages if m.get("role") != "system"]
-            parts = user.get("content")
-            images = [p for p in parts if isinstance(p, dict) and p.get("type") == "image"] \
-                if isinstance(parts, list) else []
-            if len(images) != 2:
-                raise DataError(f"{record}: the user turn must hold two image parts (before, after)")
-            before, after = two_images(row, "images", path.parent, record)
-            yield record, Conversation(str(row.get(ID_KEY) or f"{split}-{number}"), split, before, after,
-                                       _text(parts, record).strip(), _text(assistant.get("content"), record))
+def _decode(row, record: str, number: int, *, split: str, base: Path, allow_outside: bool) -> Conversation:
+    if not isinstance(row, dict):
+        raise DataError(f"{record}: expected a JSON object, got {type(row).__name__}")
+    user, assistant = _turns(row, record)
+    prompt = _text(user.get("content"), record, "user")
+    parts = user.get("content") if isinstance(user.get("content"), list) else []
+    if sum(part.get("type") == "image" for part in parts) != 2:
+        raise DataError(f"{record}: the user turn must hold two image parts (before, after)")
+    images = row.get("images")
+    if not isinstance(images, list) or len(images) != 2:
+        count = len(images) if isinstance(images, list) else "no list"
+        raise DataError(f"{record}: 'images' must list two images, before then after ({count} given)")
+    paths = []
+    for role, value in zip(("before", "after"), images):
+        value = value.get("path") if isinstance(value, dict) else value  # datasets.Image's {"path", "bytes"}
+        if not isinstance(value, str) or not value:
+            raise DataError(f"{record}: 'images': the {role} image must be a path, got {value!r}")
+        paths.append(resolve_inside(base, value, allow_outside, f"{record}: the {role} image"))
+    return Conversation(str(row.get(ID_KEY) or f"{split}-{number}"), split, *paths, prompt.strip(),
+                        _text(assistant.get("content"), record, "assistant"))
+
+
+def read(source: Path, options=None) -> Iterator[tuple[str, Conversation | Skipped]]:
+    """(record, Conversation) of every row of a TRL dataset (an export folder or one file), relative image paths
+    from the file's folder. With the import's ``options``: a row that is no pair is (record, Skipped) naming the
+    row and key, the others go on, and images (and split files) must stay inside the dataset folder unless
+    ``options.allow_outside``. Without: the first such row is a DataError (a caller that counts no skips), and
+    paths are not confined."""
+    allow_outside = options is None or bool(getattr(options, "allow_outside", False))
+    for split, path in _split_files(Path(source), allow_outside):
+        for number, (record, row) in enumerate(_values(path)):
+            try:
+                yield record, _decode(row, record, number, split=split, base=path.parent,
+                                      allow_outside=allow_outside)
+            except DataError as error:
+                if options is None:
+                    raise
+                yield record, Skipped(str(error))
