@@ -1,0 +1,95 @@
+"""Issue 49 (faults, third pass), the app's, captioning's and preprocessing's cases: damaged merged weights and
+pickles (§8), a device the machine lacks (§9), an unwritable leaderboard output (§10), the app on the network
+(§13), DataLoader workers outliving a SIGKILLed caption.py (§16), uploads left behind (§17), a resumed masks
+manifest's counts (§18). Each is a command as a user runs it: one line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.test_faults import ENV, REPO
+from tests.test_faults_signals import _alive, _children
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TINY_BLIP = REPO / "assets" / "tiny_instructblip"
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory):
+    """A tiny DAVIR model (random LoRA over the tiny InstructBLIP) exported with --merge, and 24 small pairs."""
+    from davir.cli import export as export_script
+    from davir.models.davir import build_davir_model
+    from davir.models.davir_config import DavirModelConfig
+    from davir.models.epc import EpcConfig
+
+    work = tmp_path_factory.mktemp("merged")
+    config = DavirModelConfig(family="instructblip", pretrained=str(TINY_BLIP), epc=EpcConfig(use_entities=False))
+    build_davir_model(config).eval().save_pretrained(work / "model")
+    assert export_script.main(["--checkpoint", str(work / "model"), "--out", str(work / "merged"), "--merge"]) == 0
+    for side in ("before", "after"):
+        (work / "pairs" / side).mkdir(parents=True)
+    for i in range(24):
+        before = Image.new("RGB", (64, 48), (200, 20 + 8 * i, 20))
+        after = before.copy()
+        after.paste((20, 200, 20), (4 + i, 8, 24 + i, 28))
+        before.save(work / "pairs" / "before" / f"p{i:02d}.png")
+        after.save(work / "pairs" / "after" / f"p{i:02d}.png")
+    return work
+
+
+def damaged_copy(merged: Path, folder: Path, kind: str) -> tuple[Path, Path]:
+    """A copy of the merged export whose weights are cut in half, or a pickled .bin holding more than tensors;
+    returns (the folder, the damaged file)."""
+    import datetime
+
+    import torch
+
+    shutil.copytree(merged / "merged", folder)
+    weights = folder / "model.safetensors"
+    if kind == "truncated":
+        with open(weights, "r+b") as handle:
+            handle.truncate(weights.stat().st_size // 2)
+        return folder, weights
+    weights.unlink()
+    torch.save({"weight": torch.zeros(2), "when": datetime.date(2020, 1, 1)}, folder / "pytorch_model.bin")
+    return folder, folder / "pytorch_model.bin"
+
+
+# ---- §10 the leaderboard's --out ------------------------------------------------------------------------------------
+
+def test_leaderboard_out_that_cannot_be_written_is_one_line(tmp_path, make_read_only, capsys):
+    from davir.cli.compare import main
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder\n")
+    assert main(["--leaderboard", "levir_cc", "--out", str(blocker / "table.md")]) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        f"error: --out {blocker / 'table.md'} cannot be written: {blocker} is a file, not a folder"]
+    (tmp_path / "locked").mkdir()
+    make_read_only(tmp_path / "locked")
+    assert main(["--leaderboard", "levir_cc", "--out", str(tmp_path / "locked" / "table.md")]) == 2
+    err = capsys.readouterr().err
+    assert error_lines(err) == [f"error: --out {tmp_path / 'locked' / 'table.md'} is not writable: permission "
+                                f"denied in {tmp_path / 'locked'}"] and "Traceback" not in err
