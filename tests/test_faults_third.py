@@ -93,3 +93,21 @@ def test_leaderboard_out_that_cannot_be_written_is_one_line(tmp_path, make_read_
     err = capsys.readouterr().err
     assert error_lines(err) == [f"error: --out {tmp_path / 'locked' / 'table.md'} is not writable: permission "
                                 f"denied in {tmp_path / 'locked'}"] and "Traceback" not in err
+
+
+# ---- §18 a resumed masks run's manifest counts the cache --------------------------------------------------------
+
+def test_resumed_masks_manifest_counts_every_pair_of_the_cache(synthetic_set, tmp_path):
+    from preprocess import masks as masks_job
+
+    data = synthetic_set(16, 3, width=64, height=48, val_fraction=0.1, test_fraction=0.3)
+    common = ["--format", "clevr_change", "--root", str(data), "--split", "train", "--workers", "1", "--no-progress"]
+    assert masks_job.main([*common, "--out", str(tmp_path / "one")]) == 0
+    assert masks_job.main([*common, "--out", str(tmp_path / "resumed"), "--limit", "4"]) == 0
+    assert masks_job.main([*common, "--out", str(tmp_path / "resumed")]) == 0
+    one, resumed = (json.loads((tmp_path / name / "manifest.json").read_text())["counts"]
+                    for name in ("one", "resumed"))
+    assert resumed["reused"] == 4 and resumed["computed"] == one["pairs"] - 4 and one["reused"] == 0
+    cache = {key: resumed[key] for key in ("pairs", "in_cache", "empty_masks", "clusters", "kept_after",
+                                           "kept_before")}
+    assert cache == {key: one[key] for key in cache} and one["clusters"] > 0
