@@ -95,6 +95,56 @@ def test_leaderboard_out_that_cannot_be_written_is_one_line(tmp_path, make_read_
                                 f"denied in {tmp_path / 'locked'}"] and "Traceback" not in err
 
 
+# ---- §16 DataLoader workers die with a SIGKILLed caption.py ----------------------------------------------------
+
+@pytest.mark.faults
+def test_caption_workers_end_with_a_sigkilled_parent(merged, tmp_path):
+    out = tmp_path / "c.jsonl"
+    process = subprocess.Popen([sys.executable, "caption.py", "--checkpoint", str(merged / "merged"), "--pairs",
+                                str(merged / "pairs"), "--out", str(out), "--batch-size", "1", "--workers", "2",
+                                "--quiet"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not (out.is_file() and out.stat().st_size) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert process.poll() is None, "caption.py ended before the kill: nothing was tested"
+        workers += _children(process.pid)
+        assert len(workers) >= 2, workers
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        deadline = time.monotonic() + 3  # the kernel ends them at once; torch's own check would take 5 s or more
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in workers if _alive(pid)] == [], "DataLoader workers outlived the killed caption.py"
+    finally:  # what a failing run leaves (the orphaned workers included) goes
+        for pid in {process.pid, *workers, *_children(process.pid)}:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.wait()
+
+
+def test_die_with_parent_ends_a_worker_whose_parent_is_gone_before_it_starts(tmp_path):
+    """The worker initialiser run by a process whose parent already ended: it exits at once."""
+    marks = tmp_path / "marks.txt"
+    code = ("import os, sys, time\n"
+            "from davir.runtime.orphans import DieWithParent\n"
+            "init = DieWithParent()\n"
+            "if os.fork():\n    os._exit(0)\n"  # the parent leaves; the child was made with its pid
+            "time.sleep(0.5)\n"
+            f"open({str(marks)!r}, 'a').write('started\\n')\n"
+            "init(0)\n"
+            f"open({str(marks)!r}, 'a').write('still alive\\n')\n")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, timeout=60, check=True)
+    deadline = time.monotonic() + 10
+    while "started" not in (marks.read_text() if marks.is_file() else "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert marks.read_text() == "started\n"
+
+
 # ---- §18 a resumed masks run's manifest counts the cache --------------------------------------------------------
 
 def test_resumed_masks_manifest_counts_every_pair_of_the_cache(synthetic_set, tmp_path):
