@@ -77,6 +77,58 @@ def damaged_copy(merged: Path, folder: Path, kind: str) -> tuple[Path, Path]:
     return folder, folder / "pytorch_model.bin"
 
 
+# ---- §8 damaged weights: caption.py, davir-app and the compare tab -----------------------------------------------
+
+@pytest.mark.parametrize("kind", ["truncated", "pickle"])
+def test_damaged_merged_weights_are_one_line_naming_the_file(merged, tmp_path, kind, capsys):
+    from davir.cli import app as app_script
+    from davir.cli import caption as caption_script
+
+    folder, damaged = damaged_copy(merged, tmp_path / "export", kind)
+    status = caption_script.main(["--checkpoint", str(folder), "--pairs", str(merged / "pairs"), "--out",
+                                  str(tmp_path / "c.jsonl"), "--workers", "0", "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 2 and len(error_lines(err)) == 1, err[-2000:]
+    line = error_lines(err)[0]
+    assert line.startswith(f"error: {damaged}: ") and "Traceback" not in err
+    assert "weights_only" not in err  # torch's advice to unpickle anyway is not passed on
+    assert ("truncated" in line) if kind == "truncated" else ("refused: a pickle" in line)
+    assert app_script.main(["--checkpoint", str(folder), "--port", str(free_port()), "--device", "cpu"],
+                           block=False) == 2
+    assert error_lines(capsys.readouterr().err) == [line]
+
+
+@pytest.fixture(scope="module")
+def app(merged):
+    """davir-app on the merged export, on 127.0.0.1; yields (url, demo)."""
+    from davir.cli import app as app_script
+
+    demo, url = app_script.main(["--checkpoint", str(merged / "merged"), "--port", str(free_port()), "--device",
+                                 "cpu"], block=False)
+    yield url, demo
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    from gradio_client import Client
+
+    return Client(app[0], verbose=False)
+
+
+def test_the_compare_tab_names_a_damaged_model_b_without_a_traceback(merged, app, client, tmp_path, capfd):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    folder, damaged = damaged_copy(merged, tmp_path / "export", "truncated")
+    before, after = (merged / "pairs" / side / "p00.png" for side in ("before", "after"))
+    with pytest.raises(AppError) as raised:
+        client.predict(handle_file(str(before)), handle_file(str(after)), str(merged / "merged"), str(folder),
+                       api_name="/compare")
+    assert str(raised.value).startswith(f"model B: {damaged}: cannot load the model weights (SafetensorError")
+    assert "Traceback" not in capfd.readouterr().err
+
+
 # ---- §10 the leaderboard's --out ------------------------------------------------------------------------------------
 
 def test_leaderboard_out_that_cannot_be_written_is_one_line(tmp_path, make_read_only, capsys):
