@@ -129,6 +129,35 @@ def test_the_compare_tab_names_a_damaged_model_b_without_a_traceback(merged, app
     assert "Traceback" not in capfd.readouterr().err
 
 
+# ---- §9 a device the machine lacks ------------------------------------------------------------------------------
+
+def test_app_device_the_machine_lacks_is_one_line(merged, monkeypatch, capsys):
+    import torch
+
+    from davir.cli import app as app_script
+
+    argv = ["--checkpoint", str(merged / "merged"), "--port", str(free_port())]
+    assert app_script.main([*argv, "--device", "tpu"], block=False) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "error: --device tpu: not a device name; use cpu, cuda or cuda:N (a GPU index)"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, wherever this runs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert app_script.main([*argv, "--device", "cuda"], block=False) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "error: --device cuda: this machine has no CUDA GPU that torch can use; use --device cpu"]
+    from davir.errors import DataError
+    from davir.inference import ChangeCaptioner
+    from davir.inference.captioner import check_device
+
+    with pytest.raises(DataError, match="^--device tpu: not a device name"):  # the Python API checks it too
+        ChangeCaptioner.from_pretrained(merged / "merged", device="tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(DataError, match=r"^--device cuda:3: this machine has 2 CUDA GPU\(s\), cuda:0 to cuda:1$"):
+        check_device("cuda:3")
+    assert check_device("cuda:1") == torch.device("cuda", 1) and check_device("cpu") == torch.device("cpu")
+
+
 # ---- §10 the leaderboard's --out ------------------------------------------------------------------------------------
 
 def test_leaderboard_out_that_cannot_be_written_is_one_line(tmp_path, make_read_only, capsys):

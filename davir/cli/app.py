@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from davir.errors import DataError, describe_os_error
-from davir.inference.captioner import CaptionerOptions
+from davir.inference.captioner import CaptionerOptions, check_device
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None, *, block: bool = True):
     from davir.app.serve import start
 
     try:
+        if args.device is not None:
+            check_device(args.device)  # before the model loads and the page is built
         started = start(str(args.checkpoint), compare=None if args.compare is None else str(args.compare),
                         captions=None if args.captions is None else str(args.captions), host=args.host,
                         port=args.port, options=options_of(args), max_upload_mb=args.max_upload_mb, block=block)
