@@ -100,11 +100,11 @@ def test_damaged_merged_weights_are_one_line_naming_the_file(merged, tmp_path, k
 
 @pytest.fixture(scope="module")
 def app(merged):
-    """davir-app on the merged export, on 127.0.0.1; yields (url, demo)."""
+    """davir-app on the merged export, with a login, on 127.0.0.1; yields (url, demo)."""
     from davir.cli import app as app_script
 
     demo, url = app_script.main(["--checkpoint", str(merged / "merged"), "--port", str(free_port()), "--device",
-                                 "cpu"], block=False)
+                                 "cpu", "--auth", "ann:s3cret"], block=False)
     yield url, demo
     demo.close()
 
@@ -113,7 +113,7 @@ def app(merged):
 def client(app):
     from gradio_client import Client
 
-    return Client(app[0], verbose=False)
+    return Client(app[0], auth=("ann", "s3cret"), verbose=False)
 
 
 def test_the_compare_tab_names_a_damaged_model_b_without_a_traceback(merged, app, client, tmp_path, capfd):
@@ -174,6 +174,50 @@ def test_leaderboard_out_that_cannot_be_written_is_one_line(tmp_path, make_read_
     err = capsys.readouterr().err
     assert error_lines(err) == [f"error: --out {tmp_path / 'locked' / 'table.md'} is not writable: permission "
                                 f"denied in {tmp_path / 'locked'}"] and "Traceback" not in err
+
+
+# ---- §13 the app on the network ---------------------------------------------------------------------------------
+
+def test_app_beyond_loopback_warns_and_passes_auth(monkeypatch, capsys, tmp_path):
+    """What `davir-app` hands to the server, without listening anywhere (start is replaced)."""
+    from davir.app import serve
+    from davir.cli import app as app_script
+
+    started = []
+    monkeypatch.setattr(serve, "start", lambda checkpoint, **kwargs: started.append(kwargs) or ("demo", "url"))
+    monkeypatch.delenv(app_script.AUTH_VARIABLE, raising=False)
+    run = str(tmp_path)
+    assert app_script.main(["--checkpoint", run, "--host", "0.0.0.0"], block=False) == ("demo", "url")
+    err = capsys.readouterr().err
+    assert err.startswith("warning: --host 0.0.0.0 serves the page to the network, to anyone who can reach port "
+                          "7860; pass --auth USER:PASSWORD to ask for a login: its browse and compare tabs open "
+                          "any file and folder this account can read")
+    assert started[-1]["host"] == "0.0.0.0" and started[-1]["auth"] is None
+    assert app_script.main(["--checkpoint", run, "--host", "0.0.0.0", "--auth", "ann:pa:ss"], block=False)
+    assert "to whoever logs in with --auth:" in capsys.readouterr().err and started[-1]["auth"] == ("ann", "pa:ss")
+    monkeypatch.setenv(app_script.AUTH_VARIABLE, "bob:pw")  # kept out of the process list
+    assert app_script.main(["--checkpoint", run, "--host", "::1"], block=False)
+    assert capsys.readouterr().err == "" and started[-1]["auth"] == ("bob", "pw")  # loopback: no warning
+    assert app_script.main(["--checkpoint", run], block=False) and started[-1]["host"] == "127.0.0.1"
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit) as raised:
+        app_script.main(["--checkpoint", run, "--auth", "nopassword"], block=False)
+    assert raised.value.code == 2 and "expected USER:PASSWORD" in capsys.readouterr().err
+
+
+def test_app_with_auth_refuses_a_request_without_the_login(app, client, merged):
+    import urllib.error
+    import urllib.request
+
+    from gradio_client import handle_file
+
+    url, _ = app
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url.rstrip("/") + "/config", timeout=30)
+    assert refused.value.code == 401
+    before, after = (merged / "pairs" / side / "p01.png" for side in ("before", "after"))
+    caption, *_ = client.predict(handle_file(str(before)), handle_file(str(after)), api_name="/caption")
+    assert caption  # with the login, the page captions
 
 
 # ---- §16 DataLoader workers die with a SIGKILLed caption.py ----------------------------------------------------

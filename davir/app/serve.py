@@ -18,8 +18,9 @@ from davir.inference.captioner import CaptionerOptions
 
 def start(checkpoint: str, *, compare: str | None = None, captions: str | None = None, host: str = "127.0.0.1",
           port: int = 7860, options: CaptionerOptions | None = None, max_upload_mb: int = 100,
-          block: bool = True, quiet: bool = False):
-    """(the Gradio Blocks, its local URL); with `block` serve until interrupted (Ctrl-C) first."""
+          block: bool = True, quiet: bool = False, auth: tuple[str, str] | None = None):
+    """(the Gradio Blocks, its local URL); with `block` serve until interrupted (Ctrl-C) first. `auth`: the
+    (user, password) the page asks for (Gradio's login)."""
     started = time.perf_counter()
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when gradio is imported
     from davir.app.models import ModelShelf
@@ -28,7 +29,7 @@ def start(checkpoint: str, *, compare: str | None = None, captions: str | None =
     demo = build_app(ModelShelf(options), checkpoint=str(checkpoint), compare=compare, captions=captions)
     demo.queue(default_concurrency_limit=2)
     demo.launch(server_name=host, server_port=port, prevent_thread_lock=True, quiet=True, show_error=True,
-                max_file_size=f"{max_upload_mb}mb", ssr_mode=False, footer_links=["api"])
+                max_file_size=f"{max_upload_mb}mb", ssr_mode=False, footer_links=["api"], auth=auth)
     url = demo.local_url
     if not quiet:
         cpu = time.process_time()  # this process's CPU seconds since it started (imports and model load included)
