@@ -220,6 +220,78 @@ def test_app_with_auth_refuses_a_request_without_the_login(app, client, merged):
     assert caption  # with the login, the page captions
 
 
+# ---- §17 uploads go with the app ----------------------------------------------------------------------------------
+
+def test_the_apps_uploads_are_in_a_folder_of_its_own_removed_when_it_closes(app, client, merged):
+    from gradio_client import handle_file
+
+    url, demo = app
+    folder = demo.upload_folder
+    assert folder.name.startswith("davir-app-") and os.environ["GRADIO_TEMP_DIR"] == str(folder)
+    before, after = (merged / "pairs" / side / "p02.png" for side in ("before", "after"))
+    client.predict(handle_file(str(before)), handle_file(str(after)), api_name="/caption")
+    assert {p.name for p in folder.rglob("*.png")} >= {"p02.png"}  # the uploads, and the overlays shown
+    previous = os.environ.get("GRADIO_TEMP_DIR")
+    demo.close()  # the last test of this module's app
+    assert not folder.exists() and os.environ.get("GRADIO_TEMP_DIR") != str(folder)
+    assert previous == str(folder)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_davir_app_stopped_leaves_no_upload_behind(merged, tmp_path, signum):
+    """The command as a user runs it, GRADIO_TEMP_DIR pointed at an empty folder: after a caption and a stop,
+    the folder is empty again (a SIGKILLed app's folder is removed by the next start)."""
+    from gradio_client import Client, handle_file
+
+    temp = tmp_path / "gradio"
+    temp.mkdir()
+    port = free_port()
+    log = tmp_path / "app.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "davir.cli.app", "--checkpoint", str(merged / "merged"),
+                                    "--port", str(port), "--device", "cpu"], cwd=REPO, stdout=out,
+                                   stderr=subprocess.STDOUT, env={**ENV, "GRADIO_TEMP_DIR": str(temp)},
+                                   start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "davir-app: http" not in log.read_text() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert process.poll() is None, log.read_text()[-3000:]
+        before, after = (merged / "pairs" / side / "p03.png" for side in ("before", "after"))
+        Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+            handle_file(str(before)), handle_file(str(after)), api_name="/caption")
+        assert any(p.name == "p03.png" for p in temp.rglob("*"))  # uploaded into the run's folder
+        process.send_signal(signum)
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert list(temp.iterdir()) == [], log.read_text()[-3000:]
+    assert "Traceback" not in log.read_text()
+
+
+def test_a_killed_apps_upload_folder_is_removed_by_the_next_start(tmp_path, monkeypatch):
+    import socket
+
+    from davir.app import serve
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    stale = tmp_path / f"davir-app-{int(dead.stdout)}@{host}-abc"
+    kept = [tmp_path / f"davir-app-{os.getpid()}@{host}-live", tmp_path / f"davir-app-{int(dead.stdout)}@elsewhere-x",
+            tmp_path / "someone-elses"]
+    for folder in [stale, *kept]:
+        (folder / "upload").mkdir(parents=True)
+    folder, previous = serve._own_upload_folder()
+    assert not stale.exists() and all(k.is_dir() for k in kept) and folder.parent == tmp_path
+    assert os.environ["GRADIO_TEMP_DIR"] == str(folder) and previous == str(tmp_path)
+    serve._remove_upload_folder(folder, previous)
+    assert not folder.exists() and os.environ["GRADIO_TEMP_DIR"] == str(tmp_path)
+
+
 # ---- §16 DataLoader workers die with a SIGKILLed caption.py ----------------------------------------------------
 
 @pytest.mark.faults

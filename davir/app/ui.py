@@ -44,7 +44,7 @@ def _fail(error: Exception, prefix: str = ""):
 
 
 def build_app(shelf: ModelShelf, *, checkpoint: str, compare: str | None = None,
-              captions: str | None = None) -> gr.Blocks:
+              captions: str | None = None, delete_cache: tuple[int, int] | None = None) -> gr.Blocks:
     model = shelf.get(checkpoint)  # loaded before the page is served: the first caption is as quick as the rest
 
     def caption(before, after):
@@ -97,7 +97,7 @@ def build_app(shelf: ModelShelf, *, checkpoint: str, compare: str | None = None,
                         f"<small>{' | '.join(labels)}</small>", view.caption, _entities_table(view.entities), strip]
         return tuple(outputs)
 
-    with gr.Blocks(title="davir — change captioning", analytics_enabled=False) as demo:
+    with gr.Blocks(title="davir — change captioning", analytics_enabled=False, delete_cache=delete_cache) as demo:
         gr.Markdown(f"## Change captioning · {html.escape(model.name)}")
         with gr.Tab("Caption a pair", id="caption-tab"):
             with gr.Row():

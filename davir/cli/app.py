@@ -7,7 +7,7 @@ The captions are `caption.py`'s for the same images (the one captioning stack, C
 upload gets `caption.py`'s message. Runs on the CPU (or the GPU when there is one). The page is served on
 127.0.0.1 only unless --host says otherwise: its browse and compare tabs read folders of this machine, so another
 address is served with a warning, and `--auth USER:PASSWORD` (or DAVIR_APP_AUTH, which `ps` does not show) asks
-for a login.
+for a login. Uploads are kept in a folder of this run, removed when the app stops (Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from davir.errors import DataError, describe_os_error
@@ -113,10 +115,11 @@ def main(argv: list[str] | None = None, *, block: bool = True):
     try:
         if args.device is not None:
             check_device(args.device)  # before the model loads and the page is built
-        started = start(str(args.checkpoint), compare=None if args.compare is None else str(args.compare),
-                        captions=None if args.captions is None else str(args.captions), host=args.host,
-                        port=args.port, options=options_of(args), max_upload_mb=args.max_upload_mb, block=block,
-                        auth=args.auth)
+        with _sigterm_as_interrupt(block):
+            started = start(str(args.checkpoint), compare=None if args.compare is None else str(args.compare),
+                            captions=None if args.captions is None else str(args.captions), host=args.host,
+                            port=args.port, options=options_of(args), max_upload_mb=args.max_upload_mb,
+                            block=block, auth=args.auth)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -126,6 +129,22 @@ def main(argv: list[str] | None = None, *, block: bool = True):
     except KeyboardInterrupt:
         return 0
     return 0 if block else started
+
+
+class _sigterm_as_interrupt:
+    """While the app serves (`block`), SIGTERM stops it as Ctrl-C does: the server closes, the uploads go."""
+
+    def __init__(self, active: bool):
+        self.active = active and threading.current_thread() is threading.main_thread()  # where handlers can be set
+        self.previous = None
+
+    def __enter__(self):
+        if self.active:
+            self.previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+    def __exit__(self, *exc) -> None:
+        if self.active:
+            signal.signal(signal.SIGTERM, self.previous)
 
 
 if __name__ == "__main__":
