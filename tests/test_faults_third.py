@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import gradio  # noqa: F401 - before any app here sets GRADIO_TEMP_DIR: gradio keeps a few folders read at import
 import pytest
 from PIL import Image
 
@@ -110,10 +111,11 @@ def app(merged):
 
 
 @pytest.fixture(scope="module")
-def client(app):
+def client(app, tmp_path_factory):
     from gradio_client import Client
 
-    return Client(app[0], auth=("ann", "s3cret"), verbose=False)
+    # the client's downloads in a folder of the test (by default it takes GRADIO_TEMP_DIR: the app's own here)
+    return Client(app[0], auth=("ann", "s3cret"), verbose=False, download_files=str(tmp_path_factory.mktemp("dl")))
 
 
 def test_the_compare_tab_names_a_damaged_model_b_without_a_traceback(merged, app, client, tmp_path, capfd):
@@ -259,7 +261,7 @@ def test_davir_app_stopped_leaves_no_upload_behind(merged, tmp_path, signum):
             time.sleep(0.2)
         assert process.poll() is None, log.read_text()[-3000:]
         before, after = (merged / "pairs" / side / "p03.png" for side in ("before", "after"))
-        Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+        Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=str(tmp_path)).predict(
             handle_file(str(before)), handle_file(str(after)), api_name="/caption")
         assert any(p.name == "p03.png" for p in temp.rglob("*"))  # uploaded into the run's folder
         process.send_signal(signum)
