@@ -177,15 +177,16 @@ def _load_weights(path: Path, load, what: str = "these weights"):
 
 
 def load_folder_weights(folder: Path, load, what: str = "the model weights"):
-    """Run `load` (a `from_pretrained` of the model folder `folder`); a failure becomes a DataError naming the
-    weight file that fails (a truncated safetensors file, a pickle holding more than tensors), else the folder."""
+    """Run `load` (a `from_pretrained` of the model folder `folder`); a failure to read its weights becomes a
+    DataError naming the weight file that fails (a truncated safetensors file, a pickle holding more than
+    tensors), else the folder. Other errors (a config the model class refuses) go through as they are."""
+    import pickle
+
+    from safetensors import SafetensorError
+
     try:
         return load()
-    except DataError:
-        raise
-    except Exception as error:  # noqa: BLE001 - as _load_weights
-        if isinstance(error, MemoryError):
-            raise
+    except (SafetensorError, pickle.UnpicklingError, EOFError, OSError, RuntimeError) as error:
         raise _weights_error(_failing_weight_file(Path(folder), error), what, error) from error
 
 
