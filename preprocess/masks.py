@@ -201,9 +201,27 @@ def _write_result(cache: MaskCache, result: PairResult) -> None:
 
 
 def _summary(result: PairResult) -> dict:
-    return {"clusters": len(result.info["clusters"]), "kept_after": result.info["kept_after"],
-            "kept_before": result.info.get("kept_before", 0),
-            "empty": not (result.info["kept_after"] or result.info.get("kept_before", 0))}
+    return _info_summary(result.info)
+
+
+def _info_summary(info: dict) -> dict:
+    """A pair's counts from its mask info (a result's, or the JSON the cache holds for it)."""
+    return {"clusters": len(info["clusters"]), "kept_after": info["kept_after"],
+            "kept_before": info.get("kept_before", 0),
+            "empty": not (info["kept_after"] or info.get("kept_before", 0))}
+
+
+def count_reused(cache: MaskCache, pair_ids: list[str], counts: dict) -> None:
+    """Add the reused pairs' cached counts, so a resumed run's manifest describes the cache, not the last run."""
+    for pair_id in pair_ids:
+        path = cache._paths(pair_id)[0]
+        try:
+            summary = _info_summary(read_json(path))
+        except (KeyError, TypeError) as error:
+            raise DataError(f"{path}: not a mask entry ({error!r} missing); delete it to recompute it") from None
+        counts["empty_masks"] += int(summary.pop("empty"))
+        for key, value in summary.items():
+            counts[key] += value
 
 
 def _init_pool_worker(*initargs) -> None:
@@ -372,6 +390,8 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
                             f"--overwrite to recompute every pair (before: {previous.get('comparable_settings')}, "
                             f"now: {comparable})")
     todo = pairs if args.overwrite else [p for p in pairs if not cache.has(p.pair_id)]
+    pending = {p.pair_id for p in todo}
+    reused = [p.pair_id for p in pairs if p.pair_id not in pending]
     removed = remove_stale_temporaries(cache, [p.pair_id for p in todo])
     manifest = {
         "version": MANIFEST_VERSION, "command": "python -m preprocess masks " + " ".join(argv),
@@ -386,6 +406,7 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
                    "stale_temporaries_removed": removed, "reader_skipped": len(index.skipped)},
         "failures": [],
     }
+    count_reused(cache, reused, manifest["counts"])  # empty_masks, clusters, kept_*: of every pair in the cache
     write_json_atomic(path, manifest)
 
     workers = (os.cpu_count() or 1) if args.workers == 0 else args.workers

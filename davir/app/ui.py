@@ -21,7 +21,7 @@ from davir.app.browse import read_captions, strip_of
 from davir.app.models import ModelShelf
 from davir.app.pair import caption_pair
 from davir.app.uploads import image_input
-from davir.errors import DataError
+from davir.errors import DataError, describe_os_error
 from davir.viz.report import TILE_LABELS
 
 BROWSE_SHOWN = 48  # strips and rows the browse tab shows of the matching pairs (the count says how many match)
@@ -32,19 +32,25 @@ def _entities_table(entities) -> pd.DataFrame:
     return pd.DataFrame([[e, round(float(s), 3)] for e, s in entities], columns=ENTITY_COLUMNS)
 
 
-def _fail(error: Exception):
-    """A DataError's message as Gradio's error popup (and gradio_client's AppError), never a traceback."""
-    raise gr.Error(str(error), title="Not captioned", print_exception=False) from error
+# What a user can cause (a bad upload, a damaged model folder, a folder they may not read): a message, not a traceback
+USER_ERRORS = (DataError, OSError)
+
+
+def _fail(error: Exception, prefix: str = ""):
+    """A DataError's (or OSError's) message as Gradio's error popup (and gradio_client's AppError), never a
+    traceback."""
+    message = describe_os_error(error) if isinstance(error, OSError) else str(error)
+    raise gr.Error(prefix + message, title="Not captioned", print_exception=False) from error
 
 
 def build_app(shelf: ModelShelf, *, checkpoint: str, compare: str | None = None,
-              captions: str | None = None) -> gr.Blocks:
+              captions: str | None = None, delete_cache: tuple[int, int] | None = None) -> gr.Blocks:
     model = shelf.get(checkpoint)  # loaded before the page is served: the first caption is as quick as the rest
 
     def caption(before, after):
         try:
             view = caption_pair(shelf.get(checkpoint), before, after)
-        except DataError as error:
+        except USER_ERRORS as error:
             _fail(error)
         mask_before, mask_after = view.mask_overlays()
         attention_before, attention_after = view.attention_overlays()
@@ -61,7 +67,7 @@ def build_app(shelf: ModelShelf, *, checkpoint: str, compare: str | None = None,
     def browse(path, report, failed_only, word):
         try:
             listing = read_captions(path, failed_only=bool(failed_only), word=word or "", limit=BROWSE_SHOWN)
-        except DataError as error:
+        except USER_ERRORS as error:
             _fail(error)
         strips = []
         for row in listing.rows:
@@ -84,14 +90,14 @@ def build_app(shelf: ModelShelf, *, checkpoint: str, compare: str | None = None,
             try:
                 loaded = shelf.get(path or "")
                 view = caption_pair(loaded, before, after)
-            except DataError as error:
-                _fail(DataError(f"model {which}: {error}"))
+            except USER_ERRORS as error:
+                _fail(error, prefix=f"model {which}: ")
             strip, labels = view.strip()
             outputs += [f"**{which}**: {html.escape(loaded.name)} · {view.seconds:.2f} s<br>"
                         f"<small>{' | '.join(labels)}</small>", view.caption, _entities_table(view.entities), strip]
         return tuple(outputs)
 
-    with gr.Blocks(title="davir — change captioning", analytics_enabled=False) as demo:
+    with gr.Blocks(title="davir — change captioning", analytics_enabled=False, delete_cache=delete_cache) as demo:
         gr.Markdown(f"## Change captioning · {html.escape(model.name)}")
         with gr.Tab("Caption a pair", id="caption-tab"):
             with gr.Row():

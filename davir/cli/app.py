@@ -5,17 +5,25 @@
 
 The captions are `caption.py`'s for the same images (the one captioning stack, ChangeCaptioner), and a bad
 upload gets `caption.py`'s message. Runs on the CPU (or the GPU when there is one). The page is served on
-127.0.0.1 only unless --host says otherwise: its browse and compare tabs read folders of this machine.
+127.0.0.1 only unless --host says otherwise: its browse and compare tabs read folders of this machine, so another
+address is served with a warning, and `--auth USER:PASSWORD` (or DAVIR_APP_AUTH, which `ps` does not show) asks
+for a login. Uploads are kept in a folder of this run, removed when the app stops (Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from davir.errors import DataError, describe_os_error
-from davir.inference.captioner import CaptionerOptions
+from davir.inference.captioner import CaptionerOptions, check_device
+
+AUTH_VARIABLE = "DAVIR_APP_AUTH"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--captions", type=Path, help="a captions.jsonl (caption.py --out) the browse tab opens")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--auth", metavar="USER:PASSWORD", type=user_password,
+                        help=f"ask for this login (Gradio's auth); or set {AUTH_VARIABLE}=USER:PASSWORD, which other "
+                             "users of the machine cannot read in `ps`")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 … (default: CUDA when there is one)")
     parser.add_argument("--max-upload-mb", type=int, default=100, help="larger uploads are refused")
     decoding = parser.add_argument_group("decoding (as caption.py)")
@@ -49,6 +60,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_password(text: str) -> tuple[str, str]:
+    user, colon, password = text.partition(":")
+    if not colon or not user or not password:
+        raise argparse.ArgumentTypeError("expected USER:PASSWORD, both non-empty")
+    return user, password
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` serves this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def network_warning(host: str, port: int, auth: bool) -> str | None:
+    """What a user serving the page beyond this machine is told at start; None on a loopback address."""
+    if is_loopback(host):
+        return None
+    who = ("whoever logs in with --auth" if auth else
+           f"anyone who can reach port {port}; pass --auth USER:PASSWORD to ask for a login")
+    return (f"warning: --host {host} serves the page to the network, to {who}: its browse and compare tabs open "
+            "any file and folder this account can read, and every upload is captioned on this machine")
+
+
 def options_of(args: argparse.Namespace) -> CaptionerOptions:
     """The captioner options of the command line: caption.py's defaults (a size mismatch is refused)."""
     return CaptionerOptions(
@@ -62,13 +100,26 @@ def options_of(args: argparse.Namespace) -> CaptionerOptions:
 def main(argv: list[str] | None = None, *, block: bool = True):
     """Serve until Ctrl-C (exit status 0); a model that cannot be loaded or a busy port: one line, status 2.
     `block=False` (tests) returns (demo, url) once the page answers."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.auth is None and os.environ.get(AUTH_VARIABLE):
+        try:
+            args.auth = user_password(os.environ[AUTH_VARIABLE])
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"{AUTH_VARIABLE}: {error}")
     from davir.app.serve import start
 
+    warning = network_warning(args.host, args.port, args.auth is not None)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     try:
-        started = start(str(args.checkpoint), compare=None if args.compare is None else str(args.compare),
-                        captions=None if args.captions is None else str(args.captions), host=args.host,
-                        port=args.port, options=options_of(args), max_upload_mb=args.max_upload_mb, block=block)
+        if args.device is not None:
+            check_device(args.device)  # before the model loads and the page is built
+        with _sigterm_as_interrupt(block):
+            started = start(str(args.checkpoint), compare=None if args.compare is None else str(args.compare),
+                            captions=None if args.captions is None else str(args.captions), host=args.host,
+                            port=args.port, options=options_of(args), max_upload_mb=args.max_upload_mb,
+                            block=block, auth=args.auth)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -78,6 +129,22 @@ def main(argv: list[str] | None = None, *, block: bool = True):
     except KeyboardInterrupt:
         return 0
     return 0 if block else started
+
+
+class _sigterm_as_interrupt:
+    """While the app serves (`block`), SIGTERM stops it as Ctrl-C does: the server closes, the uploads go."""
+
+    def __init__(self, active: bool):
+        self.active = active and threading.current_thread() is threading.main_thread()  # where handlers can be set
+        self.previous = None
+
+    def __enter__(self):
+        if self.active:
+            self.previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+    def __exit__(self, *exc) -> None:
+        if self.active:
+            signal.signal(signal.SIGTERM, self.previous)
 
 
 if __name__ == "__main__":

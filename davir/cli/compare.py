@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from davir.compare.runs import bar_chart, compare_runs
-from davir.errors import DataError
+from davir.errors import DataError, check_output_file, describe_os_error
 from davir.io import write_text_atomic
 
 
@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.out:  # checked before the runs are read: an unwritable path is one line, never a traceback
+            check_output_file(args.out, what="--out", example="table.md")
+        if args.plot:
+            check_output_file(args.plot, what="--plot", example="bars.png")
         comparison = compare_runs(args.runs, dataset=args.dataset, split=args.split, leaderboard=args.leaderboard)
         print(comparison.table, end="")
         if args.out:
@@ -55,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.plot}", file=sys.stderr)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a full disk, permissions changed since the check
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
         return 2
     return 0
 

@@ -35,6 +35,7 @@ from davir.inference.caption_store import CaptionStore
 from davir.inference.captioner import CaptionerOptions, ChangeCaptioner
 from davir.io import remove_temporaries
 from davir.runtime.locks import output_lock
+from davir.runtime.orphans import DieWithParent
 
 
 @dataclass
@@ -194,7 +195,8 @@ def _caption_locked(captioner: ChangeCaptioner, pairs: Sequence[ChangePair], ski
 
     workers = workers if workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
     loader = DataLoader(_Pending(pending, pairs, captioner, report_limit), batch_size=batch_size,
-                        num_workers=workers, collate_fn=list, prefetch_factor=2 if workers else None)
+                        num_workers=workers, collate_fn=list, prefetch_factor=2 if workers else None,
+                        worker_init_fn=DieWithParent() if workers else None)  # a SIGKILLed run leaves no worker
     counts = {"captioned": 0, "failed": 0}
     started = time.perf_counter()
     with _one_opencv_thread(workers > 0), \

@@ -174,6 +174,50 @@ def _load_weights(path: Path, load, what: str = "these weights"):
     except Exception as error:  # noqa: BLE001 - safetensors/torch raise SafetensorError, RuntimeError, OSError …
         if isinstance(error, MemoryError):
             raise
-        detail = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
-        raise DataError(f"{path}: cannot load {what} ({type(error).__name__}: {detail}); the file is "
-                        "corrupt, truncated or from another model — save or copy it again") from error
+        raise _weights_error(path, what, error) from error
+
+
+def load_folder_weights(folder: Path, load, what: str = "the model weights"):
+    """Run `load` (a `from_pretrained` of the model folder `folder`); a failure to read its weights becomes a
+    DataError naming the weight file that fails (a truncated safetensors file, a pickle holding more than
+    tensors), else the folder. Other errors (a config the model class refuses) go through as they are."""
+    import pickle
+
+    from safetensors import SafetensorError
+
+    try:
+        return load()
+    except (SafetensorError, pickle.UnpicklingError, EOFError, OSError, RuntimeError) as error:
+        raise _weights_error(_failing_weight_file(Path(folder), error), what, error) from error
+
+
+def _is_unsafe_pickle(error: BaseException) -> bool:
+    import pickle
+
+    return isinstance(error, pickle.UnpicklingError) or "weights_only" in str(error)
+
+
+def _weights_error(path: Path, what: str, error: BaseException) -> DataError:
+    if _is_unsafe_pickle(error):  # torch's own message advises weights_only=False, which would run the pickle
+        return DataError(f"{path}: refused: a pickle that holds more than plain tensors (loading it could run "
+                         "code); give the weights as .safetensors, or a .bin of tensors only")
+    detail = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+    return DataError(f"{path}: cannot load {what} ({type(error).__name__}: {detail}); the file is "
+                     "corrupt, truncated or from another model — save or copy it again")
+
+
+def _failing_weight_file(folder: Path, error: BaseException) -> Path:
+    """The weight file of `folder` that a failed load most likely stopped on (the folder when none is found)."""
+    from safetensors import safe_open
+
+    tensors = sorted(folder.glob("*.safetensors"))
+    for path in tensors:  # opening reads and checks the header against the file's size: cheap
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception:  # noqa: BLE001 - SafetensorError, OSError
+            return path
+    pickles = sorted(folder.glob("*.bin"))
+    if pickles and (_is_unsafe_pickle(error) or not tensors):
+        return pickles[0] if len(pickles) == 1 else folder
+    return folder

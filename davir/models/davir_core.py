@@ -81,9 +81,11 @@ def random_core(
 def load_pretrained_core(config: DavirModelConfig, device: torch.device) -> InstructBlipForConditionalGeneration:
     path = Path(config.pretrained)
     check_pretrained_folder(path)
-    core = InstructBlipForConditionalGeneration.from_pretrained(
+    from davir.models.davir_checkpoint import load_folder_weights  # (it imports the families, which import this)
+
+    core = load_folder_weights(path, lambda: InstructBlipForConditionalGeneration.from_pretrained(
         str(path), local_files_only=True, dtype=DTYPES[config.dtype], attn_implementation=config.attn_implementation
-    )
+    ))
     vision = core.config.vision_config
     for name, wanted, actual in (
         ("image_size", config.image_size, vision.image_size),

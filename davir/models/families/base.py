@@ -85,10 +85,13 @@ class ChatFamily(ABC):
 
     def load_core(self, config, device: torch.device) -> nn.Module:
         """The model of the local folder ``config.pretrained`` on ``device`` (checked first)."""
+        from davir.models.davir_checkpoint import load_folder_weights
+
         path = Path(config.pretrained)
         self.check_pretrained_folder(path)
-        core = self.model_class.from_pretrained(str(path), local_files_only=True, dtype=DTYPES[config.dtype],
-                                                attn_implementation=config.attn_implementation)
+        core = load_folder_weights(path, lambda: self.model_class.from_pretrained(
+            str(path), local_files_only=True, dtype=DTYPES[config.dtype],
+            attn_implementation=config.attn_implementation))
         return self.prepare_core(core.to(device), config)
 
     def random_core(self, architecture, config, device: torch.device) -> nn.Module:
