@@ -193,3 +193,23 @@ def test_train_refuses_non_finite_overrides_naming_the_key(override, key, capsys
     value = override.split("=", 1)[1].strip("[]").split(", ")[-1]
     assert capsys.readouterr().err.splitlines()[0] == f"config error: {key}: must be a finite number, got {value}"
     assert not (tmp_path / "run").exists()
+
+
+def test_data_workers_auto_is_four_on_a_gpu_and_none_on_a_cpu(monkeypatch):
+    import torch
+
+    from davir.training import loop
+    from davir.training.config import TrainConfig
+
+    assert TrainConfig().data.num_workers == "auto"
+    assert load_config(TrainConfig, None, ["data.num_workers=2"]).data.num_workers == 2
+    assert load_config(TrainConfig, None, ["data.num_workers=auto"]).data.num_workers == "auto"
+    with pytest.raises(ConfigError, match="num_workers"):
+        load_config(TrainConfig, None, ["data.num_workers=-1"])
+    with pytest.raises(ConfigError, match="num_workers"):
+        load_config(TrainConfig, None, ["data.num_workers=many"])
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    monkeypatch.setattr(loop.os, "cpu_count", lambda: 16)
+    assert (loop.data_workers("auto", cpu), loop.data_workers("auto", gpu), loop.data_workers(3, gpu)) == (0, 4, 3)
+    monkeypatch.setattr(loop.os, "cpu_count", lambda: 2)  # never more workers than the cores but one
+    assert (loop.data_workers("auto", gpu), loop.data_workers(2, cpu)) == (1, 2)

@@ -54,12 +54,14 @@ class DataConfig:
     # usual step counts); expand: one example per reference sentence (an epoch = 2-5x more steps).
     caption_mode: Literal["sample", "expand"] = "sample"
     max_train_pairs: int | None = None  # a prefix of the split, for quick runs
-    num_workers: int = 0
+    # DataLoader workers; auto: 4 on a GPU (at most cores - 1), 0 on a CPU (bench/README.md, train_loop.py)
+    num_workers: int | Literal["auto"] = "auto"
     size_policy: Literal["resize_before_to_after", "error"] = "resize_before_to_after"
 
     def __post_init__(self) -> None:
         require("max_train_pairs", self.max_train_pairs, at_least=1)
-        require("num_workers", self.num_workers, at_least=0)
+        if self.num_workers != "auto":
+            require("num_workers", self.num_workers, at_least=0)
         require("preload_features_gb", self.preload_features_gb, at_least=0)
 
 
