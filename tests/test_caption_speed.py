@@ -1,5 +1,5 @@
-"""Captioning folds LoRA into the base weights in memory (caption.py / evaluate.py's engine): the same captions as the
-unmerged model on every family, the adapters really merged, the saved files untouched."""
+"""The captioning engine's speed paths (caption.py / evaluate.py): LoRA folded into the base weights in memory, and
+`--compile`'s static KV cache of one shape; each gives the same captions as the plain path on every family."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from davir.models.families import FAMILY_NAMES, get_family  # noqa: E402
 TINY_BLIP = REPO / "assets" / "tiny_instructblip"
 
 
-def _trained_like(family: str, folder: Path):
+def _trained_like(family: str, folder: Path, *, entities: bool = False):
     """A family's tiny model with non-zero LoRA B matrices (as training leaves them), saved to ``folder``."""
     from davir.models.davir import build_davir_model
     from davir.models.davir_config import DavirModelConfig
@@ -33,8 +33,8 @@ def _trained_like(family: str, folder: Path):
         texts = ["the small red cube moved", "there is no change", "the large blue sphere turned green",
                  EpcConfig().prompt, EpcConfig().entity_prefix]
         base, size = write_chat_folder(family, folder.parent / "base", texts), {"image_size": 64}
-    model = build_davir_model(DavirModelConfig(family=family, pretrained=str(base), epc=EpcConfig(use_entities=False),
-                                               **size)).eval()
+    model = build_davir_model(DavirModelConfig(family=family, pretrained=str(base),
+                                               epc=EpcConfig(use_entities=entities), **size)).eval()
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -78,9 +78,42 @@ def test_engine_merges_lora_and_captions_as_the_unmerged_model(family, tmp_path,
     assert {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir() if p.is_file()} == saved
 
 
-def test_caption_cli_merges_by_default_and_says_how_not_to():
+@pytest.mark.parametrize("family", ["instructblip", "qwen2_5_vl"])
+def test_static_decode_gives_one_shape_and_the_same_captions(family, tmp_path, one_torch_thread):
+    from davir.inference.engines import STATIC_LENGTH_MULTIPLE, DavirEngine
+    from davir.runs.paths import RunPaths
+
+    _trained_like(family, tmp_path / "model", entities=True)
+    run = RunPaths.of(tmp_path / "model")
+    plain, static = DavirEngine.load(run, "cpu"), DavirEngine.load(run, "cpu", static_decode=True)
+    calls = []
+    model_generate = static.model.generate
+
+    def spy(before, after, prompts, **settings):
+        calls.append((before.shape[0], settings.get("cache_implementation"), settings.get("pad_length_to")))
+        return model_generate(before, after, prompts, **settings)
+
+    static.model.generate = spy
+    pictures = [Image.fromarray(torch.randint(0, 256, (48 + 8 * i, 60, 3), dtype=torch.uint8,
+                                              generator=torch.Generator().manual_seed(i)).numpy()) for i in range(10)]
+    inputs = [plain.inputs(None, pictures[i], pictures[i + 1], []) for i in range(0, 10, 2)]
+    entities = [["cube"], ["small red metal sphere"], [], ["large blue rubber cylinder"], ["sphere"]]  # 5 lengths
+    with torch.no_grad():
+        for batch in (slice(0, 3), slice(3, 5)):  # a full batch of 3, then a last one of 2
+            for beams in (1, 2):
+                want, _ = plain.generate(inputs[batch], entities[batch], num_beams=beams, max_new_tokens=8,
+                                         attention=False)
+                got, _ = static.generate(inputs[batch], entities[batch], num_beams=beams, max_new_tokens=8,
+                                         attention=False)
+                assert got == want and len(got) == len(inputs[batch])
+    # every call: 3 rows (the last batch padded), the static cache, the input rounded to one multiple
+    assert calls == [(3, "static", STATIC_LENGTH_MULTIPLE)] * 4
+
+
+def test_caption_cli_merges_by_default_and_compiles_on_request():
     parser = caption_script.build_parser()
     base = ["--checkpoint", "x", "--pairs", "y"]
-    assert parser.parse_args(base).merge_lora is True
+    assert parser.parse_args(base).merge_lora is True and parser.parse_args(base).static_decode is False
     assert parser.parse_args([*base, "--no-merge-lora"]).merge_lora is False
+    assert parser.parse_args([*base, "--compile"]).static_decode is True
     assert get_family("instructblip") is not None

@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--merge-lora", action=argparse.BooleanOptionalAction, default=True,
                           help="fold the LoRA deltas into the base weights in memory before captioning (default; "
                                "about 1.5x faster on a GPU; the saved files are untouched)")
+    decoding.add_argument("--compile", dest="static_decode", action="store_true",
+                          help="a static KV cache of one shape for every batch; on a CUDA GPU the decode step is "
+                               "compiled with CUDA graphs (the first batches wait for the compiler; then about 1.4x "
+                               "faster on a 7B model at --batch-size 64). Same captions")
     decoding.add_argument("--num-beams", type=int, default=None,
                           help="default: the run's run.num_beams (the decoding its best/ was selected with)")
     decoding.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
@@ -82,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         sam_checkpoint=args.sam_checkpoint, clip_checkpoint=args.clip_checkpoint,
         backbone_weights=args.backbone_weights, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
         size_policy="resize_before_to_after" if args.resize_mismatched else "error",
-        allow_profile_mismatch=args.allow_profile_mismatch, engine=args.engine, merge_lora=args.merge_lora)
+        allow_profile_mismatch=args.allow_profile_mismatch, engine=args.engine, merge_lora=args.merge_lora,
+        static_decode=args.static_decode)
     try:
         return caption_folder(args.checkpoint, args.pairs, args.out, html=args.html, report_limit=args.report_limit,
                               overwrite=args.overwrite, wait_lock=args.wait_lock, batch_size=args.batch_size,

@@ -64,6 +64,7 @@ class CaptionerOptions:
     allow_profile_mismatch: bool = False               # accept caches of another preprocessing profile
     engine: str = "transformers"                       # or "vllm": a merged export on a GPU (davir/inference/vllm_engine.py)
     merge_lora: bool = True                            # fold LoRA into the base weights in memory (faster; files untouched)
+    static_decode: bool = False                        # static KV cache; on a GPU the decode step compiled (CUDA graphs)
 
     def check_paths(self) -> None:
         """The folders given here exist and the device is one this machine has (a DataError naming the flag
@@ -182,7 +183,8 @@ class ChangeCaptioner:
             engine = VllmEngine.load(run, num_beams=options.num_beams)
         else:
             engine = load_engine(run, device, pretrained=options.pretrained or options.base_model,
-                                 backbone_weights=options.backbone_weights, merge_lora=options.merge_lora)
+                                 backbone_weights=options.backbone_weights, merge_lora=options.merge_lora,
+                                 static_decode=options.static_decode)
         entities, entity_dir, mask_dir = None, None, None
         if engine.uses_entities:
             entity_dir = options.entities_from or run.resolve(run.data.get("entities"),

@@ -226,10 +226,11 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         max_new_tokens: int = 30,
         num_beams: int = 1,
         return_attention: bool = False,
+        pad_length_to: int = 1,
         **generate_kwargs: Any,
     ) -> list[str] | tuple[list[str], torch.Tensor, torch.Tensor]:
         """Caption a batch with the model's own ``generate`` (left padding, KV cache, greedy or beam search);
-        returns as :meth:`davir.models.davir.DavirModel.generate`."""
+        returns as :meth:`davir.models.davir.DavirModel.generate` (``pad_length_to`` likewise)."""
         was_training = self.training
         if was_training:
             self.eval()
@@ -239,7 +240,8 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
                 raise ValueError(f"{len(prompts)} prompts for a batch of {batch} image pairs")
             pixels = self._pixel_inputs(pixel_before, pixel_after)
             captions = self._generate_from_pixels(pixels, prompts, 2, max_new_tokens=max_new_tokens,
-                                                  num_beams=num_beams, **generate_kwargs)
+                                                  num_beams=num_beams, pad_length_to=pad_length_to,
+                                                  **generate_kwargs)
             if return_attention:
                 # One vision pass of the B pairs, in the order the text holds them.
                 self.family.encode_images(self.core, pixels)
@@ -259,11 +261,11 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         return self._generate_from_pixels(self._pixel_inputs(*images), prompts, len(images), **generate_kwargs)
 
     def _generate_from_pixels(self, pixels: dict[str, torch.Tensor], prompts: Sequence[str], images: int,
-                              **generate_kwargs: Any) -> list[str]:
+                              pad_length_to: int = 1, **generate_kwargs: Any) -> list[str]:
         """:meth:`generate_turns` on the turn's :meth:`_pixel_inputs` (``generate`` reuses them for its attention
         pass); ``images``: pictures per turn."""
         prompt_ids = self._prompt_ids(prompts, images)
-        batch, length = len(prompt_ids), max(len(p) for p in prompt_ids)
+        batch, length = len(prompt_ids), -(-max(len(p) for p in prompt_ids) // pad_length_to) * pad_length_to
         input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((batch, length), dtype=torch.long)
         for row, p in enumerate(prompt_ids):

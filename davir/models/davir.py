@@ -262,9 +262,11 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
         max_new_tokens: int = 30,
         num_beams: int = 1,
         return_attention: bool = False,
+        pad_length_to: int = 1,
         **generate_kwargs: Any,
     ) -> list[str] | tuple[list[str], torch.Tensor, torch.Tensor]:
         """Caption a batch: the LLM's ``generate`` on ``inputs_embeds`` = [left pad | visual | prompt], KV cache on.
+        ``pad_length_to``: the input's length rounded up to a multiple of it (fewer shapes for a static cache).
 
         Deterministic (greedy, or beam search with ``num_beams`` > 1; extra ``generate_kwargs`` such as
         ``length_penalty`` or ``repetition_penalty`` pass through). Runs in eval mode and restores the
@@ -279,7 +281,7 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
             batch, device = visual.shape[0], visual.device
             prompt_ids = self._prompt_ids(prompts)
             visual_len = visual.shape[1]
-            length = visual_len + max(len(p) for p in prompt_ids)
+            length = -(-(visual_len + max(len(p) for p in prompt_ids)) // pad_length_to) * pad_length_to  # round up
             # Left padding so every row's last position is its prompt's end; generate derives the position
             # ids from the attention mask, so the visual tokens start at position 0 as in training.
             input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
