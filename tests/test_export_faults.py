@@ -170,7 +170,7 @@ def test_sigterm_stops_with_one_line_and_leaves_no_partial_folder(run, tmp_path)
 
 # ----------------------------------------------------------------- item 9: --device, a full disk under --merge
 @pytest.mark.parametrize("device, message", [("tpu", "--device tpu: not a device name"),
-                                             ("cuda", "--device cuda: no CUDA GPU on this machine"),
+                                             ("cuda", "--device cuda: this machine has no CUDA GPU"),
                                              ("meta", "--device meta: davir-export merges on cpu, cuda or mps")])
 def test_a_device_this_machine_lacks_is_one_line_before_any_work(run, tmp_path, capsys, device, message):
     import torch

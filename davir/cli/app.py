@@ -21,7 +21,8 @@ import threading
 from pathlib import Path
 
 from davir.errors import DataError, describe_os_error
-from davir.inference.captioner import CaptionerOptions, check_device
+from davir.inference.captioner import CaptionerOptions
+from davir.runtime.devices import check_device
 
 AUTH_VARIABLE = "DAVIR_APP_AUTH"
 

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from davir.errors import DataError
 from davir.export.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, DAVIR_EXTRA, EXTRA_WEIGHTS
 from davir.io import read_json, write_json_atomic
+from davir.runtime.devices import check_device as runtime_check_device
 
 BASE_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -113,24 +114,8 @@ def merged_core(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
 
 
 def check_device(device: str) -> torch.device:
-    """The torch device `--device` names, checked before any work: a DataError for a name torch does not know
-    and for a GPU this machine does not have."""
-    try:
-        target = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise DataError(f"--device {device}: not a device name (cpu, cuda, cuda:N, mps)") from None
-    if target.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise DataError(f"--device {device}: no CUDA GPU on this machine (torch.cuda.is_available() is false); "
-                            "use --device cpu")
-        if target.index is not None and target.index >= count:
-            raise DataError(f"--device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
-    elif target.type == "mps" and not torch.backends.mps.is_available():
-        raise DataError(f"--device {device}: MPS is not available on this machine; use --device cpu")
-    elif target.type not in ("cpu", "cuda", "mps"):
-        raise DataError(f"--device {device}: davir-export merges on cpu, cuda or mps")
-    return target
+    """The torch device `--device` names, checked before any work (davir.runtime.devices)."""
+    return runtime_check_device(device, who="davir-export merges")
 
 
 def safetensors_os_error(error: SafetensorError, path: Path) -> OSError | None:

@@ -33,6 +33,7 @@ from davir.data.records import ChangePair
 from davir.errors import DataError
 from davir.inference.engines import DavirEngine, LightweightEngine, load_engine
 from davir.runs.paths import RunPaths, run_decoding
+from davir.runtime.devices import check_device
 
 ENTITIES_KEPT = 5     # entities reported per pair (the prompt uses the model's top-k of them)
 LOAD_MAX_SIDE = 1024  # images are decoded at no more than ~this long side (the masks work at 224, the models at ≤ 224)
@@ -83,26 +84,6 @@ class CaptionerOptions:
             raise DataError(f"--pretrained {self.pretrained}: no such folder")
         if self.base_model is not None and not Path(self.base_model).exists():
             raise DataError(f"--base-model {self.base_model}: no such folder")
-
-
-def check_device(device: str | torch.device, flag: str = "--device") -> torch.device:
-    """`device` as a torch.device this machine has; a DataError naming `flag` for a name torch does not know
-    (`tpu`) or a GPU that is not here (`cuda` without CUDA, `cuda:3` on a 2-GPU machine)."""
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise DataError(f"{flag} {device}: not a device name; use cpu, cuda or cuda:N (a GPU index)") from None
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise DataError(f"{flag} {device}: this machine has no CUDA GPU that torch can use; use --device cpu")
-        if parsed.index is not None and parsed.index >= count:
-            raise DataError(f"{flag} {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
-    elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise DataError(f"{flag} {device}: no Apple MPS device here; use --device cpu")
-    elif parsed.type not in ("cpu", "cuda", "mps"):
-        raise DataError(f"{flag} {device}: davir runs on cpu, cuda or mps, not {parsed.type}")
-    return parsed
 
 
 def options_with(options: CaptionerOptions | None, overrides: dict) -> CaptionerOptions:
