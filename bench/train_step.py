@@ -425,7 +425,7 @@ def _qformer_tokens(name: str, queries: int, text: int, image_tokens: int) -> in
 def step_tflop_estimate(
     model: DavirModel, prompts: list[str], llm_length: int, batch: int, checkpointing: bool
 ) -> dict:
-    """Matrix-multiply TFLOP of one training step from the layer shapes (the compute floor, METHOD.md).
+    """Matrix-multiply TFLOP of one training step from the layer shapes (the compute floor).
 
     Forward: 2 · weights · tokens for every frozen Linear, plus the attention products (4 · T² · width per
     layer); LoRA branches are left out (rank 4-8: under 1 %). Backward: with LoRA in every ViT, Q-Former and LLM
