@@ -42,7 +42,7 @@ test: install
 
 DEMO_SCENES ?= 1500
 DEMO_SEED ?= 0
-# standard (the built-in set as it always was) or hard (parallax camera moves, crowded scenes; docs/synthetic_hard.md)
+# standard (the built-in set as it always was) or hard (parallax camera moves, crowded scenes; docs/experiments/synthetic_hard.md)
 DEMO_DIFFICULTY ?= standard
 TINY_BACKBONE ?= davir/assets/tiny_resnet/backbone.pth
 DEMO_DATA := $(DEMO_DIR)/data
@@ -104,7 +104,7 @@ ablation-demo: install $(DEMO_READY)
 		$(if $(DEMO_SUFFIX),--set model.family=$(DEMO_FAMILY)) $(SWEEP_ARGS)
 
 # The five lightweight methods on the same data: layer3 grid features of the shipped tiny pretrained ResNet
-# (davir/assets/tiny_resnet, docs/tiny_backbone.md; no ImageNet weights can be downloaded here), CHEER's image-level
+# (davir/assets/tiny_resnet, docs/experiments/tiny_backbone.md; no ImageNet weights can be downloaded here), CHEER's image-level
 # entities, then 3 seeds each (runs/lightweight_demo/summary.md).
 # Two 1-thread processes at a time (2 cores): feature shards; then CHEER's entities → CHEER, RDD in one process
 # while subtraction, DIRL, SCORER run in the other (about equal work, by measured cost); then one summary pass.
@@ -127,7 +127,7 @@ demo-lightweight: install $(DEMO_READY)
 clean-demo:
 	rm -rf $(DEMO_DIR) $(DEMO_RUN) $(ABLATION_RUNS) $(LW_RUNS)
 
-# The hard set, where localisation decides (docs/synthetic_hard.md; docs/results.md, "The hard set"): its data and
+# The hard set, where localisation decides (docs/experiments/synthetic_hard.md; docs/experiments/results.md, "The hard set"): its data and
 # pixel-level caches as `make demo-data DEMO_DIFFICULTY=hard` makes them, plus the object-level masks [D] and the
 # entities retrieved from them (ablation-hard compares the two).
 HARD_DIR ?= outputs/demo_hard

@@ -5,7 +5,7 @@
 The pairs are a seeded sample of the scored ids (sorted, then `random.Random(seed).sample`). For each pair:
 the caption, its references, the objects the caption states and those no reference supports (the reader's
 hallucination verdict), and whether caption / references say nothing changed. A person then marks, per
-pair, whether each verdict is right; docs/results.md records the counts.
+pair, whether each verdict is right; docs/experiments/results.md records the counts.
 """
 
 from __future__ import annotations

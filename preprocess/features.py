@@ -13,7 +13,7 @@ Weights come only from a local file (``--weights``: a torchvision ResNet-101 sta
 builds a seeded random ResNet-101 for tests (every residual branch scaled by 1/√blocks so activations stay in
 fp16 range; ``zero_init_residual`` would leave an 11-pixel receptive field) and the manifest says so. Any
 torchvision bottleneck ResNet whose layer3 gives 1024 channels loads through ``--weights`` (the layout is read
-off the state dict): the demo uses the tiny one shipped in davir/assets/tiny_resnet (docs/tiny_backbone.md).
+off the state dict): the demo uses the tiny one shipped in davir/assets/tiny_resnet (docs/experiments/tiny_backbone.md).
 
 Cache layout (atomic writes; a rerun skips every image already stored, so a killed run resumes; the N
 processes of ``accelerate launch -m preprocess features …`` split the images (image i to process i % N, each on

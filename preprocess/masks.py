@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="pixel (both profiles): Eqs. 2-3 on the (registered) difference map; object [D]: "
                               "objects segmented in each view, matched across the views by colour and position "
                               "after a global fit, the unmatched or changed ones are the masks — for camera moves "
-                              "with parallax (davir.preprocessing.object_localisation; docs/synthetic_hard.md has "
+                              "with parallax (davir.preprocessing.object_localisation; docs/experiments/synthetic_hard.md has "
                               "its measurements). The cache records it; caption.py follows the cache.")
 
     seg = parser.add_argument_group("segmenter (davir.preprocessing.segmenters.SEGMENTERS; each one's own options below)")

@@ -33,7 +33,7 @@ def dangling(root: Path) -> list[str]:
     """'file:line: reference' for every reference that names no file or folder of the tree under `root`."""
     found = []
     for path in tracked_files(root):
-        if not path.is_file():
+        if not path.is_file() or path == Path(__file__).resolve():  # this file's examples
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
             line = line.replace('"docs" / "', "docs/")  # REPO / "docs" / "x.md" in Python

@@ -1,5 +1,5 @@
 """`python -m davir.data synth --difficulty`: the standard set unchanged byte for byte, and the hard set
-(davir/data/synthetic/hard.py; docs/synthetic_hard.md): 6-10 objects, camera moves with parallax, exact masks."""
+(davir/data/synthetic/hard.py; docs/experiments/synthetic_hard.md): 6-10 objects, camera moves with parallax, exact masks."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Predictions: a COCO results list, an {id: caption} JSON or a JSONL file. Referen
 file or an {id: [captions]} JSON (--references), or a dataset split through the data layer
 (--format/--root/--split); when that dataset has change types (CLEVR-Change) a per-type table follows.
 A split with an official reference file (Spot-the-Diff, IER) is scored on exactly that file's pairs and
-sentences; empty references: see --empty-references and docs/results.md ("Protocols").
+sentences; empty references: see --empty-references and docs/experiments/results.md ("Protocols").
 Tables print x100 as papers do; the JSON keeps the toolkit scale. Exit status 2 on bad input.
 """
 
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     refs.add_argument("--empty-references", choices=("auto", "keep", "skip"), default="auto",
                       help="empty sentences of a --references file: auto (default) keeps them in an official "
                            "reference file, as its published numbers do, and skips them (with the pairs left without "
-                           "any) in any other file; always counted and reported (docs/results.md, Protocols)")
+                           "any) in any other file; always counted and reported (docs/experiments/results.md, Protocols)")
     scoring = parser.add_argument_group("scoring")
     scoring.add_argument("--metrics", default=",".join(METRICS),
                          help=f"comma-separated subset of {','.join(METRICS)} (default: all; SPICE is separate)")

@@ -4,7 +4,7 @@
     python -m davir.pretrain_backbone --data /tmp/synth_bb --out davir/assets/tiny_resnet --minutes 15
     python -m davir.pretrain_backbone probe --data SET [--weights OUT/backbone.pth]
 
-The flags are the fields of davir.pretrain_backbone.train.PretrainSettings / ProbeSettings (docs/tiny_backbone.md).
+The flags are the fields of davir.pretrain_backbone.train.PretrainSettings / ProbeSettings (docs/experiments/tiny_backbone.md).
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def leaderboard_table(benchmark: str, results: list[Any] | None = None) -> str:
         lines += ["Caveats:", *notes, ""]
     lines.append("Numbers quoted by another paper or repository say so in `source`; the same method can be quoted "
                  "with different numbers (both rows are listed). Methods whose numbers could not be read from a "
-                 "source here are left out (docs/results.md lists them).")
+                 "source here are left out (docs/experiments/results.md lists them).")
     return "\n".join(lines) + "\n"
 
 

@@ -64,7 +64,7 @@ PAPER_RESULTS: tuple[PaperResult, ...] = (
     _row("davir", "levir_cc", "all", 65.1, 40.9, 75.9, 140.7, None, "DAVIR Table 3"),
     # 2024-26 methods (LLM-based unless said). Where a method's own paper could not be read here, the number is
     # the one another paper or repository quotes, and `source` says so. M3Diff (OmniDiff, arXiv 2503.11093) and
-    # ProCap (arXiv 2603.05969) are missing: their result tables were not readable here (docs/results.md).
+    # ProCap (arXiv 2603.05969) are missing: their result tables were not readable here (docs/experiments/results.md).
     _row("finer_mllm", "spot_the_diff", "all", 12.6, 13.5, 34.7, 59.9, 21.1, "DAVIR Table 1 (quoting FINER-MLLM, ACM MM'24)",
          same_protocol=True, protocol=_FINER_PROTOCOL,
          note="CHEER Table 3 quotes 12.9 / 14.7 / 35.5 / 61.8 / 22.1 for the same method"),

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     synth.add_argument("--difficulty", choices=("standard", "hard"), default="standard",
                        help="standard: today's set (3-7 objects, small orbit of the camera, global light change); "
                             "hard: 6-10 partly hidden and small objects, camera moves with parallax, moving "
-                            "shadows, a textured floor (docs/synthetic_hard.md)")
+                            "shadows, a textured floor (docs/experiments/synthetic_hard.md)")
     synth.add_argument("--min-objects", type=int, default=None, help="default: the difficulty's (3 / 6)")
     synth.add_argument("--max-objects", type=int, default=None, help="default: the difficulty's (7 / 10)")
     synth.add_argument("--workers", type=int, default=0, help="processes (0 = one per core)")

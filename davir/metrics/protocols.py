@@ -7,7 +7,7 @@ pycocoevalcap's PTBTokenizer + BLEU/METEOR/ROUGE-L/CIDEr-D. For those splits, `P
 each official file's references from the reader's raw sentences (`ChangePair.source_captions`), pair
 for pair and sentence for sentence; tests/test_protocols.py scores the same predictions both ways.
 
-Two sources of references, two rules for empty reference sentences (docs/results.md, "Protocols"):
+Two sources of references, two rules for empty reference sentences (docs/experiments/results.md, "Protocols"):
 
 * a dataset split through a reader (`references_for_evaluation`): a split with an official protocol is
   scored exactly as its official file is, empty sentences included where the file has them

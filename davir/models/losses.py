@@ -63,7 +63,7 @@ class FacConfig:
       [0, 1] is within a factor e of uniform, so both distributions are nearly flat and the gradient is weak.
       ``sum`` [D] renormalises instead: P_A = A / ΣA, P_M = (M^ + eps) / Σ(M^ + eps). Its KL is ~1000x the
       softmax one for the same maps (10.5 vs 0.010 nats at the start of the demo), so λ means something else
-      in each: docs/results.md, "What λ means". The demo uses ``sum``.
+      in each: docs/experiments/results.md, "What λ means". The demo uses ``sum``.
     * ``kl_direction``: ``attn_mask`` = KL(P_A ‖ P_M) as written (mode-seeking: attention moves inside the
       mask); ``mask_attn`` [D] = KL(P_M ‖ P_A) (mass-covering).
     * ``blur_kernel_size``/``blur_sigma``: the Gaussian of Eq. 6, in patch units (3×3, σ = 1).

@@ -4,7 +4,7 @@
 returns an ``InstructBlipConfig``, in the spirit of segment-anything's ``sam_model_registry``.
 
 * ``tiny``: the InstructBLIP classes at toy size; learns on a CPU in minutes
-  (``docs/demo_calibration.md``).
+  (``docs/experiments/demo_calibration.md``).
 * ``vicuna7b``: the full InstructBLIP-Vicuna-7B architecture (EVA ViT-g/14, 32-query Q-Former,
   LLaMA-7B) for random-weight speed/memory benchmarks. Real weights come from a local folder
   (``DavirModelConfig.pretrained``), never from this preset.

@@ -75,7 +75,7 @@ def build_backbone(weights: str | Path | None, *, random_init: bool = False, see
     return backbone.eval().requires_grad_(False)
 
 
-# The demo's tiny pretrained backbone (`python -m davir.pretrain_backbone`, docs/tiny_backbone.md), package data so
+# The demo's tiny pretrained backbone (`python -m davir.pretrain_backbone`, docs/experiments/tiny_backbone.md), package data so
 # that an installed davir finds it too.
 SHIPPED_BACKBONE = Path(__file__).resolve().parents[1] / "assets" / "tiny_resnet" / "backbone.pth"
 

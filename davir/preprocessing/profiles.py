@@ -7,7 +7,7 @@
   no photometric matching, no misalignment tolerance, every changed pixel clustered), SAM prompted in the
   after image I_t only (M_c = S(I_t, P_c)); the one mask M̂ (soft, Eq. 6) crops both images (Eq. 8) and CLIP
   scores the crops (Eq. 9); every pair with a region gets its entities.
-* ``toolkit`` — the toolkit's defaults, each a documented deviation [D] (docs/results.md, "Preprocessing
+* ``toolkit`` — the toolkit's defaults, each a documented deviation [D] (docs/experiments/results.md, "Preprocessing
   profiles", has their measured effect on the built-in set): the classical segmenter (no SAM weights
   needed), ECC registration, photometric matching, a 2-px misalignment tolerance, both images segmented
   (finds removed objects); the fitted retriever (no CLIP weights needed) and the entity gate (distractor

@@ -4,7 +4,7 @@
     python -m davir.pretrain_backbone --data /tmp/synth_bb --out davir/assets/tiny_resnet --minutes 15
 
 The lightweight methods are designed on ImageNet ResNet-101 layer3 features, which cannot be downloaded
-here; a random backbone sees almost nothing (docs/tiny_backbone.md). This command trains a torchvision
+here; a random backbone sees almost nothing (docs/experiments/tiny_backbone.md). This command trains a torchvision
 ``ResNet(Bottleneck, [1, 1, 1, ·], width_per_group=32)`` — the same class as ResNet-101, one block per stage
 and half-width bottlenecks, layer3 still 1024 channels at stride 16 — to say *what is where*: a 1×1 head on
 every layer3 cell predicts the colour, shape, material and size of the nearest object whose box holds the
@@ -16,7 +16,7 @@ Output: ``OUT/backbone.pth`` (a torchvision state dict without fc/layer4, loaded
 ``preprocess features --weights OUT/backbone.pth``), ``OUT/head.pth`` (the cell classifier) and
 ``OUT/pretrain_info.json`` (command, versions, layout, curve of held-out cell accuracy).
 ``python -m davir.pretrain_backbone probe --data SET [--weights OUT/backbone.pth]`` fits linear probes on
-layer3 cells of a set, for the shipped backbone or a random-init ResNet-101 (docs/tiny_backbone.md).
+layer3 cells of a set, for the shipped backbone or a random-init ResNet-101 (docs/experiments/tiny_backbone.md).
 From Python: ``pretrain_backbone(PretrainSettings(data=…, out=…))`` and ``probe_backbone(ProbeSettings(data=…))``;
 the command line is davir.cli.pretrain_backbone.
 """

@@ -4,7 +4,7 @@
     python -m davir.pretrain_tiny --out assets/tiny_instructblip --data /tmp/synth_pt8k --seed 1 --desc-order canonical …
 
 ``--family qwen2_5_vl`` makes ``assets/tiny_qwen2_5_vl`` the same way (a chat turn with one picture in the
-description stage, both pictures in the change stage; docs/tiny_pretraining.md).
+description stage, both pictures in the change stage; docs/experiments/tiny_pretraining.md).
 
 A real DAVIR run starts from a pretrained InstructBLIP; the demo mirrors that with a ~2 M-parameter model
 of the same classes (``InstructBlipForConditionalGeneration`` + ``InstructBlipProcessor``), pretrained here
@@ -12,7 +12,7 @@ on the built-in synthetic set with full training:
 
 1. **single-image description** (``--desc-steps``): one image's 16 query tokens and the prompt
    "Describe the image." → its objects left to right ("small red metal sphere , large gray rubber cube");
-   docs/demo_calibration.md shows this is what lets a tiny model learn to look at all;
+   docs/experiments/demo_calibration.md shows this is what lets a tiny model learn to look at all;
 2. **change captioning** (``--change-steps``): both images, the base DAVIR prompt "Describe the
    difference between the two images." → one reference caption drawn each time, on the semantic and the
    distractor ("no change") pairs; ``--desc-mix`` of the batches stay description batches.

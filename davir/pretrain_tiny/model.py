@@ -53,7 +53,7 @@ def add_language_layers(model: DavirModel, count: int) -> int:
     ``save_pretrained`` writes loads as the deeper model. Returns the new depth.
 
     Why: the tiny chat preset's two LLM layers have to find the named object in both pictures *and* compare them,
-    where InstructBLIP's Q-Former reads the prompt and looks before its LLM does (docs/tiny_pretraining.md)."""
+    where InstructBLIP's Q-Former reads the prompt and looks before its LLM does (docs/experiments/tiny_pretraining.md)."""
     if count < 0:
         raise ValueError(f"add-llm-layers must be ≥ 0, got {count}")
     decoder = model.core.get_decoder()

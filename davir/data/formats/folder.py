@@ -1,6 +1,6 @@
 """A user's own folder of before/after pairs: for captioning, and with captions for training and scoring.
 
-Three layouts, tried in this order (docs/own_pairs.md has the full reference):
+Three layouts, tried in this order (docs/datasets.md, "Your own folder of pairs", is the overview):
     1. a manifest `pairs.csv` or `pairs.jsonl`, one row per pair (or per caption):
            before,after[,id][,caption | captions][,split][,mask[,mask_before]]
        Paths are absolute or relative to the manifest's folder, anywhere on disk (this is the user's own

@@ -4,7 +4,7 @@
     python -m davir.data synth --out data/synth_hard --scenes 5000 --seed 0 --difficulty hard
 
 `--difficulty standard` (default) is the set described below, byte for byte as before difficulties existed;
-`--difficulty hard` (module `hard`, docs/synthetic_hard.md) has 6-10 partly hidden and small objects, camera
+`--difficulty hard` (module `hard`, docs/experiments/synthetic_hard.md) has 6-10 partly hidden and small objects, camera
 moves with parallax (a 3-D pose change), moving ground shadows and a textured floor, in the same layout.
 
 Scenes of 3-7 objects (sphere, cube, cylinder × the 8 CLEVR colours × metal/rubber × small/large)

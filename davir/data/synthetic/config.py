@@ -17,7 +17,7 @@ MAX_OBJECTS = {"standard": 8, "hard": 12}
 class SynthConfig:
     """What to generate. Every field is recorded in scenes.json; a rerun with the same config reuses the folder.
 
-    `difficulty` picks the scene generator (docs/synthetic_hard.md has every knob with its range):
+    `difficulty` picks the scene generator (docs/experiments/synthetic_hard.md has every knob with its range):
 
     * ``standard`` (default) — today's set, byte for byte: 3-7 objects, each at least 60 % visible, a
       small orbit of the camera around a floor point (azimuth ±2-5°, elevation ±3°, distance ±6 %, pan

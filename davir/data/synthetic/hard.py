@@ -1,7 +1,7 @@
 """Sampling a scene of a hard set (`SynthConfig(difficulty="hard")`): parallax camera moves, crowded and partly
 hidden objects, small objects, moving shadows and a textured floor.
 
-Every knob is a module constant below, with its range; docs/synthetic_hard.md explains why each is there.
+Every knob is a module constant below, with its range; docs/experiments/synthetic_hard.md explains why each is there.
 A scene draws from its own `SeedSequence(seed, spawn_key=(0, index))` as a standard one does, so a hard set is
 deterministic for a seed whatever the number of workers. The ground-truth masks keep their definition: the
 changed object's visible pixels in each image's own frame (render.full_mask through that image's camera).

@@ -41,7 +41,7 @@ class DirlSettings(LightweightConfig):
     dirl_correlation: Literal["zscore", "cosine"] = "cosine"
     ccr_temperature: float = 0.5
     ccr_mode: Literal["paper", "code"] | None = None  # None: "code" with reference_quirks, else "paper"
-    # Eq. 6 as printed, F~ − F^s (True: [D] LN(F~) − F^s; measured worse with matching_init, docs/lightweight_demo.md)
+    # Eq. 6 as printed, F~ − F^s (True: [D] LN(F~) − F^s; measured worse with matching_init, docs/experiments/lightweight_demo.md)
     dirl_normalize_difference: bool = False
     # scene batches: L_dirl on both pairs ("all", the paper and its released code) or "distractor" [D] only
     dirl_pairs: Literal["all", "distractor"] = "all"

@@ -6,7 +6,7 @@ methods.md §0.3-0.4 (identical in the SCORER and DIRL code): optional coordinat
 
 The default (``init="paper"``, config ``frontend_init: paper``) is the references': raw features, PyTorch's
 default projection init, N(0, 1) position tables. ``init="scaled"`` switches on two [D] departures
-(docs/lightweight_demo.md, row 2, measures them per method):
+(docs/experiments/lightweight_demo.md, row 2, measures them per method):
 * the grid features are standardised per channel with train-split statistics (`set_feature_statistics`,
   stored as buffers, so a saved model standardises its inputs the same way at inference); the papers feed
   raw ResNet-101 activations, whose scale depends on the backbone;

@@ -16,7 +16,7 @@ Encoder as the paper writes it: no LayerNorm anywhere, residuals only around Eq.
   tokens with the printed concatenation), or over all with ``rdd_decoder_tokens="all"``.
 
 methods.md suggested a residual + LayerNorm around every attention ("post-LN"). On the demo that encoder
-never named the changed object (object accuracy 0.02, docs/lightweight_demo.md): GDE's residual hands the
+never named the changed object (object accuracy 0.02, docs/experiments/lightweight_demo.md): GDE's residual hands the
 fusion Linear both images' whole content, which it must learn to cancel, and a LayerNorm over the fused
 tokens lifts every unchanged (≈ 0) difference token to the norm of the changed one; it is gone. Two [D]s
 remain as switches. ``rdd_gde_residual``: without a residual (the paper's) a GDE token holds only an
@@ -358,6 +358,6 @@ def _refuse_post_ln_checkpoints(module, state_dict, prefix, *args) -> None:
     if prefix + "gde_attention.norm.weight" in state_dict:
         raise ValueError(
             "this RDD checkpoint was trained with the earlier post-LN encoder (residual + LayerNorm around every "
-            "attention), which no longer exists: it never named the changed object (docs/lightweight_demo.md). "
+            "attention), which no longer exists: it never named the changed object (docs/experiments/lightweight_demo.md). "
             "Retrain it with train.py."
         )
