@@ -4,7 +4,7 @@
         --masks MASKCACHE --out CACHE [--retriever fitted|clip] [--fit-split train] [--top-k 5]
     python -m preprocess entities … --image-level --top-k 3 [--image-score abs|bef_minus_aft]   # CHEER, no masks
 
-1. Entity vocabulary (methods.md §5.8): the noun phrases of the `--fit-split` captions (davir.text),
+1. Entity vocabulary (docs/methods/davir.md): the noun phrases of the `--fit-split` captions (davir.text),
    kept when ≥ `--vocab-min-count` captions name them (with `--image-level`, CHEER §4.8: each caption's
    subject phrase only); saved as CACHE/vocab.json and reused.
 2. Retriever (davir.preprocessing.retrievers.RETRIEVERS): `fitted` (default; no weights) is fitted on the fit
@@ -32,7 +32,7 @@ for the ground-truth masks a dataset ships (the built-in synthetic set's `gt_mas
 retriever is fitted with the fit split's masks from the same source unless `--fit-masks` names
 another (e.g. fit on ground truth, retrieve with predicted masks).
 
-`--image-level` is CHEER's retrieval instead (methods.md §4.8): no masks (`--masks` is then refused);
+`--image-level` is CHEER's retrieval instead (docs/methods/cheer.md): no masks (`--masks` is then refused);
 the before and after frames are scored whole against all M entities (S_bef, S_aft; `clip`: cosine of
 the global CLIP embedding, ViT-L/14 in the paper; `fitted`: the word model on whole-frame descriptors,
 fitted on the fit split's whole frames — see FittedRetriever.frame_scores), ranked by S_bef − S_aft

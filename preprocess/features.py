@@ -1,4 +1,4 @@
-"""ResNet-101 layer3 grid features for the lightweight methods (methods.md §0.3), stored as fp16 shards.
+"""ResNet-101 layer3 grid features for the lightweight methods (docs/methods/README.md), stored as fp16 shards.
 
     python -m preprocess features --format clevr_change --root DATA --split train --out CACHE \\
         --weights resnet101-63fe2227.pth [--batch-size 64] [--workers 4] [--num-shards K --shard-index I]

@@ -1,5 +1,5 @@
 """Every document the code, configs and docs name exists in the repository: a `docs/…` path or a `*.md` name in a
-tracked .py/.yaml/.md/Makefile file resolves against the repository root or the referring file's folder."""
+tracked .py/.yaml/.md/Makefile file resolves against the repository root, the referring file's folder or docs/."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def dangling(root: Path) -> list[str]:
                 token = token.rstrip(".")
                 if not is_reference(token):
                     continue
-                if not ((root / token).exists() or (path.parent / token).exists()):
+                if not any((base / token).exists() for base in (root, path.parent, root / "docs")):
                     found.append(f"{path.relative_to(root)}:{number}: {token}")
     return found
 

@@ -9,7 +9,8 @@ RUN/eval/<format>_<split>/metrics.json is read (the total row and, for CLEVR-Cha
 distractor rows; the stated-difference faithfulness; the compute cost). Runs that differ only by seed
 (`…/<name>/seed<k>` or `<name>_seed<k>`) are one row: mean ± std (min–max) over their seeds, and differences
 between rows that the seed ranges cannot settle are listed. The papers' rows for the dataset
-(davir.compare.paper_results, methods.md §7.4) follow, for the methods among the runs and the subtraction baseline.
+(davir.compare.paper_results, docs/methods/README.md) follow, for the methods among the runs and the
+subtraction baseline.
 Values print x100 as papers print them. A run on other data (e.g. the built-in synthetic set) is not
 comparable in absolute terms; the paper rows are there to show the expected ordering and gap sizes.
 `--leaderboard` prints davir.compare.leaderboard's table instead: every reported number for the benchmark, marked

@@ -1,4 +1,4 @@
-"""The numbers each method's own paper reports (methods.md §7.4), and the 2024-26 numbers other papers and
+"""The numbers each method's own paper reports (docs/methods/README.md), and the 2024-26 numbers other papers and
 repositories quote, for side-by-side tables and the leaderboard (`python -m davir.compare --leaderboard`).
 
 Values are as printed (x100); None = not reported. `setting` is the row group the paper scores:

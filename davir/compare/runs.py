@@ -125,7 +125,7 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     note = (f"Scores x100 (CIDEr = CIDEr-D); ours: mean ± std (min–max) over seeds; object F1 / hallucinated: "
             f"stated-difference faithfulness. Paper rows: each method's own paper on {dataset} "
-            "(methods.md §7.4); runs on other data are comparable in ordering, not in absolute value.")
+            "(docs/methods/README.md); runs on other data are comparable in ordering, not in absolute value.")
     text = "\n".join(lines) + "\n\n" + note + "\n"
     text += cost_table(groups)
     flags = inside_spread_lines(spread)

@@ -3,7 +3,7 @@
     result = score_captions({"256.png": "the car is gone"}, {"256": ["the red car is gone", ...]})
     result.metrics["CIDEr"]           # toolkit scale (papers print x100)
 
-The official flow (`COCO(refs).loadRes(preds)` + `COCOEvalCap`, docs/datasets.md C) groups the
+The official flow (`COCO(refs).loadRes(preds)` + `COCOEvalCap`, docs/datasets.md, "Scoring") groups the
 references per image id, scores only the predicted ids, runs the Stanford PTBTokenizer once over the
 references and once over the predictions, then BLEU-1..4 ("closest" reference length), METEOR 1.5,
 ROUGE-L, CIDEr-D (pycocoevalcap's `Cider`) and SPICE on the tokenised text. Here the same pycocoevalcap

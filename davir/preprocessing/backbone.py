@@ -1,4 +1,4 @@
-"""The ResNet-101 backbone of the lightweight methods (methods.md §0.3) and its input recipe [C].
+"""The ResNet-101 backbone of the lightweight methods (docs/methods/README.md) and its input recipe [C].
 
     backbone = build_backbone("resnet101-63fe2227.pth")          # local torchvision state dict, layer3 output
     x = normalize_batch(uint8_batch, IMAGENET_STD)                # (B, 3, 224, 224) → network input

@@ -8,7 +8,7 @@ Everything up to the prompts runs at a *working resolution* (long side `work_siz
 cost per pair stays flat for big images; boxes, points and cluster regions are then scaled back to
 the image resolution, where the segmenter runs and the IoU filter is computed.
 
-Choices the paper leaves open (docs/methods.md §5.2(a)), fixed here and recorded in every manifest;
+Choices the paper leaves open (docs/methods/davir.md), fixed here and recorded in every manifest;
 the defaults were tuned on the synthetic train split (numbers in bench/preprocess.py's report):
 * Diff = mean over R, G, B of |I_s − I_t| on [0, 1] after a Gaussian pre-blur (σ in working pixels).
   The channel mean (not the max or a Euclidean norm) keeps δ on the same scale as a grey-level

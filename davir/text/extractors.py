@@ -1,6 +1,6 @@
 """Noun-phrase extraction from change captions: the `PhraseExtractor` back-ends and one-call helpers.
 
-Used by DAVIR's entity prompt construction (methods.md §5.2(d), §5.8: "key noun phrases from the
+Used by DAVIR's entity prompt construction (docs/methods/davir.md; the paper: "key noun phrases from the
 ground-truth captions of the training set"), CHEER's subject entities (§4.8: the first noun phrase)
 and RDD's attribute segments (§3.8: noun and verb segments of a caption).
 

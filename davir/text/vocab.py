@@ -1,4 +1,4 @@
-"""Word vocabulary and tokeniser of the SCORER/DIRL reference code (methods.md §0.5).
+"""Word vocabulary and tokeniser of the SCORER/DIRL reference code (docs/methods/README.md).
 
     vocab = Vocabulary.build(train_captions)            # <NULL>=0 <UNK>=1 <START>=2 <END>=3, then sorted words
     ids = vocab.encode("the red cube is gone.")         # [2, ..., 3]

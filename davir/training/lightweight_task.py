@@ -5,7 +5,7 @@ offers the same interface as `DavirTask` (model, train/val datasets, losses, gen
 
 * inputs: cached ResNet-101 layer3 features (`data.features`, `python -m preprocess features`) through
   `FeatureField`; the word vocabulary is built from the training captions (change and no-change
-  captions, methods.md §0.5) and saved with the model;
+  captions, docs/methods/README.md) and saved with the model;
 * CLEVR-Change-format data trains on *scenes* (§0.6): the semantic pair and the distractor pair of each
   scene (paired by `scene_id`) go through `clevr_pair_loss` (role swap p = 0.5, losses 0.5/0.5); other
   formats train on plain pairs; validation always scores plain pairs.

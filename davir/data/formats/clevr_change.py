@@ -1,4 +1,4 @@
-"""CLEVR-Change (Park et al., ICCV'19) in the layout of `clevr_change.tar.gz` (docs/datasets.md B.1).
+"""CLEVR-Change (Park et al., ICCV'19) in the layout of `clevr_change.tar.gz` (docs/datasets.md, CLEVR-Change).
 
     root/images/CLEVR_default_%06d.png       before
     root/sc_images/CLEVR_semantic_%06d.png   after, semantic change

@@ -1,4 +1,4 @@
-"""CLEVR-DC (Kim et al., ICCV'21) in either of its two on-disk layouts (docs/datasets.md A.5, B.2).
+"""CLEVR-DC (Kim et al., ICCV'21) in either of its two on-disk layouts (docs/datasets.md, CLEVR-DC).
 
 Raw layout (hsgkim/clevr-dc downloads, BLIP2IDC's loader):
     root/split.json     {"train": [ints], "val": [...], "test": [...]}
@@ -14,7 +14,7 @@ The caption file is optional (absent from the shared fixtures): without it capti
 
 change_type is left None: the 48,000 pairs are 6 blocks of 8,000 (colour, texture, add, remove,
 move, no-change/distractor per the README), but the block *order* is not documented anywhere we can
-cite (docs/datasets.md A.5 says "verify on data"), and guessing it would mislabel per-type scores.
+cite (docs/datasets.md, CLEVR-DC), and guessing it would mislabel per-type scores.
 """
 
 from __future__ import annotations

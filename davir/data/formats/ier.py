@@ -1,4 +1,4 @@
-"""Image Editing Request (Tan et al., ACL'19), airsplay's `dataset/adobe` layout (docs/datasets.md B.4).
+"""Image Editing Request (Tan et al., ACL'19), airsplay's `dataset/adobe` layout (docs/datasets.md, IER).
 
     root/{train,valid,test}.json  [{"img0": str, "img1": str, "sents": [str], "uid": str}, ...]
     root/images/<img0>, root/images/<img1>   one flat folder of JPGs (before/after sizes differ)

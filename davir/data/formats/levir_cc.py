@@ -1,4 +1,4 @@
-"""LEVIR-CC (Liu et al., TGRS'22) and its LEVIR-MCI extension (docs/datasets.md B.5).
+"""LEVIR-CC (Liu et al., TGRS'22) and its LEVIR-MCI extension (docs/datasets.md, LEVIR-CC).
 
 Karpathy layout (RSICC / PromptCC):
     root/LevirCCcaptions.json (or LevirCCcaptions_v1.json)

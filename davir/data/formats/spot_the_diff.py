@@ -1,4 +1,4 @@
-"""Spot-the-Diff (Jhamtani & Berg-Kirkpatrick, EMNLP'18), harsh19's raw layout (docs/datasets.md B.3).
+"""Spot-the-Diff (Jhamtani & Berg-Kirkpatrick, EMNLP'18), harsh19's raw layout (docs/datasets.md, Spot-the-Diff).
 
     root/annotations/{train,val,test}.json   [{"img_id": "256", "sentences": [str, ...]}, ...]
     root/resized_images/<img_id>.png         before

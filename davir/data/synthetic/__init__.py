@@ -14,7 +14,7 @@ a semantic pair (one change: color, material, add, drop or move, balanced) and a
 (an illumination change, a small camera move, or both); a share of the semantic pairs carries a
 distractor too.
 
-Written in the CLEVR-Change layout that the `clevr_change` reader serves (docs/datasets.md B.1):
+Written in the CLEVR-Change layout that the `clevr_change` reader serves (docs/datasets.md, CLEVR-Change):
 
     images/CLEVR_default_%06d.png       before
     sc_images/CLEVR_semantic_%06d.png   after (semantic change)

@@ -1,4 +1,4 @@
-"""The lightweight change captioners on one ResNet-101 front-end and one decoder (methods.md §0-§4, §7.2-7.3).
+"""The lightweight change captioners on one ResNet-101 front-end and one decoder (docs/methods/).
 
     config = LightweightConfig(method="scorer", vocab_size=76, max_len=24)   # a ScorerSettings
     model = build_lightweight_model(config)

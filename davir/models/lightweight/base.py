@@ -189,7 +189,7 @@ def clevr_pair_loss(
     swap_probability: float = 0.5,
     generator: torch.Generator | None = None,
 ) -> dict[str, torch.Tensor]:
-    """CLEVR-Change training step of SCORER/DIRL (methods.md §0.6): both pairs of every scene, losses averaged.
+    """CLEVR-Change training step of SCORER/DIRL (docs/methods/README.md): both pairs of every scene, losses averaged.
 
     batch keys: ``feat_before`` (default image), ``feat_after`` (semantic change), ``feat_distractor``
     (non-semantic image), ``captions_in``/``captions_target`` (a change caption), ``no_change_in``/

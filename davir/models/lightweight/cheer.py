@@ -1,4 +1,4 @@
-"""CHEER(S) (Y. Li, Y. Tu et al., 2025) — methods.md §4. No code was obtainable; [D] choices are marked.
+"""CHEER(S) (Y. Li, Y. Tu et al., 2025) — docs/methods/cheer.md. No code was obtainable; [D] choices are marked.
 
 Inputs besides the grid features: the K = 3 retrieved change entities, as CLIP ViT-L/14 text embeddings
 (B, K, 768) or as ids into a stored entity bank (B, K) — mapped to the model space by Linear + LN [D].

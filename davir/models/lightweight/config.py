@@ -13,8 +13,8 @@ Defaults are the paper sizes (hidden 512, word embedding 300, 8 heads, 2 decoder
 loss weights of each paper and, for every switch, the paper's printed version (paper_values.py lists them;
 docs/paper_departures.md says which config departs and why); where the paper is silent the released code's
 value [C], else a gap filler [D]. `paper_settings(method, dataset)` gives the per-dataset values the papers (or
-the released code) report, to be applied with `**`. Tags in comments follow methods.md: [P] paper, [C] official
-code, [D] our default.
+the released code) report, to be applied with `**`. Tags in comments follow docs/methods/README.md: [P] paper,
+[C] official code, [D] our default.
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# Per-dataset settings from the papers / released configs (methods.md §1.3, §1.5, §2.3, §3.5, §4.5).
+# Per-dataset settings from the papers / released configs (docs/methods/, a page per method).
 # Model fields are keys of the method's settings; "batch_size"/"lr" are for the trainer.
 _CLEVR_CHANGE = {"vocab_size": 76, "max_len": 24, "coord_channels": True, "feat_dim": 1026}
 _CLEVR_DC = {"vocab_size": 87, "max_len": 40}

@@ -1,4 +1,4 @@
-"""DIRL + CCR (Tu et al., ECCV 2024) — methods.md §2.
+"""DIRL + CCR (Tu et al., ECCV 2024) — docs/methods/dirl.md.
 
 DIRL (Eqs. 2-4): a shared 2-layer MLP projector maps the projected tokens of both images; the channel
 cross-correlation of same-position tokens over the batch is pushed towards identity

@@ -1,6 +1,6 @@
 """Shared visual front-end: grid features → 1×1 projection + learned 2-D position embedding → tokens.
 
-methods.md §0.3-0.4 (identical in the SCORER and DIRL code): optional coordinate channels
+docs/methods/README.md (identical in the SCORER and DIRL code): optional coordinate channels
 (`AddSpatialInfo`), `Conv2d(feat_dim, D, 1)`, then ``pos[:, r, c] = concat(w_emb[c], h_emb[r])`` from two
 ``Embedding(grid, D/2)`` tables is added, and the map is flattened row-major to (B, H·W, D).
 

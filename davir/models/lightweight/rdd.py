@@ -1,11 +1,11 @@
-"""RDD + ACR (R. Li, L. Li et al., AAAI 2025) — methods.md §3. No code is public; [D] choices are marked.
+"""RDD + ACR (R. Li, L. Li et al., AAAI 2025) — docs/methods/rdd.md. No code is public; [D] choices are marked.
 
 Encoder as the paper writes it: no LayerNorm anywhere, residuals only around Eq. 8's FFN and Eq. 9's fusion:
 * GDE (Eqs. 2-5): ``F_diff = F_aft − F_bef``; each image queries the difference,
   ``F^_x = MHCA(F_x, F_diff, F_diff)`` (shared weights, Eqs. 3-4 as printed; a residual is the [D]
   ``rdd_gde_residual``); ``F_c = [F^_bef; F^_aft]`` (Eq. 5, ``rdd_fusion="concat"``). The paper does not say
   along which axis it concatenates: the token axis keeps the width D it gives every feature (512) and adds no
-  layer it does not print, so F_c holds 2·H·W tokens [gap]. ``rdd_fusion="linear"`` [D] is methods.md's
+  layer it does not print, so F_c holds 2·H·W tokens [gap]. ``rdd_fusion="linear"`` [D] is the first spec's
   channel concatenation + ``ReLU(Linear(2D→D))`` (as SCORER's Eq. 7 and DIRL's Eq. 7), H·W tokens.
 * Object distilling (Eqs. 6-8): K_o = 32 learnable vectors, N shared-weight blocks
   ``F_c ← MHSA(F_c)``, ``O^ = MHCA(O, F_c)``, ``O = FFN(O^) + O^``.
@@ -15,7 +15,7 @@ Encoder as the paper writes it: no LayerNorm anywhere, residuals only around Eq.
   decoder (learned positions) attends over F_c's part of them (the paper's ``F~_diff ∈ R^{HW×C}``; 2·H·W
   tokens with the printed concatenation), or over all with ``rdd_decoder_tokens="all"``.
 
-methods.md suggested a residual + LayerNorm around every attention ("post-LN"). On the demo that encoder
+The spec we started from suggested a residual + LayerNorm around every attention ("post-LN"). On the demo that encoder
 never named the changed object (object accuracy 0.02, docs/experiments/lightweight_demo.md): GDE's residual hands the
 fusion Linear both images' whole content, which it must learn to cancel, and a LayerNorm over the fused
 tokens lifts every unchanged (≈ 0) difference token to the norm of the changed one; it is gone. Two [D]s

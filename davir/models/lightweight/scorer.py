@@ -1,4 +1,4 @@
-"""SCORER + CBR (Tu et al., ICCV 2023) — methods.md §1.
+"""SCORER + CBR (Tu et al., ICCV 2023) — docs/methods/scorer.md.
 
 Encoder: L cross-view reconstruction layers, each one SCORER-code attention module shared by both
 directions and updated simultaneously (the after-side call reads the previous layer's before tokens):

@@ -1,4 +1,4 @@
-"""Entity retrievers for DAVIR's entity prompt (davir.txt §3.3, Eqs. 8-9; methods.md §5.2(d)).
+"""Entity retrievers for DAVIR's entity prompt (the DAVIR paper §3.3, Eqs. 8-9; docs/methods/davir.md).
 
     regions = pair_regions(before, after, masks)          # Eq. 8: masked, cropped change regions
     retriever = build_retriever("clip", ClipSettings(clip_model=…), checkpoint=…)   # or ("fitted", folder=…)
@@ -34,7 +34,7 @@ The entity gate (EntityGate, [D]) withholds the entities of a pair whose change 
 the captions would name (a camera or light change): a logistic regression on both regions'
 descriptors and their difference, fitted on the fit split; `retrieve_top_k(…, gate=gate)` applies it.
 
-CHEER's image-level retrieval (methods.md §4.8, CHEER Eq. 1) uses no masks: both retrievers also score
+CHEER's image-level retrieval (docs/methods/cheer.md, CHEER Eq. 1) uses no masks: both retrievers also score
 whole frames (`frame_scores(images)` → S ∈ R^{n×M}), and `cheer_rank_entities` ranks the vocabulary by
 |S_bef − S_aft| (or S_bef − S_aft) under the paper's mean constraint; `retrieve_image_level` applies it.
 """

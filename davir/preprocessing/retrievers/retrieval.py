@@ -51,7 +51,7 @@ IMAGE_SCORES = ("abs", "bef_minus_aft")
 
 
 def cheer_rank_entities(s_bef: np.ndarray, s_aft: np.ndarray, k: int, sign: str = "abs") -> list[tuple[int, float]]:
-    """CHEER's entity ranking (methods.md §4.8 "Retrieval", CHEER Eq. 1): the k entities to keep, best first.
+    """CHEER's entity ranking (docs/methods/cheer.md, CHEER Eq. 1): the k entities to keep, best first.
 
     `s_bef`, `s_aft` (M,) are the similarities of the before and after image to all M vocabulary
     entities (CLIP cosine, or the fitted retriever's analog). Steps 3-5 of §4.8:
