@@ -22,15 +22,12 @@ for all parts), which the chat templates ignore.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from davir.data.toolkits.shared import ID_KEY, Conversation, split_files
+from davir.data.toolkits.shared import ID_KEY, Conversation, FolderGuard, Skipped, read_values, split_files
 from davir.errors import DataError
-from davir.io import iter_jsonl
 
 NAME = "trl"
 
@@ -46,64 +43,17 @@ def write_extras(out: Path, files: dict[str, str], name: str) -> list[str]:
     return []
 
 
-try:  # the import's record of a skipped row, which it counts and lists (exit 1), where shared.py has one
-    from davir.data.toolkits.shared import Skipped
-except ImportError:
-    @dataclass(frozen=True)
-    class Skipped:  # type: ignore[no-redef]
-        """A row that is no pair davir can import; ``reason`` names the file, the row and the key."""
-
-        reason: str
-
-
-def leads_out(root: Path, path: str | Path) -> str | None:
-    """Where ``path`` really leads once ``..`` and every symlink are followed, when that is outside ``root``."""
-    real_root, real = os.path.realpath(root), os.path.realpath(path)
-    return None if os.path.commonpath([real_root, real]) == real_root else real
-
-
 def resolve_inside(root: Path, value: str, allow_outside: bool, what: str) -> str:
     """An image path of a downloaded dataset as an absolute path (a relative one from ``root``; symlinks kept),
     refused (DataError naming ``what``) when ``..``, an absolute path or a symlink leads it out of ``root`` and
-    ``allow_outside`` is off. (The toolkits branch checks every reader the same way: shared.FolderGuard.)"""
+    ``allow_outside`` is off (``shared.FolderGuard``, as for every toolkit reader)."""
     path = os.path.abspath(Path(root) / value)  # an absolute value stays itself
-    real = None if allow_outside else leads_out(root, path)
+    real = None if allow_outside else FolderGuard(root).leaves(path)
     if real is not None:
         through = f" (through a symlink, to {real})" if real != path else ""
         raise DataError(f"{what} {path} lies outside the dataset folder {root}{through}; pass --allow-outside to "
                         "read images outside it (davir's own export names absolute paths)")
     return path
-
-
-def _split_files(source: Path, allow_outside: bool) -> list[tuple[str, Path]]:
-    """The split files to read; one that is a symlink leading out of the folder is a DataError (the whole read
-    stops) unless ``allow_outside``."""
-    try:  # shared.split_files makes this check itself where it takes allow_outside
-        found = split_files(source, allow_outside=allow_outside)
-    except TypeError:
-        found = split_files(source)
-    folder = source if source.is_dir() else source.parent
-    for _, path in found:
-        real = None if allow_outside else leads_out(folder, path)
-        if real is not None:
-            raise DataError(f"{path} leads out of the dataset folder {folder} (to {real}); a downloaded dataset is "
-                            "read only inside its folder: pass --allow-outside if you trust it")
-    return found
-
-
-def _values(path: Path) -> Iterator[tuple[str, object]]:
-    """(record "file: line N" / "file: record N", value) of a .jsonl file or a .json list; a file that cannot be
-    read as such is a DataError (the whole import stops)."""
-    if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise DataError(f"{path}: not valid UTF-8 JSON ({error})") from None
-        if not isinstance(data, list):
-            raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
-        yield from ((f"{path}: record {number}", row) for number, row in enumerate(data))
-    else:
-        yield from ((f"{path}: line {number}", row) for number, row in iter_jsonl(path))
 
 
 def _turns(row: dict, record: str) -> tuple[dict, dict]:
@@ -183,8 +133,8 @@ def read(source: Path, options=None) -> Iterator[tuple[str, Conversation | Skipp
     ``options.allow_outside``. Without: the first such row is a DataError (a caller that counts no skips), and
     paths are not confined."""
     allow_outside = options is None or bool(getattr(options, "allow_outside", False))
-    for split, path in _split_files(Path(source), allow_outside):
-        for number, (record, row) in enumerate(_values(path)):
+    for split, path in split_files(Path(source), allow_outside=allow_outside):
+        for number, (record, row) in enumerate(read_values(path)):
             try:
                 yield record, _decode(row, record, number, split=split, base=path.parent,
                                       allow_outside=allow_outside)
