@@ -6,8 +6,12 @@ Each size runs `caption.py` as a user would (a fresh process, online masks + ent
 report) on a pairs.csv that cycles the test split's pairs under new ids; peak RSS is sampled every 50 ms
 over the whole process tree (the main process and its DataLoader workers). `evaluate_generation` is
 `ChangeCaptioner.caption_records` with the split's cached entities — what `evaluate.py --checkpoint` runs —
-the same model, so the two rates show what the online preprocessing and the report cost. One JSON
-object on stdout.
+the same model, so the two rates show what the online preprocessing and the report cost. With
+`--compare-compile` every size runs twice, alternating, as it is and with `caption.py --compile` (the static KV
+cache; on a GPU the compiled decode step), and the two JSONL files' captions are compared. One JSON object on
+stdout.
+
+    python bench/caption.py --checkpoint RUN --data DATA --sizes 512 --batch-size 64 --compare-compile --skip-evaluate
 """
 
 from __future__ import annotations
@@ -90,6 +94,17 @@ def write_pairs(work: Path, data: Path, split: str, n: int) -> Path:
     return manifest
 
 
+def caption_command(args: argparse.Namespace, manifest: Path, out: Path) -> list[str]:
+    command = [sys.executable, "caption.py", "--checkpoint", str(args.checkpoint), "--pairs", str(manifest),
+               "--out", str(out), "--batch-size", str(args.batch_size), "--overwrite", "--quiet"]
+    return command + (["--workers", str(args.workers)] if args.workers is not None else [])
+
+
+def captions_of(path: Path) -> dict[str, str]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {row.get("id") or row.get("pair_id"): row.get("caption") for row in rows}
+
+
 def evaluate_generation(checkpoint: Path, data: Path, entities: Path, split: str, batch_size: int) -> dict:
     """evaluate.py's generation (the captioner on cached entities, attention maps on, default decoding), here."""
     import torch
@@ -121,6 +136,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="caption.py --workers (default: its own)")
     parser.add_argument("--work", type=Path, default=REPO / "outputs" / "bench_caption")
     parser.add_argument("--skip-evaluate", action="store_true")
+    parser.add_argument("--compare-compile", action="store_true",
+                        help="each size also with caption.py --compile; captions compared")
     args = parser.parse_args()
 
     args.work.mkdir(parents=True, exist_ok=True)
@@ -129,12 +146,19 @@ def main() -> None:
               "checkpoint": str(args.checkpoint), "batch_size": args.batch_size, "caption": {}}
     for n in [int(s) for s in args.sizes.split(",")]:
         manifest = write_pairs(args.work, args.data, args.split, n)
+        if args.compare_compile:
+            result["caption_compile"] = result.get("caption_compile", {})
+            out = args.work / f"out_{n}_compile" / "captions.jsonl"
+            row = run_measured(caption_command(args, manifest, out) + ["--compile"], env)
+            row.update(pairs=n, pairs_per_s=n / row["wall_s"], pairs_per_cpu_s=n / row["cpu_s"])
+            result["caption_compile"][str(n)] = row
         out = args.work / f"out_{n}" / "captions.jsonl"
-        command = [sys.executable, "caption.py", "--checkpoint", str(args.checkpoint), "--pairs", str(manifest),
-                   "--out", str(out), "--batch-size", str(args.batch_size), "--overwrite", "--quiet"]
-        if args.workers is not None:
-            command += ["--workers", str(args.workers)]
-        row = run_measured(command, env)
+        row = run_measured(caption_command(args, manifest, out), env)
+        if args.compare_compile:
+            plain, compiled = (captions_of(folder / "captions.jsonl") for folder in
+                               (out.parent, args.work / f"out_{n}_compile"))
+            result["caption_compile"][str(n)]["same_captions"] = plain == compiled
+            result["caption_compile"][str(n)]["differing_pairs"] = sum(plain[k] != compiled.get(k) for k in plain)
         report = out.parent / "report.html"
         report_bytes = report.stat().st_size + sum(p.stat().st_size for p in (out.parent / "report_files").rglob("*")
                                                    if p.is_file())
