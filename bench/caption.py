@@ -79,6 +79,7 @@ def write_pairs(work: Path, data: Path, split: str, n: int) -> Path:
     sys.path.insert(0, str(REPO))
     from davir.data.formats import read_dataset
 
+    data = data.resolve()  # a relative --data: the pairs' paths are resolved too
     pairs = read_dataset("clevr_change", data, split).pairs
     link = work / "data"
     if not link.exists():
