@@ -20,6 +20,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: `make test`'s files that hold a slow test are its long ones
 def pytest_collection_modifyitems(config, items):
     """Files holding a `slow` test first, then those holding a `faults` one, the rest as collected.
 
