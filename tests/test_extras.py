@@ -51,7 +51,7 @@ def test_each_extra_requires_the_pinned_version_of_what_it_brings():
 
 
 @pytest.mark.parametrize("module, needed_by, message", [
-    ("gradio", "davir.app", "davir.app needs gradio: pip install 'davir[app]'"),
+    ("gradio", "davir-app", "davir-app needs gradio: pip install 'davir[app]'"),
     ("trl.trainer.sft_trainer", "davir.integrations.trl", "davir.integrations.trl needs trl: pip install 'davir[trl]'"),
 ])
 def test_a_missing_optional_package_names_its_extra(monkeypatch, module, needed_by, message):
@@ -93,7 +93,7 @@ def test_the_app_modules_without_gradio_say_which_extra(monkeypatch):
     block(monkeypatch, "gradio")
     for name in ("davir.app.ui", "davir.app.uploads"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    with pytest.raises(ImportError, match=r"^davir.app needs gradio: pip install 'davir\[app\]'$"):
+    with pytest.raises(ImportError, match=r"^davir-app needs gradio: pip install 'davir\[app\]'$"):
         importlib.import_module("davir.app.ui")
 
 
@@ -110,7 +110,8 @@ def test_a_missing_tracker_names_the_trackers_extra(monkeypatch, missing, messag
 
 def test_davir_app_without_gradio_is_one_line_and_status_2(tmp_path, monkeypatch, capsys):
     """`davir-app` (its main, as the console script calls it) where gradio cannot be imported: the one line before
-    any model is loaded (the checkpoint does not exist); --help still works."""
+    any model is loaded (the checkpoint does not exist); --help still works. Gradio is imported only once the app
+    has chosen its GRADIO_TEMP_DIR (davir.app.serve), which it reads at import."""
     from davir.cli.app import main
 
     block(monkeypatch, "gradio")

@@ -23,7 +23,7 @@ from davir.app.uploads import image_input
 from davir.errors import DataError, describe_os_error, import_optional
 from davir.viz.report import TILE_LABELS
 
-gr = import_optional("gradio", needed_by="davir.app")  # the extra davir[app]
+gr = import_optional("gradio", needed_by="davir-app")  # not a dependency of davir: the extra davir[app]
 
 BROWSE_SHOWN = 48  # strips and rows the browse tab shows of the matching pairs (the count says how many match)
 ENTITY_COLUMNS = ["entity", "score"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from davir.errors import import_optional
 
-gr = import_optional("gradio", needed_by="davir.app")  # the extra davir[app]
+gr = import_optional("gradio", needed_by="davir-app")  # not a dependency of davir: the extra davir[app]
 
 
 class UploadedImage(gr.Image):

@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from davir.errors import DataError, describe_os_error, import_optional
+from davir.errors import DataError, describe_os_error
 from davir.inference.captioner import CaptionerOptions
 from davir.runtime.devices import check_device
 
@@ -108,12 +108,7 @@ def main(argv: list[str] | None = None, *, block: bool = True):
             args.auth = user_password(os.environ[AUTH_VARIABLE])
         except argparse.ArgumentTypeError as error:
             parser.error(f"{AUTH_VARIABLE}: {error}")
-    try:
-        import_optional("gradio", needed_by="davir-app")  # not a dependency of davir: the extra davir[app]
-    except DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    from davir.app.serve import start
+    from davir.app.serve import start  # gradio is imported by start (after it sets GRADIO_TEMP_DIR), or a DataError
 
     warning = network_warning(args.host, args.port, args.auth is not None)
     if warning:
