@@ -11,7 +11,7 @@ DEMO_RUN ?= runs/demo$(DEMO_SUFFIX)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install system-deps test demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo \
+.PHONY: install system-deps test test-all demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo \
 	demo-hard ablation-hard hard-data-check clean-demo-hard
 
 $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
@@ -35,10 +35,16 @@ system-deps:
 
 # One pytest-xdist worker per core, a test file per worker (module fixtures are built once), the files in the order
 # tests/conftest.py gives them (the minute-long ones first); TEST_WORKERS=0 runs serially.
+# `make test` leaves out the tests marked slow (chains of fresh processes, the browser, the wheel install);
+# `make test-all` runs every test, as CI does (.ci/run).
 TEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	$(PYTEST) -m "not slow" tests
+
+test-all: install
+	$(PYTEST) tests
 
 DEMO_SCENES ?= 1500
 DEMO_SEED ?= 0

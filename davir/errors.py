@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import tempfile
 from pathlib import Path
@@ -11,6 +12,15 @@ from pathlib import Path
 
 class DataError(ValueError):
     """Bad input: the message names the file and record and says what is wrong."""
+
+
+# The optional packages, by the module each is imported as, and the extra of pyproject.toml that installs it.
+EXTRAS = {"gradio": "app", "trl": "trl", "wandb": "trackers", "mlflow": "trackers", "trackio": "trackers"}
+
+
+class MissingExtra(DataError, ModuleNotFoundError):
+    """An optional package that is not installed; the message names the extra to install. A DataError for the
+    commands (one line, status 2), a ModuleNotFoundError for code that imports davir's modules."""
 
 
 class OutputError(DataError):
@@ -79,3 +89,24 @@ def describe_os_error(error: OSError) -> str:
             errno.ENOTDIR: "a path component is a file, not a folder",
             errno.EISDIR: "a folder is in the way of a file"}.get(error.errno)
     return (f"{where}: {reason.lower()}" if where else reason.lower()) + (f" ({hint})" if hint else "")
+
+
+def install_hint(*modules: str) -> str:
+    """What to pip install for `modules`: the extras of davir that bring them (a module of no extra by its name)."""
+    extras = sorted({EXTRAS[name] for name in modules if name in EXTRAS})
+    others = [name for name in modules if name not in EXTRAS]
+    targets = ([f"'davir[{','.join(extras)}]'"] if extras else []) + others
+    return "pip install " + " ".join(targets)
+
+
+def import_optional(module: str, *, needed_by: str):
+    """`module` imported, or a MissingExtra: "<needed_by> needs <module>: pip install 'davir[<extra>]'"."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        package, missing = module.split(".")[0], error.name or module
+        what = (f"{needed_by} needs {package}" if missing.split(".")[0] == package else
+                f"{needed_by} needs {package}, which cannot import {missing}")  # a dependency of it is missing
+        missing_extra = MissingExtra(f"{what}: {install_hint(package)}")
+        missing_extra.name = package
+        raise missing_extra from error

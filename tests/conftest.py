@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: `make test`'s files that hold a slow test are its long ones
 def pytest_collection_modifyitems(config, items):
     """Files holding a `slow` test first, then those holding a `faults` one, the rest as collected.
 
@@ -34,6 +36,17 @@ def pytest_collection_modifyitems(config, items):
         level = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("faults") else 2
         rank[file_of(item)] = min(rank.get(file_of(item), 2), level)
     items.sort(key=lambda item: rank[file_of(item)])  # stable: a file's tests stay together and in order
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_accelerate_state():
+    """Each test file ends with Accelerate's process-wide state cleared: a file that left it in bf16 (TRL's trainer,
+    a paper config) would make the next file's fp32 `Accelerator()` refuse to start on the same xdist worker, so a
+    file's result would depend on which files that worker happened to run before it."""
+    yield
+    state = sys.modules.get("accelerate.state")  # not imported: nothing to clear, and no import paid for it
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture(scope="session")

@@ -171,6 +171,7 @@ def test_a_checkpoint_that_is_no_model_is_one_line(tmp_path, capsys):
 
 @pytest.mark.skipif(chromium_path() is None, reason="no Chromium installed (make system-deps installs Debian's "
                                                      "chromium); the page is tested in a real browser where it is")
+@pytest.mark.slow  # headless Chromium driving the page
 def test_the_page_in_headless_chromium_captions_the_demo_pair_as_caption_py(app, pairs, expected):
     rows, _ = expected
     before, after = pair_files(pairs, "p00")

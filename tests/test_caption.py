@@ -120,6 +120,7 @@ def test_shards_merge_into_the_single_process_output(trained, tmp_path, capsys):
     assert [(r["id"], r["caption"]) for r in rows_of(sharded)] == [(r["id"], r["caption"]) for r in rows_of(single)]
 
 
+@pytest.mark.slow  # accelerate launch of two fresh processes: about a minute of CPU
 def test_two_cpu_processes_under_accelerate_give_the_single_process_captions(trained, tmp_path, capsys):
     """Issue 20's target: `accelerate launch` with 2 CPU processes, one merged file, the same captions in order."""
     import subprocess

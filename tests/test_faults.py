@@ -24,7 +24,8 @@ from davir.data.caches import EntityCache
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
        "TOKENIZERS_PARALLELISM": "false"}
-pytestmark = pytest.mark.faults
+# SIGKILLs at seeded moments of fresh train/preprocess/caption/sweep processes, then resumes: 5-8 minutes of CPU
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

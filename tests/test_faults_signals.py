@@ -160,6 +160,7 @@ def captioning(data, tmp_path_factory, one_torch_thread):
 
 
 @pytest.mark.faults
+@pytest.mark.slow  # fresh caption.py processes stopped and resumed: 30 s of CPU
 def test_caption_stopped_by_sigterm_ends_its_worker_and_resumes_byte_identical(captioning, tmp_path):
     from davir.cli import caption as caption_cli
 
@@ -177,6 +178,7 @@ def test_caption_stopped_by_sigterm_ends_its_worker_and_resumes_byte_identical(c
 
 
 @pytest.mark.faults
+@pytest.mark.slow  # a fresh train.py stopped and resumed beside the in-process runs: 20 s of CPU
 @pytest.mark.usefixtures("one_torch_thread")  # the in-process runs compute as the 1-thread command does (ENV)
 def test_training_stopped_by_sigterm_resumes_loss_for_loss(data, tmp_path, losses_of):
     from davir.cli import train as train_cli

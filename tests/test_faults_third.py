@@ -240,6 +240,7 @@ def test_the_apps_uploads_are_in_a_folder_of_its_own_removed_when_it_closes(app,
 
 
 @pytest.mark.faults
+@pytest.mark.slow  # a fresh davir-app serving a caption, twice: one to two minutes of CPU
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_davir_app_stopped_leaves_no_upload_behind(merged, tmp_path, signum):
     """The command as a user runs it, GRADIO_TEMP_DIR pointed at an empty folder: after a caption and a stop,
@@ -297,6 +298,7 @@ def test_a_killed_apps_upload_folder_is_removed_by_the_next_start(tmp_path, monk
 # ---- §16 DataLoader workers die with a SIGKILLed caption.py ----------------------------------------------------
 
 @pytest.mark.faults
+@pytest.mark.slow  # a fresh caption.py with DataLoader workers, SIGKILLed: 30 s of CPU
 def test_caption_workers_end_with_a_sigkilled_parent(merged, tmp_path):
     out = tmp_path / "c.jsonl"
     process = subprocess.Popen([sys.executable, "caption.py", "--checkpoint", str(merged / "merged"), "--pairs",

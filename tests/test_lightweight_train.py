@@ -242,6 +242,7 @@ def test_compare_tables_runs_beside_the_papers(tmp_path):
         read_run(run, split="val")
 
 
+@pytest.mark.slow  # five methods trained and scored through the sweep: 40 s of CPU
 def test_every_method_trains_and_scores_on_a_folder_of_own_pairs_through_a_sweep(tiny_data, tmp_path):
     """Issue 17: the five `configs/<method>_folder.yaml` on a user's pairs.csv (captions, splits) — features of the
     folder, then one `davir.sweep.grid.run_sweep` (typed, no command line) that trains and scores each method with

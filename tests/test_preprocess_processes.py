@@ -82,7 +82,7 @@ def kill_one_process_of_a_masks_launch(data: Path, out: Path, env: dict) -> None
 
 
 @pytest.mark.slow  # the docs' recipe: seven launches of two processes each, ~2 min of CPU
-@pytest.mark.faults  # a SIGKILL and resume: `make test` runs it, `-m "not faults"` skips it
+@pytest.mark.faults  # a SIGKILL and resume: `make test-all` runs it, `-m "not faults"` skips it
 @pytest.mark.usefixtures("one_torch_thread")  # the reference features: one thread, as in the launched processes
 def test_cluster_recipe_on_two_processes_resumes_a_kill_and_matches_one_process(data, tmp_path):
     from davir.data.caches import EntityCache

@@ -22,6 +22,7 @@ def test_the_readme_has_the_three_examples():
     assert "train(config)" in blocks[0] and "caption_folder(" in blocks[1] and "evaluate_run(" in blocks[2]
 
 
+@pytest.mark.slow  # the README's examples end to end (training, scoring, captioning): over a minute of CPU
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_readme_python_examples_run_as_written(synthetic_set, tmp_path, monkeypatch, capsys):
     from preprocess.features import main as features_main

@@ -278,6 +278,6 @@ def test_a_missing_tracker_package_is_an_error_naming_the_pip_install(synthetic_
 
     monkeypatch.setattr(trackers, "available", lambda name: name not in ("wandb", "mlflow"))
     with pytest.raises(ConfigError, match=r"lists wandb, mlflow but the package is not installed: "
-                                          r"pip install wandb mlflow-skinny"):
+                                          r"pip install 'davir\[trackers\]' \(or pip install wandb mlflow-skinny; "):
         train(davir_config(synthetic_set(16, 4), tmp_path / "run", ALL))
     assert not (tmp_path / "run").exists()

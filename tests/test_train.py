@@ -84,6 +84,7 @@ def test_missing_mask_cache_names_the_command(synth_root, tmp_path):
 
 @pytest.mark.skipif(shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(),
                     reason="accelerate CLI not installed")
+@pytest.mark.slow  # accelerate launch of two fresh processes: about a minute of CPU
 def test_two_cpu_processes(synth_root, tmp_path):
     """`accelerate launch` with two gloo processes trains a few steps and leaves one run folder."""
     launcher = Path(sys.executable).parent / "accelerate"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import html
 
-import gradio as gr
 import pandas as pd
 from PIL import Image
 
@@ -21,8 +20,10 @@ from davir.app.browse import read_captions, strip_of
 from davir.app.models import ModelShelf
 from davir.app.pair import caption_pair
 from davir.app.uploads import image_input
-from davir.errors import DataError, describe_os_error
+from davir.errors import DataError, describe_os_error, import_optional
 from davir.viz.report import TILE_LABELS
+
+gr = import_optional("gradio", needed_by="davir-app")  # not a dependency of davir: the extra davir[app]
 
 BROWSE_SHOWN = 48  # strips and rows the browse tab shows of the matching pairs (the count says how many match)
 ENTITY_COLUMNS = ["entity", "score"]

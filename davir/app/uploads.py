@@ -8,7 +8,9 @@ is wrong with it. In the browser it is Gradio's Image (`is_template`: the same f
 
 from __future__ import annotations
 
-import gradio as gr
+from davir.errors import import_optional
+
+gr = import_optional("gradio", needed_by="davir-app")  # not a dependency of davir: the extra davir[app]
 
 
 class UploadedImage(gr.Image):

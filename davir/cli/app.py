@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None, *, block: bool = True):
             args.auth = user_password(os.environ[AUTH_VARIABLE])
         except argparse.ArgumentTypeError as error:
             parser.error(f"{AUTH_VARIABLE}: {error}")
-    from davir.app.serve import start
+    from davir.app.serve import start  # gradio is imported by start (after it sets GRADIO_TEMP_DIR), or a DataError
 
     warning = network_warning(args.host, args.port, args.auth is not None)
     if warning:

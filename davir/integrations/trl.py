@@ -32,17 +32,19 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from trl import SFTTrainer
-from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
 from davir.data.caches import MaskCache
 from davir.data.images import load_rgb, to_rgb, upright
-from davir.errors import DataError
+from davir.errors import DataError, import_optional
 from davir.integrations.prompts import epc_prompt_for
 from davir.models.epc import EpcConfig
 from davir.models.families import get_family
 from davir.models.families.base import ChatFamily
 from davir.models.losses import FacConfig, davir_total_loss, fac_attention_loss
+
+# TRL is not a dependency of davir: without it, one line naming the extra davir[trl] instead of a traceback.
+_sft = import_optional("trl.trainer.sft_trainer", needed_by="davir.integrations.trl")
+SFTTrainer, DataCollatorForVisionLanguageModeling = _sft.SFTTrainer, _sft.DataCollatorForVisionLanguageModeling
 
 MASK_KEYS = ("davir_masks_before", "davir_masks_after", "davir_mask_valid")
 MASKS_COMMAND = "python -m preprocess masks --format F --root R --split S --out CACHE"

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from davir.config import ConfigError
+from davir.errors import install_hint
 from davir.training.config import TRACKERS
 
 # what to pip install for each (accelerate accepts mlflow-skinny, the light distribution, as well as mlflow)
@@ -65,9 +66,11 @@ def check_installed(names: Sequence[str]) -> None:
     if missing:
         packages = " ".join(PACKAGES[name] for name in missing)
         installed = ", ".join(name for name in TRACKERS if available(name)) or "none"
-        raise ConfigError(f"run.trackers lists {', '.join(missing)} but the package is not installed: "
-                          f"pip install {packages} (or remove {'it' if len(missing) == 1 else 'them'} from "
-                          f"run.trackers; installed trackers: {installed})")
+        hint = install_hint(*missing)  # davir[trackers], and the packages themselves as the other way
+        alternative = "" if hint == f"pip install {packages}" else f"or pip install {packages}; "
+        raise ConfigError(f"run.trackers lists {', '.join(missing)} but the package is not installed: {hint} "
+                          f"({alternative}or remove {'it' if len(missing) == 1 else 'them'} from run.trackers; "
+                          f"installed trackers: {installed})")
 
 
 def wandb_kwargs(run_dir: Path) -> dict[str, Any]:
