@@ -47,10 +47,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import CompileConfig  # noqa: E402
 
-from bench.train_step import (  # noqa: E402
-    COLORS, LARGE_PRESETS, MATERIALS, SHAPES, SIZES, build_random_model, check_gpu_memory, device_name,
-    pick_device, pixel_shape, sync,
+from bench.bench_common import (  # noqa: E402
+    COLORS, MATERIALS, SHAPES, SIZES, check_gpu_memory, device_name, pick_device, sync,
 )
+from bench.train_step import LARGE_PRESETS, build_random_model, pixel_shape  # noqa: E402
 from davir.models.davir import DavirModel, DavirModelConfig  # noqa: E402
 from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES  # noqa: E402
 

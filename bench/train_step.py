@@ -50,7 +50,6 @@ import contextlib
 import dataclasses
 import json
 import platform
-import random
 import statistics
 import sys
 import time
@@ -65,11 +64,14 @@ import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from bench.bench_common import (  # noqa: E402
+    ENTITY, check_gpu_memory, clevr_like_captions, device_name, pick_device, rectangle_masks, sync, vocabulary_texts,
+)
+from bench.step_flops import round_significant, llm_sequence_length, step_tflop_estimate  # noqa: E402
 from bench.step_tools import build_reference, busy_cpus, profile_step, reference_inputs, reference_loss  # noqa: E402
 from davir.models.davir import DavirModel, DavirModelConfig, build_davir_model  # noqa: E402
 from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES  # noqa: E402
 
-ENTITY = "small red metal sphere"
 # Each family's published architecture (random weights): the default preset on a GPU.
 LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b"}
 VARIANTS = ("davir", "plain", "epc_only")
@@ -84,69 +86,6 @@ TARGETS = {
     "min_davir_pairs_per_s": 41.0,
     "probe_plain_step": {"seconds": 0.388, "peak_memory_gib": 27.8, "batch_size": 16, "device": "H100"},
 }
-
-# CLEVR-Change-like captions (8-14 words): the word-level tokenizer of the random presets learns its vocabulary
-# from them, and the batch draws its captions from them.
-SIZES = ("small", "large")
-COLORS = ("red", "blue", "green", "gray", "brown", "purple", "cyan", "yellow")
-MATERIALS = ("metal", "rubber")
-SHAPES = ("sphere", "cube", "cylinder")
-TEMPLATES = (
-    "the {a} changed its location",
-    "the {a} has been newly placed",
-    "the {a} has disappeared",
-    "the {a} changed to {color}",
-    "the {a} was replaced by a {b}",
-    "there is no difference",
-)
-
-
-def clevr_like_captions(count: int, seed: int) -> list[str]:
-    """``count`` captions drawn from the templates above with a seeded RNG."""
-    rng = random.Random(seed)
-
-    def thing() -> str:
-        return f"{rng.choice(SIZES)} {rng.choice(COLORS)} {rng.choice(MATERIALS)} {rng.choice(SHAPES)}"
-
-    return [rng.choice(TEMPLATES).format(a=thing(), b=thing(), color=rng.choice(COLORS)) for _ in range(count)]
-
-
-def vocabulary_texts() -> list[str]:
-    """Every word the benches use, so the word-level tokenizer never maps one to <unk>."""
-    words = [*SIZES, *COLORS, *MATERIALS, *SHAPES, ENTITY]
-    return [" ".join(words), *(t.format(a="x", b="x", color="x") for t in TEMPLATES)]
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def check_gpu_memory(device: torch.device, preset: str, dtype: str) -> None:
-    """Refuse early, with numbers, when the GPU cannot hold a 7B-class preset's weights (≤ 8.3 B parameters ≈
-    17 GB in bf16)."""
-    if device.type != "cuda" or preset == "tiny":
-        return
-    free, total = torch.cuda.mem_get_info(device)
-    need = 8.3e9 * (4 if dtype == "float32" else 2) * 1.5  # weights + room for activations
-    if free < need:
-        raise SystemExit(
-            f"{preset} in {dtype} needs about {need / 2**30:.0f} GiB of GPU memory; "
-            f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB are free"
-        )
-
 
 def build_model(args: argparse.Namespace, device: torch.device) -> DavirModel:
     """The benchmark model: random weights, LoRA of App. B, built on ``device`` in ``args.dtype``."""
@@ -179,17 +118,6 @@ def pixel_shape(model: torch.nn.Module) -> tuple[int, ...]:
     """Per-picture shape of the model's pixel input: (3, S, S) for InstructBLIP, the family processor's patch
     rows for a chat family (Qwen2.5-VL: (patches, C·T·p·p))."""
     return tuple(model.image_processor(Image.new("RGB", (model.image_size, model.image_size))).shape[1:])
-
-
-def rectangle_masks(batch: int, size: int, generator: torch.Generator) -> torch.Tensor:
-    """(B, S, S) binary masks, one random axis-aligned rectangle (5-40 % of the side) per image."""
-    masks = torch.zeros(batch, size, size)
-    for row in range(batch):
-        height, width = (int(v) for v in torch.randint(size // 20 + 1, 2 * size // 5 + 1, (2,), generator=generator))
-        top = int(torch.randint(0, size - height + 1, (1,), generator=generator))
-        left = int(torch.randint(0, size - width + 1, (1,), generator=generator))
-        masks[row, top : top + height, left : left + width] = 1.0
-    return masks
 
 
 def synthetic_batch(model: DavirModel, batch: int, device: torch.device, seed: int = 0) -> dict:
@@ -302,7 +230,7 @@ class StepRunner:
         except Exception as error:  # an op the counter cannot follow: time the variant anyway
             self.count_error = f"{type(error).__name__}: {error}"[:300]
             return
-        self.counted_tflop = _sig(counter.get_total_flops() / 1e12)
+        self.counted_tflop = round_significant(counter.get_total_flops() / 1e12)
 
     def step(self, timed: bool, busy: bool = False) -> None:
         self.optimizer.zero_grad(set_to_none=True)  # also frees the previous variant's gradients
@@ -380,7 +308,7 @@ class StepRunner:
             "counted_step_tflop": self.counted_tflop,
             **({"count_error": self.count_error} if self.count_error else {}),
             **({"estimate": estimate} if estimate is not None else {}),
-            "achieved_tflop_per_s": None if tflop is None else _sig(tflop / median, 3),
+            "achieved_tflop_per_s": None if tflop is None else round_significant(tflop / median, 3),
         }
         if self.device.type == "cuda":
             result["peak_memory_gib"] = round(self.peak_bytes / 2**30, 2)
@@ -392,83 +320,6 @@ class StepRunner:
         if self.profile is not None:
             result["profile"] = self.profile
         return result
-
-
-def llm_sequence_length(model: DavirModel, prompts: list[str], captions: list[str]) -> int:
-    """Length of the LLM input of ``DavirModel.forward``: 2Q visual tokens + the longest [prompt | caption | EOS]
-    (prompt with BOS, both truncated as the model does). Checked against the forward's labels in timed runs."""
-    config = model.config
-    prompt_ids = model.tokenizer(list(prompts), add_special_tokens=True, truncation=True,
-                                 max_length=config.max_prompt_tokens)["input_ids"]
-    caption_ids = model.tokenizer([c.strip() for c in captions], add_special_tokens=False, truncation=True,
-                                  max_length=config.max_caption_tokens - 1)["input_ids"]
-    return 2 * model.num_query_tokens + max(len(p) + len(c) + 1 for p, c in zip(prompt_ids, caption_ids))
-
-
-def _sig(value: float, digits: int = 4) -> float:
-    return float(f"{value:.{digits}g}")
-
-
-def _qformer_tokens(name: str, queries: int, text: int, image_tokens: int) -> int:
-    """Tokens per image that pass through the Q-Former Linear ``name`` (HF InstructBlipQFormerLayer)."""
-    if ".crossattention.attention.key" in name or ".crossattention.attention.value" in name:
-        return image_tokens
-    if ".crossattention." in name or "_query." in name:  # cross-attention q/out, query FFN: the queries only
-        return queries
-    if ".attention." in name:  # self-attention over [queries | instruction]
-        return queries + text
-    if ".intermediate." in name or ".output." in name:  # text FFN: the instruction tokens only
-        return text
-    return 0  # embeddings
-
-
-def step_tflop_estimate(
-    model: DavirModel, prompts: list[str], llm_length: int, batch: int, checkpointing: bool
-) -> dict:
-    """Matrix-multiply TFLOP of one training step from the layer shapes (the compute floor).
-
-    Forward: 2 · weights · tokens for every frozen Linear, plus the attention products (4 · T² · width per
-    layer); LoRA branches are left out (rank 4-8: under 1 %). Backward: with LoRA in every ViT, Q-Former and LLM
-    layer the gradient flows through all of them, but frozen weights need only the input gradient, so backward
-    ≈ one more forward; LLM checkpointing recomputes the LLM forward once more. The patch embedding needs no
-    backward (nothing trainable below it).
-    """
-    core = model.core
-    vision, text = core.config.vision_config, core.config.text_config
-    images = 2 * batch
-    patches = (vision.image_size // vision.patch_size) ** 2
-    image_tokens = patches + 1
-    queries = model.num_query_tokens
-    qformer_text = model.qformer_tokenizer(list(prompts), padding=True)["input_ids"]
-    text_tokens = max(len(ids) for ids in qformer_text)
-
-    def linears(root: torch.nn.Module):
-        for name, module in root.named_modules():
-            if isinstance(module, torch.nn.Linear) and "lora_" not in name:
-                yield name, module.weight.numel()
-
-    vit = 2 * sum(n for _, n in linears(core.vision_model)) * image_tokens * images
-    vit += 4 * image_tokens**2 * vision.hidden_size * vision.num_hidden_layers * images
-    patch_embedding = 2 * core.vision_model.embeddings.patch_embedding.weight.numel() * patches * images
-    qformer_config = core.config.qformer_config
-    qformer = 2 * images * sum(
-        n * _qformer_tokens(name, queries, text_tokens, image_tokens) for name, n in linears(core.qformer)
-    )
-    cross_layers = len(range(0, qformer_config.num_hidden_layers, qformer_config.cross_attention_frequency))
-    qformer += 4 * images * qformer_config.hidden_size * (
-        (queries + text_tokens) ** 2 * qformer_config.num_hidden_layers + queries * image_tokens * cross_layers
-    )
-    projection = 2 * core.language_projection.weight.numel() * queries * images
-    llm = 2 * sum(n for _, n in linears(core.language_model)) * llm_length * batch
-    llm += 4 * llm_length**2 * text.hidden_size * text.num_hidden_layers * batch
-    forward = {"vision": vit + patch_embedding, "qformer": qformer, "projection": projection, "llm": llm}
-    total = forward["vision"] + vit + 2 * (qformer + projection) + (3 if checkpointing else 2) * llm
-    return {
-        "forward_tflop": {part: _sig(value / 1e12) for part, value in forward.items()},
-        "step_tflop": _sig(total / 1e12),
-        "llm_share_of_step": round((3 if checkpointing else 2) * llm / total, 3),
-        "qformer_text_tokens": text_tokens,
-    }
 
 
 def interleaved_order(names: list[str], rounds: int) -> list[str]:
