@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -160,3 +161,12 @@ def read_jsonl(path: Path) -> list[Any]:
     if not path.is_file():
         raise DataError(f"file is missing: {path}")
     return [value for _, value in iter_jsonl(path)]
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    """The sha256 hex digest of a file, read in chunks (weights of several GB included)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()

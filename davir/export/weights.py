@@ -15,7 +15,6 @@ being weights of the core already. Only weights outside the core (segment embedd
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -29,18 +28,12 @@ from safetensors.torch import save_file
 
 from davir.errors import DataError
 from davir.export.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, DAVIR_EXTRA, EXTRA_WEIGHTS
-from davir.io import read_json, write_json_atomic
+from davir.io import file_sha256, read_json, write_json_atomic
 from davir.runtime.devices import check_device as runtime_check_device
 
 BASE_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def describe_base(path: Path, name: str | None, out: Path) -> dict:

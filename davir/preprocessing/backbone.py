@@ -10,7 +10,6 @@ ImageNet mean/std (`AUTHORS_STD` is the reference script's typo for the last cha
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Sequence
 
@@ -20,6 +19,7 @@ import torch
 
 from davir.data.images import load_rgb
 from davir.errors import DataError
+from davir.io import file_sha256
 
 IMAGE_SIZE = 224
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -87,9 +87,3 @@ def shipped_backbone_matching(fingerprint: str | None) -> Path | None:
     return SHIPPED_BACKBONE if fingerprint == f"sha256:{file_sha256(SHIPPED_BACKBONE)}" else None
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

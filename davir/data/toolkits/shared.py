@@ -17,7 +17,7 @@ from pathlib import Path
 
 from davir.data.records import ChangePair
 from davir.errors import DataError
-from davir.io import atomic_path, iter_jsonl, read_json
+from davir.io import atomic_path, file_sha256, iter_jsonl, read_json
 
 SPLITS = ("train", "val", "test")
 ID_KEY = "id"  # the pair id, kept in every record: the toolkits' loaders drop columns they do not read
@@ -66,12 +66,6 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
         return write_rows(tmp, rows)[0]
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 EXPORT_RECORD = "davir_export.json"
