@@ -393,6 +393,10 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     pending = {p.pair_id for p in todo}
     reused = [p.pair_id for p in pairs if p.pair_id not in pending]
     removed = remove_stale_temporaries(cache, [p.pair_id for p in todo])
+    for name in {path.name, *(["manifest.json"] if layout.launched and layout.index == 0 else [])}:
+        for stale in cache.root.glob(f".{name}.*.tmp"):  # a kill while the manifest was written
+            stale.unlink(missing_ok=True)
+            removed += 1
     manifest = {
         "version": MANIFEST_VERSION, "command": "python -m preprocess masks " + " ".join(argv),
         "format": args.format, "root": str(Path(args.root).resolve()), "split": args.split,

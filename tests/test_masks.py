@@ -211,12 +211,15 @@ def test_resume_after_kill_recomputes_only_the_unfinished_pair(synth_root, tmp_p
     # Today's temporaries carry pid + random part (davir.io.temporary_path): removed just the same.
     named = temporary_path(cache.folder / f"{cache_key(victim)}_before.png")
     named.write_bytes(b"\x89PNG half")
+    half_manifest = temporary_path(out / "manifest.json")  # killed while the manifest was being written
+    half_manifest.write_text('{"status": "runn')
     stamps = {i: (cache.folder / f"{cache_key(i)}.json").stat().st_mtime_ns for i in ids if i != victim}
 
     assert _run(base) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["reused"] == 5 and manifest["counts"]["computed"] == 1
-    assert manifest["counts"]["stale_temporaries_removed"] == 2 and not stray.exists() and not named.exists()
+    assert manifest["counts"]["stale_temporaries_removed"] == 3 and not stray.exists() and not named.exists()
+    assert not half_manifest.exists() and not list(out.glob(".*.tmp"))
     assert {i: (cache.folder / f"{cache_key(i)}.json").stat().st_mtime_ns for i in stamps} == stamps
     assert not list(cache.folder.glob(".*.tmp"))
     for pair_id in ids:  # every entry reads back whole
