@@ -37,6 +37,7 @@ class DavirEngine:
         # padded to the largest batch seen, the input to a multiple of STATIC_LENGTH_MULTIPLE) so the decode step
         # compiles once or a few times, not per batch.
         self.static_decode = static_decode
+        self._static_settings = static_decode_settings(model.device) if static_decode else {}
         self._rows = 0
 
     @classmethod
@@ -73,7 +74,7 @@ class DavirEngine:
             self._rows = max(self._rows, count)
             inputs = [*inputs, *[inputs[-1]] * (self._rows - count)]  # the last batch as large as the others
             entities = [*entities, *[entities[-1]] * (self._rows - count)]
-            settings = static_decode_settings(self.model.device)
+            settings = self._static_settings
         pixels = torch.stack(inputs).to(self.model.device)
         prompts = self.model.build_prompts(entities if self.uses_entities else None, batch_size=len(inputs))
         out = self.model.generate(pixels[:, 0], pixels[:, 1], prompts, max_new_tokens=max_new_tokens,
