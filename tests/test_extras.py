@@ -115,6 +115,8 @@ def test_davir_app_without_gradio_is_one_line_and_status_2(tmp_path, monkeypatch
     from davir.cli.app import main
 
     block(monkeypatch, "gradio")
+    for loaded in ("davir.app.serve", "davir.app.ui", "davir.app.uploads"):  # imported by an earlier test: afresh
+        monkeypatch.delitem(sys.modules, loaded, raising=False)
     assert main(["--checkpoint", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err == "error: davir-app needs gradio: pip install 'davir[app]'\n"
     with pytest.raises(SystemExit) as helped:
