@@ -54,6 +54,13 @@ class Registry(Generic[T]):
         self._entries.pop(name, None)
         self._lazy.pop(name, None)
 
+    # dict-style replacement and removal, so a test's `monkeypatch.setitem(REGISTRY, name, entry)` undoes itself
+    def __setitem__(self, name: str, entry: T) -> None:
+        self._entries[name] = entry
+
+    def __delitem__(self, name: str) -> None:
+        self.unregister(name)
+
     # -- reading -------------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> T:
         if name not in self._entries and name in self._lazy:

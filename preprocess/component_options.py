@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from davir.errors import DataError
-from davir.preprocessing.components import Registry
+from davir.preprocessing.components import ComponentRegistry
 
 
 def _bool(text: str) -> bool:
@@ -20,10 +20,10 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def add_component_arguments(registry: Registry, parser: argparse.ArgumentParser) -> None:
+def add_component_arguments(registry: ComponentRegistry, parser: argparse.ArgumentParser) -> None:
     """One argument group per component with its own flags (default None: "not given")."""
     for name in registry:
-        entry = registry.entries[name]
+        entry = registry[name]
         if not entry.flags():
             continue
         group = parser.add_argument_group(f"{registry.kind} {name!r} (only with {registry.selector} {name})")
@@ -40,20 +40,20 @@ def add_component_arguments(registry: Registry, parser: argparse.ArgumentParser)
                                help=f"local weights file ({entry.weights.what}); never downloaded")
 
 
-def check_component_options(registry: Registry, name: str, args: argparse.Namespace) -> None:
+def check_component_options(registry: ComponentRegistry, name: str, args: argparse.Namespace) -> None:
     """A DataError when `args` gives an option of another component than `name`."""
     registry[name]
     for other in registry:
         if other == name:
             continue
-        for flag, dest in registry.entries[other].flags():
+        for flag, dest in registry[other].flags():
             if getattr(args, dest, None) is not None:
                 raise DataError(f"{flag} is an option of {registry.kind} {other!r}, but this run uses {registry.kind} "
                                 f"{name!r} ({registry.selector} or the profile's): drop {flag}, or pass "
                                 f"{registry.selector} {other}")
 
 
-def component_settings(registry: Registry, name: str, args: argparse.Namespace) -> Any:
+def component_settings(registry: ComponentRegistry, name: str, args: argparse.Namespace) -> Any:
     """Typed settings of `name` from the parsed job options (its flags given, defaults otherwise)."""
     check_component_options(registry, name, args)
     entry = registry[name]
@@ -64,6 +64,6 @@ def component_settings(registry: Registry, name: str, args: argparse.Namespace) 
         raise DataError(f"{registry.kind} {name!r}: {error}") from error
 
 
-def component_checkpoint(registry: Registry, name: str, args: argparse.Namespace) -> str | None:
+def component_checkpoint(registry: ComponentRegistry, name: str, args: argparse.Namespace) -> str | None:
     weights = registry[name].weights
     return None if weights is None else getattr(args, weights.dest, None)

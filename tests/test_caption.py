@@ -341,11 +341,11 @@ def test_outputs_are_checked_before_any_work(trained, tmp_path, capsys, make_rea
 
 def test_online_masks_rebuild_the_cache_segmenter_or_say_what_is_missing(trained, tmp_path, monkeypatch):
     from davir.preprocessing.online import OnlineMasks
-    from davir.preprocessing.segmenters import SAM_BUILDERS
+    from davir.preprocessing.segmenters import SAM_TYPES
     from tests.test_masks import build_tiny_sam
 
     torch.manual_seed(0)
-    monkeypatch.setitem(SAM_BUILDERS, "tiny_test", build_tiny_sam)
+    monkeypatch.setitem(SAM_TYPES, "tiny_test", build_tiny_sam)
     checkpoint = tmp_path / "tiny_sam.pth"
     torch.save(build_tiny_sam().state_dict(), checkpoint)
     cache = tmp_path / "sam_cache"

@@ -12,7 +12,7 @@ import pytest
 from davir.data import FORMATS, load_mask, load_pair, read_dataset
 from davir.errors import DataError
 from davir.data.__main__ import main as data_cli
-from davir.data.formats import FORMAT_SPLITS
+from davir.data.formats import FORMATS as _FORMATS
 from davir.data.formats.folder import read_folder
 from davir.data.hf import from_hf_dataset, to_hf_dataset
 from davir.data.images import save_png_atomic
@@ -26,7 +26,7 @@ LEVIR_NO_CHANGE = {
 
 def test_registry_has_every_format():
     assert set(FORMATS) == {"clevr_change", "clevr_dc", "spot_the_diff", "ier", "levir_cc", "folder"}
-    assert FORMAT_SPLITS["ier"] == ("train", "val", "test")
+    assert _FORMATS["ier"].splits == ("train", "val", "test")
     with pytest.raises(DataError, match="unknown dataset format 'coco'"):
         read_dataset("coco", ".", "val")
 

@@ -19,7 +19,7 @@ from davir.preprocessing.change_regions import (
     RegionSettings, change_mask_union, cluster_changed_pixels, cluster_region, difference_map,
     find_change_regions, iou_filter, mask_iou, threshold_difference, tolerant_difference_map, union_of_masks,
 )
-from davir.preprocessing.segmenters import SAM_BUILDERS, ClassicalSegmenter, SegmentRequest, build_segmenter
+from davir.preprocessing.segmenters import SAM_TYPES, ClassicalSegmenter, SegmentRequest, build_segmenter
 
 # Eq. 2 exactly as written: no registration, photometric matching, tolerance, blur or opening.
 LITERAL = dict(register="none", photometric="none", tolerance_px=0, blur_sigma=0.0, open_px=0)
@@ -315,7 +315,7 @@ def tiny_sam_checkpoint(tmp_path, monkeypatch) -> Path:
     import torch
 
     torch.manual_seed(0)
-    monkeypatch.setitem(SAM_BUILDERS, "tiny_test", build_tiny_sam)
+    monkeypatch.setitem(SAM_TYPES, "tiny_test", build_tiny_sam)
     path = tmp_path / "tiny_sam.pth"
     torch.save(build_tiny_sam().state_dict(), path)
     return path

@@ -54,7 +54,7 @@ def fresh_accelerate_state():
 def paper_world(tmp_path_factory):
     """Data, weights and the paper-profile caches, as files on disk (module scope: built once)."""
     from davir.data.formats import read_dataset
-    from davir.preprocessing.segmenters.sam import SAM_BUILDERS
+    from davir.preprocessing.segmenters.sam import SAM_TYPES
     from preprocess import entities, masks
 
     torch.set_num_threads(1)
@@ -68,7 +68,7 @@ def paper_world(tmp_path_factory):
     sam = write_tiny_sam(base / "sam_tiny.pth")
     clip_name, clip_checkpoint, clip_config = write_tiny_clip(base / "clip")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(SAM_BUILDERS, TINY_SAM_TYPE, build_tiny_sam)
+        patch.setitem(SAM_TYPES, TINY_SAM_TYPE, build_tiny_sam)
         for split in SPLITS:
             assert masks.main(["--profile", "paper", "--format", "clevr_change", "--root", str(root), "--split", split,
                                "--out", str(base / "masks"), "--sam-type", TINY_SAM_TYPE, "--sam-checkpoint", str(sam),
@@ -153,7 +153,7 @@ def test_paper_path_caption_py_matches_the_caches(paper_world, paper_run, tmp_pa
     from davir.cli import caption
     from davir.data.formats import read_dataset
     from davir.preprocessing.online import OnlineMasks
-    from davir.preprocessing.segmenters.sam import SAM_BUILDERS
+    from davir.preprocessing.segmenters.sam import SAM_TYPES
 
     w, run_dir = paper_world, paper_run
     # Two pairs also in the caches, one new (the first reversed).
@@ -167,7 +167,7 @@ def test_paper_path_caption_py_matches_the_caches(paper_world, paper_run, tmp_pa
     shutil.copy(tests[0].after, folder / "before" / "reversed.png")
     shutil.copy(tests[0].before, folder / "after" / "reversed.png")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(SAM_BUILDERS, TINY_SAM_TYPE, build_tiny_sam)
+        patch.setitem(SAM_TYPES, TINY_SAM_TYPE, build_tiny_sam)
         status = caption.main(["--checkpoint", str(run_dir), "--pairs", str(folder), "--out", str(tmp_path / "c.jsonl")])
         assert status == 0
         rows = {row["id"]: row for row in read_jsonl(tmp_path / "c.jsonl")}

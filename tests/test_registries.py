@@ -171,7 +171,7 @@ def test_the_online_path_names_what_is_missing(world, tmp_path, monkeypatch):
                                         "not found: pass --clip-checkpoint PATH"):
         OnlineEntities(cache)
     assert OnlineEntities(cache, clip_checkpoint=world["table"]).retriever.table["red"] == [173, 35, 35]
-    monkeypatch.delitem(SEGMENTERS.entries, "toy")
+    monkeypatch.delitem(SEGMENTERS, "toy")
     with pytest.raises(DataError, match=rf"mask cache {base / 'masks'}: unknown segmenter 'toy' in its manifest"):
         OnlineMasks.from_cache(base / "masks")
 

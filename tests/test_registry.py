@@ -86,3 +86,41 @@ def test_import_modules_names_the_module_a_config_could_not_import():
     import_modules(["json"], key="imports")
     with pytest.raises(DataError, match=r"imports: cannot import 'no_such_module_davir'"):
         import_modules(["no_such_module_davir"], key="imports")
+
+
+def test_a_dataset_reader_is_one_function_and_one_registration(tmp_path):
+    """A toy format (a tab-separated before/after/caption file per split) registered here: read_dataset, the stats
+    and the image check of `davir.data` take it by name, with the split names it declares."""
+    import numpy as np
+    from PIL import Image
+
+    from davir.data.formats import FORMATS, read_dataset, register_format
+    from davir.data.records import ChangePair, DatasetIndex
+    from davir.data.stats import dataset_stats
+    from davir.data.verify import verify_dataset
+
+    @register_format("toy_tsv", splits=("train", "test"))
+    def read_toy_tsv(root, split):
+        rows = [line.split("\t") for line in (root / f"{split}.tsv").read_text().splitlines()]
+        return DatasetIndex("toy_tsv", root, split, [ChangePair(f"{split}-{n}", root / b, root / a, (c,), split)
+                                                     for n, (b, a, c) in enumerate(rows)])
+
+    try:
+        for name in ("a.png", "b.png"):
+            Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / name)
+        (tmp_path / "test.tsv").write_text("a.png\tb.png\tthe cube moved\na.png\tmissing.png\tnothing changed\n")
+        (tmp_path / "train.tsv").write_text("a.png\tb.png\ta ball appeared\n")
+        index = read_dataset("toy_tsv", tmp_path, "test")
+        assert [p.captions for p in index.pairs] == [("the cube moved",), ("nothing changed",)]
+        assert FORMATS["toy_tsv"].splits == ("train", "test") and "toy_tsv" in FORMATS
+        with pytest.raises(DataError, match="format 'toy_tsv' has no split 'val'; choose from train, test"):
+            read_dataset("toy_tsv", tmp_path, "val")
+        stats = dataset_stats("toy_tsv", tmp_path)
+        assert {split: stats["splits"][split]["pairs"] for split in stats["splits"]} == {"train": 1, "test": 2}
+        checks = {check.split: check for check in verify_dataset("toy_tsv", tmp_path)}
+        assert set(checks) == {"train", "test"}
+        assert [problem for problem in checks["test"].problems] and not checks["train"].problems
+    finally:
+        FORMATS.unregister("toy_tsv")
+    with pytest.raises(DataError, match="unknown dataset format 'toy_tsv'"):
+        read_dataset("toy_tsv", tmp_path, "test")

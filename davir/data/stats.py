@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
-from davir.data.formats import FORMAT_SPLITS, FORMATS, read_dataset
+from davir.data.formats import FORMATS, read_dataset
 from davir.data.records import DatasetIndex
 from davir.errors import DataError
 
@@ -95,13 +95,12 @@ def unreadable_splits(stats: dict) -> dict[str, str]:
 
 def dataset_stats(format: str, root: str | Path, splits: Iterable[str] | None = None) -> dict:
     """{"format", "root", "splits": {split: counts or {"error": message}}} for the named splits (default: all)."""
-    if format not in FORMATS:
-        raise DataError(f"unknown dataset format {format!r}; known formats: {', '.join(sorted(FORMATS))}")
+    FORMATS.check(format, key="--format")
     root = Path(root)
     if not root.exists():
         raise DataError(f"dataset root {root} does not exist")
     if splits is None:
-        splits = [name for name in FORMAT_SPLITS[format] if name not in SPLIT_ALIASES.get(format, set())]
+        splits = [name for name in FORMATS[format].splits if name not in SPLIT_ALIASES.get(format, set())]
     result: dict = {"format": format, "root": str(root), "splits": {}}
     for split in splits:
         try:

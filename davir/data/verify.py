@@ -15,7 +15,7 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from davir.data.formats import FORMAT_SPLITS, FORMATS, read_dataset
+from davir.data.formats import FORMATS, read_dataset
 from davir.errors import DataError
 
 # format -> split -> (pairs, distinct image files); None where no count is published.
@@ -94,12 +94,11 @@ def verify_split(format: str, root: Path, split: str, *, decode: bool = True) ->
 
 
 def verify_dataset(format: str, root: str | Path, splits: list[str] | None = None, *, decode: bool = True) -> list[SplitCheck]:
-    if format not in FORMATS:
-        raise DataError(f"unknown dataset format {format!r}; known formats: {', '.join(sorted(FORMATS))}")
+    FORMATS.check(format, key="--format")
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"dataset root {root} does not exist or is not a folder")
-    splits = splits or [split for split in FORMAT_SPLITS[format] if split != "all"]
+    splits = splits or [split for split in FORMATS[format].splits if split != "all"]
     return [verify_split(format, root, split, decode=decode) for split in splits]
 
 

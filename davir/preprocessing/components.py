@@ -25,9 +25,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 from davir.errors import DataError
+from davir.registry import Registry
 
 T = TypeVar("T")
 DEVICE_KEY = "device"  # recorded by components that run on a device; never compared, never restored
@@ -99,12 +100,12 @@ class Component(Generic[T]):
             raise DataError(f"{self.kind} {self.name!r}: the recorded settings {recorded} do not fit: {error}") from error
 
 
-class Registry(Generic[T]):
+class ComponentRegistry(Registry[Component[T]]):
     """name → Component for one kind ("segmenter", "retriever"), chosen on the CLI with `selector`."""
 
     def __init__(self, kind: str, selector: str):
-        self.kind, self.selector = kind, selector
-        self.entries: dict[str, Component[T]] = {}
+        super().__init__(kind)
+        self.selector = selector
 
     def register(self, name: str, settings: type, build: Callable[..., T], *, weights: Weights | None = None,
                  **declared) -> Component[T]:
@@ -112,27 +113,14 @@ class Registry(Generic[T]):
         if not dataclasses.is_dataclass(settings):
             raise TypeError(f"{self.kind} {name!r}: settings must be a dataclass, got {settings!r}")
         entry = Component(self.kind, name, settings, build, weights, declared)
-        taken = {flag: other.name for other in self.entries.values() if other.name != name
-                 for flag, _ in other.flags()}
+        taken = {flag: other.name for _, other in self.items() if other.name != name for flag, _ in other.flags()}
         clashes = [flag for flag, _ in entry.flags() if flag in taken]
         if clashes:
             raise ValueError(f"{self.kind} {name!r}: flag(s) {clashes} already belong to {taken[clashes[0]]!r}")
-        self.entries[name] = entry
-        return entry
+        return super().register(name, entry, replace=True)
 
-    def unregister(self, name: str) -> None:
-        self.entries.pop(name, None)
-
-    def __getitem__(self, name: str) -> Component[T]:
-        if name not in self.entries:
-            raise DataError(f"unknown {self.kind} {name!r}; choose from {', '.join(sorted(self.entries))}")
-        return self.entries[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.entries
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self.entries))
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(super().names()))
 
     def build(self, name: str, settings: Any = None, *, checkpoint: str | Path | None = None,
               device: str | None = None, **fields_and_context) -> T:
@@ -153,10 +141,10 @@ class Registry(Generic[T]):
         """The component a cache recorded (`recorded`: its settings), with a local weights file from the record
         unless `checkpoint` replaces it (a run moved to another machine); a missing file is a DataError naming
         `where`, the path and the flag that gives `checkpoint` (`override_flag`, default the job's flag)."""
-        if name not in self.entries:
+        if name not in self:
             raise DataError(f"{where}: unknown {self.kind} {name!r} in its manifest; registered: "
-                            f"{', '.join(sorted(self.entries))} (register it before building from this cache)")
-        entry = self.entries[name]
+                            f"{', '.join(self)} (register it before building from this cache)")
+        entry = self[name]
         path = None
         if entry.weights:
             path = Path(checkpoint or recorded.get(entry.weights.key) or "")

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from davir.data.records import DatasetIndex
+from davir.registry import Registry
 
 Reader = Callable[[Path, str], DatasetIndex]
 
-# name -> reader(root, split); filled by the @register_format decorators of the modules below.
-FORMATS: dict[str, Reader] = {}
-# name -> the split names the reader accepts (canonical names first).
-FORMAT_SPLITS: dict[str, tuple[str, ...]] = {}
+
+@dataclass(frozen=True)
+class DatasetFormat:
+    """One on-disk format: its reader and the split names it accepts (canonical names first)."""
+
+    name: str
+    read: Reader
+    splits: tuple[str, ...]
+
+
+# name → DatasetFormat; filled by the @register_format decorators of the reader modules.
+FORMATS: Registry[DatasetFormat] = Registry("dataset format")
 
 
 def register_format(name: str, splits: tuple[str, ...] = ("train", "val", "test")):
     def decorator(reader: Reader) -> Reader:
-        FORMATS[name] = reader
-        FORMAT_SPLITS[name] = splits
+        FORMATS.register(name, DatasetFormat(name, reader, tuple(splits)))
         return reader
 
     return decorator

@@ -41,7 +41,7 @@ whole frames (`frame_scores(images)` → S ∈ R^{n×M}), and `cheer_rank_entiti
 
 from __future__ import annotations
 
-from davir.preprocessing.components import Registry, Weights
+from davir.preprocessing.components import ComponentRegistry, Weights
 from davir.preprocessing.retrievers.clip import DEFAULT_PROMPT, ClipRetriever, ClipSettings, square_pad
 from davir.preprocessing.retrievers.fitted import (
     FITTED_MODES, FittedRetriever, FittedSettings, fit_soft_logistic, phrase_words, word_targets,
@@ -66,7 +66,7 @@ __all__ = [
     "square_pad", "top_k", "whole_frame_region", "word_targets",
 ]
 
-RETRIEVERS: Registry[Retriever] = Registry("retriever", "--retriever")
+RETRIEVERS: ComponentRegistry[Retriever] = ComponentRegistry("retriever", "--retriever")
 RETRIEVERS.register("fitted", FittedSettings, FittedRetriever.build, fit=FittedRetriever.fit_new,
                     is_fitted=FittedRetriever.exists)
 RETRIEVERS.register("clip", ClipSettings, ClipRetriever.build,

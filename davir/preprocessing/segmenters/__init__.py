@@ -32,15 +32,15 @@ IoU filter of Eq. 3 (davir.preprocessing.change_regions.change_mask_union) picks
 
 from __future__ import annotations
 
-from davir.preprocessing.components import Registry, Weights
+from davir.preprocessing.components import ComponentRegistry, Weights
 from davir.preprocessing.segmenters.base import Candidates, Segmenter, SegmentRequest
 from davir.preprocessing.segmenters.classical import CLASSICAL_METHODS, ClassicalSegmenter, ClassicalSettings
-from davir.preprocessing.segmenters.sam import SAM_BUILDERS, SamSegmenter, SamSettings, load_sam
+from davir.preprocessing.segmenters.sam import SAM_TYPES, SamSegmenter, SamSettings, load_sam
 
-__all__ = ["CLASSICAL_METHODS", "SAM_BUILDERS", "SEGMENTERS", "Candidates", "ClassicalSegmenter", "ClassicalSettings",
+__all__ = ["CLASSICAL_METHODS", "SAM_TYPES", "SEGMENTERS", "Candidates", "ClassicalSegmenter", "ClassicalSettings",
            "SamSegmenter", "SamSettings", "SegmentRequest", "Segmenter", "build_segmenter", "load_sam"]
 
-SEGMENTERS: Registry[Segmenter] = Registry("segmenter", "--segmenter")
+SEGMENTERS: ComponentRegistry[Segmenter] = ComponentRegistry("segmenter", "--segmenter")
 SEGMENTERS.register("classical", ClassicalSettings, ClassicalSegmenter.build, in_workers=True)
 SEGMENTERS.register("sam", SamSettings, SamSegmenter.build,
                     weights=Weights("sam_checkpoint", "--sam-checkpoint", "a local SAM .pth, e.g. sam_vit_h_4b8939.pth"))

@@ -12,21 +12,29 @@ from davir.errors import DataError
 from davir.preprocessing.change_regions import Prompt
 from davir.preprocessing.components import option
 from davir.preprocessing.segmenters.base import Candidates, SegmentRequest
+from davir.registry import Registry
 
 
-def _sam_builders() -> dict[str, Callable]:
-    from segment_anything import sam_model_registry
+def _official(model_type: str) -> Callable:
+    def build(checkpoint=None):
+        from segment_anything import sam_model_registry
 
-    return {name: builder for name, builder in sam_model_registry.items() if name != "default"}
+        return sam_model_registry[model_type](checkpoint=checkpoint)
+
+    build.__qualname__ = f"segment_anything.sam_model_registry[{model_type!r}]"
+    return build
 
 
-# name -> builder(checkpoint=None) -> Sam; extra architectures (e.g. a tiny test model) can be added.
-SAM_BUILDERS: dict[str, Callable] = {}
+# SAM type -> builder(checkpoint=None) -> Sam (segment-anything's own three, imported when built); a test or a
+# user registers another architecture here (e.g. a tiny test model).
+SAM_TYPES: Registry[Callable] = Registry("SAM type")
+for _model_type in ("vit_h", "vit_l", "vit_b"):
+    SAM_TYPES.register(_model_type, _official(_model_type))
 
 
 def sam_types() -> list[str]:
     """The SAM architectures `--sam-type` offers (without importing segment_anything)."""
-    return sorted({"vit_h", "vit_l", "vit_b", *SAM_BUILDERS})
+    return sorted(SAM_TYPES)
 
 
 @dataclass(frozen=True)
@@ -43,9 +51,7 @@ def load_sam(checkpoint: str | Path | None, model_type: str = "vit_h", device: s
     """Build SAM of `model_type` and load a local checkpoint (a state dict, loaded with weights_only=True)."""
     import torch
 
-    builders = {**_sam_builders(), **SAM_BUILDERS}
-    if model_type not in builders:
-        raise DataError(f"unknown SAM type {model_type!r}; choose from {', '.join(sorted(builders))}")
+    build = SAM_TYPES[model_type]
     if checkpoint is None:
         raise DataError("--segmenter sam needs --sam-checkpoint PATH (a local SAM .pth; weights are never downloaded)")
     checkpoint = Path(checkpoint)
@@ -54,7 +60,7 @@ def load_sam(checkpoint: str | Path | None, model_type: str = "vit_h", device: s
             f"SAM checkpoint not found: {checkpoint} (download sam_{model_type}_*.pth from the segment-anything "
             f"release page on a machine with internet and pass its local path with --sam-checkpoint)"
         )
-    sam = builders[model_type](checkpoint=None)
+    sam = build(checkpoint=None)
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     except Exception as error:  # pickle/zip errors: name the file
