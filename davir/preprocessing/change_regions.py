@@ -4,37 +4,8 @@
     ...segment each prompt in each image (davir.preprocessing.segmenters)...
     mask, kept, ious = change_mask_union(candidates, regions.regions_after, tau)   # Eq. 3
 
-Everything up to the prompts runs at a *working resolution* (long side `work_size`, ~224 px), so the
-cost per pair stays flat for big images; boxes, points and cluster regions are then scaled back to
-the image resolution, where the segmenter runs and the IoU filter is computed.
-
-Choices the paper leaves open (docs/methods/davir.md), fixed here and recorded in every manifest;
-the defaults were tuned on the synthetic train split (numbers in bench/preprocess.py's report):
-* Diff = mean over R, G, B of |I_s − I_t| on [0, 1] after a Gaussian pre-blur (σ in working pixels).
-  The channel mean (not the max or a Euclidean norm) keeps δ on the same scale as a grey-level
-  difference, so δ = 0.05 means "5 % of the intensity range on average over the channels".
-  `tolerance_px` r > 0 (default 2) makes it tolerant to misalignment: each pixel is compared with
-  the value range of the other image in a (2r+1)² square (`tolerant_difference_map`), so edges that
-  moved by parallax vanish while new colours and objects stay. r = 0 is the plain difference.
-* Registration of the before image onto the after image (`register`: ECC affine, default, or
-  ORB+RANSAC homography, or none) before differencing, to suppress viewpoint pseudo-changes; the
-  transform is kept only if it lowers the mean difference. Clusters live in the after frame; prompts
-  and regions for the before image are mapped back into the before frame, so each mask is in its
-  own image's frame.
-* Photometric matching (`photometric="affine"`, default): each channel of the before image gets the
-  gain and offset that best map it onto the after image (least squares, refitted on the 80 % of
-  pixels that fit best, so the changed object does not bias it). A global light change (brightness,
-  contrast, colour temperature) is exactly such a map, and would otherwise pass δ everywhere.
-* DBSCAN (scikit-learn) on (row, col) of the changed pixels; with `cluster_stride` 2 (default) on
-  2×2 blocks of them (a quarter of the points, same grouping), subsampled to at most `max_points`
-  (deterministic seed); clusters smaller than `min_area` of the working image are dropped.
-* Prompt P_c = (B_c, C_c): B_c the cluster's bounding box, C_c its centroid, moved to the nearest
-  cluster pixel when the centroid falls outside the cluster (a positive point must lie on it).
-* R_c = the convex hull of the cluster (default) or its closed, hole-filled pixels, dilated by
-  `dilate_px`; masks are kept when IoU(M_c, R_c) ≥ τ. When nothing survives the mask is empty.
-
-The paper's literal reading is `register="none", photometric="none", tolerance_px=0,
-cluster_stride=1` with segmentation of the after image only (`--after-only` in davir.preprocessing.mask_pipeline).
+The choices the paper leaves open (working resolution, difference, registration, photometric matching,
+clustering) and the paper's literal reading: docs/preprocessing.md, "Change regions".
 """
 
 from __future__ import annotations

@@ -4,20 +4,7 @@
     segmenter = build_segmenter("toy", ToySettings(toy_grow=2))        # typed settings + local weights/device
     segmenter = SEGMENTERS.rebuild(name, recorded, where="mask cache C")  # what a cache recorded, rebuilt
 
-The shape of segment-anything's `sam_model_registry` (name → builder(checkpoint=…)) and open_clip's
-`create_model(name, pretrained=path)`. A component declares everything the jobs and the online path need:
-
-* `settings`: a dataclass of its options. A field made with `option("--flag", help)` is a CLI option of
-  the jobs (`preprocess masks` / `preprocess entities`), given to this component only; a field without
-  one is still recorded and restored. `compared=False` (in `option` or the field's metadata) marks a field
-  that changes speed, not results (a batch size): a rerun into a cache does not compare it.
-* `build(settings, *, checkpoint, device, **context)`: the component (a class works).
-* `weights`: the local weights file it needs, if any — which settings key records its path (a segmenter's
-  `settings()` holds it; the entity job records a retriever's) and which job flag gives it
-  (`--sam-checkpoint`); the online path finds it there unless the caller passes another.
-
-Rebuilding from a record takes the fields the record holds and the defaults for the others, so a
-component can gain a field without invalidating older caches.
+What a component declares (settings, `option`, `compared`, weights): docs/preprocessing.md, "Component settings".
 """
 
 from __future__ import annotations

@@ -3,29 +3,7 @@
     masks = localise_objects(before, after, ObjectSettings())
     masks.before, masks.after      # boolean masks, each in its own image's frame
 
-A camera move with parallax shifts near objects more than far ones, so no global warp (the ECC registration of
-`--localisation pixel`) lines the two images up, and a pixel difference marks the edges of every object. Here the
-two views are compared as objects instead of pixels:
-
-1. Each image is white-balanced by its floor (the per-channel median of the image: most of a tabletop scene is
-   floor), which undoes a global light change's brightness and colour temperature.
-2. Foreground: pixels that are coloured (chroma ≥ `chroma`) or much darker / brighter than the floor around
-   them (a floor level per row, robust to the floor texture; a shadow only darkens the floor by a factor, so
-   it stays floor). Each foreground pixel gets a colour class: the nearest of the CLEVR hues, or achromatic.
-   The class map is smoothed (a mode filter), and its connected components of one class are the *segments*:
-   objects, split where two objects of different colours overlap.
-3. A global fit: the ECC affine of the pixel path (davir.preprocessing.registration) as a start, refined by a
-   RANSAC similarity on the centroids of segments matched by class and position (the objects themselves, not
-   the floor, carry the fit).
-4. A segment is *present* in the other view when, shifted by the fit and then by at most `search_px` more (the
-   parallax a global fit leaves), at least `present` of its pixels land on the same colour class there. A
-   segment that is not present is a change: a moved, added or removed object, or one whose colour changed (it
-   is absent in both views, so it is marked in both). A present segment whose material cue (its share of
-   specular highlight pixels) differs from its counterpart's by more than `material_gap` is a material change.
-5. The masks: the changed segments in each view, holes filled, segments under `min_area` of the image dropped.
-
-The choice is recorded in the mask cache's settings ("localisation": "object" with these settings) and the
-cache's profile is then ``custom``; `caption.py` builds its online masks from what the cache recorded.
+Why and how: docs/experiments/synthetic_hard.md, "Part 2", and docs/preprocessing.md, "Change regions".
 """
 
 from __future__ import annotations

@@ -3,26 +3,8 @@
     python -m preprocess masks    --profile paper …     # SAM on the after image; no registration/photometric/tolerance
     python -m preprocess entities --profile paper …     # CLIP on the masked regions (Eqs. 8-9), no entity gate
 
-* ``paper`` — DAVIR as written (§3.1, §3.3, App. B): Eq. 2 on the plain difference map (no registration,
-  no photometric matching, no misalignment tolerance, every changed pixel clustered), SAM prompted in the
-  after image I_t only (M_c = S(I_t, P_c)); the one mask M̂ (soft, Eq. 6) crops both images (Eq. 8) and CLIP
-  scores the crops (Eq. 9); every pair with a region gets its entities.
-* ``toolkit`` — the toolkit's defaults, each a documented deviation [D] (docs/experiments/results.md, "Preprocessing
-  profiles", has their measured effect on the built-in set): the classical segmenter (no SAM weights
-  needed), ECC registration, photometric matching, a 2-px misalignment tolerance, both images segmented
-  (finds removed objects); the fitted retriever (no CLIP weights needed) and the entity gate (distractor
-  pairs get no entity).
-
-CHEER's image-level entities (``preprocess entities --image-level``, §4.8) have a ``paper`` profile of their own:
-CLIP scores the whole frames and Eq. 1 ranks by S_bef − S_aft (``--profile paper --image-level`` sets both; the
-toolkit's ranking, the fitted retriever by |S_bef − S_aft| [D], is ``custom``). The configs/cheer_<benchmark>.yaml
-expect it (``data.preprocessing_profile: paper``); it says nothing about a region-level (DAVIR) cache.
-
-A cache's profile is derived from the settings its manifest records (so caches made before profiles
-existed have one too), and recorded beside them: the profile whose every setting it matches, else
-``custom``. A training config names the profile it expects (``data.preprocessing_profile``); `train.py`,
-`evaluate.py` and `caption.py` refuse a cache of another profile (naming both) unless
-``data.allow_profile_mismatch=true`` / ``--allow-profile-mismatch``.
+`paper` is DAVIR as written; `toolkit` (the default) is the toolkit's weight-free deviations [D]. What each sets
+and how a cache's profile is derived: docs/recipes.md, "Preprocessing", and docs/preprocessing.md, "Profiles".
 """
 
 from __future__ import annotations

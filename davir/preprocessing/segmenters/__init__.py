@@ -5,29 +5,7 @@
     candidates = segmenter.segment([SegmentRequest(image, prompts, regions), ...])
     segmenter = SEGMENTERS.rebuild(name, manifest_settings, where=…)  # what a mask cache recorded
 
-A new segmenter is a class with `name`, `segment(requests)` and `settings()` (a dict holding
-`"segmenter": name` and every settings field) and one line:
-`SEGMENTERS.register(name, ItsSettings, ItsClass.build, weights=…, in_workers=…)`. `ItsSettings` is a
-dataclass whose fields with `option("--flag")` become `preprocess masks` options of this segmenter only.
-`in_workers=True` (classical): each worker process of `preprocess masks --workers N` builds its own and
-segments whole pairs — for cheap CPU segmenters. Otherwise (SAM, the default) the workers only load the
-images and find the change regions, and the one segmenter in the main process segments them in batches of
-its `batch_size`.
-
-`segment` takes a batch of images with their prompts and returns, per image and prompt, a (K, H, W)
-bool array of candidate masks (SAM: K = 3, multimask output; classical: K = 1) and K scores. The
-IoU filter of Eq. 3 (davir.preprocessing.change_regions.change_mask_union) picks among them.
-
-* `classical`: no weights. The cluster region R_c found by differencing is refined in the image
-  itself, inside a crop around the box B_c (crops are capped at `crop_size` px, so the cost is flat):
-  `contrast` (default) marks the pixels that stand out from the background — the box is inpainted
-  from its surroundings (OpenCV Telea) and pixels differing from that estimate by more than
-  `contrast_threshold` are kept where they touch R_c; an image where the changed object is absent
-  (the before image of an "add") gives an empty mask, so per-image masks come out right.
-  `grabcut` seeds OpenCV GrabCut with the box (R_c probable foreground); `region` returns R_c itself.
-* `sam`: segment-anything with a local checkpoint. On a GPU the image encoder runs once over a batch
-  of images in bf16 (`SamPredictor.set_image` takes one image at a time), then the official
-  `predict_torch` decodes all prompts of each image at once; on the CPU everything stays fp32.
+How `classical` and `sam` work: docs/preprocessing.md, "Segmenters"; adding one: docs/architecture.md.
 """
 
 from __future__ import annotations
