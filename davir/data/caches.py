@@ -1,15 +1,9 @@
 """Per-pair caches written by `python -m preprocess …` and read back as batch fields.
 
-Layout of a cache folder (all writes atomic; a pair is complete once its JSON exists, so a rerun
-skips finished pairs and a killed run resumes without a corrupt file):
+    masks = MaskCache("cache/masks").read(pair_id)       # PairMasks: the before and after masks
+    entities = EntityCache("cache/entities").get(pair_id)  # [(entity, score), ...]
 
-    CACHE/manifest.json                  what produced the cache (command, settings, counts)
-    CACHE/masks/<key>.json               boxes, scores, clusters kept for the pair (written last)
-    CACHE/masks/<key>_before.png         binary change mask in the before image's frame (0/255)
-    CACHE/masks/<key>_after.png          binary change mask in the after image's frame
-    CACHE/entities/part-<name>.json      {pair_id: [[entity, score], ...]} for a chunk of pairs
-
-`key` is the pair id made safe for file names (ids such as "000123.png_n" are kept as they are).
+The folder layout, written atomically and resumable: docs/preprocessing.md, "Cache layouts".
 """
 
 from __future__ import annotations

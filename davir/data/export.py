@@ -4,12 +4,7 @@
     python -m davir.data pairs --format clevr_change --root data/synth --split train --split val --split test \\
         --num 0 --copy-images --out my_pairs/pairs.csv     # a stand-alone folder with captions, splits, masks
 
-One row per reference caption (the spreadsheet form: a pair's rows repeat its id and images), with the
-pair's split and, where the dataset has them, its ground-truth masks (`mask` = after frame,
-`mask_before`). Image paths are written relative to the CSV's folder, so the manifest is read back
-wherever it is written. `--copy-images` copies every image into before/, after/ and masks/ beside
-the CSV, so the folder no longer needs the dataset (names keep the source file names; a clash gets a
-numbered suffix).
+The rows and paths written: docs/recipes.md, "Train DAVIR on your own pairs".
 """
 
 from __future__ import annotations

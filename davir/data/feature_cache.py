@@ -1,13 +1,8 @@
 """The grid-feature cache written by `python -m preprocess features` and read by the lightweight methods.
 
-    CACHE/manifest.json                         extraction settings (identical for every run into CACHE)
-    CACHE/features/s{I}of{K}-{n}.safetensors    tensor "features" (N, 1024, 14, 14) fp16; metadata "keys"
-                                                = JSON list of the N image keys, row order
-    CACHE/index.json                            {"chunks": [...], "entries": {key: [chunk file, row]}}
+    FeatureCache("cache/features").get(image_path)      # the stored (1024, 14, 14) tensor, by path or key
 
-An image key is the image path relative to the dataset root (POSIX separators). `FeatureCache(CACHE)
-.get(image_path)` returns the stored (1024, 14, 14) tensor for a path under the dataset root or a key.
-Chunks are written to a temporary name and renamed, so a chunk file is whole or absent.
+The chunk and index layout: docs/preprocessing.md, "Cache layouts".
 """
 
 from __future__ import annotations

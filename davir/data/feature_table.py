@@ -3,11 +3,7 @@
     table = PooledFeatureTable.load(FeatureCache("cache/features"), image_paths, pool=2)
     table.get(path)            # (1024, 7, 7) float32: the cached (1024, 14, 14) fp16 grid, average-pooled 2×2
 
-A lightweight run reads every training image dozens of times (one epoch is a pass over all of them).
-Reading each one from its memory-mapped chunk, converting fp16 → fp32 and pooling it inside the model at
-every step cost more than the demo model's forward and backward passes; here it is done once, chunk by
-chunk. The front-end (`FeatureFrontend`) takes a grid already at its token size as pooled, and the table
-holds float32, so the model computes exactly what it computes when it pools the full grid itself.
+Why once, and why the model's result is unchanged: docs/preprocessing.md, "Cache layouts".
 """
 
 from __future__ import annotations

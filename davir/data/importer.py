@@ -1,18 +1,8 @@
 """`python -m davir.data import SOURCE --out DIR`: check a user's pairs end to end before any training.
 
-SOURCE is a `folder`-format manifest (pairs.csv / pairs.jsonl) or folder (davir/data/formats/folder.py).
-One pass finds every problem, each named by its row ("pairs.csv: line 7: …"):
-    rows the reader refuses (missing paths, bad split, extra CSV values, malformed captions list),
-    an id repeated with different images or splits, empty captions (a pair without any caption is
-    allowed with --allow-uncaptioned: captionable, never trainable), train/val rows without captions,
-    missing / empty / undecodable images and masks, before/after (and mask) size mismatches
-    (--allow-size-mismatch accepts them: training resizes before to after), and leakage: one image
-    (same bytes, under any name) in pairs of two different splits.
-Captions of punctuation alone ("...") are listed as warnings (report.json "warnings"; they do not stop the
-import). It also reports caption length and vocabulary statistics. Outputs in DIR: `report.json` (counts,
-statistics, every problem) and `summary.html` (one page: the numbers and a grid of sample pairs)
-always; `pairs.jsonl`, the normalised manifest (absolute paths, one line per pair with its caption
-list and split, the seeded split written out), only when there is no problem. Exit status 2 on problems.
+SOURCE is a `folder`-format manifest (pairs.csv / pairs.jsonl) or folder. One pass names every problem by its row
+("pairs.csv: line 7: …") in DIR/report.json and DIR/summary.html; DIR/pairs.jsonl is written only when there is
+none, else the exit status is 2. What is checked: docs/recipes.md, "Train DAVIR on your own pairs".
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""CLEVR-Change (Park et al., ICCV'19) in the layout of `clevr_change.tar.gz` (docs/datasets.md, CLEVR-Change).
+"""CLEVR-Change (Park et al., ICCV'19) in the layout of `clevr_change.tar.gz`.
 
-    root/images/CLEVR_default_%06d.png       before
-    root/sc_images/CLEVR_semantic_%06d.png   after, semantic change
-    root/nsc_images/CLEVR_nonsemantic_%06d.png  distractor (viewpoint/illumination only)
-    root/splits.json        {"train": [ints], "val": [...], "test": [...]}
-    root/type_mapping.json  {"color": ["000000.png", ...], "material": ..., "add": ..., "drop": ..., "move": ...}
-    root/change_captions.json, root/no_change_captions.json  {"CLEVR_default_000000.png": [captions]}
-    root/gt_masks/{before,after,before_n,after_n}/%06d.png   (only the built-in synthetic set)
+    index = read_clevr_change(Path("data/clevr_change"), "test")   # "%06d.png" semantic, "%06d.png_n" distractor
 
-Every scene gives two pairs, as every CLEVR-Change evaluation does: the semantic pair (id
-"%06d.png") and the distractor pair (id "%06d.png_n", after = the non-semantic image, references =
-the no-change captions). Image names are built from the scene index (the reference loaders index
-`sorted(os.listdir(...))`, which is only right when all 40,000 images are present). The caption files
-are optional (they are >4 MiB and absent from the shared fixtures): without them captions are empty.
+Every scene gives two pairs, as every CLEVR-Change evaluation counts them. The layout: docs/datasets.md,
+"CLEVR-Change".
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""CLEVR-DC (Kim et al., ICCV'21) in either of its two on-disk layouts (docs/datasets.md, CLEVR-DC).
+"""CLEVR-DC (Kim et al., ICCV'21) in either of its two on-disk layouts, raw or renamed.
 
-Raw layout (hsgkim/clevr-dc downloads, BLIP2IDC's loader):
-    root/split.json     {"train": [ints], "val": [...], "test": [...]}
-    root/captions.json  {"0": [captions], "1": [...], ...}
-    root/bef/<id>.png, root/aft/<id>.png          (un-padded integer names)
+    index = read_clevr_dc(Path("data/clevr_dc"), "test")    # pair ids "%06d.png"; change_type left None
 
-Renamed layout (DIRL's `pad_img.py` / `rename_dc_caption.py`):
-    root/splits.json, root/change_captions.json {"000000.png": [captions]}
-    root/images/%06d.png (before), root/sc_images/%06d.png (after)
-
-Both give pair_id "%06d.png" (the id DIRL's evaluation references use) and scene_id the integer id.
-The caption file is optional (absent from the shared fixtures): without it captions are empty.
-
-change_type is left None: the 48,000 pairs are 6 blocks of 8,000 (colour, texture, add, remove,
-move, no-change/distractor per the README), but the block *order* is not documented anywhere we can
-cite (docs/datasets.md, CLEVR-DC), and guessing it would mislabel per-type scores.
+The layouts, and why the change type is not guessed: docs/datasets.md, "CLEVR-DC".
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """A user's own folder of before/after pairs: for captioning, and with captions for training and scoring.
 
-Three layouts, tried in this order (docs/datasets.md, "Your own folder of pairs", is the overview):
-    1. a manifest `pairs.csv` or `pairs.jsonl`, one row per pair (or per caption):
-           before,after[,id][,caption | captions][,split][,mask[,mask_before]]
-       Paths are absolute or relative to the manifest's folder, anywhere on disk (this is the user's own
-       list, not a downloaded annotation file). Several references: repeat the row with the same id, or
-       give a JSON list in `captions`. `split` is train/val/test (valid/validation/dev = val). `mask` is a
-       ground-truth change mask in the after image's frame (`mask_before` optionally in the before's);
-       nonzero pixels are change. Columns davir does not know are kept in `ChangePair.meta` and named
-       once in `DatasetIndex.notes`; a CSV row with more values than the header is an error (usually a
-       caption with an unquoted comma).
-    2. `before/` and `after/` sub-folders whose files match by name (extension may differ), with an
-       optional `captions.json` ({name: [captions]}) and `masks/` folder (NAME.png) beside them;
-    3. `NAME_before.EXT` next to `NAME_after.EXT` (same optional captions.json and masks/).
-pair_id is the manifest id, else the before file's name without extension.
-
-Splits: a pair with a `split` keeps it. Otherwise a pair with captions gets a seeded split
-(`SplitOptions`: seed 0, 10 % val, 10 % test by default) drawn once per *group of pairs sharing an
-image*, so no image is in two splits; a pair without captions is "test". A pair without captions is
-captionable but never trainable: reading train or val leaves it out as a counted skip. Split "all"
-is every pair (what caption.py reads).
-
     index = read_folder("my_pairs/", "train")          # or read_folder("my_pairs/pairs.csv", "all")
+
+The three layouts (a pairs.csv/pairs.jsonl manifest, before/ + after/, NAME_before/NAME_after), the columns and
+the seeded splits: docs/datasets.md, "Your own folder of pairs".
 """
 
 from __future__ import annotations

@@ -4,11 +4,7 @@
     len(table), table.pair_id(i)                              # no ChangePair made
     table[i]                                                  # the ChangePair read_folder(…, "all") gives
 
-`read_folder` holds a `ChangePair` per pair (two `pathlib` paths, a caption tuple, a meta dict: about 1.1 KB a
-pair, 1.1 GB for a million) and builds them from a list of every `FolderRow`. The table keeps each field as UTF-8
-text in one `bytearray` per column with an `array` of end offsets (the length of the text and 8 bytes a value),
-fed one row at a time, and makes the `ChangePair` of a pair only when it is asked for — the same record, field
-for field (`to_change_pair` of the same `FolderRow`), so a reader of the table sees what `read_folder` returns.
+Memory per pair, and why: docs/datasets.md, "Your own folder of pairs".
 """
 
 from __future__ import annotations

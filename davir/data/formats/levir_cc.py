@@ -1,19 +1,8 @@
-"""LEVIR-CC (Liu et al., TGRS'22) and its LEVIR-MCI extension (docs/datasets.md, LEVIR-CC).
+"""LEVIR-CC (Liu et al., TGRS'22) and its LEVIR-MCI extension, in the Karpathy or the LEVIR-MCI layout.
 
-Karpathy layout (RSICC / PromptCC):
-    root/LevirCCcaptions.json (or LevirCCcaptions_v1.json)
-        {"images": [{"filepath": "train", "filename": "train_000000.png", "split": "train",
-                     "sentences": [{"raw": " ...", "tokens": [...]}, x5], "changeflag": 0|1}, ...]}
-    root/images/<split>/{A,B}/<filename>
+    index = read_levir_cc(Path("data/LEVIR_CC"), "test")    # pair ids "test_000016"; MCI labels as masks
 
-LEVIR-MCI layout (Change-Agent's `preprocess_data.py` output next to the images):
-    root/{train,val,test}.txt      one image file name per line
-    root/tokens/<name>.txt         JSON list of 5 token lists with <START>/<END>
-    root/images/<split>/{A,B,label}/<name>.png    (label = change mask, LEVIR-MCI only)
-
-pair_id is the image name without extension ("train_000016"). In the MCI layout the references are
-the token lists with <START>/<END> removed, joined with spaces. If `images/<split>/label/` exists
-its mask is used as the ground-truth change mask of both frames (the pair is co-registered).
+The layouts: docs/datasets.md, "LEVIR-CC and LEVIR-MCI".
 """
 
 from __future__ import annotations

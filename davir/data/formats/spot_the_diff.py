@@ -1,18 +1,10 @@
-"""Spot-the-Diff (Jhamtani & Berg-Kirkpatrick, EMNLP'18), harsh19's raw layout (docs/datasets.md, Spot-the-Diff).
+"""Spot-the-Diff (Jhamtani & Berg-Kirkpatrick, EMNLP'18), harsh19's raw layout.
 
     root/annotations/{train,val,test}.json   [{"img_id": "256", "sentences": [str, ...]}, ...]
-    root/resized_images/<img_id>.png         before
-    root/resized_images/<img_id>_2.png       after
+    root/resized_images/<img_id>.png, <img_id>_2.png      before, after
 
-An img_id repeats across records (one per annotator): the records are merged into one pair with the
-sentences concatenated in file order, as every downstream repository does (val 1,634 records ->
-1,493 pairs, train 9,524 -> 8,566, test 1,404 -> 1,270). pair_id is the img_id, no extension.
-
-Empty sentences are a documented, counted skip (SkippedRecord): the raw files hold 6 in val and 53
-in train. A pair whose every sentence is empty is kept without references (val ids 8069, 13818,
-13882, 14542), so the pair count stays the official one; FINER-MLLM's "filtered" val refs drop
-exactly those 4 ids (1,489). The sentences as the file has them (empty ones too) stay in
-`ChangePair.source_captions`: the official test references keep them (davir.metrics.protocols).
+Records of one img_id are merged into one pair; how empty sentences are counted and kept: docs/datasets.md,
+"Spot-the-Diff".
 """
 
 from __future__ import annotations

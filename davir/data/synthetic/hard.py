@@ -1,12 +1,8 @@
 """Sampling a scene of a hard set (`SynthConfig(difficulty="hard")`): parallax camera moves, crowded and partly
 hidden objects, small objects, moving shadows and a textured floor.
 
-Every knob is a module constant below, with its range; docs/experiments/synthetic_hard.md explains why each is there.
-A scene draws from its own `SeedSequence(seed, spawn_key=(0, index))` as a standard one does, so a hard set is
-deterministic for a seed whatever the number of workers. The ground-truth masks keep their definition: the
-changed object's visible pixels in each image's own frame (render.full_mask through that image's camera).
-What they do not cover, on purpose: the changed object's shadow (it moves with a moved object and appears or
-goes with an added or removed one), as in CLEVR-Change, whose masks are not drawn at all.
+Every knob is a module constant below, with its range. Why each is there, and what the masks leave out on purpose:
+docs/experiments/synthetic_hard.md.
 """
 
 from __future__ import annotations

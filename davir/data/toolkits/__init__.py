@@ -4,13 +4,7 @@
     export_toolkit("trl", "clevr_change", root, ["train", "val", "test"], "out/trl", prompt_for=lambda pair: "…")
     toolkit_manifest("trl", "out/trl", "folder/pairs.jsonl")    # back to a davir folder manifest
 
-One module per toolkit (``llamafactory``, ``swift``, ``trl``): ``encode`` (a conversation → the toolkit's
-record), ``read(source, options)`` (a toolkit dataset → (record, Conversation or Skipped); a reader taking only
-``source`` is called so, its first DataError stops the import) and ``extras`` (the JSON files beside the splits,
-e.g. LLaMA-Factory's dataset_info.json, checked before anything is written; a module with ``write_extras``
-instead writes them last). Images leading out of the dataset folder are refused here for every reader
-(``shared.FolderGuard``). The prompt of each pair is the caller's (``davir.integrations.prompts.epc_prompt_for``
-gives the DAVIR prompt with its EPC entity phrase): the data layer knows no model.
+What a toolkit module declares: docs/toolkits.md, "Adding a toolkit".
 """
 
 from __future__ import annotations

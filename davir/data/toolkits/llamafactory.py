@@ -1,18 +1,8 @@
 """LLaMA-Factory: ShareGPT-style records in OpenAI roles with an ``images`` list and one ``<image>`` per image,
-plus the ``dataset_info.json`` entry that names the file, as LLaMA-Factory's own multimodal demo
-(``data/mllm_demo.json``) is declared::
+plus the ``dataset_info.json`` entry that names the file.
 
-    {"id": "...", "messages": [{"role": "user", "content": "<image><image>Describe the difference ..."},
-                               {"role": "assistant", "content": "the red cube moved"}],
-     "images": ["/abs/before.png", "/abs/after.png"]}
-
-    dataset_info.json: {"davir_NAME_train": {"file_name": "train.jsonl", "formatting": "sharegpt",
-        "columns": {"messages": "messages", "images": "images"},
-        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}
-
-LLaMA-Factory checks that the ``<image>`` count equals the number of images (``mm_plugin._validate_input``) and
-reads relative image paths from ``media_dir`` (by default the dataset folder). ``dataset_dir=DIR`` and
-``dataset: davir_NAME_train`` in its YAML train on the export.
+``dataset_dir=DIR`` and ``dataset: davir_NAME_train`` in LLaMA-Factory's YAML train on the export. The record
+and the entry: docs/toolkits.md, "LLaMA-Factory".
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""ms-swift: its standard ``messages`` format with an ``images`` list, one ``<image>`` tag per image in the user
-turn (ms-swift's "Custom Dataset" documentation, multimodal example)::
-
-    {"id": "...", "messages": [{"role": "user", "content": "<image><image>Describe the difference ..."},
-                               {"role": "assistant", "content": "the red cube moved"}],
-     "images": ["/abs/before.png", "/abs/after.png"]}
+"""ms-swift: its standard ``messages`` format with an ``images`` list, one ``<image>`` tag per image in the user turn.
 
 ``swift sft --dataset DIR/train.jsonl --val_dataset DIR/val.jsonl`` reads it; its preprocessor keeps the standard
-keys (``messages``, ``images``) and drops ``id``.
+keys (``messages``, ``images``) and drops ``id``. The record: docs/toolkits.md, "ms-swift".
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""TRL: a conversational vision dataset of the **prompt-completion** type — the user turn under ``prompt``, the
-answer under ``completion``, typed content parts, two image parts before the prompt's text part, and the ``images``
-column the parts are filled from in order (TRL's dataset formats page, "Vision datasets";
-``trl.data_utils.prepare_multimodal_messages``)::
-
-    {"id": "...", "images": ["/abs/before.png", "/abs/after.png"],
-     "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
-                                             {"type": "text", "text": "Describe the difference ..."}]}],
-     "completion": [{"role": "assistant", "content": [{"type": "text", "text": "the red cube moved"}]}]}
+"""TRL: a conversational vision dataset of the prompt-completion type, two image parts before the prompt's text.
 
     dataset = load_dataset("json", data_files={"train": "DIR/train.jsonl"})["train"]
     dataset = dataset.cast_column("images", Sequence(Image()))      # paths → images, decoded when read
 
-Prompt-completion, not ``messages``: TRL's ``SFTTrainer`` then sets ``completion_only_loss`` and its vision collator
-(``DataCollatorForVisionLanguageModeling._collate_prompt_completion``) puts only the completion — the caption and
-the template's end of turn — in the loss, as davir's own training does; with ``messages`` every token is scored,
-the image placeholders included. ``import --from trl`` reads both forms.
-
-Image parts carry no ``text`` key; loading through ``datasets`` gives them ``"text": None`` (one Arrow schema
-for all parts), which the chat templates ignore.
+The record, and why prompt-completion rather than `messages`: docs/toolkits.md, "TRL".
 """
 
 from __future__ import annotations
