@@ -3,18 +3,7 @@
     result = score_captions({"256.png": "the car is gone"}, {"256": ["the red car is gone", ...]})
     result.metrics["CIDEr"]           # toolkit scale (papers print x100)
 
-The official flow (`COCO(refs).loadRes(preds)` + `COCOEvalCap`, docs/datasets.md, "Scoring") groups the
-references per image id, scores only the predicted ids, runs the Stanford PTBTokenizer once over the
-references and once over the predictions, then BLEU-1..4 ("closest" reference length), METEOR 1.5,
-ROUGE-L, CIDEr-D (pycocoevalcap's `Cider`) and SPICE on the tokenised text. Here the same pycocoevalcap
-scorers are called on `{id: [captions]}` dicts after ONE tokeniser pass over both sides (the tokeniser
-works line by line, so this changes nothing), and subsets (per change type) reuse that pass but re-run
-every scorer on the subset: CIDEr's document frequencies come from the subset's references, as the
-papers' per-type tables have them.
-
-SPICE needs Stanford CoreNLP 3.6.0, which pycocoevalcap would download on first use; it is only used
-when the two jars are already in pycocoevalcap's `spice/lib` or given by `DAVIR_SPICE_CORENLP` /
-`spice=<folder>`; otherwise SPICE is reported as unavailable (None) with one line on how to enable it.
+How it matches the official flow, per-type subsets and SPICE's jars: docs/metrics.md, "Caption metrics".
 """
 
 from __future__ import annotations

@@ -4,23 +4,8 @@
     scores["rows"]["total"]["objects"]["f1"], scores["rows"]["total"]["hallucination_rate"]
     print(format_faithfulness_table(scores))
 
-n-gram metrics reward the right words in the right order; they do not say whether the object a caption
-names changed at all. Here every caption and every reference is read into stated differences
-(`davir.text.differences`: a change kind and an object phrase per clause, no large model), and a pair's
-references together say what changed in it. Counted over all scored pairs (micro average):
-
-* **objects** — a stated object is *supported* when some reference states an object with the same head noun
-  and every modifier the caption gives it ("small red metal sphere"; synonyms mapped) is a modifier some
-  reference gives that head. precision = supported / stated (1 − precision is the **hallucination rate**:
-  objects no reference names, e.g. any object stated on a pair whose references say nothing changed);
-  recall = referenced objects (one per head noun) that the caption states / referenced objects.
-* **kinds** — the set of change kinds (added, removed, moved, attribute) the caption states against the set
-  its references state.
-* **differences** — kind and object both right (clauses with a kind and an object on both sides).
-* **no-change accuracy** — on pairs whose references say nothing changed (the ``distractor`` group where
-  groups are known, else most references), the share of captions that say so.
-
-Rows: every group of ``groups`` (CLEVR-Change's change types) and ``total``.
+The scores (objects, kinds, differences, no-change accuracy) and their rows: docs/experiments/results.md,
+"Stated-difference faithfulness"; the reader: docs/metrics.md.
 """
 
 from __future__ import annotations

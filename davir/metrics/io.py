@@ -1,18 +1,10 @@
 """Loading predictions and references for scoring, and matching their ids.
 
-Predictions (one caption per id), any of:
-    [{"image_id": "256.png", "caption": "..."}, ...]          COCO results list (every repo's test.py)
-    {"256.png": "...", ...}                                   {id: caption} JSON ({id: ["..."]} also accepted)
-    one {"id"|"image_id"|"pair_id": ..., "caption": ...} per line    JSONL (`.jsonl` files)
+    predictions = load_predictions("predictions.json")   # COCO results list, {id: caption} or JSONL
+    references = load_references("refs.json")            # COCO captions file or {id: [captions]}
+    aligned = align_ids(predictions, references)         # 256, "256", "256.png", "000256.png": one pair
 
-References (one or more captions per id), any of:
-    {"images": [...], "annotations": [{"image_id", "caption"}, ...]}   COCO captions file (FINER, RCC)
-    {"256.png": ["...", "..."], ...}                                    {id: [captions]} JSON
-    a `DatasetIndex` of the data layer (`references_from_index`; a split under its official protocol:
-    `davir.metrics.protocols.load_references_from_dataset`)
-
-Ids are matched the way the community's files need (`canonical_id`): 256, "256", "256.png" and
-"000256.png" are one pair; CLEVR-Change's distractor id "000256.png_n" stays a different pair.
+The accepted forms and the id rule: docs/metrics.md, "Prediction and reference files".
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Which pairs and which reference sentences count when a benchmark is scored: the official protocols.
 
-Scores are comparable only when they use the published numbers' pairs, reference sentences and
-tokenizer. The published numbers of Spot-the-Diff and IER come from COCO-format reference files
-(FINER-MLLM's `eval_data/*_change_captions_reformat.json`, CLIP4IDC's `gt/`) scored with
-pycocoevalcap's PTBTokenizer + BLEU/METEOR/ROUGE-L/CIDEr-D. For those splits, `PROTOCOLS` rebuilds
-each official file's references from the reader's raw sentences (`ChangePair.source_captions`), pair
-for pair and sentence for sentence; tests/test_protocols.py scores the same predictions both ways.
+    references = references_for_evaluation(index)       # a split: its official file's rule where one is known
+    references = load_reference_file("refs.json")       # a file: official ones recognised by fingerprint
 
-Two sources of references, two rules for empty reference sentences (docs/experiments/results.md, "Protocols"):
-
-* a dataset split through a reader (`references_for_evaluation`): a split with an official protocol is
-  scored exactly as its official file is, empty sentences included where the file has them
-  (Spot-the-Diff test: 7 pairs whose only sentence is empty, which score 0 whatever the prediction);
-  any other split on the reader's cleaned captions (empty sentences skipped and counted, pairs left
-  without a sentence listed and not scored) -- the same rule training uses.
-* a references file (`load_reference_file`): an official file, recognised by the fingerprint of its
-  references (`reference_fingerprint`, so a re-serialised copy or "256" vs "256.png" ids still match),
-  is scored as the official code scores it; any other file gets the data layer's rule. The policy
-  can be forced either way (`empty="keep"` / `"skip"`). Empty sentences are counted and reported in
-  every case.
+The rules and why: docs/datasets.md, "Scoring"; docs/metrics.md, "Protocols"; measured in
+docs/experiments/results.md, "Protocols".
 """
 
 from __future__ import annotations

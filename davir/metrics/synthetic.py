@@ -1,19 +1,10 @@
 """Caption accuracy on the built-in synthetic set: read a caption back into (change type, object, new value).
 
-The synthetic generator (``davir.data.synthetic``) writes every caption from a fixed template list and a
-fixed synonym table, so a predicted caption can be parsed exactly and compared with the truth recorded in
-``scenes.json``. This says what n-gram metrics cannot: whether the model named the right change and the
-right object.
-
     from davir.metrics.synthetic import pair_truths, score_synthetic
     truths = pair_truths(load_scenes(root), split="test")   # {"000123.png": truth, "000123.png_n": none}
     scores = score_synthetic(predictions, truths)           # scores.to_dict()["overall"]["type_accuracy"]
 
-* **type accuracy**: the parsed change type (``color``, ``material``, ``add``, ``drop``, ``move`` or
-  ``none`` for the "no change" captions of distractor pairs) equals the truth; an unparsable caption is wrong.
-* **object accuracy** (types that name an object, i.e. every type but ``none``): all four named attributes
-  (size, colour, material, shape; synonyms allowed) equal those of the changed object.
-* **exact**: type and object right and, for colour/material changes, the new value right too.
+Type, object and exact accuracy: docs/metrics.md, "Accuracy on the built-in synthetic set".
 """
 
 from __future__ import annotations

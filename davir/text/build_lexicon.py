@@ -2,11 +2,8 @@
 
     python -m davir.text.build_lexicon --wordnet /usr/share/wordnet [--out davir/text/data/wordnet-3.0-lexicon.txt.gz]
 
-Reads what the chunker uses (davir.text.lexicon.WordNetLexicon.from_folder: the lemmas of index.{noun,verb,adj,adv},
-the morphy exceptions *.exc, the SemCor counts of cntlist.rev), writes it as sorted text in a gzip file with no
-name and no time stamp (the same folder gives the same bytes), and prints the text's sha256: a new file needs
-`SHIPPED_SHA256` in davir/text/lexicon.py set to it. The shipped file was made from Debian's `wordnet-base`
-1:3.0-37 (/usr/share/wordnet); WordNet 3.0's licence, which allows redistribution, is data/WORDNET_LICENSE.
+Prints the text's sha256: set `SHIPPED_SHA256` in davir/text/lexicon.py to it. What is read and how the shipped
+file was made: docs/metrics.md, "Noun-phrase extraction".
 """
 
 from __future__ import annotations

@@ -5,16 +5,7 @@
     # Statement(differences=(Difference("removed", ChangeObject("cube", {"small", "red"})),
     #                        Difference("added", ChangeObject("sphere", {"blue"}))), no_change=False)
 
-A caption is cut into clauses at punctuation and at clause-joining conjunctions ("and", "but", "while").
-Each clause states at most one difference: its **object** is the clause's first entity phrase (the chunker of
-`davir.text.extractors`, so "the white car in the lower left corner is gone" names "white car", not the
-corner; "a group of people" names the people; "someone" a person), its **kind** comes from fixed cue words:
-added ("appeared", "new", "more"), removed ("gone", "no longer"), moved ("moved", "different location"),
-attribute changed ("changed to", "became", "turned").
-A clause without a cue states an object with no kind ("there is a blue truck"). A caption says **no change**
-when a clause has a no-change cue ("no change", "nothing", "the same", "identical") and no clause names an
-object. Words are mapped to one spelling per synonym (`SYNONYMS`: "tiny" → "small", "ball" → "sphere",
-"man" → "person"), so references written with other synonyms still agree.
+Clauses, cue words and synonyms: docs/metrics.md, "Stated-difference faithfulness".
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Noun-phrase extraction from change captions: the `PhraseExtractor` back-ends and one-call helpers.
 
-Used by DAVIR's entity prompt construction (docs/methods/davir.md; the paper: "key noun phrases from the
-ground-truth captions of the training set"), CHEER's subject entities (§4.8: the first noun phrase)
-and RDD's attribute segments (§3.8: noun and verb segments of a caption).
+    extractor = get_extractor(backend="auto")      # "wordnet" (shipped lexicon), "spacy" or "rules"
+    extract_phrases("the small red metal sphere changed to blue")   # ["small red metal sphere"]
 
-Three interchangeable back-ends, chosen by `get_extractor(backend=...)`; "auto" is ``wordnet``:
-
-* ``wordnet`` — the default, the same on every machine: a rule chunker whose part-of-speech lexicon is the part
-  of WordNet 3.0 shipped with the package (davir/text/data; `davir.text.lexicon`, its sha256 recorded by
-  `describe()` and from there in metrics.json, entity caches and run_info.json). Each open-class word gets its
-  candidate parts of speech from WordNet's lemma lists (via WordNet's own "morphy" lemmatiser) weighted by
-  their SemCor tag counts; a left context rule (after a determiner or preposition a word is nominal, after an
-  auxiliary it is predicative) picks one. `$DAVIR_WORDNET_DIR` (research) reads another WordNet dict folder
-  instead; its sha256 differs unless its content is the same.
-* ``spacy``   — spaCy `en_core_web_sm` `noun_chunks` and the RDD verb Matcher, only when asked for by name
-  (imported lazily; the workplace does not ship them).
-* ``rules``   — no lexicon at all: a word is nominal if the caption corpus shows it after a
-  determiner, verbal if it carries a verb suffix or follows an auxiliary (fitted on the captions given).
-
-Every back-end lower-cases, strips determiners and quantifiers (they are closed-class words and never
-join a phrase), lemmatises the head noun to its singular ("cars" → "car"), and, for entity phrases,
-drops phrases whose head is generic ("difference", "image", "picture", "change", "scene", positions).
-A phrase is the *longest* run of adjectives/nouns ending in a noun, so CLEVR-style captions keep the
-full object phrase ("the small red metal sphere changed to blue" → "small red metal sphere"). The
-vocabulary (`davir.text.entity_vocabulary`) also leaves out one-word phrases that the captions mostly use as
-modifiers ("changed to metal" → "metal"), since they name an attribute, not an entity.
+Used by DAVIR's entity prompt, CHEER's subject entities and RDD's attribute segments. The back-ends and the
+phrase rules: docs/metrics.md, "Noun-phrase extraction".
 """
 
 from __future__ import annotations

@@ -2,17 +2,9 @@
 
     vocab = Vocabulary.build(train_captions)            # <NULL>=0 <UNK>=1 <START>=2 <END>=3, then sorted words
     ids = vocab.encode("the red cube is gone.")         # [2, ..., 3]
-    captions_in, captions_target = vocab.caption_tensors(sentences, max_len=24)
-    vocab.decode(generated_ids)                         # "the red cube is gone"
     vocab.save("vocab.json"); Vocabulary.load("vocab.json")
 
-Tokenisation (reference `utils/preprocess.py`): a space is inserted before ``;`` and ``,`` (kept as
-tokens), ``?`` and ``.`` are deleted, then the sentence is split on single spaces. There is no
-lower-casing step (CLEVR captions are lower case already). One deliberate difference: empty tokens
-from repeated or trailing spaces are dropped, where the reference would keep ``''`` as a word.
-
-The saved file is the plain ``{"word": id}`` JSON object the reference writes (`transformer_vocab.json`),
-so a vocabulary file from either side loads in the other.
+The tokenisation and its one departure from the reference: docs/metrics.md, "The word vocabulary".
 """
 
 from __future__ import annotations
