@@ -4,9 +4,7 @@
     listing.rows                                  # the first `limit` matching rows, in input order
     strip_of(listing.path, row)                   # the report's strip of a row (report_files/strips/…), or None
 
-A word matches a row when it is a word of its caption, its entities, its reference captions or its error
-(case-insensitive, whole words; several words must all match). The file is streamed: a JSONL of a million
-pairs is counted without holding it.
+Which rows a word matches: docs/recipes.md, "Look at a model in a browser".
 """
 
 from __future__ import annotations

@@ -2,16 +2,11 @@
 
     with Chromium() as browser:                       # Debian's `chromium` (or $CHROMIUM), a fresh profile
         browser.open("http://127.0.0.1:7860")
-        browser.wait_for("document.querySelector('#before input[type=file]')")
         browser.upload("#before input[type=file]", "before.png")
         browser.click("#caption-button")
         caption = browser.wait_for("document.querySelector('#caption textarea').value")
-        browser.screenshot("docs/images/app_caption.png")
 
-No browser is downloaded and no driver binary is needed: Chromium writes the port it listens on to
-DevToolsActivePort in its profile folder, and the page's target is driven through one websocket
-(the `websockets` package of uvicorn[standard]). `chromium_path()` is None where no Chromium is installed
-(`make system-deps` installs Debian's).
+No browser download and no driver binary: docs/recipes.md, "Look at a model in a browser".
 """
 
 from __future__ import annotations

@@ -4,9 +4,7 @@
     model = shelf.get("runs/demo")            # a LoadedModel: .captioner, .lock, .name
     shelf.get("runs/other")                   # the compare tab's second model, loaded on first use
 
-A model asked for again is the one loaded before (keyed by its resolved model folder); at most `keep` stay
-loaded, the least recently used goes first. A path that is no run or model folder, or a run whose recorded
-caches cannot be found, is a DataError with `from_pretrained`'s message.
+At most `keep` models stay loaded, the least recently used going first.
 """
 
 from __future__ import annotations

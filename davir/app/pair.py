@@ -3,12 +3,6 @@
     view = caption_pair(model, "before.png", "after.png")     # a PairView, or a DataError with caption.py's message
     view.caption, view.entities                               # str, [(entity, score), ...]
     view.mask_overlays(), view.attention_overlays()           # (on before, on after) images, None when absent
-
-The files go through `ChangeCaptioner.prepare` (loading at the working resolution, the size policy, online masks
-and entities) and `generate(..., attention=True)`, the calls `caption.py` makes for a pair its report shows, so
-the caption is the one `caption.py` writes for the same files. A pair `prepare` refuses (not an image, before
-and after of different sizes, too large to decode) fails with the message `caption.py` writes in its JSONL,
-the upload folder's paths shortened to the file names.
 """
 
 from __future__ import annotations

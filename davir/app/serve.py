@@ -3,11 +3,7 @@
     demo, url = start("runs/demo", port=7860, block=False)   # returns once the page answers
     demo.close()                                            # also removes this run's upload folder
 
-The model is loaded before the server starts, so the first caption costs no load. Gradio's telemetry and
-server-side rendering are off (the machine may have no network and no Node); uploads larger than
-`max_upload_mb` are refused by Gradio before they are stored. Uploads and the images the page shows go to a
-folder of this run (`davir-app-<pid>@<host>-*` under $GRADIO_TEMP_DIR or the system's temporary folder), removed when
-the app stops; one a SIGKILLed app left is removed by the next start.
+Telemetry, upload limits and the upload folder: docs/recipes.md, "Look at a model in a browser".
 """
 
 from __future__ import annotations

@@ -2,11 +2,8 @@
 
     demo = build_app(shelf, checkpoint="runs/demo", compare="runs/other", captions="outputs/demo/captions.jsonl")
 
-Each button is also an API endpoint (`gradio_client`): `/caption` (before, after) → caption, entities,
-mask on before, mask on after, attention on before, attention on after, status; `/browse` (captions.jsonl,
-report.html or "", failed only, word) → summary, strips, rows; `/compare` (before, after, model A, model B) →
-for A then B: name, caption, entities, strip. A failure is a `gr.Error` with the captioner's message (the
-page shows it; gradio_client raises it as an AppError).
+Each button is also an API endpoint (`/caption`, `/browse`, `/compare`): docs/recipes.md, "Look at a model in a
+browser".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """`caption.py` / `davir-caption`: caption your own folder of image pairs with a trained checkpoint; JSONL out, and an HTML report to look at.
 
     python caption.py --checkpoint runs/demo --pairs my_pairs/ --out captions.jsonl --html report.html
+    accelerate launch caption.py …       # the pairs split over processes; one output, in input order
 
-`--pairs` is a folder with `before/` + `after/` (matching names), or `NAME_before.EXT`/`NAME_after.EXT`
-side by side, or a `pairs.csv`/`pairs.jsonl` manifest (`before,after[,id]`), or such a manifest file.
-Change masks and entities are computed on the fly with the same preprocessing (and settings) the model was
-trained with. A pair that cannot be read (missing or corrupt image, before/after of different sizes unless
-`--resize-mismatched`) is listed with the reason in the JSONL and the report; the others still get captions.
-
-Any trained model captions: DAVIR and subtraction/SCORER/DIRL/RDD/CHEER. The JSONL is appended per batch in
-whole lines; a rerun skips the pairs already captioned (same model and settings, recorded in
-OUT.manifest.json) and retries the ones that failed. One run at a time writes an --out: a second one stops
-(or waits, `--wait-lock`) while OUT.lock names the first. `accelerate launch caption.py …` splits the pairs
-over processes and leaves one output in input order; `--num-shards N --shard-index I` does the same for
-schedulers without accelerate.
+Any trained model captions, with masks and entities made as in its training. A pair that cannot be read is listed
+with its reason; the others still get captions. Layouts of --pairs: docs/datasets.md, "Your own folder of pairs";
+reruns, locks and shards: docs/recipes.md, "Evaluation and captioning".
 """
 
 from __future__ import annotations

@@ -4,17 +4,8 @@
         [--out table.md] [--plot bars.png]
     python -m davir.compare --leaderboard spot_the_diff [RUN…]     # every reported number, its source and protocol
 
-Each RUN is a run folder that `python evaluate.py --checkpoint RUN --split S` has scored: its
-RUN/eval/<format>_<split>/metrics.json is read (the total row and, for CLEVR-Change, the semantic and
-distractor rows; the stated-difference faithfulness; the compute cost). Runs that differ only by seed
-(`…/<name>/seed<k>` or `<name>_seed<k>`) are one row: mean ± std (min–max) over their seeds, and differences
-between rows that the seed ranges cannot settle are listed. The papers' rows for the dataset
-(davir.compare.paper_results, docs/methods/README.md) follow, for the methods among the runs and the
-subtraction baseline.
-Values print x100 as papers print them. A run on other data (e.g. the built-in synthetic set) is not
-comparable in absolute terms; the paper rows are there to show the expected ordering and gap sizes.
-`--leaderboard` prints davir.compare.leaderboard's table instead: every reported number for the benchmark, marked
-where its protocol differs from the official one davir scores.
+Each RUN is a run folder that `evaluate.py --checkpoint RUN --split S` has scored; runs that differ only by seed
+are one row, mean ± std (min–max). Values print x100. What is read and compared: docs/recipes.md, "Runs side by side".
 """
 
 from __future__ import annotations

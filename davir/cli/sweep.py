@@ -4,18 +4,8 @@
     python -m davir.sweep configs/sweeps/lightweight_demo.yaml     # the five lightweight methods
     python -m davir.sweep SWEEP.yaml --seeds 0 --set optim.max_steps=50   # quicker, fewer seeds
 
-A sweep file names the variants (a training config + key=value overrides each), the seeds and the output
-folder. Every (variant, seed) is one ordinary run folder, trained and scored as ``train.py`` and
-``evaluate.py --checkpoint`` (davir.cli) would, so any cell can be inspected or re-scored on
-its own. A cell whose evaluation exists is not redone: an interrupted sweep continues where it stopped —
-unless the cell was made with other settings (its ``sweep_cell.json`` records the config file's hash and the
-overrides it was trained with), which is trained again with a note rather than reported as this sweep's.
-``vars:`` in the sweep file (``--var KEY=VALUE`` on the command line) fill ``{KEY}`` in configs and overrides,
-so one sweep file serves any data folder (the Makefile's ``DEMO_DIR``).
-The summary (``OUT/summary.md`` and ``OUT/summary.json``) holds the caption metrics, the built-in set's
-type/object accuracy, the stated-difference faithfulness, for DAVIR the attention share inside the ground-truth
-change mask, and each run's compute cost; every cell is mean ± std (min–max) over the seeds, and score
-differences between variants whose seed ranges overlap are listed as not settled.
+An interrupted sweep continues where it stopped. The sweep file, `--var`, and OUT/summary.md: docs/recipes.md,
+"Set-up, the demo targets and their knobs".
 """
 
 from __future__ import annotations

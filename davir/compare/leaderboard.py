@@ -1,14 +1,7 @@
 """The leaderboard of one benchmark: every reported number (davir.compare.paper_results) with its source and protocol,
 and your runs beside them (`python -m davir.compare --leaderboard BENCHMARK [RUN…]`).
 
-Published change-captioning numbers are not all comparable: papers score other splits, other reference files
-and other tokenizers, some pretrain on data nobody else has, and some numbers were never reproduced. Each row
-is marked against the protocol davir scores (davir.metrics.protocols: the official reference file where one is
-known, coco-caption's PTB tokenizer always):
-
-    =   same references and tokenizer as davir's official protocol (stated in the paper or its released code)
-    ≠   known to differ (the row's protocol column says how)
-    ?   not stated where the number was read; compare with care
+Each row is marked =, ≠ or ? against the protocol davir scores: docs/recipes.md, "Runs side by side".
 """
 
 from __future__ import annotations

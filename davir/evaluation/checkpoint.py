@@ -4,11 +4,7 @@
     result = evaluate_run("runs/demo", "test", limit=40, spice=False)     # EvaluationOptions fields as keywords
     result.metrics["rows"]["total"], result.predictions, result.metrics_file
 
-The captions come from the one captioning path (davir.inference.ChangeCaptioner) with the split's caches as
-sources: entities looked up in the entity cache, a lightweight model's features in the run's feature cache
-(else computed from the images), DAVIR's attention maps for the localisation score. Under `accelerate launch`
-the pairs are shared between the processes and the main one scores. Everything lands in
-RUN/eval/<format>_<split>[...]/: predictions.json, metrics.json, metrics.md.
+Sources, processes and the files written: docs/recipes.md, "One captioning stack".
 """
 
 from __future__ import annotations

@@ -4,10 +4,7 @@
                                metrics=("BLEU", "CIDEr"), spice=False, out="metrics.json")
     result.total.scores, result.metrics                          # the table's numbers, metrics.json's document
 
-References: a file (`ReferenceSource.file`: a COCO captions or {id: [captions]} JSON) or a dataset split
-through the data layer (`ReferenceSource.dataset`); which pairs and sentences count (official protocols,
-empty references) is davir.metrics.protocols'. With `echo`, the tables and notes are printed as
-`evaluate.py` prints them.
+References come from a file or a dataset split; which pairs and sentences count is davir.metrics.protocols'.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""Export a trained run as one folder to hand to someone (`davir-export`, `python -m davir.export`): the model
-(a PEFT adapter over its base, or merged full weights), davir's config, the processor, the preprocessing settings
-for new pairs, a model card. `ChangeCaptioner.from_pretrained(DIR)` and `caption.py --checkpoint DIR` take it.
+"""Export a trained run as one folder to hand to someone (`davir-export`, `python -m davir.export`; docs/sharing.md).
 
     from davir.export import export_run
     export_run("runs/demo", "exports/demo")                       # + base_model= when captioning it
     export_run("runs/demo", "exports/demo-merged", merge=True)    # a plain folder of the model's family
 
-Modules: layout (the files, davir_export.json), preprocessing (settings out of the caches), weights (adapter,
-merge), card (README.md), exporter (export_run), loading (an exported DAVIR model back). docs/sharing.md.
+Modules: layout, preprocessing, weights, card, exporter, loading.
 """
 
 from davir.export.exporter import ExportOptions, export_run

@@ -3,12 +3,7 @@
     export_run("runs/demo", "exports/demo")                  # LoRA adapter + davir's config + card
     export_run("runs/demo", "exports/demo-merged", merge=True)   # full weights of the family's model
 
-What captioning a new pair needs comes along — the processor, the decoding the run selected its model with,
-the change-mask and entity settings of its caches (and the fitted retriever and gate) — and what describes the
-run: its config as trained, its evaluations, a model card. What belongs to the training machine stays: the
-checkpoints, optimizer state, caches' entries, paths. The layout: davir.export.layout; docs/sharing.md.
-The folder is written beside `out` and renamed into place when complete; `--overwrite` replaces only an
-earlier export (davir.export.target).
+What comes along, what stays, and `--overwrite`: docs/sharing.md.
 """
 
 from __future__ import annotations

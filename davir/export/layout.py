@@ -1,17 +1,6 @@
 """What an exported model folder holds, and its marker file `davir_export.json`, read with its keys checked.
 
-    DIR/README.md                    the model card (davir.export.card)
-    DIR/davir_export.json            this marker: what kind of export, the base model, where it came from
-    DIR/config.yaml                  what captioning reads of the run's config: decoding, preprocessing profile,
-                                     the preprocessing settings below (paths relative to DIR)
-    DIR/preprocessing/masks/         the mask cache's manifest (segmenter and change-region settings, no masks)
-    DIR/preprocessing/entities/      the entity cache's vocabulary, manifest and fitted retriever/gate (no entities)
-    DAVIR, adapter:  adapter_config.json + adapter_model.safetensors (PEFT), trainable_extra.safetensors,
-                     davir_config.json, the processor/tokenizer files
-    DAVIR, merged:   config.json + model.safetensors (+ generation_config.json) of <Family>ForConditionalGeneration,
-                     the processor/tokenizer files, davir_config.json, davir_extra.safetensors (segment embeddings)
-    lightweight:     lightweight_config.json, model.safetensors, vocab.json (+ entity_phrases.json)
-
+The files of an adapter, a merged and a lightweight export: docs/sharing.md, "What the folder holds".
 `davir.runs.paths.RunPaths` reads such a folder as a run whose recorded paths are its own files, and
 `davir.inference.engines.DavirEngine` loads a DAVIR export with `davir.export.loading`.
 """

@@ -1,12 +1,9 @@
 """Load a DAVIR model from an exported folder (`davir-export`): the adapter over its base model, or the merged
-full weights. `davir.inference.engines.DavirEngine.load` calls this for a folder holding davir_export.json,
-so `ChangeCaptioner.from_pretrained(DIR)`, `caption.py --checkpoint DIR` and `evaluate.py` take it as a run.
+full weights. `DavirEngine.load` calls this for a folder holding davir_export.json.
 
     model = load_exported_model("exports/demo", device="cpu", base_model="assets/tiny_instructblip")
 
-An adapter export names its base model (adapter_config.json, davir_export.json); the base folder is
-`base_model` (`--base-model`), else the path it had when exported, if that still exists; found nowhere, a
-DataError naming the flag. A merged export is a plain folder of its family, loaded as the base it replaces.
+Where an adapter's base is found: docs/sharing.md, "Captioning with the exported folder".
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The preprocessing an exported model needs to caption new pairs, taken out of the run's caches.
 
-A run's mask cache holds the masks of its training pairs and, in its manifest, the settings that made them
-(change regions, segmenter); its entity cache holds the entities of its pairs and the vocabulary, the
-retriever settings and — when fitted — the retriever and the entity gate. Captioning a new pair reads only
-the settings and the fitted parts (davir.preprocessing.online), so an export copies those and nothing of the
-training data: the folders it writes are caches without entries, which `OnlineMasks.from_cache` and
-`OnlineEntities` read as they read the run's.
-
-Weights of a segmenter or retriever that is not fitted (SAM, CLIP) are not copied: their settings name them,
-and `--sam-checkpoint` / `--clip-checkpoint` give them where the recorded path does not exist.
+The settings and fitted parts are copied, no entries and no SAM/CLIP weights: docs/sharing.md, "Captioning with
+the exported folder".
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The weights of an exported model: a DAVIR model's PEFT adapter as it was saved, or the LoRA merged into the
 full weights of its family's model; a lightweight model's folder as it was saved.
 
-Adapter: `adapter_model.safetensors` is the run's file byte for byte, `adapter_config.json` names the base
-model (`base_model_name_or_path`) by its name instead of its path on the training machine; the trained parts
-that are not LoRA (`model.extra_trainable`: projector, language_projection, query_tokens; segment embeddings)
-are `trainable_extra.safetensors`, as in the run.
-
-Merged: `PeftModel.merge_and_unload()` on the model's core — every LoRA update, vision encoder and
-Q-Former/projector included, added into the weight it adapts — then the core's `save_pretrained`: the folder
-is a plain `<Family>ForConditionalGeneration` folder (what vLLM or SGLang serve), the parts trained in full
-being weights of the core already. Only weights outside the core (segment embeddings) go to
-`davir_extra.safetensors`, which davir reads and other servers do not need unless the model uses them.
+What each file holds, and why a merged folder is what vLLM or SGLang serve: docs/sharing.md, "What the folder
+holds".
 """
 
 from __future__ import annotations

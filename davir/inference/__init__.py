@@ -2,12 +2,9 @@
 
     from davir.inference import ChangeCaptioner, caption_folder
     captioner = ChangeCaptioner.from_pretrained("runs/demo", device="cpu")   # CaptionerOptions fields
-    captioner.caption("before.png", "after.png").caption
     caption_folder(captioner, "my_pairs/", "captions.jsonl").status          # the JSONL + HTML report
 
-Modules: captioner (ChangeCaptioner: prepare → generate), engines (DAVIR / lightweight models), sources
-(entities and features, online or from a split's caches), lightweight (loading a lightweight model folder),
-folder (a folder of pairs), caption_store (its resumable JSONL). Run folders: davir.runs.paths.
+Modules: captioner, engines, sources, lightweight, folder, caption_store (docs/recipes.md, "One captioning stack").
 """
 
 from davir.inference.captioner import CaptionerOptions, CaptionResult, ChangeCaptioner, PreparedPair

@@ -6,12 +6,7 @@
     store.append(lines)                     # one write of whole lines per batch, then fsync (all or none)
     store.finish_shard(); store.merge(…)    # mark this shard done; the last one merges into `out`
 
-One process appends to `out` itself; shard I of N to `out.shard-I-of-N` beside it. `out.manifest.json`
-records the settings the captions were made with: a rerun reuses lines only when they are equal.
-Every line carries the pair's `index` in the input, so the shards merge in order without sorting in
-memory (heapq.merge over the sorted runs of the files). A pair that failed is retried by the next run, whose
-row is appended after the old one: the merge keeps one row per id, a captioned row over a failed one and
-else the later one.
+The files and the merge rule: docs/recipes.md, "The JSONL of `caption.py`".
 """
 
 from __future__ import annotations

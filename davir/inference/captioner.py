@@ -1,19 +1,11 @@
 """Caption image pairs with any trained model, predictor-style (as segment-anything's `SamPredictor`).
 
     from davir import ChangeCaptioner
-    captioner = ChangeCaptioner.from_pretrained("runs/demo")          # DAVIR or a lightweight run
     captioner = ChangeCaptioner.from_pretrained("runs/demo", num_beams=3, device="cpu")  # CaptionerOptions fields
     captioner.caption("before.png", "after.png").caption              # paths, PIL images or arrays
-    captioner.caption([b1, b2], [a1, a2])                              # a batch → a list of results
     captioner.caption_records(pairs, batch_size=16)                    # ChangePair records, in batches
 
-Two stages, so a DataLoader's workers can run the first while the model runs the second:
-`prepare(pair)` (CPU: load at the working resolution, change masks, entities, the model's input tensors)
-and `generate(prepared)` (a batched forward pass). This is the one captioning path: `caption.py` streams a
-folder through it (davir.inference.folder) with online masks and entities made with the settings of the caches
-the model was trained with (davir.preprocessing.online); `evaluate.py --checkpoint` (davir.evaluation) captions a
-split with the split's caches as sources (davir.inference.sources). Every path the run recorded is found from
-any working directory (davir.runs.paths).
+`prepare(pair)` (CPU) then `generate(prepared)` (batched): docs/recipes.md, "One captioning stack".
 """
 
 from __future__ import annotations

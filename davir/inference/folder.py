@@ -4,14 +4,7 @@
     summary = caption_folder(captioner, [ChangePair(...), ...], "captions.jsonl")  # a ChangeCaptioner, records
     summary.status                                                                # 0 done, 1 some pairs failed
 
-The pairs stream: read → masks/entities/model inputs (`ChangeCaptioner.prepare`, in DataLoader workers)
-→ batched generation → whole JSONL lines appended per batch (davir.inference.caption_store). A manifest's pairs
-are held as a compact table (davir.data.formats.folder_table: text columns, about 150 bytes a pair) whose
-records are made one at a time as the workers prepare them, so memory grows by little more than that with the
-number of pairs; a rerun skips the pairs already captioned with the same settings and retries the
-ones that failed (their rows are replaced); one run at a time writes an output (davir.runtime.locks); under
-`accelerate launch` (or `--num-shards/--shard-index`) each process takes a contiguous share of the pairs
-and the shards are merged in input order. The report is a JPEG strip per pair beside paginated pages.
+How the pairs stream, resume and shard: docs/recipes.md, "Evaluation and captioning".
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Where `ChangeCaptioner` gets what a model needs besides the images: entities, and a lightweight model's features.
 
-Two shapes, each with an online and a cached kind, so `caption.py` (new pairs) and `evaluate.py --checkpoint`
-(a preprocessed split) go through the same prepare → generate path:
-
-    entities   OnlineEntities (davir.preprocessing.online: retrieval with the training cache's settings)
-               CachedEntities (the EntityCache of the split, looked up by pair id)
-    features   OnlineFeatures (the ResNet backbone on the pair's images)
-               CachedFeatures (the FeatureCache of the split, looked up by image path)
+    entities   OnlineEntities (retrieval with the training cache's settings) or CachedEntities (a split's cache)
+    features   OnlineFeatures (the ResNet backbone on the pair's images) or CachedFeatures (a split's cache)
 
 Both kinds of a shape answer the same calls (the Protocols below); `needs_images` says whether the captioner
 must load the pair's images for them.

@@ -1,13 +1,7 @@
 """`caption.py --engine vllm`: batch captioning of a merged export through vLLM, on a GPU machine.
 
-vLLM serves the plain Hugging Face folder `davir-export --merge` writes (every trained vision and projector weight
-merged in; vLLM ignores LoRA on Qwen2.5-VL's vision blocks, docs/sharing.md). The engine builds the same chat turn
-as `ChatDavirModel` — before image, after image, the Eq. 10 prompt, through the processor's own chat template —
-and lets vLLM expand the image placeholders; every picture is resized to the run's S×S grid first, as in
-training. Greedy decoding only (vLLM's beam search is a separate API) and no attention maps (vLLM's kernels do not
-return them): the JSONL and report are those of `caption.py`, without the attention columns.
-
-Not run in this repository's tests (no GPU, no vLLM): they check the clear errors of its absence.
+Same chat turn and S×S pictures as `ChatDavirModel`, greedy decoding only, no attention maps. Why merged, and what
+is not run here: docs/toolkits.md, "Batch captioning through vLLM", and docs/sharing.md.
 """
 
 from __future__ import annotations

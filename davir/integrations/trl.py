@@ -1,22 +1,12 @@
 """DAVIR's FAC (and EPC prompts) inside TRL's ``SFTTrainer``, for the chat families of davir's registry.
 
-    from davir.integrations.trl import DavirSFTTrainer, DavirTrlSettings
-
     trainer = DavirSFTTrainer(model=model, args=SFTConfig(..., remove_unused_columns=False), train_dataset=dataset,
                               processing_class=processor,
                               davir=DavirTrlSettings(family="qwen2_5_vl", image_size=448, masks="caches/masks",
                                                      entities="caches/entities", fac=FacConfig(lambda_attn=0.1)))
     trainer.train()       # logs loss, attn_loss (Eq. 7) and fac_pairs beside TRL's own metrics
 
-The dataset is what ``python -m davir.data export --to trl`` writes (an ``id`` column, ``images`` = [before,
-after], the user turn under ``prompt``, the caption under ``completion``; a ``messages`` dataset is split into the
-two). The trainer wraps TRL's vision collator (:class:`DavirFacCollator`): each picture is resized to S×S first —
-one patch grid per run, as davir's own models do — the user turn's text becomes the pair's DAVIR prompt when an
-entity cache is given, and the pair's change masks are read from the davir mask cache by pair id. The loss is on
-the caption and its end of turn only, as in davir's own training (TRL's ``completion_only_loss``; the template's
-newline after the end of turn is left out). FAC is davir's own: the family's attention hook
-(``get_family(name).attention_hook(core)``) on the layer FAC reads, its ``attention_maps`` on the patch grid, and
-:func:`davir.models.losses.fac_attention_loss`, added to TRL's loss as Eq. 12 (``L = L_caption + λ · L_attn``).
+The collator, the tokens scored and the loss (Eq. 12): docs/toolkits.md, "FAC and EPC in TRL's `SFTTrainer`".
 """
 
 from __future__ import annotations

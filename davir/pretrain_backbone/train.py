@@ -2,23 +2,9 @@
 
     python -m davir.data synth --out /tmp/synth_bb --scenes 1500 --seed 17       # not the demo's seed 0
     python -m davir.pretrain_backbone --data /tmp/synth_bb --out davir/assets/tiny_resnet --minutes 15
+    python -m davir.pretrain_backbone probe --data SET [--weights OUT/backbone.pth]     # linear probes of layer3
 
-The lightweight methods are designed on ImageNet ResNet-101 layer3 features, which cannot be downloaded
-here; a random backbone sees almost nothing (docs/experiments/tiny_backbone.md). This command trains a torchvision
-``ResNet(Bottleneck, [1, 1, 1, ·], width_per_group=32)`` — the same class as ResNet-101, one block per stage
-and half-width bottlenecks, layer3 still 1024 channels at stride 16 — to say *what is where*: a 1×1 head on
-every layer3 cell predicts the colour, shape, material and size of the nearest object whose box holds the
-cell's centre, or "background" (labels from the set's scenes.json). Images go through exactly the
-`preprocess features` recipe (224×224 bicubic, ImageNet mean/std). Steps run on random 112×112 crops
-aligned to the 16-pixel cell grid (the scale of the 224-pixel input is kept; a crop costs a quarter).
-
-Output: ``OUT/backbone.pth`` (a torchvision state dict without fc/layer4, loaded by
-``preprocess features --weights OUT/backbone.pth``), ``OUT/head.pth`` (the cell classifier) and
-``OUT/pretrain_info.json`` (command, versions, layout, curve of held-out cell accuracy).
-``python -m davir.pretrain_backbone probe --data SET [--weights OUT/backbone.pth]`` fits linear probes on
-layer3 cells of a set, for the shipped backbone or a random-init ResNet-101 (docs/experiments/tiny_backbone.md).
-From Python: ``pretrain_backbone(PretrainSettings(data=…, out=…))`` and ``probe_backbone(ProbeSettings(data=…))``;
-the command line is davir.cli.pretrain_backbone.
+The network, the "what is where" task, the crops and the outputs: docs/experiments/tiny_backbone.md.
 """
 
 from __future__ import annotations

@@ -3,16 +3,9 @@ paths it recorded are, from any working directory. The one place captioning and 
 
     run = RunPaths.of("runs/demo")             # the run's best/ (else last/), its config and run_info.json
     run.lightweight                            # a subtraction/SCORER/DIRL/RDD/CHEER model, else DAVIR
-    run_decoding(run.run_dir)                  # num_beams / max_new_tokens its best/ was selected with
     run.resolve(run.data.get("masks"), what="mask cache (data.masks)", flag="--masks-from")
 
-A run's `config.yaml` records its data caches (`data.masks`, `data.entities`, `data.features`) and the
-model its base InstructBLIP folder (`model.pretrained`) as the user typed them, often relative to the
-folder training was started from. That folder is recovered from the run itself: the run was written to
-`run.output_dir`, so `/abs/work/runs/demo` recorded as `runs/demo` means training ran in `/abs/work`; and
-`run_info.json` records the training folder (`cwd`), which also covers an absolute `run.output_dir`.
-A run copied to another machine, where neither exists, falls back to the current folder, then to an error
-naming the flag to pass.
+How the training folder is recovered: docs/recipes.md, "Run folders from anywhere".
 """
 
 from __future__ import annotations

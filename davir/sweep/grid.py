@@ -1,18 +1,9 @@
 """Train and score a grid of runs (variants × seeds) and summarise it as one table of mean ± std.
 
-A sweep file (`load_sweep`) names the variants (a training config + key=value overrides each), the seeds and
-the output folder; `run_sweep(sweep, seeds=…, variants=…, extra=…, split=…)` runs it from Python and
-`python -m davir.sweep SWEEP.yaml` (davir.cli.sweep) from the shell. Every (variant, seed) is one ordinary
-run folder, trained as ``train.py --config CONFIG OVERRIDES`` and scored as ``evaluate.py --checkpoint`` would,
-so any cell can be inspected or re-scored on its own. A cell whose evaluation exists is not redone: an
-interrupted sweep continues where it stopped — unless the cell was made with other settings (its
-``sweep_cell.json`` records the config file's hash and the overrides it was trained with), which is trained
-again with a note rather than reported as this sweep's. ``vars:`` in the sweep file fill ``{KEY}`` in configs
-and overrides, so one sweep file serves any data folder. The summary (``OUT/summary.md`` and
-``OUT/summary.json``) holds the caption metrics, the built-in set's type/object accuracy, the stated-difference
-faithfulness, for DAVIR the attention share inside the ground-truth change mask, and each run's compute cost;
-every cell is mean ± std (min–max) over the seeds, and score differences between variants whose seed ranges
-overlap are listed as not settled.
+    sweep = load_sweep("configs/sweeps/ablation_demo.yaml")
+    run_sweep(sweep, seeds=[0], split="val")     # what `python -m davir.sweep` runs (davir.cli.sweep)
+
+Cells, resuming, `vars:` and the summary: docs/recipes.md, "Set-up, the demo targets and their knobs".
 """
 
 from __future__ import annotations
