@@ -5,7 +5,8 @@
     python -m davir.compare --leaderboard spot_the_diff [RUN…]     # every reported number, its source and protocol
 
 Each RUN is a run folder that `evaluate.py --checkpoint RUN --split S` has scored; runs that differ only by seed
-are one row, mean ± std (min–max). Values print x100. What is read and compared: docs/recipes.md, "Runs side by side".
+are one row, mean ± std (min–max). Values print x100. What is read and compared: docs/recipes.md, "Runs side
+by side".
 """
 
 from __future__ import annotations

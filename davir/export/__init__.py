@@ -4,7 +4,8 @@
     export_run("runs/demo", "exports/demo")                       # + base_model= when captioning it
     export_run("runs/demo", "exports/demo-merged", merge=True)    # a plain folder of the model's family
 
-Modules: layout, preprocessing, weights, card, exporter, loading.
+Modules: layout (the files, davir_export.json), preprocessing (settings out of the caches), weights (adapter,
+merge), card (README.md), exporter (export_run), loading (an exported DAVIR model back).
 """
 
 from davir.export.exporter import ExportOptions, export_run
