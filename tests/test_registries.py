@@ -231,7 +231,7 @@ def toy_registered():
     settings, captioner = toy_method()
     register_method("toy", settings)(captioner)
     yield settings
-    METHODS.pop("toy")
+    METHODS.unregister("toy")
 
 
 TOY_CONFIG = {

@@ -222,7 +222,7 @@ def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256, poo
     return mean.float(), std.float()
 
 
-@register_task_family(method_names)
+@register_task_family("lightweight", method_names)
 class LightweightTask:
     """One lightweight change captioner on cached grid features (see the module docstring)."""
 

@@ -29,8 +29,9 @@ from torch import nn
 
 from davir.models.lightweight.attention import init_as_difference, tie_query_key
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
-from davir.models.lightweight.config import TextTowerSettings
+from davir.models.lightweight.config import CLEVR_DC, TextTowerSettings
 from davir.models.lightweight.losses import gate_consistency_loss, map_correlation_loss
+from davir.models.lightweight.paper_values import DECODER_INIT_STD, DIFFERENCE_INIT, MATCHING_INIT, Switch
 from davir.models.lightweight.registry import register_method
 from davir.models.lightweight.scorer import ReconstructionLayer, cross_view_contrastive_loss
 
@@ -75,6 +76,24 @@ class CheerSettings(TextTowerSettings):
     def with_entity_bank(self, size: int) -> "CheerSettings":
         """These settings with a stored bank of `size` entity embeddings (batches then carry ids into it)."""
         return replace(self, entity_bank_size=size)
+
+
+# Per-dataset values (docs/methods/cheer.md).
+PAPER_ROWS = {
+    "clevr_change": {"vocab_size": 76, "max_len": 24, "encoder_layers": 2, "batch_size": 128, "lr": 1e-3},
+    "clevr_dc": {**CLEVR_DC, "encoder_layers": 1, "batch_size": 128, "lr": 1e-3},
+    "spot_the_diff": {"encoder_layers": 2, "batch_size": 96, "lr": 5e-4},
+}
+# The printed values it reads beside paper_values.EVERY_METHOD.
+SWITCHES = (
+    MATCHING_INIT, DIFFERENCE_INIT, DECODER_INIT_STD,
+    Switch("lightweight.enhance_temperature", None, "[D]"),
+    Switch("lightweight.gate_loss_on", "logits", "[D]"),
+    Switch("lightweight.cheer_fusion_relu", False, "[D]"),
+    Switch("lightweight.decoder_gate_sigmoid", False, "[D]"),
+    # Eq. 1's entity ranking with CLIP (davir.preprocessing.profiles: the image-level "paper" profile)
+    Switch("data.preprocessing_profile", "paper", "[D]"),
+)
 
 
 def enhancement_probability(target: torch.Tensor, source: torch.Tensor,
@@ -171,7 +190,7 @@ def cross_image_interaction(layer: HrdLayer, common_before: torch.Tensor, common
     return refined_before, refined_after, sim_ba, sim_ab
 
 
-@register_method("cheer", CheerSettings)
+@register_method("cheer", CheerSettings, rows=PAPER_ROWS, switches=SWITCHES)
 class CheerCaptioner(LightweightCaptioner):
     """CHEER: entity projection + HRD encoder + gated dual cross-attention decoder + L_C, L_D, L_I."""
 

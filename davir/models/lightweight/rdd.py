@@ -53,6 +53,7 @@ from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import TextTowerSettings
 from davir.models.lightweight.decoder import DecoderOutput
 from davir.models.lightweight.losses import info_nce, similarity
+from davir.models.lightweight.paper_values import DECODER_INIT_STD, DIFFERENCE_INIT, Switch
 from davir.models.lightweight.registry import register_method
 
 PROMPT_PLACEHOLDER = "X"
@@ -102,6 +103,23 @@ class RddSettings(TextTowerSettings):
 
     def text_tower_sizes(self, width: int, out_dim: int) -> dict[str, int]:
         return {"acr_text_dim": out_dim, "acr_token_width": width}
+
+
+# Per-dataset values (docs/methods/rdd.md).
+PAPER_ROWS = {
+    "clevr_change": {"vocab_size": 76, "max_len": 24, "rdd_actions": 5, "batch_size": 128, "lr": 2e-4},
+    "levir_cc": {"rdd_actions": 10, "batch_size": 64, "lr": 1e-4},
+    "spot_the_diff": {"rdd_actions": 10, "batch_size": 32, "lr": 2e-4},
+}
+# The printed values it reads beside paper_values.EVERY_METHOD.
+SWITCHES = (
+    DIFFERENCE_INIT, DECODER_INIT_STD,
+    Switch("lightweight.rdd_gde_residual", "none", "[D]"),
+    Switch("lightweight.rdd_fusion", "concat", "[D]"),
+    Switch("lightweight.rdd_decoder_tokens", "global", "[D]"),
+    Switch("lightweight.acr_mask_duplicates", False, "[D]"),
+    Switch("lightweight.acr_prompts", "learned", "[D]"),
+)
 
 
 def global_difference(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -231,7 +249,7 @@ class TextTowerAdapter(nn.Module):
         return pooled @ self.text_projection
 
 
-@register_method("rdd", RddSettings)
+@register_method("rdd", RddSettings, rows=PAPER_ROWS, switches=SWITCHES)
 class RddCaptioner(LightweightCaptioner):
     """RDD encoder (GDE → object → action distilling → fusion) + learned-position decoder + ACR."""
 
