@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 import torch
 from accelerate import Accelerator
 
-from davir.data.records import ChangePair
+from davir.data.caches import require_cached  # noqa: F401  (the tasks' import of it)
 from davir.errors import DataError
 from davir.registry import Registry
 
@@ -94,10 +94,3 @@ def flat_scalars(obj: Any, prefix: str = "") -> dict[str, int | float | str | bo
 
 def move_to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def require_cached(pairs: list[ChangePair], has, *, what: str, command: str) -> None:
-    """Refuse to start when a cache lacks pairs: computing them silently on the fly is not allowed."""
-    missing = [p.pair_id for p in pairs if not has(p.pair_id)]
-    if missing:
-        raise DataError(f"{len(missing)} of {len(pairs)} pairs have no {what}, e.g. {missing[:3]}; run `{command}` first")
