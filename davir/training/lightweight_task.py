@@ -288,7 +288,8 @@ class LightweightTask:
                 raise DataError("CLEVR-Change scene batches sample one change and one no-change caption per scene; "
                                 "set data.caption_mode=sample")
             scenes, no_change, distractor_ids = pair_scenes(train_pairs, f"{data.format} {data.train_split}")
-            fields = [FeatureField(self.feature_source, distractor=True), *self.inputs.fields(distractor_ids=distractor_ids)]
+            fields = [FeatureField(self.feature_source, distractor=True),
+                      *self.inputs.fields(distractor_ids=distractor_ids)]
             self.train_dataset = SceneCaptionDataset(scenes, no_change, fields, seed=config.run.seed)
         else:
             fields = [FeatureField(self.feature_source), *self.inputs.fields()]

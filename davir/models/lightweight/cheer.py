@@ -261,7 +261,8 @@ class EntityInputs(MethodInputs):
         return own if distractor_ids is None else [*own, DistractorEntityField(self.cache, self.top_k, distractor_ids)]
 
     def model_inputs(self, batch, device, *, pair="semantic") -> dict[str, Any]:
-        return {"entities": self.entity_ids(batch["entities_distractor" if pair == "distractor" else "entities"], device)}
+        key = "entities_distractor" if pair == "distractor" else "entities"
+        return {"entities": self.entity_ids(batch[key], device)}
 
     def entity_ids(self, entities: list[list[str]], device) -> torch.Tensor:
         """(B, K) ids into the entity bank of the batch's retrieved phrases."""

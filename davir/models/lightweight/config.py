@@ -14,8 +14,8 @@ Defaults are the paper sizes (hidden 512, word embedding 300, 8 heads, 2 decoder
 loss weights of each paper and, for every switch, the paper's printed version (paper_values.py lists them;
 docs/paper_departures.md says which config departs and why); where the paper is silent the released code's
 value [C], else a gap filler [D]. `paper_settings(method, dataset)` gives the per-dataset values the papers (or
-the released code) report (the method's registered `PAPER_ROWS`), to be applied with `**`. Tags in comments follow docs/methods/README.md: [P] paper,
-[C] official code, [D] our default.
+the released code) report (the method's registered `PAPER_ROWS`), to be applied with `**`. Tags in comments follow
+docs/methods/README.md: [P] paper, [C] official code, [D] our default.
 """
 
 from __future__ import annotations

@@ -274,7 +274,8 @@ class AttributeInputs(MethodInputs):
     def model_inputs(self, batch, device, *, pair="semantic") -> dict[str, Any]:
         if pair == "generate":
             return {}
-        return {"attributes": self.attributes(batch["no_change_caption" if pair == "distractor" else "caption"], device)}
+        key = "no_change_caption" if pair == "distractor" else "caption"
+        return {"attributes": self.attributes(batch[key], device)}
 
     def attributes(self, captions: list[str], device) -> dict[str, torch.Tensor]:
         """RDD ACR inputs of a batch of captions: token ids (learned prompts) or frozen text features (fixed)."""

@@ -28,7 +28,7 @@ class LightweightMethod:
     name: str
     captioner: type  # a LightweightCaptioner (config.py, which base.py imports, imports this module: no import back)
     settings: type  # its LightweightConfig subclass
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # dataset → the paper's values (config.paper_settings)
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # dataset → its paper's values (paper_settings)
     switches: tuple = ()  # its paper_values.Switch entries (the shared ones every method reads are added there)
 
 

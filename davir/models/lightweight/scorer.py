@@ -51,7 +51,8 @@ class ScorerSettings(LightweightConfig):
 PAPER_ROWS = {
     "clevr_change": {**CLEVR_CHANGE, "cv_weight": 0.1, "cbr_weight": 0.001, "encoder_layers": 2, "batch_size": 128,
                      "lr": 2e-4},
-    "clevr_dc": {**CLEVR_DC, "cv_weight": 0.01, "cbr_weight": 0.004, "encoder_layers": 1, "batch_size": 128, "lr": 2e-4},
+    "clevr_dc": {**CLEVR_DC, "cv_weight": 0.01, "cbr_weight": 0.004, "encoder_layers": 1, "batch_size": 128,
+                 "lr": 2e-4},
     "spot_the_diff": {"cv_weight": 0.3, "cbr_weight": 0.5, "encoder_layers": 3, "batch_size": 32, "lr": 2e-4},
     "ier": {"cv_weight": 0.003, "cbr_weight": 0.06, "encoder_layers": 2, "batch_size": 16, "lr": 1e-4},
 }
