@@ -159,3 +159,23 @@ def test_preprocess_paper_profile_fills_eq1_for_image_level_entities():
     assert apply_profile(args) == {} and (args.retriever, args.image_score) == ("fitted", "abs")
     args = build_parser().parse_args([*base, "--profile", "paper", "--image-score", "abs"])
     assert apply_profile(args) == {"image_score": ("bef_minus_aft", "abs")}  # recorded as a deviation
+
+
+def test_each_value_a_config_copies_from_a_methods_paper_row_equals_the_row():
+    """The paper configs write out the rows each method registers (PAPER_ROWS in its module, read by paper_settings):
+    a line tagged `paper_settings('m', 'd')` holds that row's value, so a row and its copy cannot drift apart."""
+    import yaml
+
+    from davir.models.lightweight.config import paper_settings
+
+    tagged = re.compile(r"^\s*(\w+):\s*(\S+)\s*#.*paper_settings\('(\w+)', '(\w+)'\)")
+    checked = 0
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        for line in path.read_text().splitlines():
+            match = tagged.match(line)
+            if match:
+                key, value, method, dataset = match.groups()
+                model, trainer = paper_settings(method, dataset)
+                assert yaml.safe_load(value) == {**model, **trainer}[key], (path.name, line)
+                checked += 1
+    assert checked >= 50

@@ -5,6 +5,7 @@ must rebuild both from the caches' manifests and give a pair the masks and entit
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,7 +232,7 @@ def toy_registered():
     settings, captioner = toy_method()
     register_method("toy", settings)(captioner)
     yield settings
-    METHODS.pop("toy")
+    METHODS.unregister("toy")
 
 
 TOY_CONFIG = {
@@ -283,3 +284,59 @@ def test_a_toy_method_registered_once_trains_scores_in_a_sweep_and_captions(toy_
     pair = read_dataset("clevr_change", root, "test").pairs[0]
     result = ChangeCaptioner.from_pretrained(run).caption(pair.before, pair.after)
     assert result.error is None and isinstance(result.caption, str) and result.caption.strip()
+
+
+# ------------------------------------------------------------------------------ a toy method with its own input
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_toy_method_with_its_own_batch_input_trains_through_the_unchanged_task(synthetic_set, tmp_path, capsys):
+    """tests/toy_input_method.py is the whole method (settings, captioner, the input hook) and `register_toy()` its
+    one registration: LightweightTask prepares the input per dataset, puts it in the batches of both pairs of a
+    scene, and the loop trains the method."""
+    import torch
+    from accelerate import Accelerator
+    from safetensors.torch import load_file
+    from toy_input_method import NAME, register_toy, unregister_toy
+
+    from davir.config import load_config
+    from davir.data.dataset import collate_examples
+    from davir.training.config import TrainConfig
+    from davir.training.lightweight_task import LightweightTask
+    from davir.training.loop import train
+    from preprocess.features import main as features_main
+
+    root, features = synthetic_set(16, 5), tmp_path / "features"
+    for split in ("train", "val"):
+        assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out",
+                              str(features), "--random-init", "--workers", "0"]) == 0
+    train_pairs, val_pairs = (read_dataset("clevr_change", root, split).pairs for split in ("train", "val"))
+    slots = len(train_pairs) + len(val_pairs[:4])  # the table the hook reads: train + the validated pairs
+    register_toy()
+    try:
+        overrides = [f"method={NAME}", f"data.root={root}", f"data.features={features}",
+                     f"run.output_dir={tmp_path / 'run'}", *(f"{k}={v}" for k, v in TOY_FLAT.items())]
+        config = load_config(TrainConfig, None, overrides)
+        task = LightweightTask(config, Accelerator(cpu=True))
+        assert task.lightweight.slot_count == slots and task.model.slots.num_embeddings == slots
+        batch = collate_examples([task.train_dataset[i] for i in range(4)])  # 4 scenes: semantic + distractor pairs
+        task.training_losses(batch)["loss"].backward()
+        table = task.inputs.table
+        used = {table[p.pair_id] for p in task.train_dataset.pairs[:4]}
+        used |= {table[p.pair_id + "_n"] for p in task.train_dataset.pairs[:4]}  # the scenes' distractor pairs
+        assert len(used) == 8
+        touched = set(torch.nonzero(task.model.slots.weight.grad.abs().sum(1)).flatten().tolist())
+        assert touched == used  # the input of each pair reached the model, and nothing else did
+
+        run = train(config)  # the loop, unchanged: 3 steps, validation generates with the input too
+        log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+        assert [row["step"] for row in log] == [1, 2, 3] and all(math.isfinite(row["train/loss"]) for row in log)
+        assert load_file(str(run / "last" / "model.safetensors"))["slots.weight"].shape == (slots, 16)
+        assert f"toy slot table: {slots} pairs" in capsys.readouterr().out
+        assert len(json.loads((run / "val" / "step_3.json").read_text())["predictions"]) == 4
+    finally:
+        unregister_toy()
+
+
+TOY_FLAT = {"data.format": "clevr_change", "lightweight.hidden": 16, "lightweight.heads": 2, "lightweight.word_emb": 8,
+            "lightweight.ffn_dim": 32, "lightweight.layers": 1, "lightweight.max_len": 16, "lightweight.dropout": 0.0,
+            "optim.batch_size": 4, "optim.max_steps": 3, "optim.lr": 1e-3, "run.eval_every": 3, "run.val_max_pairs": 4,
+            "run.tensorboard": False, "run.log_every": 1}

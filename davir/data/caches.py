@@ -149,6 +149,14 @@ def check_cache_root(cache: str | Path, data_root: str | Path, *, key: str, move
                 f"{moved_hint}{root}")
 
 
+def require_cached(pairs, has, *, what: str, command: str) -> None:
+    """Refuse to start when a cache lacks pairs (ChangePairs; `has(pair_id)`): computing them silently on the fly
+    is not allowed."""
+    missing = [p.pair_id for p in pairs if not has(p.pair_id)]
+    if missing:
+        raise DataError(f"{len(missing)} of {len(pairs)} pairs have no {what}, e.g. {missing[:3]}; run `{command}` first")
+
+
 class EntityCache:
     """Retrieved change entities per pair: a list of (entity, score), best first."""
 

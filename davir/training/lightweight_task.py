@@ -10,15 +10,9 @@ offers the same interface as `DavirTask` (model, train/val datasets, losses, gen
   scene (paired by `scene_id`) go through `clevr_pair_loss` (role swap p = 0.5, losses 0.5/0.5); other
   formats train on plain pairs; validation always scores plain pairs.
 
-What a method needs beside the features, its settings class declares (davir.models.lightweight.config):
-
-* `uses_entities` (CHEER): the top-K retrieved entities of each pair from an entity cache (`data.entities`,
-  `python -m preprocess entities … --top-k 3`); the cache's entity vocabulary is embedded with a frozen
-  open_clip text tower into an entity bank stored in the model (§4.8);
-* `uses_attributes` (RDD's ACR): the noun / verb segments of each training caption (`davir.text.extractors.
-  extract_attributes`, §3.8) joined with "and", through the frozen text tower with 4 learnable prompt
-  tokens (`lightweight.acr_prompts: learned`, the paper's default) or as fixed precomputed text features
-  (`fixed`, the paper's "Fixed Prompt" row; much cheaper on a CPU).
+What a method's batches carry beside the features and captions, the task asks the method for through one hook,
+its captioner's `inputs` class (davir.models.lightweight.inputs): CHEER's retrieved entities and entity bank
+(cheer.EntityInputs), RDD's caption segments (rdd.AttributeInputs), a user's method's own. The task names no method.
 
 The text tower (`uses_text_tower`) comes from a local open_clip checkpoint (`lightweight.text_encoder`); without
 one a seeded random-init tower of the same architecture is used and the run log (and the saved model's
@@ -35,8 +29,8 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from davir.data.caches import EntityCache, check_cache_root
-from davir.data.dataset import ChangeCaptionDataset, EntityField, stable_index
+from davir.data.caches import check_cache_root
+from davir.data.dataset import ChangeCaptionDataset, stable_index
 from davir.data.feature_field import FeatureField
 from davir.data.feature_table import PooledFeatureTable, pool_grid, pooled_size
 from davir.data.formats import read_dataset
@@ -44,16 +38,16 @@ from davir.data.records import DISTRACTOR, ChangePair
 from davir.errors import DataError
 from davir.io import write_json_atomic
 from davir.models.lightweight import (
-    LightweightCaptioner, LightweightConfig, build_lightweight_model, clevr_pair_loss, method_names, prompt_texts,
+    LightweightCaptioner, LightweightConfig, build_lightweight_model, clevr_pair_loss, get_method, method_names,
     save_lightweight_model,
 )
+from davir.models.lightweight.inputs import InputContext
 from davir.text.vocab import Vocabulary, tokenize
-from davir.training.tasks import flat_scalars, move_to_device, register_task_family, require_cached
+from davir.training.tasks import flat_scalars, move_to_device, register_task_family
 
 LIGHTWEIGHT_CONFIG = "lightweight_config.json"
 WEIGHTS_FILE = "model.safetensors"
 VOCAB_FILE = "vocab.json"
-ENTITY_FILE = "entity_phrases.json"
 SCENE_FORMATS = ("clevr_change",)  # formats whose records are scenes with a semantic and a distractor pair
 TEXT_SEED = 0
 
@@ -139,19 +133,6 @@ def load_text_encoder(model_name: str, checkpoint: str | None, *, config: str | 
 
 
 # --- datasets -------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class DistractorEntityField:
-    """`entities_distractor`: the retrieved entities of the scene's distractor pair (CHEER scene batches)."""
-
-    cache: EntityCache
-    top_k: int
-    distractor_ids: dict[str, str]  # scene_id -> pair id of the distractor pair
-    keys: tuple[str, ...] = ("entities_distractor",)
-
-    def __call__(self, pair: ChangePair) -> dict[str, Any]:
-        return {"entities_distractor": [e for e, _ in self.cache.get(self.distractor_ids[pair.scene_id])[: self.top_k]]}
-
-
 class SceneCaptionDataset(ChangeCaptionDataset):
     """CLEVR-Change scenes (§0.6): the semantic pair's example plus a no-change caption of the same scene.
 
@@ -192,14 +173,6 @@ def pair_scenes(pairs: Sequence[ChangePair], source: str) -> tuple[list[ChangePa
     return (scenes, {s: distractor[s].captions for s in semantic}, {s: distractor[s].pair_id for s in semantic})
 
 
-def rdd_segments(caption: str) -> tuple[str, str]:
-    """RDD §3.8: the caption's noun segments and verb segments, each joined with "and"."""
-    from davir.text.extractors import extract_attributes
-
-    attributes = extract_attributes(caption)
-    return " and ".join(attributes["nouns"]), " and ".join(attributes["verbs"])
-
-
 # --- the task --------------------------------------------------------------------------------------------
 def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256, pool: int = 1
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,7 +195,7 @@ def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256, poo
     return mean.float(), std.float()
 
 
-@register_task_family(method_names)
+@register_task_family("lightweight", method_names)
 class LightweightTask:
     """One lightweight change captioner on cached grid features (see the module docstring)."""
 
@@ -291,46 +264,35 @@ class LightweightTask:
                           f"{ {k: getattr(lw, k) for k in changed} })")
                 lw = dataclasses.replace(lw, **changed)
 
-        # CHEER: entity cache + entity bank (ids into the bank are what the batches carry).
-        self.entity_phrases: list[str] | None = None
-        self.entity_index: dict[str, int] = {}
-        entity_field = None
-        if lw.uses_entities:
-            entity_field = self._cheer_entities(data, train_pairs, val_pairs, lw.entities_per_pair, source)
-            lw = lw.with_entity_bank(len(self.entity_phrases))
+        # What the method's batches carry beside features and captions (CHEER's entities, RDD's caption segments).
+        from davir.preprocessing.profiles import check_cache_profiles
 
-        # RDD: the attribute text path (learned prompts run the tower inside the model).
-        self.acr_learned = lw.attaches_text_tower
-        self._segment_cache: dict[str, tuple[str, str]] = {}
-        self._text_features: dict[str, torch.Tensor] = {}
-        self._text_ids: dict[str, torch.Tensor] = {}
+        self.inputs = get_method(method).captioner.inputs(InputContext(
+            data, train_pairs, val_pairs, source, self.note, self.text_encoder, check_cache_profiles))
+        lw = self.inputs.prepare(lw)
 
         self.lightweight = lw
-        extra = {"text_tower": self.text_encoder.module} if self.acr_learned else {}
+        extra = {"text_tower": self.text_encoder.module} if lw.attaches_text_tower else {}
         self.model: nn.Module = build_lightweight_model(lw, **extra).to(accelerator.device)
         if lw.frontend_init == "scaled":  # [D] "paper": the raw features, as the references
             mean, std = feature_statistics(self.features, train_pairs, pool=lw.feature_pool)
             self.model.frontend.set_feature_statistics(mean.to(accelerator.device), std.to(accelerator.device))
         self.feature_source = self._preloaded_features(train_pairs + list(val_pairs), lw)
-        if lw.uses_entities:
-            bank = self.text_encoder.encode(self.entity_phrases)
-            self.model.set_entity_bank(bank.to(accelerator.device))
+        self.inputs.model_built(self.model)
         self.feature_weights = str(self.features.manifest.get("weights"))
 
         # Datasets.
-        val_fields = [FeatureField(self.feature_source)] + ([EntityField(self.entity_cache, top_k=lw.entities_per_pair)]
-                                                       if entity_field else [])
+        val_fields = [FeatureField(self.feature_source), *self.inputs.fields()]
         if self.scene_mode:
             if data.caption_mode != "sample":
                 raise DataError("CLEVR-Change scene batches sample one change and one no-change caption per scene; "
                                 "set data.caption_mode=sample")
             scenes, no_change, distractor_ids = pair_scenes(train_pairs, f"{data.format} {data.train_split}")
-            fields = [FeatureField(self.feature_source, distractor=True)]
-            if entity_field:
-                fields += [entity_field, DistractorEntityField(self.entity_cache, lw.entities_per_pair, distractor_ids)]
+            fields = [FeatureField(self.feature_source, distractor=True),
+                      *self.inputs.fields(distractor_ids=distractor_ids)]
             self.train_dataset = SceneCaptionDataset(scenes, no_change, fields, seed=config.run.seed)
         else:
-            fields = [FeatureField(self.feature_source)] + ([entity_field] if entity_field else [])
+            fields = [FeatureField(self.feature_source), *self.inputs.fields()]
             self.train_dataset = ChangeCaptionDataset(train_pairs, fields, caption_mode=data.caption_mode,
                                                       seed=config.run.seed, require_captions=True)
         self.val_dataset = ChangeCaptionDataset(val_pairs, val_fields, seed=config.run.seed)
@@ -351,39 +313,6 @@ class LightweightTask:
             return self.features
         return PooledFeatureTable.load(self.features, images, pool=lw.feature_pool)
 
-    def _cheer_entities(self, data, train_pairs, val_pairs, top_k: int, source: str) -> EntityField:
-        from davir.preprocessing.profiles import check_cache_profiles
-        from davir.text.entity_vocabulary import EntityVocabulary
-
-        command = source.format(cmd="entities", split=data.train_split, out=data.entities or "CACHE") + \
-            f" --masks MASKS --top-k {top_k}"
-        if data.entities is None:
-            raise DataError(f"CHEER needs the top-{top_k} retrieved change entities of every pair (§4.8) but "
-                            f"data.entities is not set: run `{command}` (and for {data.val_split}), then set data.entities=CACHE")
-        vocab_path = Path(data.entities) / "vocab.json"
-        if not vocab_path.is_file():
-            raise DataError(f"{data.entities} has no entity vocabulary ({vocab_path}); run `{command}`")
-        check_cache_root(data.entities, data.root, key="data.entities", moved_from=data.moved_from)
-        # Only the lexicon here (expected profile None): entities read with other word lists are another bank.
-        check_cache_profiles(None, entities=data.entities, allow_mismatch=data.allow_profile_mismatch, warn=self.note,
-                             where="this config")
-        self.entity_cache = EntityCache(data.entities)
-        self.entity_phrases = EntityVocabulary.load(vocab_path).phrases
-        self.entity_index = {phrase: i for i, phrase in enumerate(self.entity_phrases)}
-        pairs_by_split = [(data.train_split, train_pairs), (data.val_split, val_pairs)]
-        for split, pairs in pairs_by_split:
-            require_cached(pairs, self.entity_cache.has, what=f"retrieved entities in {data.entities}",
-                           command=source.format(cmd="entities", split=split, out=data.entities) + f" --image-level --top-k {top_k}")
-            short = [p.pair_id for p in pairs if len(self.entity_cache.get(p.pair_id)) < top_k]
-            if short:
-                raise DataError(f"{len(short)} pairs of {split} have fewer than {top_k} entities in {data.entities} "
-                                f"(e.g. {short[:3]}); rerun `preprocess entities` with --top-k {top_k} into a new --out")
-        if self.text_encoder is None:
-            raise DataError("internal: the text tower must be loaded before the entity bank")
-        self.note(f"CHEER entity bank: {len(self.entity_phrases)} phrases of {vocab_path}, embedded by the "
-                  f"{self.text_encoder.model_name} text tower ({self.text_encoder.weights})")
-        return EntityField(self.entity_cache, top_k=top_k)
-
     # --- the Task interface -------------------------------------------------------------------------------
     def unwrapped(self) -> LightweightCaptioner:
         return self.accelerator.unwrap_model(self.model)
@@ -397,44 +326,11 @@ class LightweightTask:
     def after_optimizer_step(self) -> None:
         self.unwrapped().after_optimizer_step()
 
-    def entity_ids(self, entities: list[list[str]], device: torch.device) -> torch.Tensor:
-        """(B, K) ids into the entity bank of the batch's retrieved phrases."""
-        unknown = sorted({e for row in entities for e in row if e not in self.entity_index})
-        if unknown:
-            raise DataError(f"retrieved entities {unknown[:3]} are not in the entity vocabulary the model was built with")
-        return torch.tensor([[self.entity_index[e] for e in row] for row in entities], dtype=torch.long, device=device)
-
-    def attributes(self, captions: Sequence[str], device: torch.device) -> dict[str, torch.Tensor]:
-        """RDD ACR inputs of a batch of captions: token ids (learned prompts) or frozen text features (fixed)."""
-        for caption in captions:
-            if caption not in self._segment_cache:
-                self._segment_cache[caption] = rdd_segments(caption)
-        nouns = [self._segment_cache[c][0] for c in captions]
-        verbs = [self._segment_cache[c][1] for c in captions]
-        if self.acr_learned:
-            prompts = self.lightweight.acr_prompt_tokens
-            return {"noun_ids": self.text_encoder.token_ids(prompt_texts(nouns, prompts)).to(device),
-                    "verb_ids": self.text_encoder.token_ids(prompt_texts(verbs, prompts)).to(device)}
-        texts = [f"{segment}." for segment in nouns + verbs]
-        todo = sorted({t for t in texts if t not in self._text_features})
-        if todo:
-            self._text_features.update(zip(todo, self.text_encoder.encode(todo)))
-        features = torch.stack([self._text_features[t] for t in texts]).to(device)
-        return {"noun_features": features[: len(nouns)], "verb_features": features[len(nouns):]}
-
-    def _extras(self, batch: dict[str, Any], device, *, caption_key: str, entity_key: str) -> dict[str, Any]:
-        extras: dict[str, Any] = {}
-        if self.lightweight.uses_entities:
-            extras["entities"] = self.entity_ids(batch[entity_key], device)
-        if self.lightweight.uses_attributes:
-            extras["attributes"] = self.attributes(batch[caption_key], device)
-        return extras
-
     def training_losses(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         device = batch["feat_before"].device
         max_len = self.lightweight.max_len
         captions_in, captions_target = (t.to(device) for t in self.vocab.caption_tensors(batch["caption"], max_len))
-        extras = self._extras(batch, device, caption_key="caption", entity_key="entities")
+        extras = self.inputs.model_inputs(batch, device)
         if "no_change_caption" in batch:  # a CLEVR-Change scene batch (§0.6)
             no_change_in, no_change_target = (t.to(device) for t in
                                               self.vocab.caption_tensors(batch["no_change_caption"], max_len))
@@ -442,12 +338,9 @@ class LightweightTask:
                      "feat_distractor": batch["feat_distractor"], "captions_in": captions_in,
                      "captions_target": captions_target, "no_change_in": no_change_in,
                      "no_change_target": no_change_target}
-            if "entities" in extras:
-                scene["entities"] = extras["entities"]
-                scene["entities_distractor"] = self.entity_ids(batch["entities_distractor"], device)
-            if "attributes" in extras:
-                scene["attributes"] = extras["attributes"]
-                scene["attributes_distractor"] = self.attributes(batch["no_change_caption"], device)
+            if extras:  # the method's own inputs, of each pair
+                distractor = self.inputs.model_inputs(batch, device, pair="distractor")
+                scene.update({**extras, **{f"{key}_distractor": distractor.get(key) for key in extras}})
             return clevr_pair_loss(self.model, scene)
         return self.model(batch["feat_before"], batch["feat_after"], captions_in, captions_target, **extras)
 
@@ -455,9 +348,9 @@ class LightweightTask:
     def generate(self, batch: dict[str, Any], *, max_new_tokens: int = 30, num_beams: int = 1) -> list[str]:
         model = self.unwrapped()
         device = batch["feat_before"].device
-        entities = self.entity_ids(batch["entities"], device) if self.lightweight.uses_entities else None
+        inputs = self.inputs.model_inputs(batch, device, pair="generate")
         ids = model.generate(batch["feat_before"], batch["feat_after"], max_len=min(max_new_tokens, model.config.max_len),
-                             beam_size=num_beams, entities=entities)
+                             beam_size=num_beams, **inputs)
         return [self.vocab.decode(row) for row in ids]
 
     def save_pretrained(self, directory) -> None:
@@ -467,14 +360,14 @@ class LightweightTask:
         model = self.unwrapped()
         save_lightweight_model(model, directory / WEIGHTS_FILE)
         self.vocab.save(directory / VOCAB_FILE)
-        if self.entity_phrases is not None:
-            write_json_atomic(directory / ENTITY_FILE, self.entity_phrases)
+        saved = self.inputs.save(directory)  # the method's own files (CHEER: entity_phrases.json)
         write_json_atomic(directory / LIGHTWEIGHT_CONFIG, {
             "method": self.config.method,
             "config": model.config.to_dict(),
             "weights": WEIGHTS_FILE,
             "vocabulary": VOCAB_FILE,
-            "entity_phrases": ENTITY_FILE if self.entity_phrases is not None else None,
+            "entity_phrases": None,  # a key of every lightweight_config.json (davir.runs.files)
+            **saved,
             "features": {"weights": self.feature_weights, "cache": str(self.config.data.features)},
             "text_encoder": self.text_encoder.describe() if self.text_encoder else None,
             "acr_prompts": getattr(model.config, "acr_prompts", None),  # RDD's setting; null for the others
@@ -486,5 +379,4 @@ class LightweightTask:
         return flat_scalars(self.config)
 
 
-__all__ = ["DistractorEntityField", "LightweightTask", "SceneCaptionDataset", "TextEncoder", "load_text_encoder",
-           "pair_scenes", "rdd_segments"]
+__all__ = ["LightweightTask", "SceneCaptionDataset", "TextEncoder", "load_text_encoder", "pair_scenes"]

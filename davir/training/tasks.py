@@ -1,7 +1,7 @@
 """What differs between methods inside the one training loop: model, batch fields, loss, generation, saving.
 
 A task owns the model and the datasets; the loop (davir.training.loop) owns the optimisation. Tasks
-register themselves under the `config.method` names they serve, as segment-anything's
+register themselves (`davir.registry.Registry`) under the `config.method` names they serve, as segment-anything's
 `sam_model_registry` does for architectures:
 
     @register_task("davir")
@@ -10,25 +10,29 @@ register themselves under the `config.method` names they serve, as segment-anyth
     task = build_task(config, accelerator)      # TASKS[config.method](config, accelerator)
 
 A new method is one module (model + a task, or a lightweight captioner and its settings registered with
-`davir.models.lightweight.registry.register_method`, which LightweightTask serves) plus one config; list a
-task's module in TASK_MODULES so it is imported on demand.
+`davir.models.lightweight.registry.register_method`, which LightweightTask serves) plus one config; a built-in
+task's module is named in the lazy table below, so it is imported on demand.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any, Callable, Iterable
 
 import torch
 from accelerate import Accelerator
 
-from davir.data.records import ChangePair
+from davir.data.caches import require_cached  # noqa: F401  (the tasks' import of it)
 from davir.errors import DataError
+from davir.registry import Registry
 
-# method name → task class; filled by @register_task when a task module is imported.
-TASKS: dict[str, Callable[..., Any]] = {}
-# Where the tasks live (imported lazily, so `import davir.training` stays light).
+# method name → task class, filled by @register_task; the built-in tasks' modules are imported on first use.
+TASKS: Registry[Callable[..., Any]] = Registry("method", error=DataError, lazy={"davir": "davir.training.davir_task"})
+# A task serving a family of methods that grows after it is imported (LightweightTask: every method registered
+# with davir.models.lightweight.registry.register_method, a user's own included): family → (its names now, task).
+TASK_FAMILIES: Registry[tuple[Callable[[], Iterable[str]], Callable[..., Any]]] = Registry(
+    "task family", error=DataError, lazy={"lightweight": "davir.training.lightweight_task"})
+# Where the built-in tasks live (the lazy entries above).
 TASK_MODULES = ("davir.training.davir_task", "davir.training.lightweight_task")
 
 
@@ -37,44 +41,35 @@ def register_task(*methods: str):
 
     def decorate(cls):
         for method in methods:
-            if method in TASKS and TASKS[method] is not cls:
-                raise ValueError(f"method {method!r} is registered twice ({TASKS[method].__name__}, {cls.__name__})")
-            TASKS[method] = cls
+            TASKS.register(method, cls)  # a second, different class for a method is a ValueError naming both
         return cls
 
     return decorate
 
 
-# A task serving a family of methods that grows after it is imported (LightweightTask: every method registered
-# with davir.models.lightweight.registry.register_method, a user's own included): (the family's names now, task).
-TASK_FAMILIES: list[tuple[Callable[[], Iterable[str]], Callable[..., Any]]] = []
-
-
-def register_task_family(names: Callable[[], Iterable[str]]):
+def register_task_family(family: str, names: Callable[[], Iterable[str]]):
     """Class decorator: `build_task` builds this task for every method `names()` lists when it is called."""
 
     def decorate(cls):
-        TASK_FAMILIES.append((names, cls))
+        TASK_FAMILIES.register(family, (names, cls))
         return cls
 
     return decorate
 
 
 def registered_methods() -> list[str]:
-    for module in TASK_MODULES:
-        importlib.import_module(module)
-    return sorted(set(TASKS).union(*(names() for names, _ in TASK_FAMILIES)))
+    families = [names for _, (names, _cls) in TASK_FAMILIES.items()]  # imports the lazy families
+    return sorted(set(TASKS.names()).union(*(names() for names in families)))
 
 
 def task_class(method: str) -> Callable[..., Any]:
     """The task that trains `method`; a DataError listing the registered methods when none does."""
-    methods = registered_methods()
     if method in TASKS:
         return TASKS[method]
-    for names, cls in TASK_FAMILIES:
+    for _, (names, cls) in TASK_FAMILIES.items():
         if method in names():
             return cls
-    raise DataError(f"method: no task is registered for {method!r}; choose from {', '.join(methods)}")
+    raise DataError(f"method: no task is registered for {method!r}; choose from {', '.join(registered_methods())}")
 
 
 def build_task(config, accelerator: Accelerator):
@@ -99,10 +94,3 @@ def flat_scalars(obj: Any, prefix: str = "") -> dict[str, int | float | str | bo
 
 def move_to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def require_cached(pairs: list[ChangePair], has, *, what: str, command: str) -> None:
-    """Refuse to start when a cache lacks pairs: computing them silently on the fly is not allowed."""
-    missing = [p.pair_id for p in pairs if not has(p.pair_id)]
-    if missing:
-        raise DataError(f"{len(missing)} of {len(pairs)} pairs have no {what}, e.g. {missing[:3]}; run `{command}` first")

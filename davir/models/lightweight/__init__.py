@@ -14,8 +14,11 @@
 | `rdd`         | GDE + object/action distilling + MF   | learned positions    | λ_1 L_N2O + λ_2 L_V2A                |
 | `cheer`       | CRE/DRE HRD layers (+ entities)       | gated dual cross-attn| λ_v (L_C + L_D) + λ_m L_I            |
 
-Each method is one module: its settings dataclass (the common `LightweightConfig` fields + its own) and its
-captioner, registered together in `METHODS` (registry.py); importing this package registers all five.
+Each method is one module that owns all of itself: its settings dataclass (the common `LightweightConfig` fields +
+its own), its per-dataset paper rows (`PAPER_ROWS`), the printed values of its switches (`SWITCHES`), its
+captioner and, where its batches carry more than features and captions, its `inputs` class (inputs.py: CHEER's
+entities, RDD's caption segments) — registered together in `METHODS` (registry.py); importing this package
+registers all five.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 A method subclasses `LightweightCaptioner` and provides `encode` (its difference encoder, returning the
 decoder memory and any encoder-side auxiliary losses), optionally `decoder_losses` (losses that read the
-decoder states: SCORER's CBR, DIRL's CCR, RDD's ACR) and `loss_weights`. The public API is uniform:
+decoder states: SCORER's CBR, DIRL's CCR, RDD's ACR) and `loss_weights`; a method whose batches carry more
+than features and captions names its `inputs` class (inputs.py: what the training task prepares and passes on).
+The public API is uniform:
 
     out = model(feat_before, feat_after, captions_in, captions_target, entities=..., attributes=...)
     out["loss"].backward(); optimizer.step(); model.after_optimizer_step()
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -24,6 +27,7 @@ from davir.models.lightweight.decoder import (
     CaptionDecoder, DecoderOutput, beam_decode, greedy_decode, init_weights, width_scaled_std,
 )
 from davir.models.lightweight.frontend import FeatureFrontend
+from davir.models.lightweight.inputs import MethodInputs
 from davir.models.lightweight.losses import caption_cross_entropy
 from davir.text.vocab import START_ID
 
@@ -42,6 +46,7 @@ class LightweightCaptioner(nn.Module, ABC):
     """Base class of the five methods (see the module docstring for the API)."""
 
     decoder_init = "normal"  # "normal" N(0, 0.02) at width 512 as SCORER's decoder [C] (width-scaled [D]); DIRL "xavier"
+    inputs: ClassVar[type[MethodInputs]] = MethodInputs  # what its batches carry beyond features and captions
 
     def __init__(self, config: LightweightConfig):
         super().__init__()
@@ -95,11 +100,13 @@ class LightweightCaptioner(nn.Module, ABC):
         *,
         entities=None,
         attributes=None,
+        **extra,
     ) -> dict[str, torch.Tensor]:
         """Losses of one batch of pairs: ``{"loss": total, "caption_loss": …, <aux>_loss: … (unweighted)}``.
 
         feat_* (B, C, H, W) grid features; captions_in (B, T) ``<START> w… <END>`` padded with 0;
-        captions_target (B, T) shifted left, padded with −1 (see `Vocabulary.caption_tensors`).
+        captions_target (B, T) shifted left, padded with −1 (see `Vocabulary.caption_tensors`). `extra`: a
+        method's own inputs (its `inputs` class gives them), passed to its `encode`.
         """
         if captions_in.shape != captions_target.shape or captions_in.dim() != 2:
             raise ValueError(
@@ -113,7 +120,7 @@ class LightweightCaptioner(nn.Module, ABC):
             )
         if not bool((captions_in[:, 0] == START_ID).all()):
             raise ValueError(f"every caption input must begin with <START> (id {START_ID})")
-        encoded = self.encode(self.frontend(feat_before), self.frontend(feat_after), entities=entities)
+        encoded = self.encode(self.frontend(feat_before), self.frontend(feat_after), entities=entities, **extra)
         decoded = self.decoder(captions_in, encoded.memory, encoded.text_memory)
         caption_loss = caption_cross_entropy(
             decoded.logits, captions_target, reduction=self.config.resolved_caption_loss
@@ -135,6 +142,7 @@ class LightweightCaptioner(nn.Module, ABC):
         beam_size: int = 1,
         entities=None,
         attributes=None,
+        **extra,
     ) -> torch.Tensor:
         """Caption word ids (B, W): greedy (beam_size 1 [C]) or beam search; <END> and after are 0.
 
@@ -151,7 +159,7 @@ class LightweightCaptioner(nn.Module, ABC):
         self.eval()
         try:
             encoded = self.encode(self.frontend(feat_before), self.frontend(feat_after), entities=entities,
-                                  need_losses=False)
+                                  need_losses=False, **extra)
             memory, text_memory = encoded.memory, encoded.text_memory
             batch = memory.shape[0]
             if beam_size == 1:
@@ -193,8 +201,8 @@ def clevr_pair_loss(
 
     batch keys: ``feat_before`` (default image), ``feat_after`` (semantic change), ``feat_distractor``
     (non-semantic image), ``captions_in``/``captions_target`` (a change caption), ``no_change_in``/
-    ``no_change_target`` (a no-change caption); optional per-pair extras ``entities``/
-    ``entities_distractor`` (CHEER) and ``attributes``/``attributes_distractor`` (RDD).
+    ``no_change_target`` (a no-change caption); optional per-pair model inputs ``KEY``/``KEY_distractor``
+    (``entities`` for CHEER, ``attributes`` for RDD, a method's own), each passed to the model as ``KEY``.
 
     In training mode, each scene's default and distractor images swap roles with probability 0.5 (the
     reference loader's augmentation); then (before, semantic) and (before, distractor) are both forwarded
@@ -211,14 +219,11 @@ def clevr_pair_loss(
     if model.training and swap_probability > 0:
         swap = torch.rand(before.shape[0], generator=generator, device="cpu") < swap_probability
         before, distractor = _swap_rows(swap.to(before.device), before, distractor)
-    semantic = model(
-        before, batch["feat_after"], batch["captions_in"], batch["captions_target"],
-        entities=batch.get("entities"), attributes=batch.get("attributes"),
-    )
-    nonsemantic = model(
-        before, distractor, batch["no_change_in"], batch["no_change_target"],
-        entities=batch.get("entities_distractor"), attributes=batch.get("attributes_distractor"),
-    )
+    inputs = [key for key in batch if key not in required and not key.endswith("_distractor")]
+    semantic = model(before, batch["feat_after"], batch["captions_in"], batch["captions_target"],
+                     **{key: batch[key] for key in inputs})
+    nonsemantic = model(before, distractor, batch["no_change_in"], batch["no_change_target"],
+                        **{key: batch.get(f"{key}_distractor") for key in inputs})
     losses = {key: 0.5 * semantic[key] + 0.5 * nonsemantic[key] for key in semantic}
     weights = model.loss_weights()
     for name in model.distractor_pair_losses():

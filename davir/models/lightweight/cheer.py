@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import ClassVar, Literal
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +30,11 @@ from torch import nn
 
 from davir.models.lightweight.attention import init_as_difference, tie_query_key
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
-from davir.models.lightweight.config import TextTowerSettings
+from davir.errors import DataError
+from davir.models.lightweight.config import CLEVR_DC, TextTowerSettings
+from davir.models.lightweight.inputs import MethodInputs
 from davir.models.lightweight.losses import gate_consistency_loss, map_correlation_loss
+from davir.models.lightweight.paper_values import DECODER_INIT_STD, DIFFERENCE_INIT, MATCHING_INIT, Switch
 from davir.models.lightweight.registry import register_method
 from davir.models.lightweight.scorer import ReconstructionLayer, cross_view_contrastive_loss
 
@@ -75,6 +79,24 @@ class CheerSettings(TextTowerSettings):
     def with_entity_bank(self, size: int) -> "CheerSettings":
         """These settings with a stored bank of `size` entity embeddings (batches then carry ids into it)."""
         return replace(self, entity_bank_size=size)
+
+
+# Per-dataset values (docs/methods/cheer.md).
+PAPER_ROWS = {
+    "clevr_change": {"vocab_size": 76, "max_len": 24, "encoder_layers": 2, "batch_size": 128, "lr": 1e-3},
+    "clevr_dc": {**CLEVR_DC, "encoder_layers": 1, "batch_size": 128, "lr": 1e-3},
+    "spot_the_diff": {"encoder_layers": 2, "batch_size": 96, "lr": 5e-4},
+}
+# The printed values it reads beside paper_values.EVERY_METHOD.
+SWITCHES = (
+    MATCHING_INIT, DIFFERENCE_INIT, DECODER_INIT_STD,
+    Switch("lightweight.enhance_temperature", None, "[D]"),
+    Switch("lightweight.gate_loss_on", "logits", "[D]"),
+    Switch("lightweight.cheer_fusion_relu", False, "[D]"),
+    Switch("lightweight.decoder_gate_sigmoid", False, "[D]"),
+    # Eq. 1's entity ranking with CLIP (davir.preprocessing.profiles: the image-level "paper" profile)
+    Switch("data.preprocessing_profile", "paper", "[D]"),
+)
 
 
 def enhancement_probability(target: torch.Tensor, source: torch.Tensor,
@@ -171,9 +193,96 @@ def cross_image_interaction(layer: HrdLayer, common_before: torch.Tensor, common
     return refined_before, refined_after, sim_ba, sim_ab
 
 
-@register_method("cheer", CheerSettings)
+# --- what its batches carry: the retrieved entities, as ids into a bank of their text embeddings (§4.8) ----------
+ENTITY_FILE = "entity_phrases.json"
+
+
+@dataclass
+class DistractorEntityField:
+    """`entities_distractor`: the retrieved entities of the scene's distractor pair (CHEER scene batches)."""
+
+    cache: Any  # an EntityCache
+    top_k: int
+    distractor_ids: dict[str, str]  # scene_id -> pair id of the distractor pair
+    keys: tuple[str, ...] = ("entities_distractor",)
+
+    def __call__(self, pair) -> dict[str, Any]:
+        return {"entities_distractor": [e for e, _ in self.cache.get(self.distractor_ids[pair.scene_id])[: self.top_k]]}
+
+
+class EntityInputs(MethodInputs):
+    """The top-K retrieved entities of each pair from an entity cache (`data.entities`, `python -m preprocess
+    entities … --top-k 3`); the cache's entity vocabulary, embedded with the frozen open_clip text tower, is the
+    entity bank stored in the model, and the batches carry ids into it."""
+
+    def prepare(self, settings: CheerSettings) -> CheerSettings:
+        from davir.data.caches import EntityCache, check_cache_root, require_cached
+        from davir.text.entity_vocabulary import EntityVocabulary
+
+        context, data, top_k = self.context, self.context.data, settings.entities_per_pair
+        self.top_k = top_k
+        command = context.command.format(cmd="entities", split=data.train_split, out=data.entities or "CACHE") + \
+            f" --masks MASKS --top-k {top_k}"
+        if data.entities is None:
+            raise DataError(f"CHEER needs the top-{top_k} retrieved change entities of every pair (§4.8) but "
+                            f"data.entities is not set: run `{command}` (and for {data.val_split}), then set data.entities=CACHE")
+        vocab_path = Path(data.entities) / "vocab.json"
+        if not vocab_path.is_file():
+            raise DataError(f"{data.entities} has no entity vocabulary ({vocab_path}); run `{command}`")
+        check_cache_root(data.entities, data.root, key="data.entities", moved_from=data.moved_from)
+        # Only the lexicon here (expected profile None): entities read with other word lists are another bank.
+        context.check_profiles(None, entities=data.entities, allow_mismatch=data.allow_profile_mismatch,
+                               warn=context.note, where="this config")
+        self.cache = EntityCache(data.entities)
+        self.phrases = EntityVocabulary.load(vocab_path).phrases
+        self.index = {phrase: i for i, phrase in enumerate(self.phrases)}
+        for split, pairs in ((data.train_split, context.train_pairs), (data.val_split, context.val_pairs)):
+            require_cached(pairs, self.cache.has, what=f"retrieved entities in {data.entities}",
+                           command=context.command.format(cmd="entities", split=split, out=data.entities) +
+                           f" --image-level --top-k {top_k}")
+            short = [p.pair_id for p in pairs if len(self.cache.get(p.pair_id)) < top_k]
+            if short:
+                raise DataError(f"{len(short)} pairs of {split} have fewer than {top_k} entities in {data.entities} "
+                                f"(e.g. {short[:3]}); rerun `preprocess entities` with --top-k {top_k} into a new --out")
+        if context.text_encoder is None:
+            raise DataError("internal: the text tower must be loaded before the entity bank")
+        context.note(f"CHEER entity bank: {len(self.phrases)} phrases of {vocab_path}, embedded by the "
+                     f"{context.text_encoder.model_name} text tower ({context.text_encoder.weights})")
+        return settings.with_entity_bank(len(self.phrases))
+
+    def model_built(self, model: CheerCaptioner) -> None:
+        bank = self.context.text_encoder.encode(self.phrases)
+        model.set_entity_bank(bank.to(model.entity_bank.device))
+
+    def fields(self, *, distractor_ids=None) -> list:
+        from davir.data.dataset import EntityField
+
+        own = [EntityField(self.cache, top_k=self.top_k)]
+        return own if distractor_ids is None else [*own, DistractorEntityField(self.cache, self.top_k, distractor_ids)]
+
+    def model_inputs(self, batch, device, *, pair="semantic") -> dict[str, Any]:
+        key = "entities_distractor" if pair == "distractor" else "entities"
+        return {"entities": self.entity_ids(batch[key], device)}
+
+    def entity_ids(self, entities: list[list[str]], device) -> torch.Tensor:
+        """(B, K) ids into the entity bank of the batch's retrieved phrases."""
+        unknown = sorted({e for row in entities for e in row if e not in self.index})
+        if unknown:
+            raise DataError(f"retrieved entities {unknown[:3]} are not in the entity vocabulary the model was built with")
+        return torch.tensor([[self.index[e] for e in row] for row in entities], dtype=torch.long, device=device)
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        from davir.io import write_json_atomic
+
+        write_json_atomic(directory / ENTITY_FILE, self.phrases)
+        return {"entity_phrases": ENTITY_FILE}
+
+
+@register_method("cheer", CheerSettings, rows=PAPER_ROWS, switches=SWITCHES)
 class CheerCaptioner(LightweightCaptioner):
     """CHEER: entity projection + HRD encoder + gated dual cross-attention decoder + L_C, L_D, L_I."""
+
+    inputs = EntityInputs
 
     def __init__(self, config: CheerSettings):
         super().__init__(config)

@@ -2,7 +2,8 @@
 
 `LightweightConfig` holds what the five methods share (front-end, decoder, sizes, init switches); each method's
 settings class adds its own fields (`ScorerSettings` in scorer.py, `DirlSettings` in dirl.py, `RddSettings` in
-rdd.py, `CheerSettings` in cheer.py; subtraction has none) and is registered with its captioner (registry.py).
+rdd.py, `CheerSettings` in cheer.py; subtraction has none) and is registered with its captioner (registry.py),
+together with the method's per-dataset paper rows and printed switch values (each method's own module).
 
     LightweightConfig(method="rdd", hidden=64, rdd_objects=8)   # -> RddSettings
     ScorerSettings(cv_weight=0.3)
@@ -13,8 +14,8 @@ Defaults are the paper sizes (hidden 512, word embedding 300, 8 heads, 2 decoder
 loss weights of each paper and, for every switch, the paper's printed version (paper_values.py lists them;
 docs/paper_departures.md says which config departs and why); where the paper is silent the released code's
 value [C], else a gap filler [D]. `paper_settings(method, dataset)` gives the per-dataset values the papers (or
-the released code) report, to be applied with `**`. Tags in comments follow docs/methods/README.md: [P] paper,
-[C] official code, [D] our default.
+the released code) report (the method's registered `PAPER_ROWS`), to be applied with `**`. Tags in comments follow
+docs/methods/README.md: [P] paper, [C] official code, [D] our default.
 """
 
 from __future__ import annotations
@@ -36,22 +37,8 @@ PRE_SPLIT_MARKERS = ("cv_weight", "dirl_weight", "rdd_objects", "cheer_entities"
 ADDED_KEYS: dict[str, Any] = {"rdd_fusion": "linear", "cheer_fusion_relu": True, "decoder_gate_sigmoid": True}
 
 
-class _BuiltByMethod(type):
-    """`LightweightConfig(method=NAME, ...)` builds NAME's settings class; a key that class lacks is an error."""
-
-    def __call__(cls, *args, method: str | None = None, **values):
-        if cls is LightweightConfig:
-            cls = get_method(method or DEFAULT_METHOD).settings
-        elif method is not None and method != cls.method:
-            raise ValueError(f"{cls.__name__} are the settings of {cls.method}, not of {method!r}")
-        foreign = [key for key in values if key not in field_names(cls)]
-        if foreign:
-            raise ValueError(foreign_keys_message(cls.method, foreign))
-        return type.__call__(cls, *args, **values)
-
-
 @dataclass
-class LightweightConfig(metaclass=_BuiltByMethod):
+class LightweightConfig:
     """The settings every lightweight method shares; a method's settings class extends them.
 
     `feat_dim` is the number of channels entering the 1×1 projection, as in the reference configs:
@@ -104,6 +91,20 @@ class LightweightConfig(metaclass=_BuiltByMethod):
     positions: Literal["sinusoidal", "learned"] | None = None  # None: the method's own ("learned" for RDD)
     caption_loss: Literal["token_mean", "sentence_mean"] | None = None  # None: "sentence_mean" for RDD (Eq. 15)
     reference_quirks: bool = False
+
+    def __new__(cls, *args, method: str | None = None, **values):
+        """`LightweightConfig(method=NAME, ...)` is NAME's settings class (the one its registration bound)."""
+        if cls is LightweightConfig:
+            cls = get_method(method or DEFAULT_METHOD).settings
+        return object.__new__(cls)
+
+    @classmethod
+    def bind_method(cls, name: str) -> None:
+        """Called by `register_method`: these are the settings of `name`; their __init__ then takes `method=` (this
+        name only) and refuses a key of another method in one line (a TypeError of the dataclass otherwise)."""
+        cls.method = name
+        if not getattr(cls.__init__, "checks_keys", False):
+            cls.__init__ = _checked_init(cls.__init__)
 
     def __post_init__(self) -> None:
         for name, choices in _choices(type(self)).items():
@@ -193,6 +194,21 @@ class TextTowerSettings(LightweightConfig):
             raise TypeError(f"{cls.__name__} embeds text: define text_tower_sizes(width, out_dim) -> {{field: size}}")
 
 
+def _checked_init(init):
+    @functools.wraps(init)
+    def __init__(self, *args, method: str | None = None, **values):
+        cls = type(self)
+        if method is not None and method != cls.method:
+            raise ValueError(f"{cls.__name__} are the settings of {cls.method}, not of {method!r}")
+        foreign = [key for key in values if key not in field_names(cls)]
+        if foreign:
+            raise ValueError(foreign_keys_message(cls.method, foreign))
+        init(self, *args, **values)
+
+    __init__.checks_keys = True
+    return __init__
+
+
 # --- the keys of each method -----------------------------------------------------------------------------
 @functools.cache
 def field_names(settings: type) -> frozenset[str]:
@@ -261,54 +277,24 @@ def is_pre_split(values: dict) -> bool:
 def __getattr__(name: str):
     if name == "METHOD_NAMES":  # the registry's names, for callers of the former constant
         return tuple(METHODS)
+    if name == "PAPER_SETTINGS":  # method → dataset → values: every registered method's rows
+        return {method: spec.rows for method, spec in METHODS.items() if spec.rows}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# Per-dataset settings from the papers / released configs (docs/methods/, a page per method).
-# Model fields are keys of the method's settings; "batch_size"/"lr" are for the trainer.
-_CLEVR_CHANGE = {"vocab_size": 76, "max_len": 24, "coord_channels": True, "feat_dim": 1026}
-_CLEVR_DC = {"vocab_size": 87, "max_len": 40}
-PAPER_SETTINGS: dict[str, dict[str, dict]] = {
-    "subtraction": {
-        "clevr_change": {**_CLEVR_CHANGE, "batch_size": 128, "lr": 2e-4},
-        "clevr_dc": {**_CLEVR_DC, "batch_size": 128, "lr": 2e-4},
-        "spot_the_diff": {"batch_size": 32, "lr": 2e-4},
-        "ier": {"batch_size": 16, "lr": 1e-4},
-        "levir_cc": {"batch_size": 64, "lr": 1e-4},
-    },
-    "scorer": {
-        "clevr_change": {**_CLEVR_CHANGE, "cv_weight": 0.1, "cbr_weight": 0.001, "encoder_layers": 2,
-                         "batch_size": 128, "lr": 2e-4},
-        "clevr_dc": {**_CLEVR_DC, "cv_weight": 0.01, "cbr_weight": 0.004, "encoder_layers": 1,
-                     "batch_size": 128, "lr": 2e-4},
-        "spot_the_diff": {"cv_weight": 0.3, "cbr_weight": 0.5, "encoder_layers": 3, "batch_size": 32, "lr": 2e-4},
-        "ier": {"cv_weight": 0.003, "cbr_weight": 0.06, "encoder_layers": 2, "batch_size": 16, "lr": 1e-4},
-    },
-    "dirl": {
-        "clevr_change": {**_CLEVR_CHANGE, "dirl_weight": 0.5, "ccr_weight": 0.3, "batch_size": 128, "lr": 2e-4},
-        "clevr_dc": {**_CLEVR_DC, "dirl_weight": 0.03, "ccr_weight": 0.05, "batch_size": 128, "lr": 2e-4},
-        "spot_the_diff": {"dirl_weight": 0.5, "ccr_weight": 0.004, "batch_size": 32, "lr": 2e-4},
-        "ier": {"dirl_weight": 0.001, "ccr_weight": 0.05, "batch_size": 16, "lr": 1e-4},
-    },
-    "rdd": {
-        "clevr_change": {"vocab_size": 76, "max_len": 24, "rdd_actions": 5, "batch_size": 128, "lr": 2e-4},
-        "levir_cc": {"rdd_actions": 10, "batch_size": 64, "lr": 1e-4},
-        "spot_the_diff": {"rdd_actions": 10, "batch_size": 32, "lr": 2e-4},
-    },
-    "cheer": {
-        "clevr_change": {"vocab_size": 76, "max_len": 24, "encoder_layers": 2, "batch_size": 128, "lr": 1e-3},
-        "clevr_dc": {**_CLEVR_DC, "encoder_layers": 1, "batch_size": 128, "lr": 1e-3},
-        "spot_the_diff": {"encoder_layers": 2, "batch_size": 96, "lr": 5e-4},
-    },
-}
+# Per-dataset settings from the papers / released configs (docs/methods/, a page per method): each method's own
+# `PAPER_ROWS`, registered with it; model fields are keys of the method's settings, "batch_size"/"lr" the trainer's.
+# The benchmarks' shared sizes, which the rows spread:
+CLEVR_CHANGE = {"vocab_size": 76, "max_len": 24, "coord_channels": True, "feat_dim": 1026}
+CLEVR_DC = {"vocab_size": 87, "max_len": 40}
 TRAINER_KEYS = ("batch_size", "lr")
 
 
 def paper_settings(method: str, dataset: str) -> tuple[dict, dict]:
     """(model fields, trainer fields) the papers give for `method` on `dataset`; KeyError if none reported."""
-    if method not in PAPER_SETTINGS:
-        raise KeyError(f"unknown lightweight method {method!r}; choose from {', '.join(PAPER_SETTINGS)}")
-    table = PAPER_SETTINGS[method]
+    if method not in METHODS:
+        raise KeyError(f"unknown lightweight method {method!r}; choose from {', '.join(METHODS)}")
+    table = METHODS[method].rows
     if dataset not in table:
         raise KeyError(f"{method} reports no settings for {dataset!r}; known: {', '.join(sorted(table))}")
     values = table[dataset]

@@ -23,9 +23,10 @@ from torch import nn
 
 from davir.models.lightweight.attention import CrossAttentionBlock, tie_query_key
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
-from davir.models.lightweight.config import LightweightConfig
+from davir.models.lightweight.config import CLEVR_CHANGE, CLEVR_DC, LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput, init_weights
 from davir.models.lightweight.losses import cross_correlation_loss, info_nce, masked_mean, similarity
+from davir.models.lightweight.paper_values import MATCHING_INIT, REFERENCE_QUIRKS, Switch
 from davir.models.lightweight.registry import register_method
 from davir.text.vocab import PAD_ID
 
@@ -49,6 +50,23 @@ class DirlSettings(LightweightConfig):
     @property
     def resolved_ccr_mode(self) -> str:
         return self.ccr_mode or ("code" if self.reference_quirks else "paper")
+
+
+# Per-dataset values (docs/methods/dirl.md: the released YAMLs and the paper).
+PAPER_ROWS = {
+    "clevr_change": {**CLEVR_CHANGE, "dirl_weight": 0.5, "ccr_weight": 0.3, "batch_size": 128, "lr": 2e-4},
+    "clevr_dc": {**CLEVR_DC, "dirl_weight": 0.03, "ccr_weight": 0.05, "batch_size": 128, "lr": 2e-4},
+    "spot_the_diff": {"dirl_weight": 0.5, "ccr_weight": 0.004, "batch_size": 32, "lr": 2e-4},
+    "ier": {"dirl_weight": 0.001, "ccr_weight": 0.05, "batch_size": 16, "lr": 1e-4},
+}
+# The printed values it reads beside paper_values.EVERY_METHOD (its decoder is Xavier-initialised: no init std).
+SWITCHES = (
+    MATCHING_INIT, REFERENCE_QUIRKS,
+    Switch("lightweight.dirl_correlation", "cosine", "[C]"),
+    Switch("lightweight.ccr_mode", "paper", "[C]", read=lambda c: c.lightweight.resolved_ccr_mode),
+    Switch("lightweight.dirl_normalize_difference", False, "[D]"),
+    Switch("lightweight.dirl_pairs", "all", "[D]"),
+)
 
 
 def distractors_immune_loss(
@@ -100,7 +118,7 @@ def cross_modal_contrastive_loss(text: torch.Tensor, visual: torch.Tensor, *, te
     return info_nce(sim, temperature=temperature, symmetric=True)
 
 
-@register_method("dirl", DirlSettings)
+@register_method("dirl", DirlSettings, rows=PAPER_ROWS, switches=SWITCHES)
 class DirlCaptioner(LightweightCaptioner):
     """DIRL encoder + standard decoder (FFN 2048) + L_dirl + L_ccr; Xavier init everywhere [C]."""
 

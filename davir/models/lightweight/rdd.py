@@ -43,7 +43,7 @@ Caption loss: the length-normalised sentence mean of Eq. 15. Total: ``L = L_XE +
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -52,7 +52,9 @@ from davir.models.lightweight.attention import init_as_difference
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import TextTowerSettings
 from davir.models.lightweight.decoder import DecoderOutput
+from davir.models.lightweight.inputs import MethodInputs
 from davir.models.lightweight.losses import info_nce, similarity
+from davir.models.lightweight.paper_values import DECODER_INIT_STD, DIFFERENCE_INIT, Switch
 from davir.models.lightweight.registry import register_method
 
 PROMPT_PLACEHOLDER = "X"
@@ -102,6 +104,23 @@ class RddSettings(TextTowerSettings):
 
     def text_tower_sizes(self, width: int, out_dim: int) -> dict[str, int]:
         return {"acr_text_dim": out_dim, "acr_token_width": width}
+
+
+# Per-dataset values (docs/methods/rdd.md).
+PAPER_ROWS = {
+    "clevr_change": {"vocab_size": 76, "max_len": 24, "rdd_actions": 5, "batch_size": 128, "lr": 2e-4},
+    "levir_cc": {"rdd_actions": 10, "batch_size": 64, "lr": 1e-4},
+    "spot_the_diff": {"rdd_actions": 10, "batch_size": 32, "lr": 2e-4},
+}
+# The printed values it reads beside paper_values.EVERY_METHOD.
+SWITCHES = (
+    DIFFERENCE_INIT, DECODER_INIT_STD,
+    Switch("lightweight.rdd_gde_residual", "none", "[D]"),
+    Switch("lightweight.rdd_fusion", "concat", "[D]"),
+    Switch("lightweight.rdd_decoder_tokens", "global", "[D]"),
+    Switch("lightweight.acr_mask_duplicates", False, "[D]"),
+    Switch("lightweight.acr_prompts", "learned", "[D]"),
+)
 
 
 def global_difference(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -231,9 +250,58 @@ class TextTowerAdapter(nn.Module):
         return pooled @ self.text_projection
 
 
-@register_method("rdd", RddSettings)
+# --- what its training batches carry: the captions' noun / verb segments (§3.8) -----------------------------------
+def rdd_segments(caption: str) -> tuple[str, str]:
+    """RDD §3.8: the caption's noun segments and verb segments, each joined with "and"."""
+    from davir.text.extractors import extract_attributes
+
+    attributes = extract_attributes(caption)
+    return " and ".join(attributes["nouns"]), " and ".join(attributes["verbs"])
+
+
+class AttributeInputs(MethodInputs):
+    """ACR's inputs: the noun / verb segments of each training caption (`rdd_segments`) joined with "and", through
+    the frozen text tower with the learnable prompt tokens (`acr_prompts: learned`, the paper's default: token
+    ids, the tower runs inside the model) or as fixed precomputed text features (`fixed`, the paper's "Fixed
+    Prompt" row; much cheaper on a CPU). Generation reads none."""
+
+    def prepare(self, settings: RddSettings) -> RddSettings:
+        self.settings = settings
+        self.segments: dict[str, tuple[str, str]] = {}
+        self.text_features: dict[str, torch.Tensor] = {}
+        return settings
+
+    def model_inputs(self, batch, device, *, pair="semantic") -> dict[str, Any]:
+        if pair == "generate":
+            return {}
+        key = "no_change_caption" if pair == "distractor" else "caption"
+        return {"attributes": self.attributes(batch[key], device)}
+
+    def attributes(self, captions: list[str], device) -> dict[str, torch.Tensor]:
+        """RDD ACR inputs of a batch of captions: token ids (learned prompts) or frozen text features (fixed)."""
+        encoder = self.context.text_encoder
+        for caption in captions:
+            if caption not in self.segments:
+                self.segments[caption] = rdd_segments(caption)
+        nouns = [self.segments[c][0] for c in captions]
+        verbs = [self.segments[c][1] for c in captions]
+        if self.settings.attaches_text_tower:
+            prompts = self.settings.acr_prompt_tokens
+            return {"noun_ids": encoder.token_ids(prompt_texts(nouns, prompts)).to(device),
+                    "verb_ids": encoder.token_ids(prompt_texts(verbs, prompts)).to(device)}
+        texts = [f"{segment}." for segment in nouns + verbs]
+        todo = sorted({t for t in texts if t not in self.text_features})
+        if todo:
+            self.text_features.update(zip(todo, encoder.encode(todo)))
+        features = torch.stack([self.text_features[t] for t in texts]).to(device)
+        return {"noun_features": features[: len(nouns)], "verb_features": features[len(nouns):]}
+
+
+@register_method("rdd", RddSettings, rows=PAPER_ROWS, switches=SWITCHES)
 class RddCaptioner(LightweightCaptioner):
     """RDD encoder (GDE → object → action distilling → fusion) + learned-position decoder + ACR."""
+
+    inputs = AttributeInputs
 
     def __init__(self, config: RddSettings, text_tower: nn.Module | None = None):
         super().__init__(config)

@@ -22,9 +22,11 @@ from torch import nn
 from davir.models.lightweight.attention import (LogitScale, MultiHeadTokenMatching, ScorerAttention, batch_token_matching,
                                                 init_as_difference, tie_query_key)
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
-from davir.models.lightweight.config import LightweightConfig
+from davir.models.lightweight.config import CLEVR_CHANGE, CLEVR_DC, LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput
 from davir.models.lightweight.losses import info_nce, masked_mean
+from davir.models.lightweight.paper_values import (DECODER_INIT_STD, DIFFERENCE_INIT, MATCHING_INIT, REFERENCE_QUIRKS,
+                                                   Switch)
 from davir.models.lightweight.registry import register_method
 from davir.text.vocab import PAD_ID
 
@@ -43,6 +45,20 @@ class ScorerSettings(LightweightConfig):
     @property
     def resolved_freeze_cbr(self) -> bool:
         return self.reference_quirks if self.freeze_cbr_params is None else self.freeze_cbr_params
+
+
+# Per-dataset values (docs/methods/scorer.md: supplement Tables 8-9, the released YAMLs).
+PAPER_ROWS = {
+    "clevr_change": {**CLEVR_CHANGE, "cv_weight": 0.1, "cbr_weight": 0.001, "encoder_layers": 2, "batch_size": 128,
+                     "lr": 2e-4},
+    "clevr_dc": {**CLEVR_DC, "cv_weight": 0.01, "cbr_weight": 0.004, "encoder_layers": 1, "batch_size": 128,
+                 "lr": 2e-4},
+    "spot_the_diff": {"cv_weight": 0.3, "cbr_weight": 0.5, "encoder_layers": 3, "batch_size": 32, "lr": 2e-4},
+    "ier": {"cv_weight": 0.003, "cbr_weight": 0.06, "encoder_layers": 2, "batch_size": 16, "lr": 1e-4},
+}
+# The printed values it reads beside paper_values.EVERY_METHOD.
+SWITCHES = (MATCHING_INIT, DIFFERENCE_INIT, DECODER_INIT_STD, REFERENCE_QUIRKS,
+            Switch("lightweight.freeze_cbr_params", False, "[C]", read=lambda c: c.lightweight.resolved_freeze_cbr))
 
 
 def cross_view_reconstruction(query_tokens: torch.Tensor, reconstructed: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
@@ -136,7 +152,7 @@ class CrossModalBackwardReasoning(nn.Module):
         return info_nce(self.matching(refined, after_tokens), symmetric=True)
 
 
-@register_method("scorer", ScorerSettings)
+@register_method("scorer", ScorerSettings, rows=PAPER_ROWS, switches=SWITCHES)
 class ScorerCaptioner(LightweightCaptioner):
     """SCORER encoder + standard decoder (SCORER-code decoder with `reference_quirks`) + L_cv + L_cbr."""
 
