@@ -1,4 +1,5 @@
-"""`python -m preprocess COMMAND …` — each command is a module with its own `main(argv)`.
+"""`python -m preprocess COMMAND …` / `davir-preprocess COMMAND …` — each command is a job of davir.jobs with its own
+`main(argv)` (parser and job together: the job reads its options as one Namespace).
 
     masks        difference map → threshold → DBSCAN → prompts → segmenter → IoU filter → union (Eqs. 2-3)
     mask-eval    mask IoU / precision / recall against ground truth (built-in synthetic set)
@@ -13,11 +14,11 @@ import importlib
 import sys
 
 COMMANDS = {
-    "masks": ("preprocess.masks", "main"),
-    "mask-eval": ("preprocess.mask_eval", "main"),
-    "entities": ("preprocess.entities", "main"),
-    "entity-eval": ("preprocess.entity_eval", "main"),
-    "features": ("preprocess.features", "main"),
+    "masks": ("davir.jobs.masks", "main"),
+    "mask-eval": ("davir.jobs.mask_eval", "main"),
+    "entities": ("davir.jobs.entities", "main"),
+    "entity-eval": ("davir.jobs.entity_eval", "main"),
+    "features": ("davir.jobs.features", "main"),
 }
 
 
