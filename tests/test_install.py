@@ -155,6 +155,18 @@ def test_the_wheel_holds_every_module_and_nothing_of_the_checkout(installed):
     assert Path(shown[0]).parent.parent == installed.site and shown[1:] == ["no-preprocess"], shown
 
 
+@pytest.mark.parametrize("module, usage", [("preprocess", "usage: python -m preprocess masks"),
+                                           ("davir.data", "usage: python -m davir.data"),
+                                           ("davir.pretrain_tiny", "usage: python -m davir.pretrain_tiny")])
+def test_the_entries_of_the_repository_still_run(module, usage):
+    """`python -m preprocess …` (the Makefile, docs/cluster.md's `accelerate launch -m preprocess`) from the repository
+    root, and the `python -m` of the moved command lines, reach their parsers."""
+    argv = ["masks", "--help"] if module == "preprocess" else ["--help"]
+    done = subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stdout.startswith(usage), (done.stdout[:300], done.stderr[-2000:])
+
+
 def test_the_packages_found_for_the_wheel_are_davir_only():
     """No top-level `preprocess` (or any other name) beside davir in site-packages: the jobs are davir.jobs."""
     import tomllib
