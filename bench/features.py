@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from davir.data.feature_cache import FEATURE_SHAPE  # noqa: E402
 from davir.preprocessing.backbone import IMAGENET_STD, build_backbone  # noqa: E402
-from preprocess.features import default_batch_size, extract_images, pick_device  # noqa: E402
+from davir.jobs.features import default_batch_size, extract_images, pick_device  # noqa: E402
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "clevr_change"
 

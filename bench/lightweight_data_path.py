@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 def run(method: str, args, preload_gb: float | None, out: Path) -> dict:
     from davir.config import load_config
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
     from davir.training.loop import train
 
     overrides = [f"data.root={args.data}", f"data.features={args.features}", f"optim.max_steps={args.steps}",

@@ -260,7 +260,7 @@ def test_folder_without_pairs_is_an_error(tmp_path):
 from davir.cli import evaluate as evaluate_cli  # noqa: E402
 from davir.cli import train as train_cli  # noqa: E402
 from davir.data.caches import EntityCache  # noqa: E402
-from preprocess.__main__ import main as preprocess_main  # noqa: E402
+from davir.cli.preprocess import main as preprocess_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = ["model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}", "optim.max_steps=1",

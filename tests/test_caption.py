@@ -15,13 +15,13 @@ from PIL import Image
 from davir.config import load_config
 from davir.errors import DataError
 from davir.data.synthetic import SynthConfig, generate_dataset
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from davir.cli import caption as caption_script  # noqa: E402
 from davir.training import loop as train_script  # noqa: E402
-from preprocess import masks as masks_job  # noqa: E402
+from davir.jobs import masks as masks_job  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -375,7 +375,7 @@ def test_a_lightweight_run_captions_a_folder_as_evaluate_does(trained, tmp_path,
     evaluate.py gives from the `preprocess features` cache."""
     from davir.data.formats import read_dataset
     from davir.evaluation import evaluate_run
-    from preprocess.features import main as features_main
+    from davir.jobs.features import main as features_main
     from tests.test_lightweight_train import TINY
 
     data = trained / "data"

@@ -14,7 +14,7 @@ from davir.config import load_config
 from davir.data.formats.folder import read_folder
 from davir.errors import DataError
 from davir.data.stats import dataset_stats
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 LONG_CAPTION = " ".join(["the red cube moved"] * 500)  # 2,000 words

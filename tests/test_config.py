@@ -55,7 +55,7 @@ def test_every_shipped_train_config_loads():
     """Each YAML in configs/ fits the typed TrainConfig (a typo in a shipped config fails here, not in a run)."""
     from pathlib import Path
 
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
 
     configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
     assert any(p.name == "demo.yaml" for p in configs)
@@ -112,7 +112,7 @@ def test_text_fields_keep_quoted_and_numeric_text(tmp_path):
 
 
 def test_mixed_precision_no_is_accelerates_word(tmp_path):
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
 
     assert load_config(TrainConfig, None, ["run.mixed_precision=no"]).run.mixed_precision == "no"
     path = tmp_path / "c.yaml"
@@ -163,7 +163,7 @@ def test_train_script_reports_a_bad_value_as_a_user_runs_it(tmp_path):
 
 
 def test_model_config_checks_name_the_key_too():
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
 
     with pytest.raises(ConfigError, match=r"defaults.model.fac: FAC lambda_attn must be >= 0"):
         load_config(TrainConfig, None, ["model.fac.lambda_attn=-1"])
@@ -199,7 +199,7 @@ def test_data_workers_auto_is_four_on_a_gpu_and_none_on_a_cpu(monkeypatch):
     import torch
 
     from davir.training import loop
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
 
     assert TrainConfig().data.num_workers == "auto"
     assert load_config(TrainConfig, None, ["data.num_workers=2"]).data.num_workers == 2

@@ -16,7 +16,7 @@ from davir.io import read_json
 from davir.text.entity_vocabulary import build_vocabulary
 from davir.text.extractors import PhraseExtractor, extract_attributes, extract_phrases, get_extractor, subject_phrase
 from davir.text.words import CLOSED_CLASS, GENERIC_HEADS
-from preprocess import entities, entity_eval
+from davir.jobs import entities, entity_eval
 from davir.preprocessing.retrievers import (
     ClipRetriever, EntityGate, FittedRetriever, PairRegions, gate_features, masked_region, pair_features,
     pair_regions, phrase_words, retrieve_top_k, square_pad, top_k,
@@ -743,7 +743,7 @@ def test_image_level_vocabulary_holds_the_captions_subjects():
     """CHEER §4.8 (issue 16): `--image-level` builds the entity vocabulary from each caption's subject phrase."""
     from davir.text.entity_vocabulary import build_vocabulary
     from davir.text.extractors import get_extractor
-    from preprocess.entities import SubjectExtractor
+    from davir.jobs.entities import SubjectExtractor
 
     captions = ["the man is standing next to the car", "the man has moved near the car",
                 "a woman with an umbrella has appeared", "the woman with the umbrella is gone"]

@@ -111,7 +111,7 @@ def test_tagged_pairs_caption_exactly_as_the_same_pairs_saved_upright(trained, t
 
 
 def test_masks_of_tagged_pairs_are_those_of_the_upright_pairs(trained, tmp_path):  # noqa: F811
-    from preprocess import masks as masks_job
+    from davir.jobs import masks as masks_job
 
     pngs = pair_folder(tmp_path / "pngs", trained / "data", 3)
     tagged_copies(tmp_path / "upright", tmp_path / "tagged", pngs)

@@ -38,9 +38,9 @@ def davir_run(synthetic_set, tmp_path_factory):
     import os
 
     from davir.config import load_config
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
     from davir.training.loop import train
-    from preprocess import entities, masks
+    from davir.jobs import entities, masks
 
     root = synthetic_set(12, 5)
     work = tmp_path_factory.mktemp("export_run")
@@ -244,9 +244,9 @@ def test_merged_export_keeps_the_vision_lora_and_captions_as_the_model(family, t
 # ------------------------------------------------------------------------------------------------ lightweight
 def test_lightweight_run_exports_and_captions_identically(synthetic_set, tmp_path):
     from davir.config import load_config
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
     from davir.training.loop import train
-    from preprocess.features import main as features_main
+    from davir.jobs.features import main as features_main
 
     root = synthetic_set(12, 5)
     features = tmp_path / "features"

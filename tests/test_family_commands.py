@@ -28,7 +28,7 @@ CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm")
 
 @pytest.fixture(scope="module")
 def caches(synthetic_set, tmp_path_factory):
-    from preprocess import entities, masks
+    from davir.jobs import entities, masks
 
     root = synthetic_set(24, 0)
     base = tmp_path_factory.mktemp("family_caches")

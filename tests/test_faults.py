@@ -37,8 +37,8 @@ def tiny_caption_run(data: Path, folder: Path, *, pairs: int) -> tuple[Path, Pat
     """A 1-step DAVIR checkpoint (FOLDER/run) on `data` and a FOLDER/pairs.csv of its first `pairs` image pairs."""
     from davir.config import load_config
     from davir.training import loop
-    from davir.training.config import TrainConfig
-    from preprocess import masks as masks_job
+    from davir.runs.config import TrainConfig
+    from davir.jobs import masks as masks_job
 
     assert masks_job.main(["--format", "clevr_change", "--root", str(data), "--split", "train", "--out",
                            str(folder / "masks"), "--limit", "4", "--workers", "1", "--no-progress"]) == 0

@@ -131,7 +131,7 @@ def test_a_full_disk_while_writing_a_strip_leaves_no_part_of_it(trained, tmp_pat
 
 def test_import_on_a_full_disk_exits_2_and_leaves_no_manifest(tmp_path, capsys, monkeypatch):
     import davir.io
-    from davir.data.__main__ import main as data_main
+    from davir.cli.data import main as data_main
 
     for side in ("before", "after"):
         (tmp_path / "pairs" / side).mkdir(parents=True)

@@ -97,9 +97,9 @@ def assert_whole_lines(path: Path) -> None:
 
 # ---- every long command is covered --------------------------------------------------------------------------
 
-LONG_COMMAND_MAINS = ["davir/cli/caption.py", "davir/cli/train.py", "davir/cli/evaluate.py", "preprocess/masks.py",
-                      "preprocess/entities.py", "preprocess/features.py", "preprocess/mask_eval.py",
-                      "preprocess/entity_eval.py", "davir/data/__main__.py", "davir/cli/sweep.py"]
+LONG_COMMAND_MAINS = ["davir/cli/caption.py", "davir/cli/train.py", "davir/cli/evaluate.py", "davir/jobs/masks.py",
+                      "davir/jobs/entities.py", "davir/jobs/features.py", "davir/jobs/mask_eval.py",
+                      "davir/jobs/entity_eval.py", "davir/cli/data.py", "davir/cli/sweep.py"]
 
 
 def test_every_long_command_main_stops_on_signals():
@@ -209,7 +209,7 @@ def test_training_stopped_by_sigterm_resumes_loss_for_loss(data, tmp_path, losse
 @pytest.mark.parametrize("signum, whole_group", [(signal.SIGTERM, False), (signal.SIGINT, True)],
                          ids=["sigterm", "ctrl-c"])
 def test_masks_stopped_ends_its_pool_and_resumes_byte_identical(data, tmp_path, signum, whole_group):
-    from preprocess import masks as masks_job
+    from davir.jobs import masks as masks_job
 
     argv = lambda out, workers: ["--format", "clevr_change", "--root", str(data), "--split", "test", "--out",  # noqa: E731
                                  str(out), "--no-progress", "--workers", str(workers)]

@@ -349,7 +349,7 @@ def test_die_with_parent_ends_a_worker_whose_parent_is_gone_before_it_starts(tmp
 # ---- §18 a resumed masks run's manifest counts the cache --------------------------------------------------------
 
 def test_resumed_masks_manifest_counts_every_pair_of_the_cache(synthetic_set, tmp_path):
-    from preprocess import masks as masks_job
+    from davir.jobs import masks as masks_job
 
     data = synthetic_set(16, 3, width=64, height=48, val_fraction=0.1, test_fraction=0.3)
     common = ["--format", "clevr_change", "--root", str(data), "--split", "train", "--workers", "1", "--no-progress"]

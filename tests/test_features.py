@@ -20,7 +20,7 @@ from davir.data.feature_cache import FeatureCache
 from davir.preprocessing.backbone import (
     AUTHORS_STD, IMAGENET_MEAN, IMAGENET_STD, build_backbone, load_resized, normalize_batch,
 )
-from preprocess.features import main
+from davir.jobs.features import main
 
 VAL_IMAGES = {f"{folder}/CLEVR_{kind}_{scene:06d}.png" for scene in (19, 35)
               for folder, kind in (("images", "default"), ("sc_images", "semantic"), ("nsc_images", "nonsemantic"))}
@@ -80,7 +80,7 @@ def test_rerun_does_nothing_and_other_settings_are_refused(cache, clevr_root):
     assert record["extracted"] == 0 and record["already_cached"] == 6
     assert {p.name: p.stat().st_mtime_ns for p in (out / "features").glob("*.safetensors")} == chunks
     with pytest.raises(DataError, match="other settings"):
-        from preprocess.features import build_parser, run
+        from davir.jobs.features import build_parser, run
 
         run(build_parser().parse_args(["--format", "clevr_change", "--root", str(clevr_root), "--split", "val",
                                        "--out", str(out), "--random-init", "--std-typo", "--skip-missing"]))

@@ -11,7 +11,7 @@ import pytest
 
 from davir.data import FORMATS, load_mask, load_pair, read_dataset
 from davir.errors import DataError
-from davir.data.__main__ import main as data_cli
+from davir.cli.data import main as data_cli
 from davir.data.formats import FORMATS as _FORMATS
 from davir.data.formats.folder import read_folder
 from davir.data.hf import from_hf_dataset, to_hf_dataset
@@ -335,7 +335,7 @@ def test_folder_reader_is_registered(tmp_path):
 
 def test_pairs_manifest_round_trips_through_the_folder_reader(tmp_path):
     """`python -m davir.data pairs` writes a manifest that caption.py's folder reader reads back."""
-    from davir.data.__main__ import main as data_main
+    from davir.cli.data import main as data_main
     from davir.data.formats.folder import read_folder
     from davir.data.synthetic import SynthConfig, generate_dataset
 

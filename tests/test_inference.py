@@ -13,7 +13,7 @@ from davir.config import load_config
 from davir.evaluation.localisation import attention_localisation, localisation_summary
 from davir.inference import CaptionResult
 from davir.runs.paths import resolve_model_dir
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

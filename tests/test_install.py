@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = {"configs/demo.yaml": "davir/configs/demo.yaml"}
 ASSETS = [f"davir/assets/tiny_resnet/{name}" for name in ("backbone.pth", "head.pth", "pretrain_info.json")] + [
     f"davir/text/data/{name}" for name in ("wordnet-3.0-lexicon.txt.gz", "WORDNET_LICENSE")]
-PACKAGES = ("davir", "preprocess")
+PACKAGES = ("davir",)
+# Copied into the source too, and left out of the wheel: the repository's entry to the jobs, like train.py.
+ENTRIES = ("preprocess",)
 # The console scripts the pipeline below does not run, or not with --help (davir-train's is 5-10 s of imports).
 SCRIPTS = (("davir-evaluate",), ("davir-caption",), ("davir-preprocess", "masks"), ("davir-data",), ("davir-export",), ("davir-app",))
 
@@ -95,7 +97,7 @@ def installed(tmp_path_factory) -> Installed:
     base = tmp_path_factory.mktemp("install")
     source = base / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in PACKAGES:
+    for package in PACKAGES + ENTRIES:
         shutil.copytree(REPO / package, source / package, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
@@ -141,16 +143,43 @@ def test_the_wheel_holds_every_module_and_nothing_of_the_checkout(installed):
     missing = (sources | set(SHIPPED.values()) | set(ASSETS)) - set(names)
     assert not missing, f"left out of the wheel (a folder without __init__.py? package-data?): {sorted(missing)}"
     top = {name.split("/")[0] for name in names}
-    assert top == {"davir", "preprocess", "davir-0.1.0.dist-info"}, top  # no tests/, outputs/, configs/, assets/
+    assert top == {"davir", "davir-0.1.0.dist-info"}, top  # no preprocess/, tests/, outputs/, configs/, assets/
     assert not [name for name in names if set(name.split("/")) & {"tests", "outputs", "__pycache__"}]
     installed_top = {path.name for path in installed.site.iterdir()}
-    assert installed_top == {"bin", "davir", "preprocess", "davir-0.1.0.dist-info"}, installed_top
+    assert installed_top == {"bin", "davir", "davir-0.1.0.dist-info"}, installed_top
     for script in SCRIPTS:
         assert "usage:" in installed.run(*script, "--help").stdout
-    shown = subprocess.run([sys.executable, "-c", "import davir, preprocess; print(davir.__file__); "
-                            "print(preprocess.__file__)"], cwd=installed.work, env=installed.env,
-                           capture_output=True, text=True, check=True).stdout.split()
-    assert [Path(p).parent.parent for p in shown] == [installed.site, installed.site], shown
+    shown = subprocess.run([sys.executable, "-c", "import davir; print(davir.__file__)\n"
+                            "try:\n    import preprocess\nexcept ModuleNotFoundError:\n    print('no-preprocess')"],
+                           cwd=installed.work, env=installed.env, capture_output=True, text=True, check=True).stdout.split()
+    assert Path(shown[0]).parent.parent == installed.site and shown[1:] == ["no-preprocess"], shown
+
+
+@pytest.mark.parametrize("module, usage", [("preprocess", "usage: python -m preprocess masks"),
+                                           ("davir.data", "usage: python -m davir.data"),
+                                           ("davir.pretrain_tiny", "usage: python -m davir.pretrain_tiny")])
+def test_the_entries_of_the_repository_still_run(module, usage):
+    """`python -m preprocess …` (the Makefile, docs/cluster.md's `accelerate launch -m preprocess`) from the repository
+    root, and the `python -m` of the moved command lines, reach their parsers."""
+    argv = ["masks", "--help"] if module == "preprocess" else ["--help"]
+    done = subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stdout.startswith(usage), (done.stdout[:300], done.stderr[-2000:])
+
+
+def test_the_packages_found_for_the_wheel_are_davir_only():
+    """No top-level `preprocess` (or any other name) beside davir in site-packages: the jobs are davir.jobs."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    found = find_packages(where=REPO, include=find["include"], exclude=find.get("exclude", ()))
+    assert "davir.jobs" in found and "davir.cli" in found, found
+    assert {name.split(".")[0] for name in found} == {"davir"}, sorted(found)
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["davir-preprocess"] == "davir.cli.preprocess:main"
+    assert all(target.startswith("davir.") for target in scripts.values()), scripts
 
 
 @pytest.mark.slow

@@ -149,7 +149,7 @@ def test_scores_are_the_same_with_and_without_an_os_wordnet(predictions_and_refe
 # --- bullet 2/3: the entity cache is byte-identical either way, carries the sha256, and another lexicon's is refused --
 
 def build_entities(dataset: Path, out: Path, capsys) -> tuple[int, str]:
-    from preprocess import entities
+    from davir.jobs import entities
 
     code = entities.main(["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--fit-split",
                           "train", "--masks", "gt", "--no-progress", "--out", str(out)])
@@ -164,7 +164,7 @@ def files_of(folder: Path) -> dict[str, bytes]:
 def test_entity_caches_are_the_same_with_and_without_an_os_wordnet(synthetic_set, wordnet_folder, other_wordnet,
                                                                    tmp_path, monkeypatch, capsys):
     from davir.preprocessing.profiles import check_cache_profiles
-    from preprocess import entity_eval
+    from davir.jobs import entity_eval
 
     dataset = synthetic_set(24, 3)
     out = tmp_path / "entities"

@@ -22,7 +22,7 @@ from davir.models.lightweight import (
 )
 from davir.models.lightweight.config import PAPER_SETTINGS, is_pre_split, keys_of, own_keys, paper_settings
 from davir.models.lightweight.section import NoLightweightSettings
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 FIVE = ("subtraction", "scorer", "dirl", "rdd", "cheer")

@@ -20,7 +20,7 @@ from davir.data.formats import read_dataset
 from davir.errors import DataError
 from davir.io import read_json
 from davir.text.entity_vocabulary import EntityVocabulary
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_TEXT = "tiny-text-test"  # an open_clip model config registered from tmp (1 layer, width 16)
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def tiny_data(tmp_path_factory) -> dict:
     """20 synthetic scenes, random-init ResNet features of train+val, a CHEER entity cache, a tiny text tower."""
     from davir.data.synthetic import SynthConfig, generate_dataset
-    from preprocess.features import main as features_main
+    from davir.jobs.features import main as features_main
 
     base = tmp_path_factory.mktemp("lw")
     root, features = base / "data", base / "features"
@@ -187,7 +187,7 @@ def test_missing_caches_are_named(tiny_data, tmp_path):
 
 def test_one_step_on_the_real_clevr_change_images(shared_datasets, tmp_path):
     """The shared CLEVR-Change scenes (real images) with faked captions: one training step end to end."""
-    from preprocess.features import main as features_main
+    from davir.jobs.features import main as features_main
     from davir.training.loop import train
 
     source = shared_datasets / "clevr_change"
@@ -248,8 +248,8 @@ def test_every_method_trains_and_scores_on_a_folder_of_own_pairs_through_a_sweep
     folder, then one `davir.sweep.grid.run_sweep` (typed, no command line) that trains and scores each method with
     `evaluate.py --format folder`."""
     from davir.sweep.grid import load_sweep, run_sweep
-    from davir.data.__main__ import main as data_main
-    from preprocess.features import main as features_main
+    from davir.cli.data import main as data_main
+    from davir.jobs.features import main as features_main
 
     own = tmp_path / "own"
     assert data_main(["pairs", "--format", "clevr_change", "--root", str(tiny_data["root"]), "--split", "train",

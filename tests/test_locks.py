@@ -75,7 +75,7 @@ def test_a_second_caption_run_on_one_out_is_refused_naming_the_first(tmp_path, c
 
 
 def test_train_refuses_a_locked_run_folder_and_masks_lock_per_shard(tmp_path, capsys):
-    from preprocess import masks as masks_job
+    from davir.jobs import masks as masks_job
 
     run = tmp_path / "runs" / "demo"
     holder = Holder(run, tmp_path)

@@ -14,7 +14,7 @@ from davir.data.caches import MaskCache, cache_key
 from davir.data.images import load_mask
 from davir.io import temporary_path
 from davir.preprocessing import mask_pipeline
-from preprocess import mask_eval, masks
+from davir.jobs import mask_eval, masks
 from davir.preprocessing.change_regions import (
     RegionSettings, change_mask_union, cluster_changed_pixels, cluster_region, difference_map,
     find_change_regions, iou_filter, mask_iou, threshold_difference, tolerant_difference_map, union_of_masks,

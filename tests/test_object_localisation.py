@@ -13,7 +13,7 @@ from PIL import Image
 from davir.data.synthetic import SynthConfig, generate_dataset, load_scenes
 from davir.preprocessing.object_localisation import ObjectSettings, localise_objects
 from davir.preprocessing.profiles import mask_cache_profile, mask_localisation, mask_profile
-from preprocess.masks import main as masks_main
+from davir.jobs.masks import main as masks_main
 
 SCENES = 10
 

@@ -336,7 +336,7 @@ def test_the_manifests_masks_become_the_fac_target(tmp_path, monkeypatch):
     from davir.config import load_config
     from davir.data.dataset import MaskField, RecordMasks
     from davir.training import loop
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
 
     root = _folder_with_masks(tmp_path / "pairs")
     pairs = read_folder(root, "train").pairs

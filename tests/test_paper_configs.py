@@ -20,7 +20,7 @@ from davir.models.lightweight import LightweightConfig
 from davir.models.lightweight.paper_values import SWITCHES, Departure, departures
 from davir.models.losses import FacConfig
 from davir.preprocessing.profiles import entity_profile
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -150,7 +150,7 @@ def test_cheer_paper_configs_rank_entities_by_eq1_with_clip():
 
 
 def test_preprocess_paper_profile_fills_eq1_for_image_level_entities():
-    from preprocess.entities import apply_profile, build_parser
+    from davir.jobs.entities import apply_profile, build_parser
 
     base = ["--format", "clevr_change", "--root", "R", "--split", "train", "--out", "O", "--image-level"]
     args = build_parser().parse_args([*base, "--profile", "paper"])

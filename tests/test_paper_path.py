@@ -55,7 +55,7 @@ def paper_world(tmp_path_factory):
     """Data, weights and the paper-profile caches, as files on disk (module scope: built once)."""
     from davir.data.formats import read_dataset
     from davir.preprocessing.segmenters.sam import SAM_TYPES
-    from preprocess import entities, masks
+    from davir.jobs import entities, masks
 
     torch.set_num_threads(1)
     base = tmp_path_factory.mktemp("paper")

@@ -16,7 +16,7 @@ from davir.errors import DataError
 from davir.models.losses import FacConfig, fac_attention_loss
 from davir.preprocessing.profiles import (ENTITY_OPTIONS, MASK_OPTIONS, check_cache_profiles, entity_profile,
                                           mask_profile)
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 from davir.runs.paths import run_decoding
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_profiles_are_derived_from_the_recorded_settings():
 @pytest.fixture(scope="module")
 def toolkit_masks(tmp_path_factory):
     from davir.data.synthetic import SynthConfig, generate_dataset
-    from preprocess import masks
+    from davir.jobs import masks
 
     sys.path.insert(0, str(REPO))
     base = tmp_path_factory.mktemp("profiles")

@@ -87,7 +87,7 @@ def kill_one_process_of_a_masks_launch(data: Path, out: Path, env: dict) -> None
 def test_cluster_recipe_on_two_processes_resumes_a_kill_and_matches_one_process(data, tmp_path):
     from davir.data.caches import EntityCache
     from davir.data.feature_cache import FeatureCache
-    from preprocess import entities, features, masks
+    from davir.jobs import entities, features, masks
 
     # one process, the reference
     one = tmp_path / "one"
@@ -146,8 +146,8 @@ def test_cluster_recipe_on_two_processes_resumes_a_kill_and_matches_one_process(
 
 def test_merged_manifest_counts_each_pair_once_and_lists_failures_in_reader_order():
     from davir.data.records import ChangePair
-    from preprocess.masks import merge_process_manifests, pair_list
-    from preprocess.processes import ProcessLayout
+    from davir.jobs.mask_manifest import merge_process_manifests, pair_list
+    from davir.jobs.processes import ProcessLayout
 
     pairs = [ChangePair(f"p{i}", Path("b.png"), Path("a.png")) for i in range(5)]
     shares = [ProcessLayout(2, index).share(pairs) for index in range(2)]

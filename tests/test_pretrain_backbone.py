@@ -16,7 +16,7 @@ from davir.cli.pretrain_backbone import main
 from davir.config import ConfigError
 from davir.pretrain_backbone.train import (ATTRIBUTES, CellClassifier, PretrainSettings, ProbeSettings, cell_labels,
                                           probe_backbone)
-from preprocess.features import build_backbone
+from davir.jobs.features import build_backbone
 
 ASSET = Path(__file__).resolve().parents[1] / "davir" / "assets" / "tiny_resnet"
 

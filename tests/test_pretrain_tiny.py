@@ -30,6 +30,7 @@ from davir.metrics.synthetic import (
 from davir.models.davir import build_davir_model
 from davir.models.davir_config import DavirModelConfig
 from davir.models.tokenizer import build_word_tokenizer
+from davir.cli.pretrain_tiny import main
 from davir.pretrain_tiny import (
     CHANGE_PROMPT,
     INFO_FILE,
@@ -40,7 +41,6 @@ from davir.pretrain_tiny import (
     build_tiny_model,
     change_type_weights,
     description_loss,
-    main,
     noisy_entities,
     sample_change_batch,
     save_checkpoint,
@@ -377,7 +377,7 @@ def test_demo_config_fine_tunes_the_shipped_checkpoint():
     from pathlib import Path
 
     from davir.config import load_config
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
 
     repo = Path(__file__).resolve().parents[1]
     config = load_config(TrainConfig, repo / "configs" / "demo.yaml", [])

@@ -25,7 +25,7 @@ def test_the_readme_has_the_three_examples():
 @pytest.mark.slow  # the README's examples end to end (training, scoring, captioning): over a minute of CPU
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_readme_python_examples_run_as_written(synthetic_set, tmp_path, monkeypatch, capsys):
-    from preprocess.features import main as features_main
+    from davir.jobs.features import main as features_main
 
     root = synthetic_set(16, 4)  # the set tests/test_caption.py uses: made once per worker
     work = tmp_path / "work"

@@ -22,7 +22,7 @@ from davir.preprocessing.components import Weights, option
 from davir.preprocessing.online import OnlineEntities, OnlineMasks
 from davir.preprocessing.retrievers import RETRIEVERS
 from davir.preprocessing.segmenters import SEGMENTERS, Candidates
-from preprocess import entities, masks
+from davir.jobs import entities, masks
 
 
 class ToySegmenter:
@@ -253,8 +253,8 @@ def test_a_toy_method_registered_once_trains_scores_in_a_sweep_and_captions(toy_
     from davir.config import ConfigError, load_config
     from davir.inference import ChangeCaptioner
     from davir.sweep.grid import load_sweep, run_sweep
-    from davir.training.config import TrainConfig
-    from preprocess.features import main as features_main
+    from davir.runs.config import TrainConfig
+    from davir.jobs.features import main as features_main
 
     root, features = synthetic_set(16, 5), tmp_path / "features"
     for split in ("train", "val", "test"):
@@ -299,10 +299,10 @@ def test_a_toy_method_with_its_own_batch_input_trains_through_the_unchanged_task
 
     from davir.config import load_config
     from davir.data.dataset import collate_examples
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
     from davir.training.lightweight_task import LightweightTask
     from davir.training.loop import train
-    from preprocess.features import main as features_main
+    from davir.jobs.features import main as features_main
 
     root, features = synthetic_set(16, 5), tmp_path / "features"
     for split in ("train", "val"):

@@ -15,7 +15,7 @@ from PIL import Image
 
 from davir.config import load_config
 from davir.errors import DataError
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

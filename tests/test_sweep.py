@@ -187,7 +187,7 @@ def test_sweep_variables_fill_configs_and_overrides(tmp_path):
 
 def test_repository_sweeps_load_and_every_cell_config_resolves(monkeypatch):
     from davir.config import load_config
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
 
     monkeypatch.chdir(REPO)  # the sweeps name configs/… from the repository, as make runs them
     sweeps = sorted((REPO / "configs" / "sweeps").glob("*.yaml"))

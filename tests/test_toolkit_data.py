@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from davir.data.__main__ import main as data_main  # noqa: E402
+from davir.cli.data import main as data_main  # noqa: E402
 from davir.data.caches import EntityCache  # noqa: E402
 from davir.data.formats import read_dataset  # noqa: E402
 from davir.data.toolkits import TOOLKITS  # noqa: E402

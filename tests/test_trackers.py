@@ -16,7 +16,7 @@ import pytest
 
 from davir.config import ConfigError, load_config
 from davir.training import trackers
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ALL = "run.trackers=[tensorboard,wandb,trackio,mlflow]"
@@ -192,7 +192,7 @@ def test_every_tracker_holds_the_train_loss_and_the_sample_table(synthetic_set, 
 def test_lightweight_method_logs_through_the_same_trackers(synthetic_set, tmp_path, offline):
     """A lightweight method trains through the same loop: its losses, val metrics and sample table reach MLflow."""
     from davir.training.loop import train
-    from preprocess.features import main as features_main
+    from davir.jobs.features import main as features_main
 
     root = synthetic_set(16, 4)
     features = tmp_path / "features"

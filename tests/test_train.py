@@ -13,7 +13,7 @@ import torch
 from davir.config import load_config
 from davir.io import read_jsonl
 from davir.models.davir import DavirModel
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from davir.data.__main__ import main as data_main
+from davir.cli.data import main as data_main
 from davir.data.toolkits import export_toolkit
 from davir.data.toolkits import trl
 from davir.errors import DataError

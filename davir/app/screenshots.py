@@ -1,6 +1,6 @@
 """The README's pictures of the app: one screenshot a tab, taken in headless Chromium (docs/images/app_*.png).
 
-    python -m davir.app.screenshots --checkpoint runs/demo --compare runs/lightweight_demo/dirl_ccr/seed0 \
+    python -m davir.cli.screenshots --checkpoint runs/demo --compare runs/lightweight_demo/dirl_ccr/seed0 \
         --captions outputs/demo/captions.jsonl --before B.png --after A.png --out docs/images
 
 Starts the app on a free port, uploads the pair in the caption and compare tabs, opens the captions in the browse
@@ -10,10 +10,8 @@ reduced to a 256-colour palette (a page is mostly flat colour) to stay small.
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
-import sys
 from pathlib import Path
 
 from PIL import Image
@@ -76,27 +74,14 @@ def take(url: str, out: Path, before: Path, after: Path, *, word: str = "", widt
     return shots
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m davir.app.screenshots", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--compare", required=True, help="model B of the compare tab")
-    parser.add_argument("--captions", required=True, help="the captions.jsonl the browse tab shows")
-    parser.add_argument("--before", required=True, type=Path)
-    parser.add_argument("--after", required=True, type=Path)
-    parser.add_argument("--word", default="", help="the browse tab's word filter")
-    parser.add_argument("--out", type=Path, default=Path("docs/images"))
-    args = parser.parse_args(argv)
+def screenshots(checkpoint: str | Path, *, compare: str | Path, captions: str | Path, before: Path, after: Path,
+                out: Path, word: str = "") -> list[Path]:
+    """Start the app on a free port over `checkpoint` (B: `compare`, browse tab: `captions`), take the three
+    pictures into `out`, stop the app; the paths written."""
     from davir.app.serve import start
 
-    demo, url = start(args.checkpoint, compare=args.compare, captions=args.captions, port=_free_port(), block=False)
+    demo, url = start(checkpoint, compare=compare, captions=captions, port=_free_port(), block=False)
     try:
-        for shot in take(url, args.out, args.before, args.after, word=args.word):
-            print(f"{shot} ({shot.stat().st_size // 1024} KB)")
+        return take(url, Path(out), Path(before), Path(after), word=word)
     finally:
         demo.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,7 @@ import sys
 from davir.config import ConfigError, load_config
 from davir.errors import DataError, describe_os_error
 from davir.runtime.signals import stop_on_signals
-from davir.training.config import DEFAULT_CONFIG, TrainConfig
+from davir.runs.config import DEFAULT_CONFIG, TrainConfig
 from davir.training.loop import NonFiniteLoss, train_in_folder
 
 

@@ -1,4 +1,4 @@
-"""Preprocessing components, one per module; `preprocess/` runs them over whole datasets (docs/preprocessing.md).
+"""Preprocessing components, one per module; davir/jobs/ runs them over whole datasets (docs/preprocessing.md).
 
     change_regions   Eq. 2: difference map → threshold δ → DBSCAN clusters → box + point prompts
     registration     before→after alignment and photometric matching (beyond the paper, [D])

@@ -18,7 +18,6 @@ from davir.pretrain_tiny.batches import (
     sample_description_batch,
 )
 from davir.pretrain_tiny.checkpoint import INFO_FILE, LAST_FOLDER, package_versions, save_checkpoint
-from davir.pretrain_tiny.cli import build_parser, main
 from davir.pretrain_tiny.data import (
     DESCRIPTION_ORDERS,
     VIEWS,
@@ -40,10 +39,10 @@ from davir.pretrain_tiny.model import (
 
 __all__ = [
     "CHANGE_PROMPT", "DESCRIBE_PROMPT", "DESCRIPTION_ORDERS", "ENTITY_PROMPTS", "INFO_FILE", "LAST_FOLDER", "VIEWS",
-    "ChangeBatch", "EntityNoise", "Normaliser", "SceneTensors", "add_language_layers", "build_parser", "build_tiny_model",
+    "ChangeBatch", "EntityNoise", "Normaliser", "SceneTensors", "add_language_layers", "build_tiny_model",
     "canonical_description",
     "change_type_weights",
-    "description_accuracy", "description_loss", "evaluate", "evaluation_entities", "load_split", "main",
+    "description_accuracy", "description_loss", "evaluate", "evaluation_entities", "load_split",
     "TinyPretrainSettings", "noisy_entities", "package_versions", "pretrain", "sample_change_batch",
     "sample_description_batch",
     "save_checkpoint", "vocabulary_texts",

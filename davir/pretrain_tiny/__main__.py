@@ -2,7 +2,7 @@
 
 import sys
 
-from davir.pretrain_tiny.cli import main
+from davir.cli.pretrain_tiny import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -62,7 +62,7 @@ def _schedule(optimizer: torch.optim.Optimizer, steps: int, warmup: float = 0.05
 
 @dataclass(frozen=True)
 class TinyPretrainSettings:
-    """What `python -m davir.pretrain_tiny` takes (davir/pretrain_tiny/cli.py documents each option)."""
+    """What `python -m davir.pretrain_tiny` takes (davir/cli/pretrain_tiny.py documents each option)."""
 
     out: str | Path
     family: str = "instructblip"          # the model family of the tiny preset (davir.models.families)

@@ -68,7 +68,7 @@ def check_keys(data: Any, path: Path, schema: dict[str, tuple], required: tuple[
 def read_run_config(run_dir_or_file: str | Path, *, required: tuple[str, ...] = (), hint: str = "") -> dict:
     """A run's config.yaml as the plain mapping it records (paths as typed), checked against TrainConfig:
     every key known, every value of its type and range. `required`: dotted keys that must be set."""
-    from davir.training.config import TrainConfig
+    from davir.runs.config import TrainConfig
 
     path = Path(run_dir_or_file)
     path = path / RUN_CONFIG if path.is_dir() else path

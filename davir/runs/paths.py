@@ -51,7 +51,7 @@ def run_decoding(run_dir: str | Path | None, *, num_beams: int | None = None,
     ``run_dir`` is a run folder (holding config.yaml) or a model folder inside one (best/, last/); None or a
     folder without a run config gives the TrainConfig defaults. Returns ``{"num_beams", "max_new_tokens",
     "source"}``, source naming where each value came from (for metrics.json)."""
-    from davir.training.config import RunConfig  # the defaults, as read_run_config's schema (same layer breach)
+    from davir.runs.config import RunConfig  # the defaults, as read_run_config's schema (it imports torch: only when read)
 
     defaults = RunConfig()
     settings: dict = {}

@@ -218,7 +218,7 @@ def run_cell(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> Pat
 def _train_cell(run: Path, recipe: dict[str, Any], *, label: str) -> None:
     """Train a cell from scratch into `run` as ``train.py --config CONFIG OVERRIDES`` does (the run folder's
     lock included); any failure is one DataError naming the cell."""
-    from davir.training.config import TrainConfig  # torch: only when a cell is trained
+    from davir.runs.config import TrainConfig  # torch: only when a cell is trained
     from davir.training.loop import NonFiniteLoss, train_in_folder
 
     overrides = [*recipe["overrides"], f"run.output_dir={run}", "run.overwrite=true"]

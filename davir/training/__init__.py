@@ -1,1 +1,2 @@
-"""Training support for `train.py`: typed configs, tasks (DAVIR, lightweight), the run folder."""
+"""Training support for `train.py`: tasks (DAVIR, lightweight), the loop, the run folder (its config schema,
+TrainConfig, is davir.runs.config)."""

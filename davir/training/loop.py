@@ -29,7 +29,7 @@ from davir.io import append_jsonl
 from davir.runtime.locks import output_lock
 from davir.runtime.orphans import DieWithParent
 from davir.training import trackers
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 from davir.training.checkpoints import (install_trainable_state_hooks, load_checkpoint, save_checkpoint,
                                         usable_checkpoint)
 from davir.training.resume import apply_to_optimizer, describe_changes, plan_resume

@@ -24,7 +24,7 @@ from typing import Any
 
 from davir.config import ConfigError, from_dict, load_yaml_text
 from davir.runs.files import read_run_config, read_run_info
-from davir.training.config import TrainConfig
+from davir.runs.config import TrainConfig
 from davir.training.run import read_checkpoint_state
 
 UNRECORDED = {"run.output_dir", "run.overwrite"}  # where the run folder is now (a moved or copied run), not how it trains

@@ -23,7 +23,7 @@ their before/after images. Where each one writes, and the variable of its own th
 A `--resume`d run continues its trackio run; wandb and MLflow record the resumed session as a new run of the same
 project / experiment, TensorBoard as new event files in the same folder (steps continue either way).
 
-The names and `run.tensorboard`'s alias are resolved with the config (davir.training.config.resolve_trackers).
+The names and `run.tensorboard`'s alias are resolved with the config (davir.runs.config.resolve_trackers).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 from davir.config import ConfigError
 from davir.errors import install_hint
-from davir.training.config import TRACKERS
+from davir.runs.config import TRACKERS
 
 # what to pip install for each (accelerate accepts mlflow-skinny, the light distribution, as well as mlflow)
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow-skinny"}

@@ -1,4 +1,4 @@
-"""What `python -m preprocess entities` builds once, before any pair gets entities (Eqs. 8-9; preprocess/entities.py).
+"""What `python -m preprocess entities` builds once, before any pair gets entities (Eqs. 8-9; davir/jobs/entities.py).
 
 The mask sources, the entity vocabulary of the fit split's captions, the reference labels, and the fitted
 retriever and entity gate fitted on the fit split's change regions (or whole frames). Under `accelerate
@@ -26,7 +26,7 @@ from davir.preprocessing.retrievers import (
 )
 from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary, lexicon_mismatch
 from davir.text.extractors import PhraseExtractor, get_extractor
-from preprocess.component_options import component_settings
+from davir.jobs.component_options import component_settings
 
 GT_MASKS = "gt"
 FITTED_INPUT = {False: "regions", True: "whole_frame"}  # what a fitted retriever was fitted on; absent = regions

@@ -33,7 +33,6 @@ never silently dropped; a rerun retries them.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import multiprocessing
 import os
@@ -51,14 +50,16 @@ from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
 from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, RegionSettings
 from davir.preprocessing.mask_pipeline import (
-    PairResult, Prepared, compute_pair, finish_pair, manifest_path, prepare_pair, segment_requests,
+    PairResult, Prepared, compute_pair, finish_pair, prepare_pair, segment_requests,
 )
 from davir.preprocessing.object_localisation import LOCALISATIONS, ObjectSettings, object_pair
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, mask_options, mask_profile, profile_deviations
 from davir.preprocessing.segmenters import SEGMENTERS
 from davir.runtime.signals import ignore_interrupts, stop_on_signals
-from preprocess.component_options import add_component_arguments, component_checkpoint, component_settings
-from preprocess.processes import ProcessLayout, process_layout
+from davir.jobs.component_options import add_component_arguments, component_checkpoint, component_settings
+from davir.jobs.mask_manifest import (merge_process_manifests, own_manifest_path, pair_list, remove_stale_temporaries,
+                                      shard_pairs)
+from davir.jobs.processes import ProcessLayout, process_layout
 
 MANIFEST_VERSION = 1
 
@@ -88,66 +89,6 @@ def draw_viz(prepared: Prepared, result: PairResult, folder: Path, caption: str 
     path.parent.mkdir(parents=True, exist_ok=True)
     picture.save(path)
     return path
-
-
-# ----------------------------------------------------------------------------------------------
-# Manifest and resume
-# ----------------------------------------------------------------------------------------------
-
-def own_manifest_path(root: Path, layout: ProcessLayout) -> Path:
-    """Where this run records its progress: `manifest.json` (one process), `manifest-shard-I.json` (a hand-set
-    shard, merged by `read_manifest`), `manifest-process-I-of-N.json` (a process of an `accelerate launch`,
-    folded into `manifest.json` by the main process at the end and then removed)."""
-    if layout.launched:
-        return Path(root) / f"manifest-process-{layout.index}-of-{layout.count}.json"
-    return manifest_path(root, layout.count, layout.index)
-
-
-def pair_list(pairs: list[ChangePair]) -> dict:
-    """The pairs a manifest covers, as a count and a digest of their ids in order (1,000,000 ids stay small)."""
-    digest = hashlib.sha256("\n".join(p.pair_id for p in pairs).encode("utf-8")).hexdigest()
-    return {"count": len(pairs), "sha256": digest}
-
-
-def merge_process_manifests(parts: list[dict], pairs: list[ChangePair], seconds: float) -> dict:
-    """The whole cache's manifest from the processes' own (in process order), as one process would write it."""
-    merged = {key: value for key, value in parts[0].items() if key not in ("counts", "failures", "seconds")}
-    merged["shard"] = {"count": 1, "index": 0}
-    merged["processes"] = [{"index": i, "pairs": p["counts"]["pairs"], "computed": p["counts"]["computed"],
-                            "failed": p["counts"]["failed"], "seconds": p.get("seconds")} for i, p in enumerate(parts)]
-    shared = ("reader_skipped",)  # what every process counts of the whole split, not of its share
-    merged["counts"] = {key: parts[0]["counts"][key] if key in shared else sum(p["counts"][key] for p in parts)
-                        for key in parts[0]["counts"]}
-    order = {p.pair_id: i for i, p in enumerate(pairs)}
-    merged["failures"] = sorted((f for p in parts for f in p["failures"]), key=lambda f: order.get(f["record"], -1))
-    merged["pair_list"] = pair_list(pairs)
-    merged["status"] = "complete" if not merged["failures"] else "incomplete"
-    merged["seconds"] = round(seconds, 2)
-    return merged
-
-
-def remove_stale_temporaries(cache: MaskCache, pair_ids: list[str]) -> int:
-    """Delete temporary files a killed run left for these (unfinished) pairs; returns how many."""
-    if not cache.folder.is_dir():
-        return 0
-    prefixes = {f".{cache_key(p)}" for p in pair_ids}
-    removed = 0
-    for path in cache.folder.glob(".*.tmp"):
-        stem = path.name
-        for suffix in ("_before.png", "_after.png", ".json"):
-            head = stem.split(suffix + ".", 1)[0] if suffix + "." in stem else None
-            if head in prefixes:
-                path.unlink(missing_ok=True)
-                removed += 1
-                break
-    return removed
-
-
-def shard_pairs(pairs: list[ChangePair], num_shards: int, shard_index: int) -> list[ChangePair]:
-    """Pairs i with i % num_shards == shard_index, in the reader's order (deterministic)."""
-    if num_shards < 1 or not 0 <= shard_index < num_shards:
-        raise DataError(f"--shard-index must be in [0, {num_shards}), got {shard_index} (--num-shards {num_shards})")
-    return pairs[shard_index::num_shards]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -66,13 +66,13 @@ from davir.preprocessing.retrievers import (
     IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, RETRIEVERS, EntityGate, retrieve_image_level, retrieve_top_k,
 )
 from davir.runtime.signals import stop_on_signals
-from preprocess.component_options import (add_component_arguments, check_component_options, component_checkpoint,
+from davir.jobs.component_options import (add_component_arguments, check_component_options, component_checkpoint,
                                           component_settings)
-from preprocess.entity_fit import (  # noqa: F401 - GroundTruthMasks, SubjectExtractor: entities.X for callers
+from davir.jobs.entity_fit import (  # noqa: F401 - GroundTruthMasks, SubjectExtractor: entities.X for callers
     FITTED_INPUT, GroundTruthMasks, SubjectExtractor, fit_shared_parts, load_or_build_vocabulary, load_pair_regions,
     open_mask_source,
 )
-from preprocess.processes import ProcessLayout, process_layout
+from davir.jobs.processes import ProcessLayout, process_layout
 
 ENTITY_GATES = ("fitted", "none")
 REGION, IMAGE = "region", "image"  # settings["retrieval"]: DAVIR's masked regions (Eq. 9) or CHEER's whole frames (§4.8)

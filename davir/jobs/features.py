@@ -55,7 +55,7 @@ from davir.preprocessing.backbone import (
     normalize_batch,
 )
 from davir.runtime.signals import stop_on_signals
-from preprocess.processes import ProcessLayout, process_layout
+from davir.jobs.processes import ProcessLayout, process_layout
 
 MISSING_EXAMPLES = 20
 
