@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from family_fixtures import write_chat_folder  # noqa: E402
 
+from davir.config import ConfigError  # noqa: E402
 from davir.errors import DataError  # noqa: E402
 from davir.models.davir import build_davir_model, load_davir_model  # noqa: E402
 from davir.models.davir_config import DavirModelConfig  # noqa: E402
@@ -131,8 +132,13 @@ def test_the_presets_grids_and_a_released_processors_minimum():
                     architecture.tie_word_embeddings) == published[preset]
             assert (vision.patch_size, vision.num_position_embeddings, text.vocab_size, text.num_key_value_heads,
                     text.head_dim, text.rope_parameters["mrope_section"]) == (16, 2304, 151936, 8, 128, [24, 20, 20])
-    with pytest.raises(ValueError, match="multiple of patch_size"):
+    # A ConfigError naming the option: train.py prints it in one line and exits 2 (it was a traceback, exit 1).
+    with pytest.raises(ConfigError, match=r"^model\.image_size=440: .*multiple of .*\(16 × 2 = 32 px\)$"):
         family.input_size(SimpleNamespace(image_size=440, pretrained=None, preset="2b"), architecture)
+    with pytest.raises(ConfigError, match=r"^model\.image_size=40: "):
+        build(image_size=40)
+    with pytest.raises(ConfigError, match=r"^model\.image_size=8192: qwen3_vl takes 16 to 4096 px$"):
+        family.input_size(SimpleNamespace(image_size=8192, pretrained=None, preset="2b"), architecture)
     released = Qwen2VLImageProcessor(patch_size=8, merge_size=2, temporal_patch_size=2,
                                      size={"shortest_edge": 65536, "longest_edge": 16777216})
     picture = [Image.new("RGB", (S, S))]

@@ -38,6 +38,7 @@ from transformers import (
 )
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
 
+from davir.config import ConfigError
 from davir.models.families.base import ChatFamily
 from davir.models.received_attention import received_attention
 
@@ -55,12 +56,13 @@ MIN_PIXELS, MAX_PIXELS = 16 * 16, 4096 * 4096
 
 
 def _check_grid(image_size: int, patch_size: int, merge: int) -> None:
+    # A ConfigError (a ValueError): train.py says it in one line, exit 2, instead of a traceback.
     if image_size <= 0 or patch_size <= 0 or image_size % (patch_size * merge):
-        raise ValueError(f"image_size ({image_size}) must be a positive multiple of patch_size × merge "
-                         f"({patch_size} × {merge})")
+        raise ConfigError(f"model.image_size={image_size}: qwen3_vl takes a positive multiple of patch_size × merge "
+                          f"({patch_size} × {merge} = {patch_size * merge} px)")
     if not MIN_PIXELS <= image_size * image_size <= MAX_PIXELS:
-        raise ValueError(f"image_size ({image_size}) must be between {int(MIN_PIXELS ** 0.5)} and "
-                         f"{int(MAX_PIXELS ** 0.5)} px")
+        raise ConfigError(f"model.image_size={image_size}: qwen3_vl takes {int(MIN_PIXELS ** 0.5)} to "
+                          f"{int(MAX_PIXELS ** 0.5)} px")
 
 
 def _mrope_section(head_dim: int) -> list[int]:
