@@ -49,6 +49,20 @@ def perturb_lora(model, seed: int = 1) -> None:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
 
 
+def sharpen(model) -> None:
+    """Peaked attention in the last InternViT layer and a random [CLS] token (zero at initialisation): at random
+    weights every query gives the [CLS] key about 1/(1 + T) of its attention, and maps that treat that share
+    differently would agree to 1e-7."""
+    generator = torch.Generator().manual_seed(2)
+    tower = model.core.model.vision_tower
+    attention = tower.encoder.layer[-1].attention
+    with torch.no_grad():
+        tower.embeddings.cls_token.copy_(torch.randn(tower.embeddings.cls_token.shape, generator=generator))
+        for projection in (attention.q_proj, attention.k_proj):
+            weight = getattr(projection, "base_layer", projection).weight
+            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.5)
+
+
 @pytest.fixture(scope="module")
 def model():
     return build()
@@ -124,11 +138,14 @@ def test_fac_hook_equals_the_eager_attention_of_the_patch_queries(batch):
     before, after, prompts = batch
     eager = build(attn_implementation="eager").eval()  # no LoRA dropout: both passes see the same projections
     perturb_lora(eager)
+    sharpen(eager)
     output = eager(before, after, prompts)
     pixels = eager._pixel_inputs(before, after)["pixel_values"]
     with torch.no_grad():
         probabilities = eager.family.vision_tower(eager.core)(pixel_values=pixels, output_attentions=True).attentions
     eager.attention_hook.pop(missing_ok=True)
+    share = probabilities[-1][:, :, 1:, 0]  # what each patch query gives the [CLS] key: far from constant
+    assert share.max() > 0.2 and share.min() < 0.01
     assert len(probabilities) == 3 and probabilities[-1].shape[-1] == 1 + 64  # [CLS] + 8×8 patches
     received = probabilities[-1][:, :, 1:, 1:].mean(dim=(1, 2))
     expected = (received / received.sum(dim=-1, keepdim=True)).reshape(2, 2, 8, 8)  # (pair, before/after, Hp, Wp)
