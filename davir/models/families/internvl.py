@@ -73,7 +73,7 @@ def _check_grid(image_size: int, patch_size: int) -> None:
 
 def image_tokens(image_size: int, patch_size: int, downsample_ratio: float = 0.5) -> int:
     """``<IMG_CONTEXT>`` tokens of one S×S tile: (S / p)² patches, (1 / ratio)² of them per token."""
-    return (image_size // patch_size) ** 2 // int(round(1 / downsample_ratio)) ** 2
+    return (image_size // patch_size) ** 2 // round(1 / downsample_ratio) ** 2
 
 
 def tiny_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None,
