@@ -20,10 +20,13 @@ SIZES = {
                 "text_mlp": 128},
     "qwen3_vl": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
                  "text_mlp": 128},
+    "internvl": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
+                 "text_mlp": 128},
 }
 # The tokenizer class each family's released folders use (SmolLM2's is GPT-2's byte-level BPE).
 TOKENIZER_CLASSES = {"qwen2_5_vl": "Qwen2Tokenizer", "llava_onevision": "Qwen2Tokenizer",
-                     "smolvlm": "GPT2TokenizerFast", "qwen3_vl": "Qwen2Tokenizer"}
+                     "smolvlm": "GPT2TokenizerFast", "qwen3_vl": "Qwen2Tokenizer",
+                     "internvl": "Qwen2Tokenizer"}
 
 
 def byte_level_tokenizer(texts: list[str], specials: list[str], *, tokenizer_class=None, vocab_size: int = 300):

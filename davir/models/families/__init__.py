@@ -24,6 +24,7 @@ FAMILY_MODULES: dict[str, str] = {
     "llava_onevision": "davir.models.families.llava_onevision",
     "smolvlm": "davir.models.families.smolvlm",
     "qwen3_vl": "davir.models.families.qwen3_vl",
+    "internvl": "davir.models.families.internvl",
 }
 FAMILY_NAMES = tuple(FAMILY_MODULES)
 DEFAULT_FAMILY = "instructblip"
