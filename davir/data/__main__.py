@@ -34,7 +34,6 @@ def _verify(args) -> int:
 def _import(args) -> int:
     from davir.data.formats.folder import SplitOptions
     from davir.data.importer import import_pairs
-
     from davir.data.toolkits import ImportOptions
 
     toolkit_only = {"--split": args.split, "--dataset": args.dataset, "--allow-outside": args.allow_outside}
@@ -77,7 +76,7 @@ def _import(args) -> int:
 def _export(args) -> int:
     from davir.data.toolkits import export_toolkit
     from davir.integrations.prompts import epc_prompt_for
-    from davir.models.epc import EpcConfig
+    from davir.models.vlm.epc import EpcConfig
 
     try:
         epc = EpcConfig(num_entities=args.num_entities, **({"prompt": args.prompt} if args.prompt else {}))

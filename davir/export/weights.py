@@ -27,7 +27,12 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from davir.errors import DataError
-from davir.export.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, DAVIR_EXTRA, EXTRA_WEIGHTS
+from davir.export.layout import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    DAVIR_EXTRA,
+    EXTRA_WEIGHTS,
+)
 from davir.io import file_sha256, read_json, write_json_atomic
 from davir.runtime.devices import check_device as runtime_check_device
 
@@ -135,7 +140,7 @@ def _saving(path: Path, save) -> None:
 def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "cpu") -> int:
     """The model's LoRA merged into the full weights of its family's model (`save_pretrained`); returns the
     picture size S×S the model takes."""
-    from davir.models.davir import load_davir_model
+    from davir.models.vlm.build import load_davir_model
 
     model = load_davir_model(model_dir, device=device, pretrained=base).eval()
     core, outside = merged_core(model)

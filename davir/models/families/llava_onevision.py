@@ -16,7 +16,7 @@
 * **Chat turn**: the real LLaVA-OneVision (Qwen2 chat) template — images first, one ``<image>\\n`` each, then
   the text: ``<|im_start|>user\\n<image>\\n<image>\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n``.
 * **FAC** [D]: SigLIP has no [CLS] token. FAC supervises the *mean attention each patch receives* — over all
-  heads and all query patches of the same image (``davir.models.received_attention``) — in the vision layer
+  heads and all query patches of the same image (``davir.models.vlm.received_attention``) — in the vision layer
   whose output the projector reads (``vision_feature_layer``: -1, the last of the 26 layers, in the released
   models; -2 or a positive hidden-state index name another layer, a list its deepest layer). That layer's
   attention is the ViT's own summary of where it looks in the features the LLM gets. Each image has one crop,
@@ -51,8 +51,9 @@ from transformers import (
     LlavaOnevisionVideoProcessor,
 )
 
+from davir.models.families import FAMILIES
 from davir.models.families.base import ChatFamily
-from davir.models.received_attention import QueryKeyHook
+from davir.models.vlm.received_attention import QueryKeyHook
 
 # The chat template of the released checkpoints (transformers' convert_llava_onevision_weights_to_hf.py).
 LLAVA_ONEVISION_CHAT_TEMPLATE = (
@@ -258,4 +259,4 @@ class LlavaOnevisionFamily(ChatFamily):
         return name.split(".", 1)[0]
 
 
-FAMILY = LlavaOnevisionFamily()
+FAMILY = FAMILIES.register("llava_onevision", LlavaOnevisionFamily())
