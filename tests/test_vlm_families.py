@@ -88,6 +88,15 @@ def test_a_qformer_family_is_one_file_and_one_registration(user_modules, tmp_pat
     assert pixels.shape == (1, 3, 64, 64) and torch.allclose(pixels, torch.ones_like(pixels))  # (1 - 0.5) / 0.5
     _forward_generate_save_load(model, tmp_path)
 
+    # davir-export's merged weights: the processor as saved (the chat families' image settings are not its)
+    from davir.export import weights
+
+    weights.copy_processor(tmp_path / "saved", tmp_path / "merged")
+    before = (tmp_path / "merged" / "processor_config.json").read_text()
+    assert weights.write_merged(tmp_path / "saved", tmp_path / "merged", None) == 64
+    assert (tmp_path / "merged" / "processor_config.json").read_text() == before
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+
 
 def test_a_chat_family_is_one_file_and_one_registration(user_modules, tmp_path):
     import toy_chat_family  # noqa: F401 - registers toy_chat

@@ -141,13 +141,14 @@ def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "c
     """The model's LoRA merged into the full weights of its family's model (`save_pretrained`); returns the
     picture size S×S the model takes."""
     from davir.models.vlm.build import load_davir_model
+    from davir.models.vlm.chat import ChatDavirModel
 
     model = load_davir_model(model_dir, device=device, pretrained=base).eval()
     core, outside = merged_core(model)
     _saving(out / "model.safetensors", lambda: core.save_pretrained(str(out), safe_serialization=True))
     if outside:
         _saving(out / DAVIR_EXTRA, lambda: save_file(outside, str(out / DAVIR_EXTRA)))
-    if model.config.family != "instructblip":
+    if isinstance(model, ChatDavirModel):  # a Q-Former family's processor takes any picture size
         write_image_settings(out, model)
     return int(model.image_size)
 
