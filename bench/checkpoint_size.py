@@ -26,9 +26,9 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from davir.models.davir import build_davir_model  # noqa: E402
-from davir.models.davir_config import DavirModelConfig  # noqa: E402
-from davir.models.davir_lora import LoraSettings  # noqa: E402
+from davir.models.vlm.build import build_davir_model  # noqa: E402
+from davir.models.vlm.config import DavirModelConfig  # noqa: E402
+from davir.models.vlm.lora import LoraSettings  # noqa: E402
 
 CAPTIONS = ["the red cube has moved", "a small sphere was added", "nothing has changed"]
 

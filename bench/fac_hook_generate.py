@@ -34,7 +34,7 @@ def one_run(args: argparse.Namespace) -> dict:
     import torch
 
     from bench.train_step import build_random_model, pixel_shape
-    from davir.models.davir import DavirModelConfig
+    from davir.models.vlm.config import DavirModelConfig
 
     torch.set_num_threads(args.threads)
     config = DavirModelConfig(family=args.family, preset="tiny", train_mode="lora", image_size=args.image_size)

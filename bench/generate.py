@@ -48,11 +48,19 @@ import transformers  # noqa: E402
 from transformers import CompileConfig  # noqa: E402
 
 from bench.bench_common import (  # noqa: E402
-    COLORS, MATERIALS, SHAPES, SIZES, check_gpu_memory, device_name, pick_device, sync,
+    COLORS,
+    MATERIALS,
+    SHAPES,
+    SIZES,
+    check_gpu_memory,
+    device_name,
+    pick_device,
+    sync,
 )
 from bench.train_step import LARGE_PRESETS, build_random_model, pixel_shape  # noqa: E402
-from davir.models.davir import DavirModel, DavirModelConfig  # noqa: E402
-from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES  # noqa: E402
+from davir.models.families import DEFAULT_FAMILY, FAMILIES  # noqa: E402
+from davir.models.vlm.config import DavirModelConfig  # noqa: E402
+from davir.models.vlm.instructblip import DavirModel  # noqa: E402
 
 ROW_KINDS = ("dynamic", "merged", "static_compiled", "static_compiled_merged")
 DEFAULT_ROWS = ("dynamic", "merged", "static_compiled")
@@ -213,7 +221,7 @@ def add_speedups(results: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", choices=FAMILY_NAMES, default=DEFAULT_FAMILY, help="model.family")
+    parser.add_argument("--family", choices=FAMILIES.names(), default=DEFAULT_FAMILY, help="model.family")
     parser.add_argument("--preset", help=f"a preset of the family (default on a GPU: {LARGE_PRESETS}; tiny on CPU)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--pairs", type=int, help="pairs captioned per pass (default: 128 on GPU, 16 on CPU)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from davir.models.davir import DavirModel
+from davir.models.vlm.instructblip import DavirModel
 
 
 def llm_sequence_length(model: DavirModel, prompts: list[str], captions: list[str]) -> int:

@@ -22,7 +22,7 @@ Variants, all on the same inputs:
 * ``epc_only``: the entity prompt with FAC off, which splits DAVIR's extra cost into EPC (longer LLM and
   Q-Former sequences) and FAC (the attention KL and its backward through the last ViT layer);
 * ``davir_split_windows`` (Qwen2.5-VL, on request): ``davir`` with transformers' SDPA call per ViT window, the
-  baseline of ``davir.models.window_attention``'s packed windows, which every other variant uses;
+  baseline of ``davir.models.vlm.window_attention``'s packed windows, which every other variant uses;
 * ``davir_fused_adamw`` (on request): ``davir`` with ``AdamW(fused=True)`` (one kernel for the whole update);
 * ``davir_compiled`` (InstructBLIP, on request): ``davir`` with each LLM decoder layer and each ViT layer but the
   last (FAC's hook) under ``torch.compile`` (regional: one compiled graph serves every layer of a kind, the
@@ -65,12 +65,27 @@ from PIL import Image  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from bench.bench_common import (  # noqa: E402
-    ENTITY, check_gpu_memory, clevr_like_captions, device_name, pick_device, rectangle_masks, sync, vocabulary_texts,
+    ENTITY,
+    check_gpu_memory,
+    clevr_like_captions,
+    device_name,
+    pick_device,
+    rectangle_masks,
+    sync,
+    vocabulary_texts,
 )
-from bench.step_flops import round_significant, llm_sequence_length, step_tflop_estimate  # noqa: E402
-from bench.step_tools import build_reference, busy_cpus, profile_step, reference_inputs, reference_loss  # noqa: E402
-from davir.models.davir import DavirModel, DavirModelConfig, build_davir_model  # noqa: E402
-from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES  # noqa: E402
+from bench.step_flops import llm_sequence_length, round_significant, step_tflop_estimate  # noqa: E402
+from bench.step_tools import (  # noqa: E402
+    build_reference,
+    busy_cpus,
+    profile_step,
+    reference_inputs,
+    reference_loss,
+)
+from davir.models.families import DEFAULT_FAMILY, FAMILIES  # noqa: E402
+from davir.models.vlm.build import build_davir_model  # noqa: E402
+from davir.models.vlm.config import DavirModelConfig  # noqa: E402
+from davir.models.vlm.instructblip import DavirModel  # noqa: E402
 
 # Each family's published architecture (random weights): the default preset on a GPU.
 LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b",
@@ -354,7 +369,7 @@ def target_verdict(args: argparse.Namespace, device: torch.device, variants: dic
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", choices=FAMILY_NAMES, default=DEFAULT_FAMILY, help="model.family")
+    parser.add_argument("--family", choices=FAMILIES.names(), default=DEFAULT_FAMILY, help="model.family")
     parser.add_argument("--preset", help=f"a preset of the family (default on a GPU: {LARGE_PRESETS}; tiny on CPU)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, help="pairs per step (default: 16 on GPU, 8 on CPU)")

@@ -188,6 +188,9 @@ def _require_finite(key: str, value: Any) -> None:
 
 def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
     """Build dataclass `cls` from a (nested) mapping, rejecting unknown keys."""
+    prepare = getattr(cls, "prepare", None)  # a config class's step before its fields (TrainConfig: `imports:`)
+    if prepare is not None:
+        prepare(data, where=where)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
@@ -258,6 +261,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     # `model.for_family` table), so that keys given on the command line still win.
     resolve = getattr(cls, "resolve_variants", None)
     if resolve is not None:
+        prepare = getattr(cls, "prepare", None)  # (the variants may name what `prepare` registers)
+        if prepare is not None:
+            prepare(apply_overrides(data, overrides or []), where=where)
         data = resolve(data, apply_overrides(data, overrides or []), where=where)
     data = apply_overrides(data, overrides or [])
     return from_dict(cls, data, where=where)

@@ -25,7 +25,14 @@ TINY_CLIP = {"embed_dim": 16,
 
 def llama_tokenizer(texts: list[str], vocab_size: int = 400):
     """A LlamaTokenizerFast on a BPE trained on ``texts`` the way LLaMA's sentencepiece model is built."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import LlamaTokenizerFast
 
     core = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
@@ -58,7 +65,7 @@ def write_tiny_instructblip(folder: Path, texts: list[str], *, seed: int = 0, **
     """``InstructBlipForConditionalGeneration`` + ``InstructBlipProcessor`` of toy size, saved to ``folder``."""
     from transformers import InstructBlipForConditionalGeneration, InstructBlipProcessor
 
-    from davir.models.davir_core import clip_image_processor
+    from davir.models.families.instructblip import clip_image_processor
     from davir.models.presets import tiny_config
 
     folder = Path(folder)
@@ -86,7 +93,13 @@ def write_tiny_instructblip(folder: Path, texts: list[str], *, seed: int = 0, **
 
 def build_tiny_sam(checkpoint=None):
     """segment_anything.build_sam._build_sam with tiny sizes (img 256, one block, width 32)."""
-    from segment_anything.modeling import ImageEncoderViT, MaskDecoder, PromptEncoder, Sam, TwoWayTransformer
+    from segment_anything.modeling import (
+        ImageEncoderViT,
+        MaskDecoder,
+        PromptEncoder,
+        Sam,
+        TwoWayTransformer,
+    )
 
     embed, image_size, patch = 32, 256, 16
     sam = Sam(

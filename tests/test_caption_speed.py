@@ -16,16 +16,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from family_fixtures import write_chat_folder  # noqa: E402
 
 from davir.cli import caption as caption_script  # noqa: E402
-from davir.models.families import FAMILY_NAMES, get_family  # noqa: E402
+from davir.models.families import FAMILIES, get_family  # noqa: E402
 
 TINY_BLIP = REPO / "assets" / "tiny_instructblip"
 
 
 def _trained_like(family: str, folder: Path, *, entities: bool = False):
     """A family's tiny model with non-zero LoRA B matrices (as training leaves them), saved to ``folder``."""
-    from davir.models.davir import build_davir_model
-    from davir.models.davir_config import DavirModelConfig
-    from davir.models.epc import EpcConfig
+    from davir.models.vlm.build import build_davir_model
+    from davir.models.vlm.config import DavirModelConfig
+    from davir.models.vlm.epc import EpcConfig
 
     if family == "instructblip":
         base, size = TINY_BLIP, {}
@@ -44,7 +44,7 @@ def _trained_like(family: str, folder: Path, *, entities: bool = False):
     return model
 
 
-@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("family", FAMILIES.names())
 def test_engine_merges_lora_and_captions_as_the_unmerged_model(family, tmp_path, one_torch_thread):
     from peft.tuners.lora import LoraLayer
 

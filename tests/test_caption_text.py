@@ -12,8 +12,8 @@ from PIL import Image
 
 from davir.config import load_config
 from davir.data.formats.folder import read_folder
-from davir.errors import DataError
 from davir.data.stats import dataset_stats
+from davir.errors import DataError
 from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +85,7 @@ def test_stats_counts_references_cut_in_training_and_references_without_words(tm
 
 def test_stats_agrees_with_the_davir_models_caption_budget():
     from davir.data.stats import DAVIR_CAPTION_TOKENS
-    from davir.models.davir_config import DavirModelConfig
+    from davir.models.vlm.config import DavirModelConfig
 
     assert DAVIR_CAPTION_TOKENS == DavirModelConfig().max_caption_tokens
 

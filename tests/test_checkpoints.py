@@ -56,7 +56,7 @@ def _copy(run_dir, tmp_path):
 
 
 def test_lora_checkpoint_holds_only_the_trainable_weights(finished_run):
-    from davir.models.davir import DavirModel
+    from davir.models.vlm.instructblip import DavirModel
 
     model = DavirModel.from_pretrained(finished_run / "last")
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -211,8 +211,8 @@ def test_resume_refuses_settings_that_change_what_is_trained(finished_run, synth
 def lora_on_pretrained(tmp_path_factory, synth_root):
     """A LoRA model over a local 'pretrained' InstructBLIP folder, with language_projection trained in full."""
     from davir.data.formats import read_dataset
-    from davir.models.davir import build_davir_model
-    from davir.models.davir_config import DavirModelConfig
+    from davir.models.vlm.build import build_davir_model
+    from davir.models.vlm.config import DavirModelConfig
 
     base = tmp_path_factory.mktemp("pretrained")
     captions = [c for p in read_dataset("clevr_change", synth_root, "train").pairs for c in p.captions]
@@ -238,7 +238,7 @@ def _evaluate(model_dir, root, capsys):
 
 
 def test_lora_folder_without_its_trained_extras_is_refused(lora_on_pretrained, synth_root, tmp_path, capsys):
-    from davir.models.davir import DavirModel
+    from davir.models.vlm.instructblip import DavirModel
 
     loaded = DavirModel.from_pretrained(lora_on_pretrained)
     assert loaded.core.language_projection.weight.sum() != 0  # the intact folder loads its extras

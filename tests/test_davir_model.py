@@ -13,14 +13,15 @@ from PIL import Image
 from transformers import InstructBlipProcessor
 
 from davir.errors import DataError
+from davir.models.families.instructblip import FAMILY, clip_image_processor
 from davir.models.losses import fac_attention_loss
-from davir.models.davir import DavirModel, build_davir_model
-from davir.models.davir_config import DavirModelConfig
-from davir.models.davir_core import clip_image_processor, random_core
-from davir.models.davir_lora import LoraSettings
-from davir.models.epc import EpcConfig, entity_prompts
 from davir.models.presets import build_preset_config, preset_registry
 from davir.models.tokenizer import build_word_tokenizer
+from davir.models.vlm.build import build_davir_model
+from davir.models.vlm.config import DavirModelConfig
+from davir.models.vlm.epc import EpcConfig, entity_prompts
+from davir.models.vlm.instructblip import DavirModel
+from davir.models.vlm.lora import LoraSettings
 
 CAPTIONS = [
     "the small red circle changed to blue",
@@ -321,7 +322,7 @@ def test_pretrained_folder_saves_only_adapters_and_reloads_identically(tmp_path)
         "tiny", vocab_size=len(tokenizer), pad_token_id=0, bos_token_id=2, eos_token_id=3
     )
     base = tmp_path / "instructblip"
-    random_core(architecture, DavirModelConfig(seed=3), torch.device("cpu")).save_pretrained(base)
+    FAMILY.random_core(architecture, DavirModelConfig(seed=3), torch.device("cpu")).save_pretrained(base)
     processor.save_pretrained(base)
 
     config = DavirModelConfig(pretrained=str(base), extra_trainable=("language_projection",))

@@ -22,7 +22,7 @@ from family_fixtures import write_chat_folder  # noqa: E402
 from davir.cli import caption as caption_script  # noqa: E402
 from davir.cli import export as export_script  # noqa: E402
 from davir.errors import DataError  # noqa: E402
-from davir.models.families import FAMILY_NAMES, get_family  # noqa: E402
+from davir.models.families import FAMILIES, get_family  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TINY_BLIP = REPO / "assets" / "tiny_instructblip"
@@ -191,12 +191,12 @@ def _expected_changes(model) -> set[str]:
     return {name.replace(".base_layer", "") for name in names | trained}
 
 
-@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("family", FAMILIES.names())
 def test_merged_export_keeps_the_vision_lora_and_captions_as_the_model(family, tmp_path):
     from davir.export.loading import load_exported_model
-    from davir.models.davir import build_davir_model
-    from davir.models.davir_config import DavirModelConfig
-    from davir.models.epc import EpcConfig
+    from davir.models.vlm.build import build_davir_model
+    from davir.models.vlm.config import DavirModelConfig
+    from davir.models.vlm.epc import EpcConfig
 
     fam = get_family(family)
     if family == "instructblip":

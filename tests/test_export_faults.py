@@ -29,9 +29,9 @@ def tree(folder: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory) -> Path:
     """A LoRA DAVIR model (extra_trainable parts too) over a copy of the tiny pretrained InstructBLIP, saved."""
-    from davir.models.davir import build_davir_model
-    from davir.models.davir_config import DavirModelConfig
-    from davir.models.epc import EpcConfig
+    from davir.models.vlm.build import build_davir_model
+    from davir.models.vlm.config import DavirModelConfig
+    from davir.models.vlm.epc import EpcConfig
 
     work = tmp_path_factory.mktemp("saved")
     base = work / "tiny blip"
@@ -295,7 +295,7 @@ def test_an_export_holds_no_absolute_path_of_the_training_machine(run, saved_mod
 # ------------------------------------------------------------ issue 50 §3: weight files follow the user's umask
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
 def test_saved_and_exported_weights_follow_the_umask(saved_model, tmp_path, umask, mode):
-    from davir.models.davir import load_davir_model
+    from davir.models.vlm.build import load_davir_model
 
     previous = os.umask(umask)
     try:
@@ -324,14 +324,14 @@ def test_merged_export_captions_with_plain_transformers_as_davir_does(family, tm
     import re
 
     import torch
+    from family_fixtures import write_chat_folder
     from PIL import Image
 
     from davir.export.loading import load_exported_model
-    from davir.models.davir import build_davir_model
-    from davir.models.davir_config import DavirModelConfig
-    from davir.models.epc import EpcConfig
     from davir.models.families import get_family
-    from family_fixtures import write_chat_folder
+    from davir.models.vlm.build import build_davir_model
+    from davir.models.vlm.config import DavirModelConfig
+    from davir.models.vlm.epc import EpcConfig
 
     fam = get_family(family)
     texts = ["the small red cube moved", "there is no change", "the large blue sphere turned green",

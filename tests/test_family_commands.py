@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from family_fixtures import write_chat_folder  # noqa: E402
 
-from davir.models.davir import load_davir_model  # noqa: E402
-from davir.models.epc import EpcConfig  # noqa: E402
+from davir.models.vlm.build import load_davir_model  # noqa: E402
+from davir.models.vlm.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm", "qwen3_vl", "internvl")

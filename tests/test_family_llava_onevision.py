@@ -13,10 +13,10 @@ import torch
 from PIL import Image
 
 from davir.errors import DataError
-from davir.models.davir import build_davir_model, load_davir_model
-from davir.models.davir_config import DavirModelConfig
 from davir.models.families import get_family
-from davir.models.families.llava_onevision import fac_layer_index
+from davir.models.families.base import fac_layer_index
+from davir.models.vlm.build import build_davir_model, load_davir_model
+from davir.models.vlm.config import DavirModelConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -241,7 +241,7 @@ def test_forward_with_masks_trains_the_vision_lora_and_generate_returns_maps(mod
 
 def test_generation_computes_no_fac_map_unless_asked(model, batch, monkeypatch):
     """The prefill's images need no map (a T×T matrix per head and image): the hook is off during generate."""
-    import davir.models.received_attention as received
+    import davir.models.vlm.received_attention as received
 
     calls = []
     real = received.received_attention

@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from family_fixtures import write_chat_folder  # noqa: E402
 
 from davir.errors import DataError  # noqa: E402
-from davir.models.davir import build_davir_model  # noqa: E402
-from davir.models.davir_config import DavirModelConfig  # noqa: E402
-from davir.models.epc import EpcConfig  # noqa: E402
+from davir.models.vlm.build import build_davir_model  # noqa: E402
+from davir.models.vlm.config import DavirModelConfig  # noqa: E402
+from davir.models.vlm.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TEXTS = ["the small red metal cube moved", "there is no change", "the large blue rubber sphere changed to green",
@@ -141,9 +141,9 @@ def test_fac_hook_equals_eager_attention_and_keeps_sdpa():
     (80, (76, 7)),  # 10×10: 9 windows of 16, 8 or 4 patches (edge windows are smaller): packed 2 × 3 lengths + 1
 ])
 def test_packed_window_attention_equals_transformers_per_window_sdpa(size, vision_calls):
-    """The ViT's windows through a few batched SDPA calls (davir.models.window_attention) give the losses, FAC
+    """The ViT's windows through a few batched SDPA calls (davir.models.vlm.window_attention) give the losses, FAC
     maps and LoRA gradients of transformers' SDPA call per window."""
-    from davir.models.window_attention import PACKED_ATTENTION
+    from davir.models.vlm.window_attention import PACKED_ATTENTION
 
     model = build_davir_model(DavirModelConfig(family="qwen2_5_vl", preset="tiny", train_mode="lora", image_size=size,
                                                seed=3), captions_for_tokenizer=TEXTS)

@@ -21,9 +21,9 @@ from family_fixtures import write_chat_folder  # noqa: E402
 
 from davir.config import ConfigError  # noqa: E402
 from davir.errors import DataError  # noqa: E402
-from davir.models.davir import build_davir_model, load_davir_model  # noqa: E402
-from davir.models.davir_config import DavirModelConfig  # noqa: E402
-from davir.models.epc import EpcConfig  # noqa: E402
+from davir.models.vlm.build import build_davir_model, load_davir_model  # noqa: E402
+from davir.models.vlm.config import DavirModelConfig  # noqa: E402
+from davir.models.vlm.epc import EpcConfig  # noqa: E402
 from davir.models.families import get_family  # noqa: E402
 from davir.models.families.qwen3_vl import raster_order  # noqa: E402
 

@@ -13,10 +13,10 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from davir.errors import DataError
-from davir.models.davir import build_davir_model, load_davir_model
-from davir.models.davir_config import DavirModelConfig
 from davir.models.families import get_family
 from davir.models.families.smolvlm import image_tokens
+from davir.models.vlm.build import build_davir_model, load_davir_model
+from davir.models.vlm.config import DavirModelConfig
 
 CAPTIONS = ["the small red metal cube moved", "there is no change", "the large blue sphere changed to green"]
 ENTITIES = [["small red metal cube"], ["large blue sphere"]]

@@ -41,9 +41,9 @@ def free_port() -> int:
 def merged(tmp_path_factory):
     """A tiny DAVIR model (random LoRA over the tiny InstructBLIP) exported with --merge, and 24 small pairs."""
     from davir.cli import export as export_script
-    from davir.models.davir import build_davir_model
-    from davir.models.davir_config import DavirModelConfig
-    from davir.models.epc import EpcConfig
+    from davir.models.vlm.build import build_davir_model
+    from davir.models.vlm.config import DavirModelConfig
+    from davir.models.vlm.epc import EpcConfig
 
     work = tmp_path_factory.mktemp("merged")
     config = DavirModelConfig(family="instructblip", pretrained=str(TINY_BLIP), epc=EpcConfig(use_entities=False))

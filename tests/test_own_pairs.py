@@ -359,7 +359,7 @@ def test_the_manifests_masks_become_the_fac_target(tmp_path, monkeypatch):
 
     # One train pair without a mask: refused before the model is built, naming the pair and the way out.
     bad = _folder_with_masks(tmp_path / "bad", drop_mask_of="p2")
-    import davir.models.davir as davir_models
+    import davir.models.vlm.build as davir_models
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was built before the missing mask was found")

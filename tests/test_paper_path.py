@@ -25,8 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from paper_fixtures import (TINY_SAM_TYPE, build_tiny_sam, write_tiny_clip, write_tiny_instructblip,  # noqa: E402
-                            write_tiny_sam)
+from paper_fixtures import (  # noqa: E402
+    TINY_SAM_TYPE,
+    build_tiny_sam,
+    write_tiny_clip,
+    write_tiny_instructblip,
+    write_tiny_sam,
+)
 
 from davir.data.caches import EntityCache, MaskCache  # noqa: E402
 from davir.data.synthetic import SynthConfig, generate_dataset  # noqa: E402
@@ -62,7 +67,7 @@ def paper_world(tmp_path_factory):
     root = base / "data"
     generate_dataset(root, SynthConfig(scenes=20, seed=0, width=96, height=72), workers=1)
     texts = [c for split in SPLITS for p in read_dataset("clevr_change", root, split).pairs for c in p.captions]
-    from davir.models.epc import EpcConfig
+    from davir.models.vlm.epc import EpcConfig
 
     blip = write_tiny_instructblip(base / "instructblip", [*texts, EpcConfig().prompt, EpcConfig().entity_prefix])
     sam = write_tiny_sam(base / "sam_tiny.pth")

@@ -14,8 +14,13 @@ import torch
 from davir.config import load_config
 from davir.errors import DataError
 from davir.models.losses import FacConfig, fac_attention_loss
-from davir.preprocessing.profiles import (ENTITY_OPTIONS, MASK_OPTIONS, check_cache_profiles, entity_profile,
-                                          mask_profile)
+from davir.preprocessing.profiles import (
+    ENTITY_OPTIONS,
+    MASK_OPTIONS,
+    check_cache_profiles,
+    entity_profile,
+    mask_profile,
+)
 from davir.runs.config import TrainConfig
 from davir.runs.paths import run_decoding
 
@@ -181,14 +186,14 @@ def test_run_decoding_defaults_to_the_runs_validation_settings(tmp_path):
 
 # ------------------------------------------------------------------------------------------ smaller ones (7)
 def test_captions_are_truncated_at_the_end_whatever_the_tokenizer_says():
-    from davir.models.davir import DavirModel
-    from davir.models.davir_config import DavirModelConfig
-    from davir.models.davir_core import build_core
+    from davir.models.families.instructblip import FAMILY
+    from davir.models.vlm.config import DavirModelConfig
+    from davir.models.vlm.instructblip import DavirModel
 
     caption = "the small red metal cube has moved to the left of the sphere"
     config = DavirModelConfig(train_mode="full", max_caption_tokens=4,
                               preset_overrides={"vision_layers": 1, "qformer_layers": 1, "text_layers": 1})
-    core, processor = build_core(config, [caption, config.epc.prompt], torch.device("cpu"))
+    core, processor = FAMILY.build_core(config, [caption, config.epc.prompt], torch.device("cpu"))
     processor.tokenizer.truncation_side = "left"  # as the HF InstructBLIP folders ship it
     processor.qformer_tokenizer.truncation_side = "left"
     model = DavirModel(config, core, processor)

@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from davir.errors import DataError
 from davir.data.synthetic import (
     CHANGE_TEMPLATES,
     COLOR_WORDS,
@@ -19,18 +18,19 @@ from davir.data.synthetic import (
     generate_dataset,
     load_scenes,
 )
+from davir.errors import DataError
 from davir.metrics.synthetic import (
     PairTruth,
     format_synthetic_table,
+    pair_truths,
     parse_caption,
     parse_object_phrase,
-    pair_truths,
     score_synthetic,
 )
-from davir.models.davir import build_davir_model
-from davir.models.davir_config import DavirModelConfig
 from davir.models.tokenizer import build_word_tokenizer
 from davir.cli.pretrain_tiny import main
+from davir.models.vlm.build import build_davir_model
+from davir.models.vlm.config import DavirModelConfig
 from davir.pretrain_tiny import (
     CHANGE_PROMPT,
     INFO_FILE,

@@ -17,7 +17,7 @@ from davir.cli.data import main as data_main  # noqa: E402
 from davir.data.caches import EntityCache  # noqa: E402
 from davir.data.formats import read_dataset  # noqa: E402
 from davir.data.toolkits import TOOLKITS  # noqa: E402
-from davir.models.epc import EpcConfig  # noqa: E402
+from davir.models.vlm.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SPLITS = ("train", "val", "test")

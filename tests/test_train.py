@@ -12,7 +12,7 @@ import torch
 
 from davir.config import load_config
 from davir.io import read_jsonl
-from davir.models.davir import DavirModel
+from davir.models.vlm.instructblip import DavirModel
 from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

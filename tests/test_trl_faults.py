@@ -4,7 +4,6 @@ downloaded dataset's folder."""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -12,7 +11,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -24,8 +22,8 @@ from davir.data.images import load_mask  # noqa: E402
 from davir.data.toolkits import export_toolkit  # noqa: E402
 from davir.errors import DataError  # noqa: E402
 from davir.integrations.prompts import epc_prompt_for  # noqa: E402
-from davir.models.epc import EpcConfig  # noqa: E402
 from davir.models.losses import FacConfig  # noqa: E402
+from davir.models.vlm.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SIZE = 64

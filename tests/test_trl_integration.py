@@ -23,9 +23,9 @@ from davir.data.images import load_mask  # noqa: E402
 from davir.data.toolkits import export_toolkit  # noqa: E402
 from davir.evaluation.localisation import localisation_summary  # noqa: E402
 from davir.integrations.prompts import epc_prompt_for  # noqa: E402
-from davir.models.epc import EpcConfig  # noqa: E402
 from davir.models.families import get_family  # noqa: E402
 from davir.models.losses import FacConfig  # noqa: E402
+from davir.models.vlm.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SIZE, GRID, STEPS = 64, (8, 8), 60

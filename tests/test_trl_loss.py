@@ -19,8 +19,8 @@ from family_fixtures import write_chat_folder  # noqa: E402
 from davir.data.formats import read_dataset  # noqa: E402
 from davir.data.toolkits import export_toolkit  # noqa: E402
 from davir.integrations.prompts import epc_prompt_for  # noqa: E402
-from davir.models.epc import EpcConfig  # noqa: E402
 from davir.models.families import get_family  # noqa: E402
+from davir.models.vlm.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm")

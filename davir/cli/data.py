@@ -77,7 +77,7 @@ def _import(args) -> int:
 def _export(args) -> int:
     from davir.data.toolkits import export_toolkit
     from davir.integrations.prompts import epc_prompt_for
-    from davir.models.epc import EpcConfig
+    from davir.models.vlm.epc import EpcConfig
 
     try:
         epc = EpcConfig(num_entities=args.num_entities, **({"prompt": args.prompt} if args.prompt else {}))

@@ -16,7 +16,7 @@ from davir.data.records import DatasetIndex
 from davir.errors import DataError
 
 MAX_EXAMPLES = 5
-# DAVIR trains on at most model.max_caption_tokens - 1 tokens of a reference (davir/models/davir_config.py, not
+# DAVIR trains on at most model.max_caption_tokens - 1 tokens of a reference (davir/models/vlm/config.py, not
 # imported: the data layer stands below the models). A word is at least one token, so a reference with more
 # words is surely cut in training; train.py prints the exact count with the model's own tokenizer.
 DAVIR_CAPTION_TOKENS = 48

@@ -72,8 +72,8 @@ def _evaluations(run: RunPaths, partial: Path, bases) -> dict[str, dict]:
 
 def _davir_weights(run: RunPaths, partial: Path, out: Path, options: ExportOptions) -> tuple[dict, dict | None, bool]:
     """The DAVIR model's files; returns (the card's model description, base model record, uses entities)."""
-    from davir.models.davir_checkpoint import read_davir_config
     from davir.models.families import get_family
+    from davir.models.vlm.checkpoint import read_davir_config
 
     config = read_davir_config(run.model_dir)
     _check_model_files(run.model_dir, config)

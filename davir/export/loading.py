@@ -14,8 +14,18 @@ from pathlib import Path
 import torch
 
 from davir.errors import DataError
-from davir.export.layout import (ADAPTER_WEIGHTS, BASE_FLAG, DAVIR_EXTRA, EXTRA_WEIGHTS, read_export_info)
-from davir.models.davir_checkpoint import load_adapter_weights, load_extra_weights, trained_outside_lora
+from davir.export.layout import (
+    ADAPTER_WEIGHTS,
+    BASE_FLAG,
+    DAVIR_EXTRA,
+    EXTRA_WEIGHTS,
+    read_export_info,
+)
+from davir.models.vlm.checkpoint import (
+    load_adapter_weights,
+    load_extra_weights,
+    trained_outside_lora,
+)
 
 
 def base_model_folder(folder: Path, info: dict, base_model: str | Path | None) -> Path:
@@ -59,9 +69,9 @@ def check_base(path: Path, base: dict) -> None:
 def load_exported_model(folder: str | Path, *, device: str | torch.device | None = None,
                         base_model: str | Path | None = None):
     """The DavirModel/ChatDavirModel of an exported folder on `device` (eval mode)."""
-    from davir.models.davir import davir_class
-    from davir.models.davir_checkpoint import _load_weights, read_davir_config
     from davir.models.families import get_family
+    from davir.models.vlm.build import davir_class
+    from davir.models.vlm.checkpoint import _load_weights, read_davir_config
 
     folder = Path(folder)
     info = read_export_info(folder)

@@ -19,7 +19,12 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from davir.errors import DataError
-from davir.export.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, DAVIR_EXTRA, EXTRA_WEIGHTS
+from davir.export.layout import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    DAVIR_EXTRA,
+    EXTRA_WEIGHTS,
+)
 from davir.io import file_sha256, read_json, write_json_atomic
 from davir.runtime.devices import check_device as runtime_check_device
 
@@ -127,14 +132,15 @@ def _saving(path: Path, save) -> None:
 def write_merged(model_dir: Path, out: Path, base: Path | None, device: str = "cpu") -> int:
     """The model's LoRA merged into the full weights of its family's model (`save_pretrained`); returns the
     picture size S×S the model takes."""
-    from davir.models.davir import load_davir_model
+    from davir.models.vlm.build import load_davir_model
+    from davir.models.vlm.chat import ChatDavirModel
 
     model = load_davir_model(model_dir, device=device, pretrained=base).eval()
     core, outside = merged_core(model)
     _saving(out / "model.safetensors", lambda: core.save_pretrained(str(out), safe_serialization=True))
     if outside:
         _saving(out / DAVIR_EXTRA, lambda: save_file(outside, str(out / DAVIR_EXTRA)))
-    if model.config.family != "instructblip":
+    if isinstance(model, ChatDavirModel):  # a Q-Former family's processor takes any picture size
         write_image_settings(out, model)
     return int(model.image_size)
 

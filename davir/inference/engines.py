@@ -47,9 +47,9 @@ class DavirEngine:
         """The run's model on `device`; its base InstructBLIP folder is `pretrained`, else the one it recorded,
         found from any folder (`RunPaths.resolve`: found nowhere, a DataError naming `pretrained_flag`). With
         `merge_lora` the LoRA deltas are folded into the base weights in memory (faster captioning)."""
-        from davir.models.davir import load_davir_model
-        from davir.models.davir_checkpoint import read_davir_config
-        from davir.models.davir_lora import merge_lora_for_inference
+        from davir.models.vlm.build import load_davir_model
+        from davir.models.vlm.checkpoint import read_davir_config
+        from davir.models.vlm.lora import merge_lora_for_inference
 
         if run.exported:  # davir-export's folder: an adapter over its base (`pretrained`), or merged weights
             from davir.export.loading import load_exported_model

@@ -45,8 +45,8 @@ class VllmEngine:
     @classmethod
     def load(cls, run: RunPaths, *, num_beams: int | None = None) -> "VllmEngine":
         from davir.export.layout import is_export, read_export_info
-        from davir.models.davir_checkpoint import read_davir_config
         from davir.models.families import get_family
+        from davir.models.vlm.checkpoint import read_davir_config
 
         folder = Path(run.model_dir)
         if not is_export(folder) or read_export_info(folder)["weights"] != "merged":
@@ -78,7 +78,7 @@ class VllmEngine:
                  attention: bool) -> tuple[list[str], list | None]:
         from vllm import SamplingParams
 
-        from davir.models.epc import entity_prompts
+        from davir.models.vlm.epc import entity_prompts
 
         prompts = entity_prompts(self.config.epc, entities if self.uses_entities else None, batch_size=len(inputs))
         requests = []

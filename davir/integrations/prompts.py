@@ -11,7 +11,7 @@ from pathlib import Path
 
 from davir.data.caches import EntityCache
 from davir.data.records import ChangePair
-from davir.models.epc import EpcConfig, entity_prompts
+from davir.models.vlm.epc import EpcConfig, entity_prompts
 
 
 def epc_prompt_for(entities: str | Path | None = None, epc: EpcConfig | None = None

@@ -27,10 +27,10 @@ from davir.data.caches import MaskCache
 from davir.data.images import load_rgb, to_rgb, upright
 from davir.errors import DataError, import_optional
 from davir.integrations.prompts import epc_prompt_for
-from davir.models.epc import EpcConfig
 from davir.models.families import get_family
 from davir.models.families.base import ChatFamily
 from davir.models.losses import FacConfig, davir_total_loss, fac_attention_loss
+from davir.models.vlm.epc import EpcConfig
 
 # TRL is not a dependency of davir: without it, one line naming the extra davir[trl] instead of a traceback.
 _sft = import_optional("trl.trainer.sft_trainer", needed_by="davir.integrations.trl")

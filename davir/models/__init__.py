@@ -1,5 +1,5 @@
-"""Models: DAVIR (InstructBLIP + LoRA + FAC + EPC, or FAC + EPC on a chat family) and its presets, tokenizer and
-attention hooks.
+"""Models: DAVIR's vision-language models (``vlm/``: InstructBLIP + LoRA + FAC + EPC, or FAC + EPC on a chat
+family, one base), the model families (``families/``), presets, tokenizer, losses and ``lightweight/``.
 
 The DAVIR names are imported lazily, so importing another ``davir.models`` submodule does not pay for
 transformers and peft.
@@ -11,21 +11,22 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "DavirModel": "davir.models.davir",
-    "DavirModelConfig": "davir.models.davir_config",
-    "DavirOutput": "davir.models.davir",
-    "EpcConfig": "davir.models.epc",
-    "LoraSettings": "davir.models.davir_lora",
-    "build_davir_model": "davir.models.davir",
-    "load_davir_model": "davir.models.davir",
-    "ChatDavirModel": "davir.models.chat_model",
-    "FAMILY_NAMES": "davir.models.families",
+    "DavirVLM": "davir.models.vlm.base",
+    "DavirModel": "davir.models.vlm.instructblip",
+    "DavirModelConfig": "davir.models.vlm.config",
+    "DavirOutput": "davir.models.vlm.output",
+    "EpcConfig": "davir.models.vlm.epc",
+    "LoraSettings": "davir.models.vlm.lora",
+    "build_davir_model": "davir.models.vlm.build",
+    "load_davir_model": "davir.models.vlm.build",
+    "ChatDavirModel": "davir.models.vlm.chat",
+    "FAMILIES": "davir.models.families",
     "get_family": "davir.models.families",
-    "entity_prompts": "davir.models.epc",
+    "entity_prompts": "davir.models.vlm.epc",
     "preset_registry": "davir.models.presets",
     "build_preset_config": "davir.models.presets",
     "build_word_tokenizer": "davir.models.tokenizer",
-    "ClsAttentionHook": "davir.models.attention",
+    "ClsAttentionHook": "davir.models.vlm.attention",
 }
 
 __all__ = sorted(_LAZY)

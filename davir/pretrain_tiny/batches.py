@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from davir.models.losses import caption_cross_entropy
-from davir.models.davir import DavirModel
+from davir.models.vlm.instructblip import DavirModel
 from davir.pretrain_tiny.data import Normaliser, SceneTensors
 from davir.pretrain_tiny.model import DESCRIBE_PROMPT
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from davir.io import write_json_atomic
-from davir.models.davir import DavirModel
+from davir.models.vlm.instructblip import DavirModel
 
 INFO_FILE = "pretrain_info.json"
 # The final step's weights, beside the best ones: a stage still improving when it ends continues from here (--init).

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from davir.metrics.synthetic import score_synthetic
-from davir.models.davir import DavirModel
-from davir.models.epc import entity_prompts
+from davir.models.vlm.epc import entity_prompts
+from davir.models.vlm.instructblip import DavirModel
 from davir.pretrain_tiny.data import Normaliser, SceneTensors
 from davir.pretrain_tiny.model import CHANGE_PROMPT, DESCRIBE_PROMPT, ENTITY_PROMPTS
 

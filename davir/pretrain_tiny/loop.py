@@ -21,11 +21,11 @@ from davir.data.synthetic import (
     load_synthetic_set,
 )
 from davir.io import read_json, write_json_atomic
-from davir.models.losses import FacConfig
 from davir.metrics.synthetic import pair_truths
-from davir.models.davir import build_davir_model
-from davir.models.davir_config import DavirModelConfig
-from davir.models.epc import EpcConfig, entity_prompts
+from davir.models.losses import FacConfig
+from davir.models.vlm.build import build_davir_model
+from davir.models.vlm.config import DavirModelConfig
+from davir.models.vlm.epc import EpcConfig, entity_prompts
 from davir.pretrain_tiny.batches import (
     EntityNoise,
     change_type_weights,
@@ -34,7 +34,12 @@ from davir.pretrain_tiny.batches import (
     sample_change_batch,
     sample_description_batch,
 )
-from davir.pretrain_tiny.checkpoint import INFO_FILE, LAST_FOLDER, package_versions, save_checkpoint
+from davir.pretrain_tiny.checkpoint import (
+    INFO_FILE,
+    LAST_FOLDER,
+    package_versions,
+    save_checkpoint,
+)
 from davir.pretrain_tiny.data import ModelPixels, canonical_description, load_split
 from davir.pretrain_tiny.evaluation import description_accuracy, evaluate
 from davir.pretrain_tiny.model import (
@@ -95,9 +100,9 @@ class TinyPretrainSettings:
     argv: tuple[str, ...] = field(default=())  # the command line, recorded in the info file
 
     def __post_init__(self) -> None:
-        from davir.models.families import check_family_name
+        from davir.models.families import FAMILIES
 
-        check_family_name(self.family, key="family")
+        FAMILIES.check(self.family, key="family")
         for name in ("desc_mix", "entity_share", "entity_wrong", "entity_on_distractor"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name.replace('_', '-')} must be a share in [0, 1], got {getattr(self, name)}")

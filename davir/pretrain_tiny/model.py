@@ -13,9 +13,10 @@ from davir.data.synthetic import (
     SIZE_WORDS,
 )
 from davir.models.losses import FacConfig
-from davir.models.davir import DavirModel, build_davir_model
-from davir.models.davir_config import DavirModelConfig
-from davir.models.epc import EpcConfig
+from davir.models.vlm.build import build_davir_model
+from davir.models.vlm.config import DavirModelConfig
+from davir.models.vlm.epc import EpcConfig
+from davir.models.vlm.instructblip import DavirModel
 
 DESCRIBE_PROMPT = "Describe the image."
 ENTITY_PROMPTS = EpcConfig()  # the DAVIR base prompt and Eq. 10 entity prompts, as the demo fine-tune builds them

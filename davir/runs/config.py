@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from davir.config import ConfigError, FieldError, plain, require
-from davir.models.davir_config import DavirModelConfig
-from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES
+from davir.models.families import DEFAULT_FAMILY, FAMILIES
 from davir.models.lightweight.section import MOVED_DATA_KEYS, resolve_lightweight
+from davir.models.vlm.config import DavirModelConfig
 
 # Package data, so an installed davir has it too; the repository's configs/demo.yaml is its copy for users and the
 # Makefile (tests/test_install.py keeps the two equal).
@@ -160,6 +160,19 @@ class TrainConfig:
     lightweight: dict[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    # A user's own modules, imported before anything else of the config is read: they register entries (a model
+    # family, …) without editing the package. The run records them, so evaluate.py and caption.py import them too.
+    imports: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def prepare(data: dict, *, where: str) -> None:
+        """Import the modules of ``imports:`` (``davir.config.from_dict`` calls this before building the fields)."""
+        from davir.registry import import_modules
+
+        modules = data.get("imports") or []
+        if not isinstance(modules, list):
+            raise ConfigError(f"{where}: imports must be a list of module names, got {plain(modules)!r}")
+        import_modules([str(plain(module)) for module in modules], key=f"{where}: imports")
 
     @staticmethod
     def resolve_variants(data: dict, final: dict, *, where: str) -> dict:
@@ -174,9 +187,10 @@ class TrainConfig:
         family = plain(final_model.get("family", model.get("family", DEFAULT_FAMILY)))
         if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
             raise ConfigError(f"{where}: model.for_family must map family names to mappings of model settings")
-        unknown = sorted(set(map(str, map(plain, table))) - set(FAMILY_NAMES))
+        unknown = sorted(set(map(str, map(plain, table))) - set(FAMILIES.names()))
         if unknown:
-            raise ConfigError(f"{where}: model.for_family names {unknown}, not model families {list(FAMILY_NAMES)}")
+            raise ConfigError(f"{where}: model.for_family names {unknown}, not model families "
+                              f"{list(FAMILIES.names())}")
         resolved = {key: value for key, value in model.items() if key != "for_family"}
         resolved.update(next((entry for name, entry in table.items() if plain(name) == family), {}))
         return {**data, "model": resolved}

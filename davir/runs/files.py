@@ -4,7 +4,7 @@
     RUN/run_info.json          seed, cwd, resume history, finished    read_run_info
     RUN/best|last/selection.json   the step the model was saved at    read_selection
     MODEL/lightweight_config.json  a lightweight model's files        read_lightweight_info
-    (MODEL/davir_config.json: davir.models.davir_checkpoint.read_davir_config)
+    (MODEL/davir_config.json: davir.models.vlm.checkpoint.read_davir_config)
 
 Every loader (evaluate.py --checkpoint, caption.py, train.py --resume) reads them here, so a damaged or
 hand-edited file is one DataError naming the file and the key (docs/errors.md), not a KeyError or

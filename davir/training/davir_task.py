@@ -8,11 +8,22 @@ import torch
 from accelerate import Accelerator
 
 from davir.data.caches import EntityCache, MaskCache, check_cache_root
-from davir.data.dataset import ChangeCaptionDataset, EntityField, ImageField, MaskField, RecordMasks
+from davir.data.dataset import (
+    ChangeCaptionDataset,
+    EntityField,
+    ImageField,
+    MaskField,
+    RecordMasks,
+)
 from davir.data.formats import read_dataset
 from davir.errors import DataError
 from davir.preprocessing.profiles import check_cache_profiles
-from davir.training.tasks import flat_scalars, move_to_device, register_task, require_cached
+from davir.training.tasks import (
+    flat_scalars,
+    move_to_device,
+    register_task,
+    require_cached,
+)
 
 
 @register_task("davir")
@@ -20,7 +31,7 @@ class DavirTask:
     """InstructBLIP + LoRA with FAC (change masks → attention KL) and EPC (entities in the prompt)."""
 
     def __init__(self, config, accelerator: Accelerator):
-        from davir.models.davir import build_davir_model
+        from davir.models.vlm.build import build_davir_model
 
         self.config = config
         self.accelerator = accelerator
@@ -51,7 +62,7 @@ class DavirTask:
                                     "or use the computed masks (data.fac_masks=cache, data.masks=CACHE)")
         self.model = build_davir_model(
             model_config, captions_for_tokenizer=[c for p in train_pairs for c in p.captions],
-            device=accelerator.device)
+            device=accelerator.device, imports=config.imports)
         self._note_cut_references([c for p in train_pairs for c in p.captions])
         fields: list = [ImageField(self.model.image_processor, size_policy=data.size_policy)]
         source = f"python -m preprocess {{cmd}} --format {data.format} --root {data.root} --split {{split}} --out {{out}}"

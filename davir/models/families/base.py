@@ -1,7 +1,7 @@
 """What a chat-model family says about itself: the interface every ``ChatFamily`` fills in.
 
 A chat family (Qwen2.5-VL, LLaVA-OneVision, SmolVLM) is a transformers ``*ForConditionalGeneration`` with its
-processor. :class:`davir.models.chat_model.ChatDavirModel` does everything the families share — the chat turn
+processor. :class:`davir.models.vlm.chat.ChatDavirModel` does everything the families share — the chat turn
 with both images, the caption labels, FAC and generation — and asks the family only for what differs:
 
 * the classes, the random-weight presets and how a local folder is checked (``model_type``);
@@ -28,8 +28,8 @@ from PIL import Image
 from torch import nn
 
 from davir.errors import DataError
-from davir.models.davir_config import DTYPES
 from davir.models.tokenizer import build_word_tokenizer
+from davir.models.vlm.config import DTYPES
 
 # Words of the chat turn the word-level tokenizer of a preset must know (roles of the templates).
 CHAT_WORDS = ("system", "user", "assistant", "you are a helpful assistant .")
@@ -39,7 +39,6 @@ class ChatFamily(ABC):
     """Base of the chat families; a subclass sets the class attributes and overrides what its model needs."""
 
     name: str = ""
-    davir_class_path = "davir.models.chat_model:ChatDavirModel"  # the davir model around this family's core
     model_type: str = ""                   # config.json "model_type" of a real folder of this family
     model_class: type | None = None        # transformers *ForConditionalGeneration
     processor_class: type | None = None    # transformers *Processor
@@ -54,6 +53,13 @@ class ChatFamily(ABC):
     trainable_parts: dict[str, str] = {}   # model.extra_trainable name → attribute path inside the core
     image_kwargs: dict[str, Any] = {}      # fixed keyword arguments of the family's image processor
     fac_reads: str = ""                    # one line for the README: what FAC supervises in this family
+
+    @property
+    def davir_class(self) -> type:
+        """The DAVIR model around this family's core (imported here: that module imports the families)."""
+        from davir.models.vlm.chat import ChatDavirModel
+
+        return ChatDavirModel
 
     # ------------------------------------------------------------------------------------------------ loading
     def check_pretrained_folder(self, path: Path) -> None:
@@ -85,7 +91,7 @@ class ChatFamily(ABC):
 
     def load_core(self, config, device: torch.device) -> nn.Module:
         """The model of the local folder ``config.pretrained`` on ``device`` (checked first)."""
-        from davir.models.davir_checkpoint import load_folder_weights
+        from davir.models.vlm.checkpoint import load_folder_weights
 
         path = Path(config.pretrained)
         self.check_pretrained_folder(path)
@@ -195,6 +201,19 @@ class ChatFamily(ABC):
     @abstractmethod
     def part_of(self, name: str) -> str:
         """The part a parameter belongs to (vision, projector, language_model, lm_head)."""
+
+
+def fac_layer_index(config) -> int:
+    """The vision encoder layer whose output the projector reads: ``vision_feature_layer`` indexes the hidden
+    states (0 the patch embeddings, k ≥ 1 the output of layer k - 1, -1 the last layer's); a list: its deepest."""
+    count = config.vision_config.num_hidden_layers
+    selected = config.vision_feature_layer
+    layers = [selected] if isinstance(selected, int) else list(selected)
+    indexes = [layer - 1 if layer >= 0 else count + layer for layer in layers]
+    if not layers or any(not 0 <= index < count for index in indexes):
+        raise ValueError(f"vision_feature_layer={selected!r} names no attention layer of the {count}-layer vision "
+                         "tower (0 is the patch embeddings; -1 the last layer)")
+    return max(indexes)
 
 
 def locate(module: nn.Module, path: str) -> nn.Module:

@@ -39,9 +39,9 @@ from transformers import (
     InternVLVideoProcessor,
 )
 
-from davir.models.families.base import ChatFamily
-from davir.models.families.llava_onevision import fac_layer_index
-from davir.models.received_attention import QueryKeyHook, received_attention
+from davir.models.families import FAMILIES
+from davir.models.families.base import ChatFamily, fac_layer_index
+from davir.models.vlm.received_attention import QueryKeyHook, received_attention
 
 # The released InternVL3-*-hf chat template (transformers' convert_internvl_weights_to_hf.py): one <IMG_CONTEXT>
 # per image, which the processor expands to <img><IMG_CONTEXT>×N</img>.
@@ -257,4 +257,4 @@ class InternVLFamily(ChatFamily):
         return name.split(".", 1)[0]
 
 
-FAMILY = InternVLFamily()
+FAMILY = FAMILIES.register("internvl", InternVLFamily())

@@ -16,7 +16,7 @@
 * **Chat turn**: the real LLaVA-OneVision (Qwen2 chat) template — images first, one ``<image>\\n`` each, then
   the text: ``<|im_start|>user\\n<image>\\n<image>\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n``.
 * **FAC** [D]: SigLIP has no [CLS] token. FAC supervises the *mean attention each patch receives* — over all
-  heads and all query patches of the same image (``davir.models.received_attention``) — in the vision layer
+  heads and all query patches of the same image (``davir.models.vlm.received_attention``) — in the vision layer
   whose output the projector reads (``vision_feature_layer``: -1, the last of the 26 layers, in the released
   models; -2 or a positive hidden-state index name another layer, a list its deepest layer). That layer's
   attention is the ViT's own summary of where it looks in the features the LLM gets. Each image has one crop,
@@ -51,8 +51,9 @@ from transformers import (
     LlavaOnevisionVideoProcessor,
 )
 
-from davir.models.families.base import ChatFamily
-from davir.models.received_attention import QueryKeyHook
+from davir.models.families import FAMILIES
+from davir.models.families.base import ChatFamily, fac_layer_index
+from davir.models.vlm.received_attention import QueryKeyHook
 
 # The chat template of the released checkpoints (transformers' convert_llava_onevision_weights_to_hf.py).
 LLAVA_ONEVISION_CHAT_TEMPLATE = (
@@ -130,19 +131,6 @@ def _config(tokenizer, *, image_size: int, vision: dict, text: dict, vision_feat
         vision_feature_layer=vision_feature_layer, vision_feature_select_strategy="full",
         image_grid_pinpoints=grid_pinpoints(image_size), vision_aspect_ratio="anyres_max_9",
         tie_word_embeddings=False)
-
-
-def fac_layer_index(config: LlavaOnevisionConfig) -> int:
-    """The SigLIP encoder layer whose output the projector reads: ``vision_feature_layer`` indexes the hidden
-    states (0 the patch embeddings, k ≥ 1 the output of layer k - 1, -1 the last layer's); a list: its deepest."""
-    count = config.vision_config.num_hidden_layers
-    selected = config.vision_feature_layer
-    layers = [selected] if isinstance(selected, int) else list(selected)
-    indexes = [layer - 1 if layer >= 0 else count + layer for layer in layers]
-    if not layers or any(not 0 <= index < count for index in indexes):
-        raise ValueError(f"vision_feature_layer={selected!r} names no attention layer of the {count}-layer vision "
-                         "tower (0 is the patch embeddings; -1 the last layer)")
-    return max(indexes)
 
 
 class LlavaOnevisionFamily(ChatFamily):
@@ -258,4 +246,4 @@ class LlavaOnevisionFamily(ChatFamily):
         return name.split(".", 1)[0]
 
 
-FAMILY = LlavaOnevisionFamily()
+FAMILY = FAMILIES.register("llava_onevision", LlavaOnevisionFamily())

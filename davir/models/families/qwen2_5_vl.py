@@ -13,7 +13,7 @@
   block's qkv output and rotary embeddings, so SDPA/flash stay in place (tests: equal to eager attention).
   The tokens reach the block in window order; the map is put back in raster order.
 * **Speed.** With ``attn_implementation: sdpa`` the ViT's windows go through SDPA a few at a time
-  (``davir.models.window_attention``) instead of transformers' one call per window.
+  (``davir.models.vlm.window_attention``) instead of transformers' one call per window.
 * **LoRA**: the ViT's fused ``qkv`` (``vision_rank``), the merger MLP (``qformer_rank``), the LLM attention
   projections (``llm_rank``).
 """
@@ -32,12 +32,15 @@ from transformers import (
     Qwen2VLImageProcessor,
     Qwen2VLVideoProcessor,
 )
-from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+    apply_rotary_pos_emb_vision,
+)
 from transformers.vision_utils import get_vision_window_index
 
+from davir.models.families import FAMILIES
 from davir.models.families.base import ChatFamily
-from davir.models.received_attention import received_attention
-from davir.models.window_attention import use_packed_window_attention
+from davir.models.vlm.received_attention import received_attention
+from davir.models.vlm.window_attention import use_packed_window_attention
 
 QWEN_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -259,4 +262,4 @@ class Qwen25VLFamily(ChatFamily):
         return name.split(".", 1)[0]
 
 
-FAMILY = Qwen25VLFamily()
+FAMILY = FAMILIES.register("qwen2_5_vl", Qwen25VLFamily())

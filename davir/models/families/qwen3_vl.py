@@ -39,8 +39,9 @@ from transformers import (
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
 
 from davir.config import ConfigError
+from davir.models.families import FAMILIES
 from davir.models.families.base import ChatFamily
-from davir.models.received_attention import received_attention
+from davir.models.vlm.received_attention import received_attention
 
 # The layout of the released Qwen3-VL template (no default system turn): <|im_start|>user\n<|vision_start|>
 # <|image_pad|><|vision_end|>…text<|im_end|>\n<|im_start|>assistant\n
@@ -293,4 +294,4 @@ class Qwen3VLFamily(ChatFamily):
         return name.split(".", 1)[0]
 
 
-FAMILY = Qwen3VLFamily()
+FAMILY = FAMILIES.register("qwen3_vl", Qwen3VLFamily())

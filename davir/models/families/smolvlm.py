@@ -42,8 +42,9 @@ from transformers import (
 )
 from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
 
+from davir.models.families import FAMILIES
 from davir.models.families.base import ChatFamily
-from davir.models.received_attention import QueryKeyHook
+from davir.models.vlm.received_attention import QueryKeyHook
 
 # The processor's own template (transformers' SmolVLMProcessor, the layout of SmolVLM2's chat_template):
 # <|im_start|>User:<image><image>text<end_of_utterance>\nAssistant:
@@ -222,4 +223,4 @@ class SmolVLMFamily(ChatFamily):
         return name.split(".", 1)[0]
 
 
-FAMILY = SmolVLMFamily()
+FAMILY = FAMILIES.register("smolvlm", SmolVLMFamily())

@@ -8,40 +8,38 @@ The image placeholders are expanded exactly as the family's processor expands th
 of one S×S picture: one grid per run, ``davir.models.families.base``), the caption and its end-of-turn token
 are the only labelled positions, and the model's own forward merges the image features into the sequence.
 FAC reads the attention of the vision layer the family names through a hook that leaves the fast attention
-kernel in place (``davir.models.received_attention``), so Eqs. 6-7 and 12 apply unchanged::
+kernel in place (``davir.models.vlm.received_attention``), so Eqs. 6-7 and 12 apply unchanged::
 
     L_total = L_caption + λ · L_attn(A_before, A_after; masks)          (Eq. 12)
 
 Everything the run needs — training, resume, evaluation, captioning, the saved folder — is the same as for
-InstructBLIP's :class:`davir.models.davir.DavirModel`, whose public methods this class mirrors.
+InstructBLIP's :class:`davir.models.vlm.instructblip.DavirModel`: both are a :class:`davir.models.vlm.base.DavirVLM`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from peft import PeftModel, get_peft_model
 from PIL import Image
 from torch import nn
 
-from davir.models.davir_checkpoint import DavirCheckpointMixin
-from davir.models.davir_config import DavirModelConfig
-from davir.models.davir_lora import make_family_lora_config
-from davir.models.davir_output import DavirOutput, davir_output
-from davir.models.epc import entity_prompts
 from davir.models.families import get_family
-from davir.models.families.base import locate
-from davir.models.losses import IGNORE_INDEX, FacConfig
+from davir.models.losses import IGNORE_INDEX
+from davir.models.vlm.base import DavirVLM
+from davir.models.vlm.config import DavirModelConfig
+from davir.models.vlm.lora import make_family_lora_config
+from davir.models.vlm.output import DavirOutput, davir_output
 
 
-class ChatDavirModel(DavirCheckpointMixin, nn.Module):
+class ChatDavirModel(DavirVLM):
     """A chat VLM of a registered family with two images, an entity prompt and FAC. Build with
     :func:`davir.models.build_davir_model`; ``self.vlm`` is the model (PEFT-wrapped in LoRA mode), ``self.core``
     the bare ``*ForConditionalGeneration`` inside it."""
+
+    wrapped_attribute = "vlm"
 
     def __init__(self, config: DavirModelConfig, core: nn.Module, processor: Any) -> None:
         super().__init__()
@@ -58,20 +56,12 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         self._one_image = dict(self.family.process_images(processor, [Image.new("RGB", (8, 8))], self.image_size))
         self.image_text = processor.replace_image_token(self._one_image, 0)
         self._pixel_shape = tuple(self.family.per_image_pixels(self._one_image, 1).shape[1:])
-        self.end_token_id = self.tokenizer.convert_tokens_to_ids(self.family.end_of_turn)
-        if self.end_token_id is None or self.end_token_id == self.tokenizer.unk_token_id:
+        self._end_token_id = self.tokenizer.convert_tokens_to_ids(self.family.end_of_turn)
+        if self._end_token_id is None or self._end_token_id == self.tokenizer.unk_token_id:
             raise ValueError(f"the {config.family} tokenizer has no {self.family.end_of_turn!r} token (end of turn)")
 
-        if config.train_mode == "full":
-            core.requires_grad_(True)
-            self.vlm: nn.Module = core
-        else:
-            core.requires_grad_(False)
-            with warnings.catch_warnings():  # peft 0.21 calls a transformers 5 method deprecated in favour of another
-                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                self.vlm = get_peft_model(core, make_family_lora_config(self.family, config.lora))
-            for part in config.extra_trainable:
-                locate(core, self.family.trainable_parts[part]).requires_grad_(True)
+        self.vlm: nn.Module = self._wrap_core(core, make_family_lora_config(self.family, config.lora),
+                                              [self.family.trainable_parts[part] for part in config.extra_trainable])
         if config.gradient_checkpointing:
             core.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if config.train_mode == "lora":
@@ -80,21 +70,14 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         self.attention_hook = self.family.attention_hook(core).attach()
 
     # ----------------------------------------------------------------------------------------------- properties
-    def wrapped(self) -> nn.Module:
-        """The model the optimizer sees: PEFT's wrapper in LoRA mode, else the core itself."""
-        return self.vlm
-
-    @property
-    def core(self) -> nn.Module:
-        return self.vlm.get_base_model() if isinstance(self.vlm, PeftModel) else self.vlm
-
     @property
     def device(self) -> torch.device:
         return self.core.get_input_embeddings().weight.device
 
     @property
-    def fac_config(self) -> FacConfig:
-        return self.config.fac
+    def end_token_id(self) -> int:
+        """The family's end-of-turn token (the caption's EOS)."""
+        return self._end_token_id
 
     # ------------------------------------------------------------------------------------------- preprocessing
     def image_processor(self, images: Image.Image | Sequence[Image.Image]) -> torch.Tensor:
@@ -105,10 +88,6 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
             raise ValueError("image_processor got no images")
         processed = self.family.process_images(self.processor, list(images), self.image_size)
         return self.family.per_image_pixels(processed, len(images))
-
-    def build_prompts(self, entities: Sequence[Sequence[str]] | None, *, batch_size: int | None = None) -> list[str]:
-        """Eq. 10 prompts for a batch (see :func:`davir.models.epc.entity_prompts`), with ``config.epc``."""
-        return entity_prompts(self.config.epc, entities, batch_size=batch_size)
 
     def chat_text(self, prompt: str, images: int = 2) -> str:
         """The user turn (before image, after image, the prompt) and the assistant's opening, image
@@ -134,16 +113,6 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         # As the processor's own __call__ tokenizes the templated text.
         encoded = self.tokenizer([self.chat_text(p, images) for p in prompts])
         return [list(ids) for ids in encoded["input_ids"]]
-
-    def caption_lengths(self, captions: Sequence[str]) -> list[int]:
-        """Tokens of each caption before `_caption_ids` cuts it to max_caption_tokens - 1 (+ end of turn)."""
-        encoded = self.tokenizer([c.strip() for c in captions], add_special_tokens=False, verbose=False)
-        return [len(ids) for ids in encoded["input_ids"]]
-
-    def _caption_ids(self, captions: Sequence[str]) -> list[list[int]]:
-        encoded = self.tokenizer([c.strip() for c in captions], add_special_tokens=False, truncation=True,
-                                 max_length=self.config.max_caption_tokens - 1)
-        return [list(ids) + [self.end_token_id] for ids in encoded["input_ids"]]
 
     def _token_types(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         if not getattr(self.processor, "return_mm_token_type_ids", False):
@@ -177,7 +146,7 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         masks_after: torch.Tensor | None = None,
         mask_valid: torch.Tensor | None = None,
     ) -> DavirOutput:
-        """Teacher-forced pass; arguments and result as :meth:`davir.models.davir.DavirModel.forward`
+        """Teacher-forced pass; arguments and result as :meth:`davir.models.vlm.instructblip.DavirModel.forward`
         (``logits`` over the whole chat sequence, labels only on the caption and its end-of-turn token)."""
         batch = pixel_before.shape[0]
         if len(prompts) != batch:
@@ -230,11 +199,8 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
         **generate_kwargs: Any,
     ) -> list[str] | tuple[list[str], torch.Tensor, torch.Tensor]:
         """Caption a batch with the model's own ``generate`` (left padding, KV cache, greedy or beam search);
-        returns as :meth:`davir.models.davir.DavirModel.generate` (``pad_length_to`` likewise)."""
-        was_training = self.training
-        if was_training:
-            self.eval()
-        try:
+        returns as :meth:`davir.models.vlm.instructblip.DavirModel.generate` (``pad_length_to`` likewise)."""
+        with self._eval_mode():
             batch = pixel_before.shape[0]
             if len(prompts) != batch:
                 raise ValueError(f"{len(prompts)} prompts for a batch of {batch} image pairs")
@@ -246,9 +212,6 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
                 # One vision pass of the B pairs, in the order the text holds them.
                 self.family.encode_images(self.core, pixels)
                 maps = self.family.attention_maps(self.attention_hook.pop(), 2 * batch, self.patch_grid)
-        finally:
-            if was_training:
-                self.train()
         if return_attention:
             return captions, maps[0::2], maps[1::2]
         return captions
@@ -291,18 +254,6 @@ class ChatDavirModel(DavirCheckpointMixin, nn.Module):
             self.attention_hook.attach()
 
     # ----------------------------------------------------------------------------------------------- summary
-    def trainable_parameter_summary(self) -> dict[str, tuple[int, int]]:
-        """Per part (the family's: vision, projector, language_model, lm_head) and ``all``: (trainable, total)."""
-        summary: dict[str, list[int]] = {}
-        for name, parameter in self.named_parameters():
-            for prefix in ("vlm.base_model.model.", "vlm."):
-                if name.startswith(prefix):
-                    name = name[len(prefix):]
-                    break
-            counts = summary.setdefault(self.family.part_of(name), [0, 0])
-            counts[1] += parameter.numel()
-            if parameter.requires_grad:
-                counts[0] += parameter.numel()
-        result = {part: (c[0], c[1]) for part, c in summary.items()}
-        result["all"] = (sum(c[0] for c in summary.values()), sum(c[1] for c in summary.values()))
-        return result
+    def part_of(self, name: str) -> str:
+        """The family's part (vision, projector, language_model, lm_head)."""
+        return self.family.part_of(name)

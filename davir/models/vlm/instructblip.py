@@ -14,44 +14,44 @@ Data flow of one batch (paper §3, Eqs. 4-12)::
 ``inputs_embeds`` is built explicitly (no image-placeholder scatter), so the same code runs on a real
 ``instructblip-vicuna-7b`` folder and on the random-weight presets of ``davir.models.presets``.
 
-This module holds the model and its builder; its parts live beside it: ``davir_config`` (the typed
-config), ``davir_lora`` (LoRA targets, App. B), ``epc`` (Eq. 10 prompts), ``davir_core`` (the InstructBLIP
-inside, pretrained or preset) and ``davir_checkpoint`` (the saved folder).
+This module holds the model (a :class:`davir.models.vlm.base.DavirVLM`); its parts live beside it: ``config``
+(the typed config), ``lora`` (LoRA targets, App. B), ``epc`` (Eq. 10 prompts), ``attention`` (the FAC hook),
+``checkpoint`` (the saved folder); how the InstructBLIP inside is loaded or built is its family's
+(``davir.models.families.instructblip``).
 """
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from collections.abc import Sequence
-
 from typing import Any
 
 import torch
 from PIL import Image
-from peft import PeftModel, get_peft_model
 from torch import nn
 from transformers import InstructBlipForConditionalGeneration, InstructBlipProcessor
 
-from davir.models.losses import IGNORE_INDEX, FacConfig
-from davir.models.attention import ClsAttentionHook, cls_to_patch_map, last_layer_attention_module
-from davir.models.davir_checkpoint import DavirCheckpointMixin
-from davir.models.davir_config import DavirModelConfig
-from davir.models.davir_output import DavirOutput, davir_output
-from davir.models.families import get_family
-from davir.models.davir_lora import LoraSettings, make_lora_config
-from davir.models.epc import EpcConfig, entity_prompts
-
+from davir.models.losses import IGNORE_INDEX
+from davir.models.vlm.attention import (
+    ClsAttentionHook,
+    cls_to_patch_map,
+    last_layer_attention_module,
+)
+from davir.models.vlm.base import DavirVLM
+from davir.models.vlm.config import DavirModelConfig
+from davir.models.vlm.lora import make_lora_config
+from davir.models.vlm.output import DavirOutput, davir_output
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class DavirModel(DavirCheckpointMixin, nn.Module):
+class DavirModel(DavirVLM):
     """InstructBLIP with two images, an entity prompt and FAC. Build with :func:`build_davir_model` or
     :meth:`from_pretrained`; ``self.blip`` is the InstructBLIP (wrapped by PEFT in LoRA mode) and
     ``self.core`` the bare ``InstructBlipForConditionalGeneration`` inside it."""
+
+    wrapped_attribute = "blip"
 
     def __init__(
         self, config: DavirModelConfig, core: InstructBlipForConditionalGeneration, processor: InstructBlipProcessor
@@ -81,16 +81,7 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
         else:
             self.segment_embeddings = None
 
-        if config.train_mode == "full":
-            core.requires_grad_(True)
-            self.blip: nn.Module = core
-        else:
-            core.requires_grad_(False)
-            with warnings.catch_warnings():  # peft 0.21 calls a transformers 5 method deprecated in favour of another
-                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                self.blip = get_peft_model(core, make_lora_config(config.lora))
-            for part in config.extra_trainable:
-                getattr(core, part).requires_grad_(True)
+        self.blip: nn.Module = self._wrap_core(core, make_lora_config(config.lora), config.extra_trainable)
         if config.gradient_checkpointing:
             # Non-reentrant checkpointing; only the LLM, so the ViT's last layer (and the FAC hook) runs once.
             core.language_model.activation_checkpointing_enable(
@@ -102,21 +93,17 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
         self.attention_hook = ClsAttentionHook(last_layer_attention_module(core.vision_model)).attach()
 
     # ----------------------------------------------------------------------------------------------- properties
-    def wrapped(self) -> nn.Module:
-        """The model the optimizer sees: PEFT's wrapper in LoRA mode, else the core itself."""
-        return self.blip
-
     @property
     def core(self) -> InstructBlipForConditionalGeneration:
-        return self.blip.get_base_model() if isinstance(self.blip, PeftModel) else self.blip
+        return super().core
 
     @property
     def device(self) -> torch.device:
         return self.core.language_projection.weight.device
 
     @property
-    def fac_config(self) -> FacConfig:
-        return self.config.fac
+    def end_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
 
     # ------------------------------------------------------------------------------------------- preprocessing
     def image_processor(self, images: Image.Image | Sequence[Image.Image]) -> torch.Tensor:
@@ -128,30 +115,12 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
             raise ValueError("image_processor got no images")
         return self.processor.image_processor(list(images), return_tensors="pt")["pixel_values"]
 
-    def build_prompts(self, entities: Sequence[Sequence[str]] | None, *, batch_size: int | None = None) -> list[str]:
-        """Eq. 10 prompts for a batch (see :func:`entity_prompts`), with this model's ``config.epc``."""
-        return entity_prompts(self.config.epc, entities, batch_size=batch_size)
-
     def _prompt_ids(self, prompts: Sequence[str]) -> list[list[int]]:
         # With special tokens: LLaMA (and the word-level tokenizer) put a BOS in front, as InstructBLIP does.
         encoded = self.tokenizer(
             list(prompts), add_special_tokens=True, truncation=True, max_length=self.config.max_prompt_tokens
         )
         return [list(ids) for ids in encoded["input_ids"]]
-
-    def caption_lengths(self, captions: Sequence[str]) -> list[int]:
-        """Tokens of each caption before `_caption_ids` cuts it to max_caption_tokens - 1 (+ EOS)."""
-        encoded = self.tokenizer([c.strip() for c in captions], add_special_tokens=False, verbose=False)
-        return [len(ids) for ids in encoded["input_ids"]]
-
-    def _caption_ids(self, captions: Sequence[str]) -> list[list[int]]:
-        encoded = self.tokenizer(
-            [c.strip() for c in captions],
-            add_special_tokens=False,
-            truncation=True,
-            max_length=self.config.max_caption_tokens - 1,
-        )
-        return [list(ids) + [self.tokenizer.eos_token_id] for ids in encoded["input_ids"]]
 
     # ---------------------------------------------------------------------------------------------- encoding
     def encode_images(
@@ -273,10 +242,7 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
         previous mode. Returns the B captions (prompt excluded, special tokens dropped, stripped), or
         ``(captions, attention_before, attention_after)`` with ``return_attention``.
         """
-        was_training = self.training
-        if was_training:  # Module.train() walks every submodule: ~40 ms a call on the 7B tree (3,384 modules)
-            self.eval()
-        try:
+        with self._eval_mode():
             visual, attention_before, attention_after = self.encode_images(pixel_before, pixel_after, prompts)
             batch, device = visual.shape[0], visual.device
             prompt_ids = self._prompt_ids(prompts)
@@ -306,91 +272,12 @@ class DavirModel(DavirCheckpointMixin, nn.Module):
                 inputs_embeds=inputs_embeds, attention_mask=attention_mask, **settings
             )
             captions = [text.strip() for text in self.tokenizer.batch_decode(output, skip_special_tokens=True)]
-        finally:
-            if was_training:
-                self.train()
         if return_attention:
             return captions, attention_before, attention_after
         return captions
 
     # ----------------------------------------------------------------------------------------------- summary
-    def trainable_parameter_summary(self) -> dict[str, tuple[int, int]]:
-        """Per part (vision, qformer, query_tokens, language_projection, language_model, segment_embeddings,
-        and ``all``): (number of trainable parameters, number of parameters)."""
-        summary: dict[str, list[int]] = {}
-        for name, parameter in self.named_parameters():
-            part = _part_of(name)
-            counts = summary.setdefault(part, [0, 0])
-            counts[1] += parameter.numel()
-            if parameter.requires_grad:
-                counts[0] += parameter.numel()
-        total = [sum(c[0] for c in summary.values()), sum(c[1] for c in summary.values())]
-        result = {part: (c[0], c[1]) for part, c in summary.items()}
-        result["all"] = (total[0], total[1])
-        return result
-
-
-def _part_of(name: str) -> str:
-    for prefix in ("blip.base_model.model.", "blip."):
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    head = name.split(".", 1)[0]
-    return {"vision_model": "vision", "qformer": "qformer"}.get(head, head)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Factory
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def build_davir_model(
-    config: DavirModelConfig,
-    *,
-    captions_for_tokenizer: Sequence[str] | None = None,
-    device: str | torch.device | None = None,
-) -> nn.Module:
-    """Build the DAVIR model of ``config.family`` from ``config``.
-
-    * ``config.pretrained`` set: load that local folder of the family and its processor.
-    * otherwise: the family's preset ``config.preset`` with random weights (seeded by ``config.seed``) and the
-      word-level tokenizer learned from ``captions_for_tokenizer`` (the training captions; the prompt
-      words are added).
-    ``device``: where to build (default CPU); large presets are created directly on it. InstructBLIP gives a
-    :class:`DavirModel`, a chat family a :class:`davir.models.chat_model.ChatDavirModel`.
-    """
-    target = torch.device(device) if device is not None else torch.device("cpu")
-    family = get_family(config.family)
-    core, processor = family.build_core(config, captions_for_tokenizer, target)
-    model_class = davir_class(config.family)
-    with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
-        torch.manual_seed(config.seed)  # LoRA's random A matrices
-        model = model_class(config, core, processor)
-    return model.to(target)
-
-
-def davir_class(family_name: str) -> type:
-    """The davir model class around a family's core (by the path its family module names)."""
-    module, name = get_family(family_name).davir_class_path.split(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def load_davir_model(directory, *, device: str | torch.device | None = None, pretrained=None) -> nn.Module:
-    """A saved DAVIR model folder of any family (``save_pretrained``), with the class its config records."""
-    from davir.models.davir_checkpoint import read_davir_config
-
-    return davir_class(read_davir_config(directory).family).from_pretrained(
-        directory, device=device, pretrained=pretrained)
-
-
-__all__ = [
-    "DavirModel",
-    "DavirModelConfig",
-    "DavirOutput",
-    "EpcConfig",
-    "LoraSettings",
-    "build_davir_model",
-    "load_davir_model",
-    "entity_prompts",
-    "make_lora_config",
-]
+    def part_of(self, name: str) -> str:
+        """vision, qformer, query_tokens, language_projection, language_model or segment_embeddings."""
+        head = name.split(".", 1)[0]
+        return {"vision_model": "vision", "qformer": "qformer"}.get(head, head)

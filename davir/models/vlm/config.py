@@ -1,4 +1,4 @@
-"""The typed configuration of a DavirModel: everything needed to rebuild it, saved as JSON next to its weights."""
+"""The typed configuration of a DAVIR model (any family): everything needed to rebuild it, saved as JSON next to its weights."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any, Literal
 
 import torch
 
-from davir.models.families import DEFAULT_FAMILY, check_family_name
+from davir.models.families import DEFAULT_FAMILY, FAMILIES
 from davir.models.losses import FacConfig
-from davir.models.davir_lora import LoraSettings
-from davir.models.epc import EpcConfig
+from davir.models.vlm.epc import EpcConfig
+from davir.models.vlm.lora import LoraSettings
 
 EXTRA_TRAINABLE_PARTS = ("language_projection", "query_tokens")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -60,9 +60,9 @@ class DavirModelConfig:
 
     def __post_init__(self) -> None:
         self.extra_trainable = tuple(self.extra_trainable)
-        check_family_name(self.family)
-        if self.family != DEFAULT_FAMILY:
-            self._check_chat_family()
+        FAMILIES.check(self.family, key="model.family")
+        if self.family != DEFAULT_FAMILY:  # (the default's parts are checked below without importing it)
+            self._check_family_parts()
         if self.train_mode not in ("lora", "full"):
             raise ValueError(f"train_mode={self.train_mode!r}; choose 'lora' or 'full'")
         unknown = sorted(set(self.extra_trainable) - set(EXTRA_TRAINABLE_PARTS))
@@ -75,7 +75,7 @@ class DavirModelConfig:
         if self.max_prompt_tokens < 1 or self.max_caption_tokens < 2:
             raise ValueError("max_prompt_tokens must be >= 1 and max_caption_tokens >= 2 (a word and the EOS)")
 
-    def _check_chat_family(self) -> None:
+    def _check_family_parts(self) -> None:
         from davir.models.families import get_family
 
         family = get_family(self.family)
@@ -83,7 +83,7 @@ class DavirModelConfig:
         if unknown:
             raise ValueError(f"extra_trainable {unknown} unknown for model.family={self.family}; choose from "
                              f"{sorted(family.trainable_parts)}")
-        if self.segment_embeddings:
+        if self.segment_embeddings and not getattr(family, "segment_embeddings", False):
             raise ValueError(f"segment_embeddings are InstructBLIP's; model.family={self.family} tells the two "
                              "images apart by their places in the chat turn")
 

@@ -1,5 +1,8 @@
-"""How a DAVIR model is saved and loaded: one folder, safetensors only (a mixin of `DavirModel` and
-`ChatDavirModel`; what differs between model families — processor, architecture, core — their family says)."""
+"""How a DAVIR model is saved and loaded: one folder, safetensors only (a mixin of every `DavirVLM`; what
+differs between model families — processor, architecture, core, the model class — their family says).
+
+The folder records no module path: the class comes from ``model.family``'s entry, so moving a class keeps old
+folders loadable."""
 
 from __future__ import annotations
 
@@ -12,8 +15,9 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from davir.errors import DataError
 from davir.io import follow_umask, read_json, write_json_atomic
-from davir.models.davir_config import DavirModelConfig
 from davir.models.families import get_family
+from davir.models.vlm.config import DavirModelConfig
+from davir.registry import import_modules
 
 CONFIG_FILE = "davir_config.json"
 PROCESSOR_DIR = "processor"
@@ -27,7 +31,9 @@ _Model = TypeVar("_Model", bound="DavirCheckpointMixin")
 
 
 class DavirCheckpointMixin:
-    """`save_pretrained` / `from_pretrained` of the DAVIR models (InstructBLIP's and the chat families')."""
+    """`save_pretrained` / `from_pretrained` of the DAVIR models (Q-Former and chat families alike)."""
+
+    imports: tuple[str, ...] = ()  # a config's `imports:` (davir.runs.config), recorded in the saved folder
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write a folder :meth:`from_pretrained` reads (safetensors only, no pickles):
@@ -56,7 +62,10 @@ class DavirCheckpointMixin:
             }
             if extra:
                 save_file(extra, str(directory / EXTRA_WEIGHTS_FILE))
-        write_json_atomic(directory / CONFIG_FILE, {"format_version": FORMAT_VERSION, "config": self.config.to_dict()})
+        meta = {"format_version": FORMAT_VERSION, "config": self.config.to_dict()}
+        if self.imports:  # the user's modules its family (or anything else) needs: read_davir_config imports them
+            meta["imports"] = list(self.imports)
+        write_json_atomic(directory / CONFIG_FILE, meta)
         follow_umask(directory)  # safetensors and PEFT write weights 0600
 
     @classmethod
@@ -69,7 +78,7 @@ class DavirCheckpointMixin:
         directory = Path(directory)
         config = read_davir_config(directory)
         family = get_family(config.family)
-        if family.davir_class_path.rsplit(":", 1)[1] != cls.__name__:
+        if not issubclass(cls, family.davir_class):
             raise DataError(f"{directory} holds a model.family={config.family} model, which {cls.__name__} does not "
                             "load: use davir.models.load_davir_model (it picks the class the folder records)")
         if pretrained is not None:
@@ -92,6 +101,7 @@ class DavirCheckpointMixin:
         with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
             torch.manual_seed(config.seed)
             model = cls(config, core, processor).to(target)
+        model.imports = recorded_imports(directory)
         full = directory / FULL_WEIGHTS_FILE
         if full.is_file():
             _load_weights(full, lambda: load_model(model, str(full), strict=True, device=str(target)))
@@ -157,11 +167,21 @@ def read_davir_config(directory: str | Path) -> DavirModelConfig:
                         f"{FORMAT_VERSION}")
     if not isinstance(meta["config"], dict):
         raise DataError(f"{path}: key 'config' must be an object, got {meta['config']!r}")
+    import_modules(recorded_imports(directory), key=f"{path}: imports")  # before the config names their family
     try:
         return DavirModelConfig.from_dict(meta["config"], where=f"{path}: config")
     except ConfigError as error:
         message = str(error)
         raise DataError(message if message.startswith(str(path)) else f"{path}: config.{message}") from None
+
+
+def recorded_imports(directory: str | Path) -> tuple[str, ...]:
+    """The user's modules a saved folder's davir_config.json names (``imports``; none in older folders)."""
+    path = Path(directory) / CONFIG_FILE
+    modules = read_json(path).get("imports", [])
+    if not isinstance(modules, list) or not all(isinstance(module, str) for module in modules):
+        raise DataError(f"{path}: key 'imports' must be a list of module names, got {modules!r}")
+    return tuple(modules)
 
 
 def _load_weights(path: Path, load, what: str = "these weights"):
