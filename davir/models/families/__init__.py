@@ -23,6 +23,7 @@ FAMILY_MODULES: dict[str, str] = {
     "qwen2_5_vl": "davir.models.families.qwen2_5_vl",
     "llava_onevision": "davir.models.families.llava_onevision",
     "smolvlm": "davir.models.families.smolvlm",
+    "gemma3": "davir.models.families.gemma3",
 }
 FAMILY_NAMES = tuple(FAMILY_MODULES)
 DEFAULT_FAMILY = "instructblip"
