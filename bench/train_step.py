@@ -73,7 +73,8 @@ from davir.models.davir import DavirModel, DavirModelConfig, build_davir_model  
 from davir.models.families import DEFAULT_FAMILY, FAMILY_NAMES  # noqa: E402
 
 # Each family's published architecture (random weights): the default preset on a GPU.
-LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b"}
+LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b",
+                 "gemma3": "4b"}
 VARIANTS = ("davir", "plain", "epc_only")
 SPLIT_WINDOWS = "davir_split_windows"  # Qwen2.5-VL only, on request
 FUSED_ADAMW = "davir_fused_adamw"  # on request

@@ -23,7 +23,7 @@ from davir.models.davir import load_davir_model  # noqa: E402
 from davir.models.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm")
+CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm", "gemma3")
 
 
 @pytest.fixture(scope="module")
