@@ -41,7 +41,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
+from transformers import (
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3ImageProcessor,
+    Gemma3Processor,
+)
 
 from davir.models.families.base import ChatFamily
 from davir.models.received_attention import QueryKeyHook
