@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b",
                  "qwen3_vl": "8b",
-                 "internvl": "8b"}
+                 "internvl": "8b",
+                 "gemma3": "4b"}
 
 
 RUNNING: list[subprocess.Popen] = []  # the child of the moment, stopped with us on SIGTERM

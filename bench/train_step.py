@@ -90,7 +90,8 @@ from davir.models.vlm.instructblip import DavirModel  # noqa: E402
 # Each family's published architecture (random weights): the default preset on a GPU.
 LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b",
                  "qwen3_vl": "8b",
-                 "internvl": "8b"}
+                 "internvl": "8b",
+                 "gemma3": "4b"}
 VARIANTS = ("davir", "plain", "epc_only")
 SPLIT_WINDOWS = "davir_split_windows"  # Qwen2.5-VL only, on request
 FUSED_ADAMW = "davir_fused_adamw"  # on request

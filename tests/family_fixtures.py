@@ -22,11 +22,14 @@ SIZES = {
                  "text_mlp": 128},
     "internvl": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
                  "text_mlp": 128},
+    "gemma3": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 2,
+               "text_mlp": 128},
 }
-# The tokenizer class each family's released folders use (SmolLM2's is GPT-2's byte-level BPE).
+# The tokenizer class each family's released folders use (SmolLM2's is GPT-2's byte-level BPE; Gemma's is a
+# SentencePiece-style BPE with byte fallback).
 TOKENIZER_CLASSES = {"qwen2_5_vl": "Qwen2Tokenizer", "llava_onevision": "Qwen2Tokenizer",
                      "smolvlm": "GPT2TokenizerFast", "qwen3_vl": "Qwen2Tokenizer",
-                     "internvl": "Qwen2Tokenizer"}
+                     "internvl": "Qwen2Tokenizer", "gemma3": "GemmaTokenizer"}
 
 
 def byte_level_tokenizer(texts: list[str], specials: list[str], *, tokenizer_class=None, vocab_size: int = 300):
@@ -47,6 +50,32 @@ def byte_level_tokenizer(texts: list[str], specials: list[str], *, tokenizer_cla
     return tokenizer
 
 
+def gemma_tokenizer(texts: list[str], specials: list[str], *, vocab_size: int = 300):
+    """Gemma's tokenizer class (BPE over "▁"-joined text with byte fallback, ``<bos>`` in front) on a vocabulary
+    trained on ``texts``: pad 0, eos 1, bos 2, unk 3, mask 4 as in Gemma, then ``specials``, the 256 byte tokens,
+    the learned pieces. The image tokens are named as gemma-3's tokenizer_config.json names them."""
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import GemmaTokenizer
+
+    from davir.models.families.gemma3 import IMAGE_TOKENS
+
+    core = Tokenizer(models.BPE(byte_fallback=True))
+    core.normalizer = normalizers.Replace(" ", "▁")
+    core.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")  # pieces within words
+    core.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False))
+    learned = json.loads(core.to_str())["model"]
+    names = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", *specials, *(f"<0x{b:02X}>" for b in range(256))]
+    vocab = {name: index for index, name in enumerate(names)}
+    for piece in sorted(learned["vocab"], key=learned["vocab"].get):
+        vocab.setdefault(piece, len(vocab))
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in learned["merges"]]
+    tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True, extra_special_tokens=IMAGE_TOKENS)
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    return tokenizer
+
+
 def write_chat_folder(family_name: str, folder: Path, texts: list[str], *, seed: int = 0, image_size: int = 64
                       ) -> Path:
     """``<Family>ForConditionalGeneration`` + its processor at toy size, saved to ``folder`` as a user has it."""
@@ -55,8 +84,11 @@ def write_chat_folder(family_name: str, folder: Path, texts: list[str], *, seed:
     import transformers
 
     family = get_family(family_name)
-    tokenizer = byte_level_tokenizer(texts, list(family.special_tokens),
-                                     tokenizer_class=getattr(transformers, TOKENIZER_CLASSES[family_name]))
+    if family_name == "gemma3":
+        tokenizer = gemma_tokenizer(texts, list(family.special_tokens))
+    else:
+        tokenizer = byte_level_tokenizer(texts, list(family.special_tokens),
+                                         tokenizer_class=getattr(transformers, TOKENIZER_CLASSES[family_name]))
     tokenizer.chat_template = family.chat_template
     architecture, processor = family.build_preset("tiny", tokenizer, image_size=image_size, patch_size=None,
                                                   overrides=SIZES.get(family_name, {}))

@@ -313,7 +313,7 @@ def test_saved_and_exported_weights_follow_the_umask(saved_model, tmp_path, umas
 
 
 # ------------------------------------------------- issue 50 §3: the card's plain-transformers lines give davir's
-CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm", "qwen3_vl", "internvl")
+CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm", "qwen3_vl", "internvl", "gemma3")
 
 
 @pytest.mark.parametrize("family", CHAT_FAMILIES)

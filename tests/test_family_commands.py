@@ -23,7 +23,7 @@ from davir.models.vlm.build import load_davir_model  # noqa: E402
 from davir.models.vlm.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm", "qwen3_vl", "internvl")
+CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm", "qwen3_vl", "internvl", "gemma3")
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,9 @@ def plain_transformers_snippet(model: dict, decoding: dict) -> list[str]:
         "turn = [{\"role\": \"user\", \"content\": [{\"type\": \"image\"}, {\"type\": \"image\"}, "
         "{\"type\": \"text\", \"text\": prompt}]}]",
         "text = processor.apply_chat_template(turn, add_generation_prompt=True)",
-        "inputs = processor(text=[text], images=[pictures], return_tensors=\"pt\")  # one turn, two pictures",
+        "bos = processor.tokenizer.bos_token  # a template that writes the BOS (Gemma 3's) gets no second one",
+        "inputs = processor(text=[text], images=[pictures], return_tensors=\"pt\",  # one turn, two pictures",
+        "                   add_special_tokens=not (bos and text.startswith(bos)))",
         f"ids = model.generate(**inputs, do_sample=False, num_beams={decoding.get('num_beams', 1)}, "
         f"max_new_tokens={decoding.get('max_new_tokens', 30)},",
         f"                     eos_token_id=processor.tokenizer.convert_tokens_to_ids({model['end_of_turn']!r}))",

@@ -30,6 +30,7 @@ FAMILIES: Registry[Any] = Registry("model family", error=ValueError, lazy={
     "smolvlm": "davir.models.families.smolvlm",
     "qwen3_vl": "davir.models.families.qwen3_vl",
     "internvl": "davir.models.families.internvl",
+    "gemma3": "davir.models.families.gemma3",
 })
 DEFAULT_FAMILY = "instructblip"
 

@@ -47,6 +47,7 @@ class ChatFamily(ABC):
     special_tokens: tuple[str, ...] = ()   # the preset tokenizer's added tokens (image placeholders, turn marks)
     chat_template: str = ""                # the preset processor's template (the real one's layout)
     end_of_turn: str = ""                  # the token that ends the assistant's answer (the caption's EOS)
+    token_type_key: str = "mm_token_type_ids"  # the model's keyword for the processor's per-token modality types
     vision_lora_pattern: str = ""          # regexes over module names inside the core model
     projector_lora_pattern: str = ""
     llm_lora_pattern: str = ""             # with {targets}: the LLM attention projections

@@ -110,15 +110,17 @@ class ChatDavirModel(DavirVLM):
         return self.tokenizer.decode(ids[: self.config.max_prompt_tokens], skip_special_tokens=True)
 
     def _prompt_ids(self, prompts: Sequence[str], images: int = 2) -> list[list[int]]:
-        # As the processor's own __call__ tokenizes the templated text.
-        encoded = self.tokenizer([self.chat_text(p, images) for p in prompts])
+        # As the processor's own apply_chat_template(tokenize=True): no second BOS where the template writes one.
+        texts = [self.chat_text(p, images) for p in prompts]
+        bos = self.tokenizer.bos_token
+        encoded = self.tokenizer(texts, add_special_tokens=not (bos and texts and texts[0].startswith(bos)))
         return [list(ids) for ids in encoded["input_ids"]]
 
     def _token_types(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         if not getattr(self.processor, "return_mm_token_type_ids", False):
             return {}
         types = self.processor.create_mm_token_type_ids(input_ids.tolist())
-        return {"mm_token_type_ids": torch.tensor(types, dtype=torch.long, device=input_ids.device)}
+        return {self.family.token_type_key: torch.tensor(types, dtype=torch.long, device=input_ids.device)}
 
     def _pixel_inputs(self, *images: torch.Tensor) -> dict[str, torch.Tensor]:
         """The model's image arguments for B rows of K pictures (``images``: K tensors of (B, …), in text order)."""
