@@ -186,3 +186,28 @@ def test_a_damaged_imports_record_is_a_data_error(tmp_path):
         from davir.runs.config import TrainConfig
 
         load_config(TrainConfig, None, ["imports=toy"])
+
+
+@pytest.mark.parametrize("family, size", [("instructblip", 30), ("qwen2_5_vl", 30), ("llava_onevision", 4),
+                                          ("smolvlm", 30), ("qwen3_vl", 30), ("internvl", 30), ("gemma3", 30)])
+def test_a_preset_grid_the_family_cannot_make_is_a_config_error(family, size):
+    """A size the family's tiny patch grid cannot take (LLaVA-OneVision's SigLIP floors S/p, so only a picture
+    smaller than one patch): a ConfigError (train.py: `config error: …`, exit 2) naming the family and the size,
+    not the ValueError of the preset builder or the processor."""
+    config = DavirModelConfig(family=family, preset="tiny", image_size=size)
+    with pytest.raises(ConfigError) as raised:
+        build_davir_model(config, captions_for_tokenizer=CAPTIONS)
+    assert f"model.image_size={size}" in str(raised.value) and family in str(raised.value), raised.value
+
+
+def test_train_says_a_bad_image_size_in_one_line(synthetic_set, tmp_path, capsys):
+    from davir.cli import train
+
+    root = synthetic_set(8, 0)
+    argv = ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={root}", "data.masks=null",
+            "data.entities=null", "model.family=smolvlm", "model.image_size=40", "model.fac.lambda_attn=0",
+            "model.epc.use_entities=false", "optim.max_steps=1", f"run.output_dir={tmp_path / 'run'}"]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("config error: preset 'tiny' of model.family=smolvlm "
+                                               "(model.image_size=40)"), err

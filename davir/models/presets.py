@@ -163,9 +163,6 @@ preset_registry: dict[str, Callable[..., InstructBlipConfig]] = {
 
 def build_preset_config(name: str, **kwargs) -> InstructBlipConfig:
     """``preset_registry[name](**kwargs)`` with a clear error for an unknown name or override."""
-    if name not in preset_registry:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(preset_registry)}")
-    try:
-        return preset_registry[name](**kwargs)
-    except TypeError as err:  # an override the preset does not take
-        raise ValueError(f"preset {name!r}: {err}") from err
+    from davir.models.families.base import build_from_preset
+
+    return build_from_preset(preset_registry, name, family="instructblip", **kwargs)

@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from davir.config import ConfigError
 from davir.errors import DataError
 from davir.models.tokenizer import build_word_tokenizer
 from davir.models.vlm.config import DTYPES
@@ -139,15 +140,13 @@ class ChatFamily(ABC):
     def build_preset(self, preset: str, tokenizer, *, image_size: int | None, patch_size: int | None,
                      overrides: dict[str, Any]):
         """(architecture config, processor) of a random-weight preset."""
-        if preset not in self.presets:
-            raise ValueError(f"unknown model preset {preset!r} for model.family={self.name}; choose one of "
-                             f"{sorted(self.presets)}")
+        architecture = build_from_preset(self.presets, preset, family=self.name, tokenizer=tokenizer,
+                                         image_size=image_size, patch_size=patch_size, **overrides)
         try:
-            architecture = self.presets[preset](tokenizer=tokenizer, image_size=image_size, patch_size=patch_size,
-                                                **overrides)
-        except TypeError as err:  # an override the preset does not take
-            raise ValueError(f"preset {preset!r} of {self.name}: {err}") from err
-        return architecture, self.preset_processor(tokenizer, architecture)
+            return architecture, self.preset_processor(tokenizer, architecture)
+        except ValueError as err:  # a grid the processor cannot make
+            raise ConfigError(f"preset {preset!r} of model.family={self.name} (model.image_size={image_size}): "
+                              f"{err}") from err
 
     @abstractmethod
     def preset_processor(self, tokenizer, architecture):
@@ -202,6 +201,21 @@ class ChatFamily(ABC):
     @abstractmethod
     def part_of(self, name: str) -> str:
         """The part a parameter belongs to (vision, projector, language_model, lm_head)."""
+
+
+def build_from_preset(presets: dict[str, Callable[..., Any]], preset: str, *, family: str, **kwargs: Any) -> Any:
+    """``presets[preset](**kwargs)``; an unknown name, an override the preset does not take or a grid it cannot
+    make is a ConfigError naming the family and the size (train.py: one line, exit 2)."""
+    if preset not in presets:
+        raise ConfigError(f"unknown model preset {preset!r} for model.family={family}; choose one of "
+                          f"{sorted(presets)}")
+    try:
+        return presets[preset](**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"preset {preset!r} of model.family={family} (model.image_size="
+                          f"{kwargs.get('image_size')}): {err}") from err
 
 
 def fac_layer_index(config) -> int:

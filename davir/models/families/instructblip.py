@@ -31,6 +31,7 @@ from transformers.image_utils import (
 from davir.errors import DataError
 from davir.io import read_json
 from davir.models.families import FAMILIES
+from davir.models.families.base import build_from_preset
 from davir.models.presets import preset_registry
 from davir.models.tokenizer import build_word_tokenizer
 from davir.models.vlm.config import DTYPES, EXTRA_TRAINABLE_PARTS, DavirModelConfig
@@ -155,12 +156,7 @@ class InstructBlipFamily:
     # ------------------------------------------------------------------------------------------------ presets
     def build_preset(self, name: str, **kwargs: Any) -> InstructBlipConfig:
         """``presets[name](**kwargs)`` with a clear error for an unknown name or override."""
-        if name not in self.presets:
-            raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(self.presets)}")
-        try:
-            return self.presets[name](**kwargs)
-        except TypeError as err:  # an override the preset does not take
-            raise ValueError(f"preset {name!r}: {err}") from err
+        return build_from_preset(self.presets, name, family=self.name, **kwargs)
 
     def image_processor(self, image_size: int) -> BlipImageProcessor:
         """InstructBLIP's own preprocessing: bicubic resize to S×S, rescale to [0, 1], the family's mean/std."""
