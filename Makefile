@@ -11,7 +11,7 @@ DEMO_RUN ?= runs/demo$(DEMO_SUFFIX)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install system-deps test test-all demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo \
+.PHONY: install system-deps test test-all lint format demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo \
 	demo-hard ablation-hard hard-data-check clean-demo-hard
 
 $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
@@ -45,6 +45,15 @@ test: install
 
 test-all: install
 	$(PYTEST) tests
+
+# ruff: the formatter and a small rule set (pyproject.toml [tool.ruff]); CI fails on either. `make format` fixes both.
+lint: install
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+
+format: install
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 DEMO_SCENES ?= 1500
 DEMO_SEED ?= 0

@@ -1,6 +1,6 @@
 """Caption your own folder of image pairs with any trained model: JSONL out, and an HTML report.
 
-    python caption.py --help        # the options; the command line is davir.cli.caption, also `davir-caption`
+python caption.py --help        # the options; the command line is davir.cli.caption, also `davir-caption`
 """
 
 import sys

@@ -70,8 +70,13 @@ def run_measured(command: list[str], env: dict) -> dict:
         raise SystemExit(f"{' '.join(command)} failed ({child.returncode}):\n{stderr[-3000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # the process and its workers
-    return {"wall_s": time.perf_counter() - started, "cpu_s": cpu, "peak_rss_mb": peak / 2**20, "peak_rss_main_mb": peak_main / 2**20,
-            "stdout": stdout.strip().splitlines()[-1] if stdout.strip() else ""}
+    return {
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": cpu,
+        "peak_rss_mb": peak / 2**20,
+        "peak_rss_main_mb": peak_main / 2**20,
+        "stdout": stdout.strip().splitlines()[-1] if stdout.strip() else "",
+    }
 
 
 def write_pairs(work: Path, data: Path, split: str, n: int) -> Path:
@@ -90,14 +95,31 @@ def write_pairs(work: Path, data: Path, split: str, n: int) -> Path:
         writer.writerow(["before", "after", "id"])
         for i in range(n):
             pair = pairs[i % len(pairs)]
-            writer.writerow([f"data/{Path(pair.before).relative_to(data.resolve())}",
-                             f"data/{Path(pair.after).relative_to(data.resolve())}", f"{pair.pair_id}-{i}"])
+            writer.writerow(
+                [
+                    f"data/{Path(pair.before).relative_to(data.resolve())}",
+                    f"data/{Path(pair.after).relative_to(data.resolve())}",
+                    f"{pair.pair_id}-{i}",
+                ]
+            )
     return manifest
 
 
 def caption_command(args: argparse.Namespace, manifest: Path, out: Path) -> list[str]:
-    command = [sys.executable, "caption.py", "--checkpoint", str(args.checkpoint), "--pairs", str(manifest),
-               "--out", str(out), "--batch-size", str(args.batch_size), "--overwrite", "--quiet"]
+    command = [
+        sys.executable,
+        "caption.py",
+        "--checkpoint",
+        str(args.checkpoint),
+        "--pairs",
+        str(manifest),
+        "--out",
+        str(out),
+        "--batch-size",
+        str(args.batch_size),
+        "--overwrite",
+        "--quiet",
+    ]
     return command + (["--workers", str(args.workers)] if args.workers is not None else [])
 
 
@@ -118,8 +140,9 @@ def evaluate_generation(checkpoint: Path, data: Path, entities: Path, split: str
     run = RunPaths.of(checkpoint)
     engine = load_engine(run, "cpu")
     pairs = read_dataset("clevr_change", data, split).pairs
-    captioner = ChangeCaptioner(engine, None, CachedEntities(entities) if engine.uses_entities else None, run=run,
-                                max_side=None)
+    captioner = ChangeCaptioner(
+        engine, None, CachedEntities(entities) if engine.uses_entities else None, run=run, max_side=None
+    )
     started = time.perf_counter()
     captioner.caption_records(pairs, batch_size=batch_size, attention=True)
     seconds = time.perf_counter() - started
@@ -137,14 +160,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="caption.py --workers (default: its own)")
     parser.add_argument("--work", type=Path, default=REPO / "outputs" / "bench_caption")
     parser.add_argument("--skip-evaluate", action="store_true")
-    parser.add_argument("--compare-compile", action="store_true",
-                        help="each size also with caption.py --compile; captions compared")
+    parser.add_argument(
+        "--compare-compile", action="store_true", help="each size also with caption.py --compile; captions compared"
+    )
     args = parser.parse_args()
 
     args.work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    result = {"machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
-              "checkpoint": str(args.checkpoint), "batch_size": args.batch_size, "caption": {}}
+    result = {
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
+        "checkpoint": str(args.checkpoint),
+        "batch_size": args.batch_size,
+        "caption": {},
+    }
     for n in [int(s) for s in args.sizes.split(",")]:
         manifest = write_pairs(args.work, args.data, args.split, n)
         if args.compare_compile:
@@ -156,25 +184,35 @@ def main() -> None:
         out = args.work / f"out_{n}" / "captions.jsonl"
         row = run_measured(caption_command(args, manifest, out), env)
         if args.compare_compile:
-            plain, compiled = (captions_of(folder / "captions.jsonl") for folder in
-                               (out.parent, args.work / f"out_{n}_compile"))
+            plain, compiled = (
+                captions_of(folder / "captions.jsonl") for folder in (out.parent, args.work / f"out_{n}_compile")
+            )
             result["caption_compile"][str(n)]["same_captions"] = plain == compiled
             result["caption_compile"][str(n)]["differing_pairs"] = sum(plain[k] != compiled.get(k) for k in plain)
         report = out.parent / "report.html"
-        report_bytes = report.stat().st_size + sum(p.stat().st_size for p in (out.parent / "report_files").rglob("*")
-                                                   if p.is_file())
+        report_bytes = report.stat().st_size + sum(
+            p.stat().st_size for p in (out.parent / "report_files").rglob("*") if p.is_file()
+        )
         shown = len(list((out.parent / "report_files" / "strips").glob("*.jpg")))
-        row.update(pairs=n, pairs_per_s=n / row["wall_s"], pairs_per_cpu_s=n / row["cpu_s"], report_bytes=report_bytes,
-                   report_bytes_per_shown_pair=report_bytes / max(shown, 1), report_pairs_shown=shown)
+        row.update(
+            pairs=n,
+            pairs_per_s=n / row["wall_s"],
+            pairs_per_cpu_s=n / row["cpu_s"],
+            report_bytes=report_bytes,
+            report_bytes_per_shown_pair=report_bytes / max(shown, 1),
+            report_pairs_shown=shown,
+        )
         result["caption"][str(n)] = row
         print(json.dumps({n: row}), file=sys.stderr)
     sizes = sorted(result["caption"], key=int)
     if len(sizes) > 1:
-        result["rss_ratio_largest_to_smallest"] = (result["caption"][sizes[-1]]["peak_rss_mb"]
-                                                   / result["caption"][sizes[0]]["peak_rss_mb"])
+        result["rss_ratio_largest_to_smallest"] = (
+            result["caption"][sizes[-1]]["peak_rss_mb"] / result["caption"][sizes[0]]["peak_rss_mb"]
+        )
     if not args.skip_evaluate:
-        result["evaluate_generation"] = evaluate_generation(args.checkpoint, args.data, args.entities, args.split,
-                                                            args.batch_size)
+        result["evaluate_generation"] = evaluate_generation(
+            args.checkpoint, args.data, args.entities, args.split, args.batch_size
+        )
     print(json.dumps(result, indent=2))
 
 

@@ -68,8 +68,9 @@ def until_first_caption(command: list[str], cwd: Path, env: dict, out: Path, log
     """Run `command` until `out` holds a complete line, stop its process group, and measure it."""
     started = time.perf_counter()
     with open(log, "w") as stderr:
-        child = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-                                 start_new_session=True)
+        child = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+        )
     process = psutil.Process(child.pid)
     peaks = {"tree_rss": 0, "main_rss": 0, "tree_pss": 0}
     first: list[float] = []
@@ -112,11 +113,13 @@ def until_first_caption(command: list[str], cwd: Path, env: dict, out: Path, log
                 break
             time.sleep(0.1)
     child.returncode = 0  # reaped above
-    row = {"seconds_to_first_caption": round(first[0], 2) if first else None,
-           "max_rss_mb": round(usage.ru_maxrss / 1024, 1) if usage else None,
-           "peak_tree_rss_mb": round(peaks["tree_rss"] / 2**20, 1),
-           "peak_main_rss_mb": round(peaks["main_rss"] / 2**20, 1),
-           "peak_tree_pss_mb": round(peaks["tree_pss"] / 2**20, 1)}
+    row = {
+        "seconds_to_first_caption": round(first[0], 2) if first else None,
+        "max_rss_mb": round(usage.ru_maxrss / 1024, 1) if usage else None,
+        "peak_tree_rss_mb": round(peaks["tree_rss"] / 2**20, 1),
+        "peak_main_rss_mb": round(peaks["main_rss"] / 2**20, 1),
+        "peak_tree_pss_mb": round(peaks["tree_pss"] / 2**20, 1),
+    }
     if not first:
         row["stderr_tail"] = log.read_text(errors="replace")[-800:]
     return row
@@ -131,8 +134,9 @@ def checked(command: list[str], cwd: Path, env: dict) -> None:
 
 def extract(revision: str, into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "archive", revision, "davir", "caption.py"], cwd=REPO, capture_output=True,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", revision, "davir", "caption.py"], cwd=REPO, capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 
@@ -157,8 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=Path, help="an existing manifest or folder instead of making one")
     parser.add_argument("--baseline", default=None, help="a git revision to time beside this tree (e.g. HEAD)")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--check-rows", type=int, default=0,
-                        help="then caption the first N rows to the end with every tree and compare the JSONL bytes")
+    parser.add_argument(
+        "--check-rows",
+        type=int,
+        default=0,
+        help="then caption the first N rows to the end with every tree and compare the JSONL bytes",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds a run may take to its first caption")
     parser.add_argument("--work", type=Path, help="folder for the manifest and outputs (default: a temporary one)")
     parser.add_argument("--caption-args", default="", help="more caption.py arguments, e.g. '--workers 0'")
@@ -174,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             csv_manifest = make_manifest(work / "data", args.rows, args.images)
             pairs = work / "imported" / "pairs.jsonl"
             if not pairs.is_file():
-                checked([sys.executable, "-m", "davir.data", "import", str(csv_manifest), "--out", str(pairs.parent)],
-                        REPO, {**env, "PYTHONPATH": str(REPO)})
+                checked(
+                    [sys.executable, "-m", "davir.data", "import", str(csv_manifest), "--out", str(pairs.parent)],
+                    REPO,
+                    {**env, "PYTHONPATH": str(REPO)},
+                )
         setup = time.perf_counter() - started
         trees = {"this_tree": REPO}
         if args.baseline:
@@ -186,10 +197,27 @@ def main(argv: list[str] | None = None) -> int:
             for name, tree in trees.items():  # alternating, so a busy moment of the machine hits both
                 out = work / f"out-{repeat}-{name.split()[0]}" / "captions.jsonl"
                 shutil.rmtree(out.parent, ignore_errors=True)  # an earlier run's line is no first caption
-                command = [sys.executable, str(tree / "caption.py"), "--checkpoint", str(args.checkpoint.resolve()),
-                           "--pairs", str(pairs), "--out", str(out), "--overwrite", "--quiet", *extra]
-                row = until_first_caption(command, tree, {**env, "PYTHONPATH": str(tree)}, out,
-                                          work / f"log-{repeat}-{name.split()[0]}.txt", args.timeout)
+                command = [
+                    sys.executable,
+                    str(tree / "caption.py"),
+                    "--checkpoint",
+                    str(args.checkpoint.resolve()),
+                    "--pairs",
+                    str(pairs),
+                    "--out",
+                    str(out),
+                    "--overwrite",
+                    "--quiet",
+                    *extra,
+                ]
+                row = until_first_caption(
+                    command,
+                    tree,
+                    {**env, "PYTHONPATH": str(tree)},
+                    out,
+                    work / f"log-{repeat}-{name.split()[0]}.txt",
+                    args.timeout,
+                )
                 results[name].append(row)
                 print(json.dumps({name: row}), file=sys.stderr)
         check = None
@@ -198,24 +226,57 @@ def main(argv: list[str] | None = None) -> int:
             digests = {}
             for name, tree in trees.items():
                 out = work / f"small-{name.split()[0]}" / "captions.jsonl"
-                checked([sys.executable, str(tree / "caption.py"), "--checkpoint", str(args.checkpoint.resolve()),
-                         "--pairs", str(small), "--out", str(out), "--overwrite", "--quiet", *extra],
-                        tree, {**env, "PYTHONPATH": str(tree)})
+                checked(
+                    [
+                        sys.executable,
+                        str(tree / "caption.py"),
+                        "--checkpoint",
+                        str(args.checkpoint.resolve()),
+                        "--pairs",
+                        str(small),
+                        "--out",
+                        str(out),
+                        "--overwrite",
+                        "--quiet",
+                        *extra,
+                    ],
+                    tree,
+                    {**env, "PYTHONPATH": str(tree)},
+                )
                 digests[name] = hashlib.sha256(out.read_bytes()).hexdigest()
             check = {"rows": args.check_rows, "jsonl_sha256": digests, "identical": len(set(digests.values())) == 1}
-        print(json.dumps({
-            "bench": "caption_start", "pairs": str(pairs), "rows": None if args.pairs else args.rows,
-            "manifest_mb": round(pairs.stat().st_size / 2**20, 1) if pairs.is_file() else None,
-            "setup_seconds": round(setup, 1), "checkpoint": str(args.checkpoint),
-            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                        "load_1min": round(os.getloadavg()[0], 2)},
-            "runs": results,
-            "best": {name: {key: min((r[key] for r in runs if r[key] is not None), default=None)
-                            for key in ("seconds_to_first_caption", "max_rss_mb", "peak_tree_pss_mb",
-                                        "peak_tree_rss_mb")}
-                     for name, runs in results.items()},
-            **({"same_jsonl": check} if check else {}),
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "bench": "caption_start",
+                    "pairs": str(pairs),
+                    "rows": None if args.pairs else args.rows,
+                    "manifest_mb": round(pairs.stat().st_size / 2**20, 1) if pairs.is_file() else None,
+                    "setup_seconds": round(setup, 1),
+                    "checkpoint": str(args.checkpoint),
+                    "machine": {
+                        "python": platform.python_version(),
+                        "cpus": os.cpu_count(),
+                        "load_1min": round(os.getloadavg()[0], 2),
+                    },
+                    "runs": results,
+                    "best": {
+                        name: {
+                            key: min((r[key] for r in runs if r[key] is not None), default=None)
+                            for key in (
+                                "seconds_to_first_caption",
+                                "max_rss_mb",
+                                "peak_tree_pss_mb",
+                                "peak_tree_rss_mb",
+                            )
+                        }
+                        for name, runs in results.items()
+                    },
+                    **({"same_jsonl": check} if check else {}),
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -38,8 +38,12 @@ def tensor_bytes(tensors) -> int:
 
 
 def vicuna7b() -> dict:
-    config = DavirModelConfig(preset="vicuna7b", train_mode="lora", dtype="bfloat16",
-                              lora=LoraSettings(vision_rank=4, qformer_rank=4, llm_rank=8))
+    config = DavirModelConfig(
+        preset="vicuna7b",
+        train_mode="lora",
+        dtype="bfloat16",
+        lora=LoraSettings(vision_rank=4, qformer_rank=4, llm_rank=8),
+    )
     model = build_davir_model(config, captions_for_tokenizer=CAPTIONS, device="meta")
     state = model.state_dict()
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -48,11 +52,16 @@ def vicuna7b() -> dict:
     adam = 2 * sum(p.numel() * 4 for p in trainable_params)  # exp_avg + exp_avg_sq, fp32 (PEFT keeps adapters fp32)
     now = tensor_bytes(v for k, v in state.items() if k in kept)
     before = tensor_bytes(state.values())
-    return {"trainable_parameters": sum(p.numel() for p in trainable_params),
-            "all_parameters": sum(p.numel() for p in model.parameters()),
-            "model_file_bytes_now": now, "model_file_bytes_before": before, "adamw_state_bytes": adam,
-            "checkpoint_gb_now": round((now + adam) / 1e9, 3), "checkpoint_gb_before": round((before + adam) / 1e9, 3),
-            "three_checkpoints_gb_before": round(3 * (before + adam) / 1e9, 1)}
+    return {
+        "trainable_parameters": sum(p.numel() for p in trainable_params),
+        "all_parameters": sum(p.numel() for p in model.parameters()),
+        "model_file_bytes_now": now,
+        "model_file_bytes_before": before,
+        "adamw_state_bytes": adam,
+        "checkpoint_gb_now": round((now + adam) / 1e9, 3),
+        "checkpoint_gb_before": round((before + adam) / 1e9, 3),
+        "three_checkpoints_gb_before": round(3 * (before + adam) / 1e9, 1),
+    }
 
 
 def tiny() -> dict:
@@ -61,16 +70,23 @@ def tiny() -> dict:
     from davir.training.checkpoints import install_trainable_state_hooks
 
     torch.manual_seed(0)
-    config = DavirModelConfig(train_mode="lora", extra_trainable=("language_projection", "query_tokens"),
-                              lora=LoraSettings(vision_rank=8, qformer_rank=8, llm_rank=16))
+    config = DavirModelConfig(
+        train_mode="lora",
+        extra_trainable=("language_projection", "query_tokens"),
+        lora=LoraSettings(vision_rank=8, qformer_rank=8, llm_rank=16),
+    )
     model = build_davir_model(config, captions_for_tokenizer=CAPTIONS)
     accelerator = Accelerator(cpu=True)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     pixels = torch.randn(2, 3, 64, 64)
     for _ in range(2):
-        out = model(pixel_before=pixels, pixel_after=pixels, prompts=model.build_prompts(None, batch_size=2),
-                    captions=CAPTIONS[:2])
+        out = model(
+            pixel_before=pixels,
+            pixel_after=pixels,
+            prompts=model.build_prompts(None, batch_size=2),
+            captions=CAPTIONS[:2],
+        )
         accelerator.backward(out.loss)
         optimizer.step()
         optimizer.zero_grad()

@@ -47,11 +47,21 @@ def one_run(args: argparse.Namespace) -> dict:
     prompts = model.build_prompts([["small red metal sphere"]] * args.pairs)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     started = time.perf_counter()
-    captions = model.generate(before, after, prompts, max_new_tokens=args.max_new_tokens,
-                              min_new_tokens=args.max_new_tokens, num_beams=args.num_beams)
-    return {"setting": args.setting, "seconds": round(time.perf_counter() - started, 2),
-            "rss_before_generate_mb": round(rss_before),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "captions": captions}
+    captions = model.generate(
+        before,
+        after,
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.max_new_tokens,
+        num_beams=args.num_beams,
+    )
+    return {
+        "setting": args.setting,
+        "seconds": round(time.perf_counter() - started, 2),
+        "rss_before_generate_mb": round(rss_before),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "captions": captions,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -73,17 +83,27 @@ def main(argv: list[str] | None = None) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     for _ in range(args.repeats):
         for name in SETTINGS:
-            child = subprocess.run([sys.executable, __file__, *passed, "--setting", name], capture_output=True,
-                                   text=True, check=True)
+            child = subprocess.run(
+                [sys.executable, __file__, *passed, "--setting", name], capture_output=True, text=True, check=True
+            )
             runs[name].append(json.loads(child.stdout.strip().splitlines()[-1]))
-    summary = {name: {"peak_rss_mb": [r["peak_rss_mb"] for r in rows],
-                      "rss_before_generate_mb": [r["rss_before_generate_mb"] for r in rows],
-                      "seconds_median": round(statistics.median(r["seconds"] for r in rows), 2)}
-               for name, rows in runs.items()}
+    summary = {
+        name: {
+            "peak_rss_mb": [r["peak_rss_mb"] for r in rows],
+            "rss_before_generate_mb": [r["rss_before_generate_mb"] for r in rows],
+            "seconds_median": round(statistics.median(r["seconds"] for r in rows), 2),
+        }
+        for name, rows in runs.items()
+    }
     report = {
         "benchmark": "chat-family generate: FAC hook off during generation (now) vs on (before)",
-        "family": args.family, "preset": "tiny", "image_size": args.image_size, "pairs": args.pairs,
-        "num_beams": args.num_beams, "new_tokens": args.max_new_tokens, "threads": args.threads,
+        "family": args.family,
+        "preset": "tiny",
+        "image_size": args.image_size,
+        "pairs": args.pairs,
+        "num_beams": args.num_beams,
+        "new_tokens": args.max_new_tokens,
+        "threads": args.threads,
         "settings": summary,
         "same_captions": len({json.dumps(r["captions"]) for rows in runs.values() for r in rows}) == 1,
         "machine": f"{platform.machine()}, python {platform.python_version()}",

@@ -32,9 +32,20 @@ def main(argv: list[str] | None = None) -> int:
     references = load_reference_file(args.references, empty="auto").references
     scores = score_faithfulness(load_predictions(args.predictions), references, keep_pairs=True)
     ids = sorted(scores["pairs"])
-    sample = {pair_id: scores["pairs"][pair_id] for pair_id in random.Random(args.seed).sample(ids, min(args.pairs, len(ids)))}
-    text = json.dumps({"predictions": str(args.predictions), "references": str(args.references), "seed": args.seed,
-                       "reader": scores["reader"], "pairs": sample}, indent=1, ensure_ascii=False)
+    sample = {
+        pair_id: scores["pairs"][pair_id] for pair_id in random.Random(args.seed).sample(ids, min(args.pairs, len(ids)))
+    }
+    text = json.dumps(
+        {
+            "predictions": str(args.predictions),
+            "references": str(args.references),
+            "seed": args.seed,
+            "reader": scores["reader"],
+            "pairs": sample,
+        },
+        indent=1,
+        ensure_ascii=False,
+    )
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")
     else:

@@ -40,8 +40,12 @@ def data_root(run: Path) -> Path:
 def collect(folders: list[Path]) -> dict:
     datasets: dict[str, dict] = {}
     runs = []
-    found = sorted(path for folder in folders for split in SPLITS
-                   for path in folder.glob(f"**/eval/clevr_change_{split}/metrics.json"))
+    found = sorted(
+        path
+        for folder in folders
+        for split in SPLITS
+        for path in folder.glob(f"**/eval/clevr_change_{split}/metrics.json")
+    )
     for metrics_path in found:
         folder = next(f for f in folders if f in metrics_path.parents)
         split = metrics_path.parent.name.rsplit("_", 1)[1]
@@ -57,8 +61,14 @@ def collect(folders: list[Path]) -> dict:
         if key not in datasets:
             chosen = references_for_evaluation(read_dataset("clevr_change", root, split))
             datasets[key] = {"root": str(root), "references": chosen.references, "groups": chosen.groups}
-        runs.append({"run": str(run.relative_to(folder.parent)), "dataset": key, "object_accuracy": accuracy,
-                     "captions": load_predictions(predictions_path)})
+        runs.append(
+            {
+                "run": str(run.relative_to(folder.parent)),
+                "dataset": key,
+                "object_accuracy": accuracy,
+                "captions": load_predictions(predictions_path),
+            }
+        )
         print(f"{run}: object accuracy {accuracy:.3f} ({key})", file=sys.stderr)
     return {"datasets": datasets, "runs": runs}
 

@@ -27,8 +27,8 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 
 from davir.data.feature_cache import FEATURE_SHAPE  # noqa: E402
-from davir.preprocessing.backbone import IMAGENET_STD, build_backbone  # noqa: E402
 from davir.jobs.features import default_batch_size, extract_images, pick_device  # noqa: E402
+from davir.preprocessing.backbone import IMAGENET_STD, build_backbone  # noqa: E402
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "clevr_change"
 
@@ -38,28 +38,53 @@ def time_extraction(items, backbone, device, batch_size: int, workers: int, out_
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(out_dir) / f"batch{batch_size}" if out_dir else Path(scratch)
         # Warm-up (cuDNN algorithm choice, worker start, page cache) on one batch, not timed.
-        extract_images(items[:batch_size], out / "warmup", backbone, std=IMAGENET_STD, chunk_prefix="warmup",
-                       device=device, batch_size=batch_size, workers=workers, progress=False)
+        extract_images(
+            items[:batch_size],
+            out / "warmup",
+            backbone,
+            std=IMAGENET_STD,
+            chunk_prefix="warmup",
+            device=device,
+            batch_size=batch_size,
+            workers=workers,
+            progress=False,
+        )
         if gpu:
             torch.cuda.synchronize()
         started, cpu_started = time.perf_counter(), time.process_time()
-        written = extract_images(items, out / "timed", backbone, std=IMAGENET_STD, chunk_prefix="bench",
-                                 device=device, batch_size=batch_size, workers=workers, progress=False)
+        written = extract_images(
+            items,
+            out / "timed",
+            backbone,
+            std=IMAGENET_STD,
+            chunk_prefix="bench",
+            device=device,
+            batch_size=batch_size,
+            workers=workers,
+            progress=False,
+        )
         if gpu:
             torch.cuda.synchronize()
         seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         stored = sum(p.stat().st_size for p in (out / "timed" / "features").glob("*.safetensors"))
-    return {"batch_size": batch_size, "images": written, "seconds": round(seconds, 3),
-            "images_per_s": round(written / seconds, 2), "ms_per_image": round(1000 * seconds / written, 2),
-            "process_cpu_s": round(cpu_seconds, 2), "stored_mb": round(stored / 2**20, 1)}
+    return {
+        "batch_size": batch_size,
+        "images": written,
+        "seconds": round(seconds, 3),
+        "images_per_s": round(written / seconds, 2),
+        "ms_per_image": round(1000 * seconds / written, 2),
+        "process_cpu_s": round(cpu_seconds, 2),
+        "stored_mb": round(stored / 2**20, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--images", type=int, help="images to extract (default: 1024 on GPU, 16 on CPU)")
-    parser.add_argument("--batch-size", help="one or more, comma-separated (default: 128 on GPU, 8 on CPU, as "
-                                             "`preprocess features`)")
+    parser.add_argument(
+        "--batch-size", help="one or more, comma-separated (default: 128 on GPU, 8 on CPU, as `preprocess features`)"
+    )
     parser.add_argument("--workers", type=int, help="decode/resize processes (default: 8 on GPU, 1 on CPU)")
     parser.add_argument("--weights", help="local ResNet-101 weights (default: seeded random init)")
     parser.add_argument("--source", default=str(DEFAULT_SOURCE), help="folder searched for *.png images")

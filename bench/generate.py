@@ -47,16 +47,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import CompileConfig  # noqa: E402
 
-from bench.bench_common import (  # noqa: E402
-    COLORS,
-    MATERIALS,
-    SHAPES,
-    SIZES,
-    check_gpu_memory,
-    device_name,
-    pick_device,
-    sync,
-)
+from bench.bench_common import COLORS, MATERIALS, SHAPES, SIZES, check_gpu_memory, device_name, pick_device, sync  # noqa: E402
 from bench.train_step import LARGE_PRESETS, build_random_model, pixel_shape  # noqa: E402
 from davir.models.families import DEFAULT_FAMILY, FAMILIES  # noqa: E402
 from davir.models.vlm.config import DavirModelConfig  # noqa: E402
@@ -116,7 +107,7 @@ class LengthProbe:
         self.original = self.target.generate
         self.lengths: set[int] = set()
 
-    def __enter__(self) -> "LengthProbe":
+    def __enter__(self) -> LengthProbe:
         def generate(*args, **kwargs):
             output = self.original(*args, **kwargs)
             given = kwargs["input_ids"].shape[1] if kwargs.get("input_ids") is not None else 0
@@ -212,8 +203,11 @@ def planned_rows(args: argparse.Namespace) -> list[dict]:
 
 def add_speedups(results: list[dict]) -> None:
     """pairs/s over the one-at-a-time rate of the same beam setting with the model's ``generate`` as it is."""
-    loop = {r["num_beams"]: r["pairs_per_s"] for r in results
-            if r["kind"] == "dynamic" and r["batch_size"] == 1 and "pairs_per_s" in r}
+    loop = {
+        r["num_beams"]: r["pairs_per_s"]
+        for r in results
+        if r["kind"] == "dynamic" and r["batch_size"] == 1 and "pairs_per_s" in r
+    }
     for r in results:
         if "pairs_per_s" in r and r["num_beams"] in loop:
             r["speedup_vs_one_at_a_time"] = round(r["pairs_per_s"] / loop[r["num_beams"]], 2)
@@ -225,20 +219,31 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--preset", help=f"a preset of the family (default on a GPU: {LARGE_PRESETS}; tiny on CPU)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--pairs", type=int, help="pairs captioned per pass (default: 128 on GPU, 16 on CPU)")
-    parser.add_argument("--loop-pairs", type=int,
-                        help="pairs of the batch-1 rows (default: 16 on GPU, all on CPU); its rate is per pair")
+    parser.add_argument(
+        "--loop-pairs",
+        type=int,
+        help="pairs of the batch-1 rows (default: 16 on GPU, all on CPU); its rate is per pair",
+    )
     parser.add_argument("--batch-sizes", type=int_list, help="default: 1,16,64 on GPU, 1,8 on CPU")
     parser.add_argument("--max-new-tokens", type=int, default=20)
     parser.add_argument("--num-beams", type=int_list, default=[1, 3], help="beam settings, e.g. 1,3")
     parser.add_argument("--rows", default=",".join(DEFAULT_ROWS), help=f"comma list from {ROW_KINDS}")
-    parser.add_argument("--compile-batch-sizes", type=int_list,
-                        help="batch sizes of the static_compiled rows (default: the largest of --batch-sizes)")
+    parser.add_argument(
+        "--compile-batch-sizes",
+        type=int_list,
+        help="batch sizes of the static_compiled rows (default: the largest of --batch-sizes)",
+    )
     parser.add_argument("--repeats", type=int, help="timed passes per row (default: 3 on GPU, 2 on CPU)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32", "float16"),
-                        help="weights' dtype (default: bfloat16 on GPU, float32 on CPU)")
-    parser.add_argument("--threads", type=int,
-                        help="torch intra-op threads (default: 1 on CPU, as the machine is shared; torch's choice "
-                        "on a GPU)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32", "float16"),
+        help="weights' dtype (default: bfloat16 on GPU, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: 1 on CPU, as the machine is shared; torch's choice on a GPU)",
+    )
     args = parser.parse_args(argv)
     device = pick_device(args.device)
     gpu = device.type == "cuda"
@@ -302,7 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
         "target": TARGET,
         "best_pairs_per_s_by_kind": best_by_kind,
         "target_met_by_kind": {k: v >= TARGET["min_pairs_per_s"] for k, v in best_by_kind.items()}
-        if target_applies else "not applicable (needs vicuna7b on an H100)",
+        if target_applies
+        else "not applicable (needs vicuna7b on an H100)",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "peft": peft.__version__,

@@ -28,28 +28,161 @@ def parts(smoke: bool) -> list[tuple[str, list[str], float]]:
     if smoke:
         tiny, loop = ["--preset", "tiny", "--threads", "1"], "/tmp/davir_gpu_loop_smoke"
         return [
-            ("qwen_step", ["bench/train_step.py", "--family", "qwen2_5_vl", *tiny, "--batch-size", "2", "--steps", "1",
-                           "--warmup", "1", "--gradient-checkpointing", "--variants", "davir,davir_split_windows",
-                           "--profile"], 300),
-            ("instructblip_loop", ["bench/train_loop.py", "--preset", "tiny", "--scenes", "30", "--steps", "4",
-                                   "--log-every", "2", "--workers", "0", "--work-dir", loop], 400),
-            ("caption_compile", ["bench/caption.py", "--checkpoint", f"{loop}/run_workers0", "--data", f"{loop}/data",
-                                 "--split", "train", "--sizes", "16", "--batch-size", "8", "--compare-compile",
-                                 "--skip-evaluate", "--work", f"{loop}/caption"], 300),
-            ("qwen_loop", ["bench/train_loop.py", "--family", "qwen2_5_vl", "--scenes", "30", "--steps", "2",
-                           "--log-every", "1", "--workers", "0"], 400),
+            (
+                "qwen_step",
+                [
+                    "bench/train_step.py",
+                    "--family",
+                    "qwen2_5_vl",
+                    *tiny,
+                    "--batch-size",
+                    "2",
+                    "--steps",
+                    "1",
+                    "--warmup",
+                    "1",
+                    "--gradient-checkpointing",
+                    "--variants",
+                    "davir,davir_split_windows",
+                    "--profile",
+                ],
+                300,
+            ),
+            (
+                "instructblip_loop",
+                [
+                    "bench/train_loop.py",
+                    "--preset",
+                    "tiny",
+                    "--scenes",
+                    "30",
+                    "--steps",
+                    "4",
+                    "--log-every",
+                    "2",
+                    "--workers",
+                    "0",
+                    "--work-dir",
+                    loop,
+                ],
+                400,
+            ),
+            (
+                "caption_compile",
+                [
+                    "bench/caption.py",
+                    "--checkpoint",
+                    f"{loop}/run_workers0",
+                    "--data",
+                    f"{loop}/data",
+                    "--split",
+                    "train",
+                    "--sizes",
+                    "16",
+                    "--batch-size",
+                    "8",
+                    "--compare-compile",
+                    "--skip-evaluate",
+                    "--work",
+                    f"{loop}/caption",
+                ],
+                300,
+            ),
+            (
+                "qwen_loop",
+                [
+                    "bench/train_loop.py",
+                    "--family",
+                    "qwen2_5_vl",
+                    "--scenes",
+                    "30",
+                    "--steps",
+                    "2",
+                    "--log-every",
+                    "1",
+                    "--workers",
+                    "0",
+                ],
+                400,
+            ),
         ]
     loop = "/tmp/davir_gpu_loop"  # the loop's run folder is what the caption part captions with
     return [  # what bench/README.md owes after the 2026-11-28 session (that session's set: the JSON in bench/results)
-        ("qwen_step", ["bench/train_step.py", "--family", "qwen2_5_vl", "--batch-size", "16", "--steps", "2",
-                       "--warmup", "1", "--variants", "davir,davir_split_windows", "--profile"], 240),
-        ("instructblip_loop", ["bench/train_loop.py", "--family", "instructblip", "--steps", "16", "--log-every", "4",
-                               "--workers", "4", "--work-dir", loop, "--timeout", "120"], 170),
-        ("caption_compile", ["bench/caption.py", "--checkpoint", f"{loop}/run_workers4", "--data", f"{loop}/data",
-                             "--split", "train", "--sizes", "512", "--batch-size", "64", "--compare-compile",
-                             "--skip-evaluate", "--work", f"{loop}/caption"], 200),
-        ("qwen_loop", ["bench/train_loop.py", "--family", "qwen2_5_vl", "--steps", "8", "--log-every", "2",
-                       "--workers", "4", "--timeout", "170"], 200),
+        (
+            "qwen_step",
+            [
+                "bench/train_step.py",
+                "--family",
+                "qwen2_5_vl",
+                "--batch-size",
+                "16",
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--variants",
+                "davir,davir_split_windows",
+                "--profile",
+            ],
+            240,
+        ),
+        (
+            "instructblip_loop",
+            [
+                "bench/train_loop.py",
+                "--family",
+                "instructblip",
+                "--steps",
+                "16",
+                "--log-every",
+                "4",
+                "--workers",
+                "4",
+                "--work-dir",
+                loop,
+                "--timeout",
+                "120",
+            ],
+            170,
+        ),
+        (
+            "caption_compile",
+            [
+                "bench/caption.py",
+                "--checkpoint",
+                f"{loop}/run_workers4",
+                "--data",
+                f"{loop}/data",
+                "--split",
+                "train",
+                "--sizes",
+                "512",
+                "--batch-size",
+                "64",
+                "--compare-compile",
+                "--skip-evaluate",
+                "--work",
+                f"{loop}/caption",
+            ],
+            200,
+        ),
+        (
+            "qwen_loop",
+            [
+                "bench/train_loop.py",
+                "--family",
+                "qwen2_5_vl",
+                "--steps",
+                "8",
+                "--log-every",
+                "2",
+                "--workers",
+                "4",
+                "--timeout",
+                "170",
+            ],
+            200,
+        ),
     ]
 
 
@@ -63,8 +196,9 @@ def write_atomically(path: Path, report: dict) -> None:
 def run_group(command: list[str], env: dict, err, limit: float) -> tuple[int, str]:
     """Run ``command`` in its own process group; past ``limit`` seconds the whole group is killed (a part's own
     children — accelerate's train.py, DataLoader workers — must not hold the GPU into the next part)."""
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+    )
     try:
         stdout, _ = process.communicate(timeout=limit)
         return process.returncode, stdout
@@ -81,8 +215,12 @@ def run_group(command: list[str], env: dict, err, limit: float) -> tuple[int, st
 def environment() -> dict:
     import torch
 
-    info = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cpu_count": os.cpu_count()}
+    info = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+    }
     try:
         import transformers
 
@@ -94,8 +232,9 @@ def environment() -> dict:
         info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     info["commit"] = commit.stdout.strip() or None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    )
     info["uncommitted_changes"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     return info
 

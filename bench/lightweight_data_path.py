@@ -32,9 +32,16 @@ def run(method: str, args, preload_gb: float | None, out: Path) -> dict:
     from davir.runs.config import TrainConfig
     from davir.training.loop import train
 
-    overrides = [f"data.root={args.data}", f"data.features={args.features}", f"optim.max_steps={args.steps}",
-                 "run.eval_every=0", "run.log_every=10", f"run.output_dir={out}", "run.overwrite=true",
-                 *args.overrides]
+    overrides = [
+        f"data.root={args.data}",
+        f"data.features={args.features}",
+        f"optim.max_steps={args.steps}",
+        "run.eval_every=0",
+        "run.log_every=10",
+        f"run.output_dir={out}",
+        "run.overwrite=true",
+        *args.overrides,
+    ]
     if preload_gb is not None:
         overrides.append(f"data.preload_features_gb={preload_gb}")
     if args.entities:
@@ -65,12 +72,25 @@ def main(argv=None) -> int:
         for method in args.methods:
             baseline = run(method, args, 0, Path(tmp) / f"{method}_cache")
             preloaded = run(method, args, None, Path(tmp) / f"{method}_memory")
-            results[method] = {"read_per_step": baseline, "in_memory": preloaded,
-                               "speedup": round(preloaded["scenes_per_s"] / baseline["scenes_per_s"], 2)}
-    print(json.dumps({"benchmark": "lightweight training loop, demo configs: features read per step vs in memory",
-                      "steps": args.steps, "threads": 1, "machine": platform.processor() or platform.machine(),
-                      "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
-                      "results": results}, indent=2))
+            results[method] = {
+                "read_per_step": baseline,
+                "in_memory": preloaded,
+                "speedup": round(preloaded["scenes_per_s"] / baseline["scenes_per_s"], 2),
+            }
+    print(
+        json.dumps(
+            {
+                "benchmark": "lightweight training loop, demo configs: features read per step vs in memory",
+                "steps": args.steps,
+                "threads": 1,
+                "machine": platform.processor() or platform.machine(),
+                "cpus": os.cpu_count(),
+                "load_average": [round(x, 2) for x in os.getloadavg()],
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

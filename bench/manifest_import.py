@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -61,9 +60,13 @@ def timed(command: list[str], cwd: Path, env: dict) -> dict:
     seconds = time.perf_counter() - started
     stderr = process.stderr.read()
     process.stderr.close()
-    return {"seconds": round(seconds, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2), "exit": os.waitstatus_to_exitcode(status),
-            **({"stderr_tail": stderr[-500:]} if os.waitstatus_to_exitcode(status) else {})}
+    return {
+        "seconds": round(seconds, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
+        "exit": os.waitstatus_to_exitcode(status),
+        **({"stderr_tail": stderr[-500:]} if os.waitstatus_to_exitcode(status) else {}),
+    }
 
 
 def extract(revision: str, into: Path) -> Path:
@@ -97,16 +100,31 @@ def main(argv: list[str] | None = None) -> int:
                 out = work / f"imported-{len(results[name])}-{name.split()[0]}"
                 command = [sys.executable, "-m", "davir.data", "import", str(manifest), "--out", str(out)]
                 results[name].append(timed(command, tree, env))
-        print(json.dumps({
-            "bench": "manifest_import", "rows": args.rows, "images_per_split": args.images,
-            "manifest_mb": round(manifest.stat().st_size / 2**20, 1),
-            "setup_seconds": round(setup, 1),
-            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                        "load_1min": round(os.getloadavg()[0], 2)},
-            "runs": results,
-            "best": {name: {"seconds": min(r["seconds"] for r in runs), "peak_rss_mb": min(r["peak_rss_mb"] for r in runs)}
-                     for name, runs in results.items()},
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "bench": "manifest_import",
+                    "rows": args.rows,
+                    "images_per_split": args.images,
+                    "manifest_mb": round(manifest.stat().st_size / 2**20, 1),
+                    "setup_seconds": round(setup, 1),
+                    "machine": {
+                        "python": platform.python_version(),
+                        "cpus": os.cpu_count(),
+                        "load_1min": round(os.getloadavg()[0], 2),
+                    },
+                    "runs": results,
+                    "best": {
+                        name: {
+                            "seconds": min(r["seconds"] for r in runs),
+                            "peak_rss_mb": min(r["peak_rss_mb"] for r in runs),
+                        }
+                        for name, runs in results.items()
+                    },
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -84,7 +84,10 @@ def bench_cpu(pairs, work_size: int, cache_root: Path) -> dict:
         clusters += len(prepared.regions.clusters)
     total, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     return {
-        "work_size": work_size, "pairs": len(pairs), "seconds": round(total, 2), "cpu_seconds": round(cpu, 2),
+        "work_size": work_size,
+        "pairs": len(pairs),
+        "seconds": round(total, 2),
+        "cpu_seconds": round(cpu, 2),
         # wall-clock rate (includes waiting for the disk and for other processes on a shared machine)
         "pairs_per_s_per_core": round(len(pairs) / total, 1),
         # rate per second of CPU time this process got: the per-core throughput on an idle core
@@ -114,10 +117,10 @@ def bench_sam(pairs, settings: RegionSettings, batch_size: int, model_type: str 
         sync()
         start = time.perf_counter()
         for first in range(0, len(prepared), chunk):
-            group = prepared[first:first + chunk]
+            group = prepared[first : first + chunk]
             answers = segmenter.segment([r for p in group for r in segment_requests(p, segment_both)])
             for k, p in enumerate(group):
-                finish_pair(p, answers[k * per_pair:(k + 1) * per_pair], settings.tau, segment_both)
+                finish_pair(p, answers[k * per_pair : (k + 1) * per_pair], settings.tau, segment_both)
         sync()
         return time.perf_counter() - start
 
@@ -133,28 +136,46 @@ def bench_sam(pairs, settings: RegionSettings, batch_size: int, model_type: str 
             for image, prompts in sides:
                 official_predictor.set_image(image)
                 for prompt in prompts:
-                    official_predictor.predict(point_coords=np.array([prompt.point]), point_labels=np.array([1]),
-                                               box=np.array(prompt.box), multimask_output=True)
+                    official_predictor.predict(
+                        point_coords=np.array([prompt.point]),
+                        point_labels=np.array([1]),
+                        box=np.array(prompt.box),
+                        multimask_output=True,
+                    )
         sync()
         return time.perf_counter() - start
 
     # Warm-up (cuDNN autotuning, allocator) on a few pairs, not timed.
     warm = prepared
-    prepared = warm[:min(4, len(warm))]
+    prepared = warm[: min(4, len(warm))]
     batched(True), official()
     prepared = warm
-    timings = {"batched_both": batched(True), "batched_after_only": batched(False),
-               "official_after_only_fp32": official(), "official_both_fp32": official(True)}
+    timings = {
+        "batched_both": batched(True),
+        "batched_after_only": batched(False),
+        "official_after_only_fp32": official(),
+        "official_both_fp32": official(True),
+    }
     n = len(prepared)
     result = {name: {"seconds": round(t, 2), "pairs_per_s": round(n / t, 2)} for name, t in timings.items()}
     result["speedup_batched_after_only_vs_official"] = round(
-        timings["official_after_only_fp32"] / timings["batched_after_only"], 2)
+        timings["official_after_only_fp32"] / timings["batched_after_only"], 2
+    )
     result["speedup_batched_both_vs_official"] = round(timings["official_after_only_fp32"] / timings["batched_both"], 2)
     # the goal of issue 30: >= 4x with both images segmented on both sides
     result["speedup_batched_both_vs_official_both"] = round(timings["official_both_fp32"] / timings["batched_both"], 2)
-    result.update({"batched_encoder_dtype": "bf16" if segmenter.bf16 else "fp32","model": model_type, "weights": "random", "pairs": n, "batch_size": batch_size, "device": device,
-                   "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
-                   "prompts_per_pair": round(sum(len(p.regions.prompts_after) for p in prepared) / n, 2)})
+    result.update(
+        {
+            "batched_encoder_dtype": "bf16" if segmenter.bf16 else "fp32",
+            "model": model_type,
+            "weights": "random",
+            "pairs": n,
+            "batch_size": batch_size,
+            "device": device,
+            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+            "prompts_per_pair": round(sum(len(p.regions.prompts_after) for p in prepared) / n, 2),
+        }
+    )
     return result
 
 
@@ -174,33 +195,75 @@ def bench_processes(root: Path, split: str, limit: int, counts: list[int], repea
         for n in counts:
             out = tmp / f"processes-{n}-{repeat}"
             distributed = ["--multi_gpu"] if n > 1 else []
-            command = [str(launcher), "launch", *distributed, "--num_processes", str(n), "--num_machines", "1",
-                       "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "preprocess", "masks",
-                       "--format", "clevr_change", "--root", str(root), "--split", split, "--out", str(out),
-                       "--limit", str(limit), "--workers", "1", "--no-progress"]
+            command = [
+                str(launcher),
+                "launch",
+                *distributed,
+                "--num_processes",
+                str(n),
+                "--num_machines",
+                "1",
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                "-m",
+                "preprocess",
+                "masks",
+                "--format",
+                "clevr_change",
+                "--root",
+                str(root),
+                "--split",
+                split,
+                "--out",
+                str(out),
+                "--limit",
+                str(limit),
+                "--workers",
+                "1",
+                "--no-progress",
+            ]
             start = time.perf_counter()
-            done = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
-                                  text=True)
+            done = subprocess.run(
+                command, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True
+            )
             wall = time.perf_counter() - start
             if done.returncode != 0:
                 runs[n].append({"error": done.stderr[-800:]})
                 continue
             manifest = json.loads((out / "manifest.json").read_text())
             pairs = manifest["counts"]["pairs"]
-            runs[n].append({"wall_seconds": round(wall, 2), "job_seconds": manifest["seconds"],
-                            "pairs_per_s_wall": round(pairs / wall, 2),
-                            "pairs_per_s_job": round(pairs / manifest["seconds"], 2),
-                            "mask_files": len(list((out / "masks").iterdir())),
-                            "mask_bytes_sha256": _mask_bytes_sha256(out)})
-    best = {n: max((r for r in rs if "job_seconds" in r), key=lambda r: r["pairs_per_s_job"], default=None)
-            for n, rs in runs.items()}
+            runs[n].append(
+                {
+                    "wall_seconds": round(wall, 2),
+                    "job_seconds": manifest["seconds"],
+                    "pairs_per_s_wall": round(pairs / wall, 2),
+                    "pairs_per_s_job": round(pairs / manifest["seconds"], 2),
+                    "mask_files": len(list((out / "masks").iterdir())),
+                    "mask_bytes_sha256": _mask_bytes_sha256(out),
+                }
+            )
+    best = {
+        n: max((r for r in rs if "job_seconds" in r), key=lambda r: r["pairs_per_s_job"], default=None)
+        for n, rs in runs.items()
+    }
     digests = {r["mask_bytes_sha256"] for rs in runs.values() for r in rs if "mask_bytes_sha256" in r}
-    report = {"pairs": limit, "split": split, "runs": {str(n): rs for n, rs in runs.items()},
-              "same_bytes_all_runs": len(digests) == 1, "load_1min_at_end": round(os.getloadavg()[0], 2)}
+    report = {
+        "pairs": limit,
+        "split": split,
+        "runs": {str(n): rs for n, rs in runs.items()},
+        "same_bytes_all_runs": len(digests) == 1,
+        "load_1min_at_end": round(os.getloadavg()[0], 2),
+    }
     if len(counts) > 1 and all(best.values()):
         first, last = counts[0], counts[-1]
-        report[f"speedup_{last}_vs_{first}_job"] = round(best[last]["pairs_per_s_job"] / best[first]["pairs_per_s_job"], 2)
-        report[f"speedup_{last}_vs_{first}_wall"] = round(best[last]["pairs_per_s_wall"] / best[first]["pairs_per_s_wall"], 2)
+        report[f"speedup_{last}_vs_{first}_job"] = round(
+            best[last]["pairs_per_s_job"] / best[first]["pairs_per_s_job"], 2
+        )
+        report[f"speedup_{last}_vs_{first}_wall"] = round(
+            best[last]["pairs_per_s_wall"] / best[first]["pairs_per_s_wall"], 2
+        )
     return report
 
 
@@ -213,8 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sam-pairs", type=int, default=64, help="pairs timed with SAM on a GPU")
     parser.add_argument("--sam-batch-size", type=int, default=8)
     parser.add_argument("--sam-type", default="vit_h", choices=["vit_h", "vit_l", "vit_b"])
-    parser.add_argument("--processes", type=int, nargs="+", default=None,
-                        help="instead of the parts above: `preprocess masks` under accelerate with these process counts")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="instead of the parts above: `preprocess masks` under accelerate with these process counts",
+    )
     parser.add_argument("--process-pairs", type=int, default=300, help="pairs (--limit) for --processes")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per process count (--processes)")
     args = parser.parse_args(argv)
@@ -226,19 +294,31 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.root) if args.root else synthetic_root(tmp / "synth", max(8, args.pairs))
         split = args.split if args.root else "test"
         if args.processes:
-            print(json.dumps({"processes": bench_processes(root, split, args.process_pairs, args.processes,
-                                                           args.repeats, tmp),
-                              "python": platform.python_version(), "cpus": os.cpu_count()}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "processes": bench_processes(
+                            root, split, args.process_pairs, args.processes, args.repeats, tmp
+                        ),
+                        "python": platform.python_version(),
+                        "cpus": os.cpu_count(),
+                    },
+                    indent=2,
+                )
+            )
             return 0
         pairs = read_dataset("clevr_change", root, split).pairs
         width, height = load_rgb(pairs[0].after).size
         report = {
-            "root": str(root), "split": split, "image_size": [height, width], "python": platform.python_version(),
+            "root": str(root),
+            "split": split,
+            "image_size": [height, width],
+            "python": platform.python_version(),
             "machine": platform.machine(),
-            "cpu_stages": [bench_cpu(pairs[:args.pairs], size, tmp / "cache") for size in args.work_sizes],
+            "cpu_stages": [bench_cpu(pairs[: args.pairs], size, tmp / "cache") for size in args.work_sizes],
         }
         if torch.cuda.is_available():
-            report["sam"] = bench_sam(pairs[:args.sam_pairs], RegionSettings(), args.sam_batch_size, args.sam_type)
+            report["sam"] = bench_sam(pairs[: args.sam_pairs], RegionSettings(), args.sam_batch_size, args.sam_type)
         else:
             report["sam"] = "no GPU: skipped (torch.cuda.is_available() is False); the SAM numbers are owed"
     print(json.dumps(report, indent=2))

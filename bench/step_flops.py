@@ -12,10 +12,15 @@ def llm_sequence_length(model: DavirModel, prompts: list[str], captions: list[st
     """Length of the LLM input of ``DavirModel.forward``: 2Q visual tokens + the longest [prompt | caption | EOS]
     (prompt with BOS, both truncated as the model does). Checked against the forward's labels in timed runs."""
     config = model.config
-    prompt_ids = model.tokenizer(list(prompts), add_special_tokens=True, truncation=True,
-                                 max_length=config.max_prompt_tokens)["input_ids"]
-    caption_ids = model.tokenizer([c.strip() for c in captions], add_special_tokens=False, truncation=True,
-                                  max_length=config.max_caption_tokens - 1)["input_ids"]
+    prompt_ids = model.tokenizer(
+        list(prompts), add_special_tokens=True, truncation=True, max_length=config.max_prompt_tokens
+    )["input_ids"]
+    caption_ids = model.tokenizer(
+        [c.strip() for c in captions],
+        add_special_tokens=False,
+        truncation=True,
+        max_length=config.max_caption_tokens - 1,
+    )["input_ids"]
     return 2 * model.num_query_tokens + max(len(p) + len(c) + 1 for p, c in zip(prompt_ids, caption_ids))
 
 
@@ -65,12 +70,17 @@ def step_tflop_estimate(
     vit += 4 * image_tokens**2 * vision.hidden_size * vision.num_hidden_layers * images
     patch_embedding = 2 * core.vision_model.embeddings.patch_embedding.weight.numel() * patches * images
     qformer_config = core.config.qformer_config
-    qformer = 2 * images * sum(
-        n * _qformer_tokens(name, queries, text_tokens, image_tokens) for name, n in linears(core.qformer)
+    qformer = (
+        2
+        * images
+        * sum(n * _qformer_tokens(name, queries, text_tokens, image_tokens) for name, n in linears(core.qformer))
     )
     cross_layers = len(range(0, qformer_config.num_hidden_layers, qformer_config.cross_attention_frequency))
-    qformer += 4 * images * qformer_config.hidden_size * (
-        (queries + text_tokens) ** 2 * qformer_config.num_hidden_layers + queries * image_tokens * cross_layers
+    qformer += (
+        4
+        * images
+        * qformer_config.hidden_size
+        * ((queries + text_tokens) ** 2 * qformer_config.num_hidden_layers + queries * image_tokens * cross_layers)
     )
     projection = 2 * core.language_projection.weight.numel() * queries * images
     llm = 2 * sum(n for _, n in linears(core.language_model)) * llm_length * batch

@@ -24,7 +24,8 @@ def build_reference(model: torch.nn.Module, device: torch.device) -> torch.nn.Mo
     dtype = next(core.parameters()).dtype
     with torch.device(device):
         reference = InstructBlipForConditionalGeneration._from_config(
-            core.config, attn_implementation=core.config._attn_implementation, dtype=dtype)
+            core.config, attn_implementation=core.config._attn_implementation, dtype=dtype
+        )
     with torch.no_grad():
         reference.query_tokens.normal_(std=0.02)
     lora = copy.deepcopy(model.wrapped().peft_config["default"])
@@ -57,7 +58,9 @@ def reference_inputs(model: torch.nn.Module, data: dict, device: torch.device) -
         "pixels": torch.cat([data["pixel_before"], data["pixel_after"]]),
         "qformer_ids": qformer["input_ids"].repeat(2, 1).to(device),
         "qformer_mask": qformer["attention_mask"].repeat(2, 1).to(device),
-        "input_ids": ids.to(device), "text_mask": mask.to(device), "labels": labels.to(device),
+        "input_ids": ids.to(device),
+        "text_mask": mask.to(device),
+        "labels": labels.to(device),
     }
 
 
@@ -66,16 +69,21 @@ def reference_loss(reference: torch.nn.Module, inputs: dict) -> tuple[torch.Tens
     side by side before the text embeddings, HF's causal-LM loss. Returns (loss, LLM sequence length)."""
     core = reference.base_model.model
     pixels = inputs["pixels"].to(core.vision_model.embeddings.patch_embedding.weight.dtype)
-    tokens = core.get_image_features(pixels, qformer_input_ids=inputs["qformer_ids"],
-                                     qformer_attention_mask=inputs["qformer_mask"], return_dict=True).pooler_output
+    tokens = core.get_image_features(
+        pixels, qformer_input_ids=inputs["qformer_ids"], qformer_attention_mask=inputs["qformer_mask"], return_dict=True
+    ).pooler_output
     batch = tokens.shape[0] // 2
     visual = torch.cat([tokens[:batch], tokens[batch:]], dim=1)
     text = core.get_input_embeddings()(inputs["input_ids"])
     embeds = torch.cat([visual.to(text.dtype), text], dim=1)
     ones = torch.ones(visual.shape[:2], dtype=torch.long, device=text.device)
     ignore = torch.full(visual.shape[:2], IGNORE_INDEX, dtype=torch.long, device=text.device)
-    out = core.language_model(inputs_embeds=embeds, attention_mask=torch.cat([ones, inputs["text_mask"]], 1),
-                              labels=torch.cat([ignore, inputs["labels"]], 1), use_cache=False)
+    out = core.language_model(
+        inputs_embeds=embeds,
+        attention_mask=torch.cat([ones, inputs["text_mask"]], 1),
+        labels=torch.cat([ignore, inputs["labels"]], 1),
+        use_cache=False,
+    )
     return out.loss, embeds.shape[1]
 
 
@@ -122,8 +130,12 @@ def profile_step(step, device: torch.device, top: int = 12) -> dict:
     events = prof.events()
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     kernel_us = sum(e.device_time for e in kernels)
-    launches = Counter(e.name for e in events if e.name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
-                                                            "cudaMemcpyAsync", "cudaStreamSynchronize"))
+    launches = Counter(
+        e.name
+        for e in events
+        if e.name
+        in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaStreamSynchronize")
+    )
     by_op = sorted(prof.key_averages(), key=lambda a: a.self_device_time_total, reverse=True)[:top]
     return {
         "wall_s": round(wall, 4),
@@ -132,6 +144,7 @@ def profile_step(step, device: torch.device, top: int = 12) -> dict:
         "gpu_busy_share": round(kernel_us / 1e6 / wall, 3) if wall else None,
         "runtime_calls": dict(launches),
         "cpu_ops": sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CPU),
-        "top_ops_by_gpu_time": [{"op": a.key[:80], "calls": a.count, "gpu_ms": round(a.self_device_time_total / 1e3, 2)}
-                                for a in by_op],
+        "top_ops_by_gpu_time": [
+            {"op": a.key[:80], "calls": a.count, "gpu_ms": round(a.self_device_time_total / 1e3, 2)} for a in by_op
+        ],
     }

@@ -73,16 +73,24 @@ def main(argv: list[str] | None = None) -> int:
     baseline_s, baseline = score_all(jobs)
     with shared_meteor():
         shared_s, shared = score_all(jobs)
-    print(json.dumps({
-        "bench": "sweep_scoring",
-        "machine": platform.platform(),
-        "runs": len(jobs),
-        "pairs_per_run": len(jobs[0][0]),
-        "process_per_call": {"seconds": round(baseline_s, 2), "seconds_per_run": round(baseline_s / len(jobs), 2)},
-        "shared_meteor": {"seconds": round(shared_s, 2), "seconds_per_run": round(shared_s / len(jobs), 2)},
-        "speedup": round(baseline_s / shared_s, 2),
-        "identical_scores": baseline == shared,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "bench": "sweep_scoring",
+                "machine": platform.platform(),
+                "runs": len(jobs),
+                "pairs_per_run": len(jobs[0][0]),
+                "process_per_call": {
+                    "seconds": round(baseline_s, 2),
+                    "seconds_per_run": round(baseline_s / len(jobs), 2),
+                },
+                "shared_meteor": {"seconds": round(shared_s, 2), "seconds_per_run": round(shared_s / len(jobs), 2)},
+                "speedup": round(baseline_s / shared_s, 2),
+                "identical_scores": baseline == shared,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -40,14 +40,20 @@ def random_batch(config: LightweightConfig, batch: int, device: torch.device, ge
         captions_target[row, : len(sequence) - 1] = sequence[1:]
     extras = {}
     if config.method == "cheer":
-        extras["entities"] = torch.randn(batch, config.cheer_entities, config.entity_dim, generator=generator).to(device)
+        extras["entities"] = torch.randn(batch, config.cheer_entities, config.entity_dim, generator=generator).to(
+            device
+        )
     if config.method == "rdd":
         extras["attributes"] = {
             "noun_features": torch.randn(batch, config.acr_text_dim, generator=generator).to(device),
             "verb_features": torch.randn(batch, config.acr_text_dim, generator=generator).to(device),
         }
-    return {"feats": feats, "captions_in": captions_in.to(device), "captions_target": captions_target.to(device),
-            "extras": extras}
+    return {
+        "feats": feats,
+        "captions_in": captions_in.to(device),
+        "captions_target": captions_target.to(device),
+        "extras": extras,
+    }
 
 
 def bench_method(method: str, batch: int, steps: int, warmup: int, device: torch.device, bf16: bool) -> dict:
@@ -105,8 +111,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     gpu = device.type == "cuda"
     bf16 = (args.precision or ("bf16" if gpu else "fp32")) == "bf16"
     steps = args.steps or (20 if gpu else 3)

@@ -29,10 +29,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b",
-                 "qwen3_vl": "8b",
-                 "internvl": "8b",
-                 "gemma3": "4b"}
+LARGE_PRESETS = {
+    "instructblip": "vicuna7b",
+    "qwen2_5_vl": "7b",
+    "llava_onevision": "7b",
+    "smolvlm": "2b",
+    "qwen3_vl": "8b",
+    "internvl": "8b",
+    "gemma3": "4b",
+}
 
 
 RUNNING: list[subprocess.Popen] = []  # the child of the moment, stopped with us on SIGTERM
@@ -64,14 +69,57 @@ def run(command: list[str], log: Path, timeout: float) -> tuple[int, float]:
 def make_data(folder: Path, scenes: int, log: Path) -> dict:
     """The synthetic set, its masks and entities for train and val; seconds of each stage."""
     py, data = sys.executable, folder / "data"
-    stages = {"synth": [py, "-m", "davir.data", "synth", "--out", str(data), "--scenes", str(scenes), "--seed", "0",
-                        "--workers", "0"]}
+    stages = {
+        "synth": [
+            py,
+            "-m",
+            "davir.data",
+            "synth",
+            "--out",
+            str(data),
+            "--scenes",
+            str(scenes),
+            "--seed",
+            "0",
+            "--workers",
+            "0",
+        ]
+    }
     for split in ("train", "val"):
-        stages[f"masks_{split}"] = [py, "-m", "preprocess", "masks", "--format", "clevr_change", "--root", str(data),
-                                    "--split", split, "--out", str(folder / "masks"), "--workers", "0", "--no-progress"]
-        stages[f"entities_{split}"] = [py, "-m", "preprocess", "entities", "--format", "clevr_change", "--root",
-                                       str(data), "--split", split, "--masks", str(folder / "masks"), "--out",
-                                       str(folder / "entities"), "--no-progress"]
+        stages[f"masks_{split}"] = [
+            py,
+            "-m",
+            "preprocess",
+            "masks",
+            "--format",
+            "clevr_change",
+            "--root",
+            str(data),
+            "--split",
+            split,
+            "--out",
+            str(folder / "masks"),
+            "--workers",
+            "0",
+            "--no-progress",
+        ]
+        stages[f"entities_{split}"] = [
+            py,
+            "-m",
+            "preprocess",
+            "entities",
+            "--format",
+            "clevr_change",
+            "--root",
+            str(data),
+            "--split",
+            split,
+            "--masks",
+            str(folder / "masks"),
+            "--out",
+            str(folder / "entities"),
+            "--no-progress",
+        ]
     seconds = {}
     for name, command in stages.items():
         code, took = run(command, log, timeout=600)
@@ -84,19 +132,50 @@ def make_data(folder: Path, scenes: int, log: Path) -> dict:
 def train_command(args: argparse.Namespace, folder: Path, workers: int, gpu: bool) -> list[str]:
     run_dir = folder / f"run_workers{workers}"
     overrides = {
-        "model.family": args.family, "model.pretrained": "null", "model.preset": args.preset,
-        "model.image_size": "null", "model.lora.vision_rank": 4, "model.lora.qformer_rank": 4,
-        "model.lora.llm_rank": 8, "model.extra_trainable": "[]",
-        "model.dtype": "bfloat16" if gpu else "float32", "model.gradient_checkpointing": str(gpu).lower(),
-        "data.root": folder / "data", "data.masks": folder / "masks", "data.entities": folder / "entities",
-        "data.num_workers": workers, "optim.batch_size": args.batch_size, "optim.max_steps": args.steps,
-        "optim.weight_decay": 0.05, "optim.lr": 1e-5, "run.log_every": args.log_every, "run.eval_every": 0,
-        "run.save_every": 0, "run.val_max_pairs": args.batch_size, "run.trackers": "[]",
-        "run.mixed_precision": "bf16" if gpu else "no", "run.output_dir": run_dir, "run.overwrite": "true",
+        "model.family": args.family,
+        "model.pretrained": "null",
+        "model.preset": args.preset,
+        "model.image_size": "null",
+        "model.lora.vision_rank": 4,
+        "model.lora.qformer_rank": 4,
+        "model.lora.llm_rank": 8,
+        "model.extra_trainable": "[]",
+        "model.dtype": "bfloat16" if gpu else "float32",
+        "model.gradient_checkpointing": str(gpu).lower(),
+        "data.root": folder / "data",
+        "data.masks": folder / "masks",
+        "data.entities": folder / "entities",
+        "data.num_workers": workers,
+        "optim.batch_size": args.batch_size,
+        "optim.max_steps": args.steps,
+        "optim.weight_decay": 0.05,
+        "optim.lr": 1e-5,
+        "run.log_every": args.log_every,
+        "run.eval_every": 0,
+        "run.save_every": 0,
+        "run.val_max_pairs": args.batch_size,
+        "run.trackers": "[]",
+        "run.mixed_precision": "bf16" if gpu else "no",
+        "run.output_dir": run_dir,
+        "run.overwrite": "true",
     }
-    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-            "--mixed_precision", "bf16" if gpu else "no", "--dynamo_backend", "no", str(ROOT / "train.py"),
-            "--config", str(ROOT / "configs" / "demo.yaml"), *(f"{k}={v}" for k, v in overrides.items())]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        "1",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "bf16" if gpu else "no",
+        "--dynamo_backend",
+        "no",
+        str(ROOT / "train.py"),
+        "--config",
+        str(ROOT / "configs" / "demo.yaml"),
+        *(f"{k}={v}" for k, v in overrides.items()),
+    ]
 
 
 def loop_rate(run_dir: Path, batch: int) -> dict:
@@ -118,8 +197,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="instructblip", choices=sorted(LARGE_PRESETS))
     parser.add_argument("--preset", help="default: the family's published architecture on a GPU, tiny on a CPU")
-    parser.add_argument("--scenes", type=int, help="synthetic scenes (two pairs each; default: enough for one "
-                        "epoch of --steps batches)")
+    parser.add_argument(
+        "--scenes", type=int, help="synthetic scenes (two pairs each; default: enough for one epoch of --steps batches)"
+    )
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default: 40 on a GPU, 6 on a CPU)")
     parser.add_argument("--log-every", type=int, help="steps per logged window (default: --steps / 5)")
     parser.add_argument("--batch-size", type=int, help="default: 16 on a GPU, 4 on a CPU")
@@ -139,22 +219,37 @@ def main(argv: list[str] | None = None) -> dict:
     folder = args.work_dir or Path(f"/tmp/davir_train_loop_{os.getpid()}")
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / "log.txt"
-    report = {"benchmark": "accelerate launch train.py: the training loop's pairs/s as train_log.jsonl records it",
-              "family": args.family, "preset": args.preset, "batch_size": args.batch_size, "steps": args.steps,
-              "log_every": args.log_every, "scenes": args.scenes, "device": torch.cuda.get_device_name(0) if gpu
-              else "cpu", "cpu_count": os.cpu_count(), "java": shutil.which("java") is not None, "log": str(log)}
+    report = {
+        "benchmark": "accelerate launch train.py: the training loop's pairs/s as train_log.jsonl records it",
+        "family": args.family,
+        "preset": args.preset,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "log_every": args.log_every,
+        "scenes": args.scenes,
+        "device": torch.cuda.get_device_name(0) if gpu else "cpu",
+        "cpu_count": os.cpu_count(),
+        "java": shutil.which("java") is not None,
+        "log": str(log),
+    }
     report["data_seconds"] = make_data(folder, args.scenes, log)
     runs = {}
     for workers in [int(w) for w in args.workers.split(",")]:
         code, took = run(train_command(args, folder, workers, gpu), log, timeout=args.timeout)
-        runs[f"workers_{workers}"] = {"exit": code, "wall_s": round(took, 1),
-                                      **loop_rate(folder / f"run_workers{workers}", args.batch_size)}
+        runs[f"workers_{workers}"] = {
+            "exit": code,
+            "wall_s": round(took, 1),
+            **loop_rate(folder / f"run_workers{workers}", args.batch_size),
+        }
     report["runs"] = runs
     if args.step_bench and args.step_bench.is_file():
         step = json.loads(args.step_bench.read_text())["variants"]["davir"]
         report["step_bench_davir_pairs_per_s"] = step["pairs_per_s"]
-        report["loop_over_step"] = {name: round(r["pairs_per_s_median"] / step["pairs_per_s"], 3)
-                                    for name, r in runs.items() if "pairs_per_s_median" in r}
+        report["loop_over_step"] = {
+            name: round(r["pairs_per_s_median"] / step["pairs_per_s"], 3)
+            for name, r in runs.items()
+            if "pairs_per_s_median" in r
+        }
     print(json.dumps(report, indent=2))
     return report
 

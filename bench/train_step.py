@@ -75,23 +75,22 @@ from bench.bench_common import (  # noqa: E402
     vocabulary_texts,
 )
 from bench.step_flops import llm_sequence_length, round_significant, step_tflop_estimate  # noqa: E402
-from bench.step_tools import (  # noqa: E402
-    build_reference,
-    busy_cpus,
-    profile_step,
-    reference_inputs,
-    reference_loss,
-)
+from bench.step_tools import build_reference, busy_cpus, profile_step, reference_inputs, reference_loss  # noqa: E402
 from davir.models.families import DEFAULT_FAMILY, FAMILIES  # noqa: E402
 from davir.models.vlm.build import build_davir_model  # noqa: E402
 from davir.models.vlm.config import DavirModelConfig  # noqa: E402
 from davir.models.vlm.instructblip import DavirModel  # noqa: E402
 
 # Each family's published architecture (random weights): the default preset on a GPU.
-LARGE_PRESETS = {"instructblip": "vicuna7b", "qwen2_5_vl": "7b", "llava_onevision": "7b", "smolvlm": "2b",
-                 "qwen3_vl": "8b",
-                 "internvl": "8b",
-                 "gemma3": "4b"}
+LARGE_PRESETS = {
+    "instructblip": "vicuna7b",
+    "qwen2_5_vl": "7b",
+    "llava_onevision": "7b",
+    "smolvlm": "2b",
+    "qwen3_vl": "8b",
+    "internvl": "8b",
+    "gemma3": "4b",
+}
 VARIANTS = ("davir", "plain", "epc_only")
 SPLIT_WINDOWS = "davir_split_windows"  # Qwen2.5-VL only, on request
 FUSED_ADAMW = "davir_fused_adamw"  # on request
@@ -104,6 +103,7 @@ TARGETS = {
     "min_davir_pairs_per_s": 41.0,
     "probe_plain_step": {"seconds": 0.388, "peak_memory_gib": 27.8, "batch_size": 16, "device": "H100"},
 }
+
 
 def build_model(args: argparse.Namespace, device: torch.device) -> DavirModel:
     """The benchmark model: random weights, LoRA of App. B, built on ``device`` in ``args.dtype``."""
@@ -260,11 +260,15 @@ class StepRunner:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 loss, length = reference_loss(self.model, self.reference_inputs)
             out = dataclasses.make_dataclass("Out", ["loss", "caption_loss", "attn_loss", "fac_pairs", "labels"])(
-                loss, loss, None, 0, torch.empty(0, length))
+                loss, loss, None, 0, torch.empty(0, length)
+            )
         else:
             # the window split stays on through the backward: checkpointing recomputes the ViT blocks there
-            with fac_lambda(self.model, self.lambda_attn), split_windows(self.model, self.name == SPLIT_WINDOWS), \
-                    compiled_layers(self.model, self.name == COMPILED):
+            with (
+                fac_lambda(self.model, self.lambda_attn),
+                split_windows(self.model, self.name == SPLIT_WINDOWS),
+                compiled_layers(self.model, self.name == COMPILED),
+            ):
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                     out = self.model(**self.kwargs)  # a compiled layer's backward (and recompute) is compiled with it
                 out.loss.backward()
@@ -295,17 +299,23 @@ class StepRunner:
     def estimate(self, batch: int, checkpointing: bool) -> dict:
         """FLOP estimate of this variant's step (its prompt length and LLM sequence length)."""
         length = llm_sequence_length(self.model, self.kwargs["prompts"], self.kwargs["captions"])
-        return {"llm_sequence_length": length,
-                **step_tflop_estimate(self.model, self.kwargs["prompts"], length, batch, checkpointing)}
+        return {
+            "llm_sequence_length": length,
+            **step_tflop_estimate(self.model, self.kwargs["prompts"], length, batch, checkpointing),
+        }
 
     def summary(self, batch: int, checkpointing: bool) -> dict:
         median = statistics.median(self.seconds)
         estimate = None
-        if isinstance(self.model, DavirModel) and self.name != REFERENCE:  # the shape estimate knows InstructBLIP's towers only
+        if (
+            isinstance(self.model, DavirModel) and self.name != REFERENCE
+        ):  # the shape estimate knows InstructBLIP's towers only
             estimate = self.estimate(batch, checkpointing)
             if estimate["llm_sequence_length"] != self.last["llm_sequence_length"]:
-                raise RuntimeError(f"variant {self.name}: estimated LLM length {estimate['llm_sequence_length']} but "
-                                   f"the forward used {self.last['llm_sequence_length']}")
+                raise RuntimeError(
+                    f"variant {self.name}: estimated LLM length {estimate['llm_sequence_length']} but "
+                    f"the forward used {self.last['llm_sequence_length']}"
+                )
         tflop = self.counted_tflop if self.counted_tflop is not None else (estimate or {}).get("step_tflop")
         result = {
             "seconds_per_step": {
@@ -316,9 +326,14 @@ class StepRunner:
                 "stdev": round(statistics.stdev(self.seconds), 4) if len(self.seconds) > 1 else 0.0,
             },
             "pairs_per_s": round(batch / median, 2),
-            **({"cpu_seconds_per_step_median": round(statistics.median(self.cpu_seconds), 4),
-                "pairs_per_cpu_s": round(batch / statistics.median(self.cpu_seconds), 2)}
-               if self.device.type == "cpu" else {}),
+            **(
+                {
+                    "cpu_seconds_per_step_median": round(statistics.median(self.cpu_seconds), 4),
+                    "pairs_per_cpu_s": round(batch / statistics.median(self.cpu_seconds), 2),
+                }
+                if self.device.type == "cpu"
+                else {}
+            ),
             "steps_timed": len(self.seconds),
             "prompt": self.kwargs["prompts"][0],
             "fac_lambda": self.lambda_attn,
@@ -332,9 +347,13 @@ class StepRunner:
             result["peak_memory_gib"] = round(self.peak_bytes / 2**30, 2)
         if self.busy_seconds:
             busy = statistics.median(self.busy_seconds)
-            result["with_busy_cpus"] = {"median": round(busy, 4), "min": round(min(self.busy_seconds), 4),
-                                        "max": round(max(self.busy_seconds), 4), "pairs_per_s": round(batch / busy, 2),
-                                        "over_idle": round(busy / median, 3)}
+            result["with_busy_cpus"] = {
+                "median": round(busy, 4),
+                "min": round(min(self.busy_seconds), 4),
+                "max": round(max(self.busy_seconds), 4),
+                "pairs_per_s": round(batch / busy, 2),
+                "over_idle": round(busy / median, 3),
+            }
         if self.profile is not None:
             result["profile"] = self.profile
         return result
@@ -376,32 +395,56 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, help="pairs per step (default: 16 on GPU, 8 on CPU)")
     parser.add_argument("--steps", type=int, help="timed steps per variant (default: 10 on GPU, 5 on CPU)")
     parser.add_argument("--warmup", type=int, help="untimed steps per variant first (default: 3 on GPU, 2 on CPU)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32", "float16"),
-                        help="weights' dtype (default: bfloat16 on GPU, float32 on CPU)")
-    parser.add_argument("--autocast", action=argparse.BooleanOptionalAction,
-                        help="bf16 autocast around the forward (default: on for bf16 weights on a GPU)")
-    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction,
-                        help="non-reentrant checkpointing (InstructBLIP: the LLM; a chat family: every layer "
-                        "HF checkpoints, ViT blocks included) (default: on for the large presets, off for tiny)")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"comma list from {(*VARIANTS, FUSED_ADAMW, SPLIT_WINDOWS, REFERENCE, COMPILED)} "
-                        f"({SPLIT_WINDOWS}: qwen2_5_vl only; {REFERENCE}, {COMPILED}: instructblip only)")
-    parser.add_argument("--busy-cpus", type=int, default=0,
-                        help="time every variant again with N processes keeping N CPU cores busy")
-    parser.add_argument("--profile", action="store_true",
-                        help="one profiled step per variant: kernels, GPU-busy share, ops of most GPU time")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32", "float16"),
+        help="weights' dtype (default: bfloat16 on GPU, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--autocast",
+        action=argparse.BooleanOptionalAction,
+        help="bf16 autocast around the forward (default: on for bf16 weights on a GPU)",
+    )
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        help="non-reentrant checkpointing (InstructBLIP: the LLM; a chat family: every layer "
+        "HF checkpoints, ViT blocks included) (default: on for the large presets, off for tiny)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma list from {(*VARIANTS, FUSED_ADAMW, SPLIT_WINDOWS, REFERENCE, COMPILED)} "
+        f"({SPLIT_WINDOWS}: qwen2_5_vl only; {REFERENCE}, {COMPILED}: instructblip only)",
+    )
+    parser.add_argument(
+        "--busy-cpus", type=int, default=0, help="time every variant again with N processes keeping N CPU cores busy"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="one profiled step per variant: kernels, GPU-busy share, ops of most GPU time",
+    )
     parser.add_argument("--image-size", type=int, help="model.image_size (default: the preset's)")
-    parser.add_argument("--threads", type=int,
-                        help="torch intra-op threads (default: 1 on CPU, where oversubscribed cores of a shared "
-                        "machine made a 2-thread tiny step about 10x slower: 2.7 s vs 0.28 s; torch's choice on a "
-                        "GPU)")
-    parser.add_argument("--estimate-only", action="store_true",
-                        help="build on the 'meta' device (no memory, any machine) and print only the FLOP estimate "
-                        "per variant (default preset then: vicuna7b, batch 16, checkpointing on)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: 1 on CPU, where oversubscribed cores of a shared "
+        "machine made a 2-thread tiny step about 10x slower: 2.7 s vs 0.28 s; torch's choice on a "
+        "GPU)",
+    )
+    parser.add_argument(
+        "--estimate-only",
+        action="store_true",
+        help="build on the 'meta' device (no memory, any machine) and print only the FLOP estimate "
+        "per variant (default preset then: vicuna7b, batch 16, checkpointing on)",
+    )
     args = parser.parse_args(argv)
     if args.estimate_only and args.family != "instructblip":
-        raise SystemExit("--estimate-only is the layer-shape estimate of InstructBLIP; a chat family's FLOPs are "
-                         "counted on a real step (run without --estimate-only)")
+        raise SystemExit(
+            "--estimate-only is the layer-shape estimate of InstructBLIP; a chat family's FLOPs are "
+            "counted on a real step (run without --estimate-only)"
+        )
     device = torch.device("meta") if args.estimate_only else pick_device(args.device)
     gpu = device.type == "cuda" or args.estimate_only  # the estimate describes the GPU setting
     if args.threads or device.type == "cpu":
@@ -443,8 +486,11 @@ def main(argv: list[str] | None = None) -> dict:
     }
     estimates = {}
     if isinstance(model, DavirModel):
-        estimates = {name: r.estimate(args.batch_size, args.gradient_checkpointing) for name, r in runners.items()
-                     if name != REFERENCE}
+        estimates = {
+            name: r.estimate(args.batch_size, args.gradient_checkpointing)
+            for name, r in runners.items()
+            if name != REFERENCE
+        }
     predicted = {}
     if "davir" in estimates and "plain" in estimates:
         predicted["davir_over_plain"] = round(estimates["davir"]["step_tflop"] / estimates["plain"]["step_tflop"], 4)
@@ -478,8 +524,12 @@ def main(argv: list[str] | None = None) -> dict:
     variants = {name: runner.summary(args.batch_size, args.gradient_checkpointing) for name, runner in runners.items()}
     ratios = {}
     median = {name: v["seconds_per_step"]["median"] for name, v in variants.items()}
-    for other, key in ((SPLIT_WINDOWS, "split_windows_over_davir"), (FUSED_ADAMW, "fused_adamw_over_davir"),
-                       (REFERENCE, "reference_over_davir"), (COMPILED, "compiled_over_davir")):
+    for other, key in (
+        (SPLIT_WINDOWS, "split_windows_over_davir"),
+        (FUSED_ADAMW, "fused_adamw_over_davir"),
+        (REFERENCE, "reference_over_davir"),
+        (COMPILED, "compiled_over_davir"),
+    ):
         if "davir" in variants and other in variants:
             ratios[key] = round(median[other] / median["davir"], 4)
     if "davir" in variants and "plain" in variants:
@@ -499,8 +549,12 @@ def main(argv: list[str] | None = None) -> dict:
         "device": device_name(device),
         **setting,
         "build_seconds": round(build_seconds, 1),
-        "steps": {"warmup_per_variant": args.warmup, "timed_per_variant": args.steps, "order": "interleaved ABC CBA",
-                  "busy_cpus": args.busy_cpus},
+        "steps": {
+            "warmup_per_variant": args.warmup,
+            "timed_per_variant": args.steps,
+            "order": "interleaved ABC CBA",
+            "busy_cpus": args.busy_cpus,
+        },
         "variants": variants,
         "ratios_of_median_step": ratios,
         "predicted_ratio_from_flops": predicted,

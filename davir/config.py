@@ -41,15 +41,32 @@ def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def require(name: str, value: float | None, *, at_least: float | None = None, above: float | None = None,
-            at_most: float | None = None, below: float | None = None) -> None:
+def require(
+    name: str,
+    value: float | None,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+) -> None:
     """Raise FieldError(name, ...) unless `value` lies in the range (None = the field is unset, allowed)."""
     if value is None:
         return
-    low = (f"≥ {_number(at_least)}", value >= at_least) if at_least is not None else \
-        (f"> {_number(above)}", value > above) if above is not None else None
-    high = (f"≤ {_number(at_most)}", value <= at_most) if at_most is not None else \
-        (f"< {_number(below)}", value < below) if below is not None else None
+    low = (
+        (f"≥ {_number(at_least)}", value >= at_least)
+        if at_least is not None
+        else (f"> {_number(above)}", value > above)
+        if above is not None
+        else None
+    )
+    high = (
+        (f"≤ {_number(at_most)}", value <= at_most)
+        if at_most is not None
+        else (f"< {_number(below)}", value < below)
+        if below is not None
+        else None
+    )
     if (low and not low[1]) or (high and not high[1]):
         if low and high:
             left = "[" if at_least is not None else "("
@@ -77,6 +94,7 @@ def _keep_text(constructor):
     def construct(loader, node):
         value = constructor(loader, node)
         return Scalar(node.value, value) if isinstance(node, yaml.ScalarNode) and node.style is None else value
+
     return construct
 
 
@@ -113,7 +131,9 @@ def _plain_keys(value: Any) -> Any:
 def _is_text_field(annotation: Any) -> bool:
     if annotation is str:
         return True
-    return typing.get_origin(annotation) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(annotation))
+    return typing.get_origin(annotation) is typing.Literal and all(
+        isinstance(a, str) for a in typing.get_args(annotation)
+    )
 
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
@@ -283,4 +303,3 @@ def replace_fields(cls: type[T], options: T | None, overrides: dict[str, Any], *
     if unknown:
         raise TypeError(f"unknown {what} option(s) {', '.join(map(repr, unknown))}; valid: {', '.join(names)}")
     return dataclasses.replace(options or cls(), **overrides)
-

@@ -84,10 +84,14 @@ def describe_os_error(error: OSError) -> str:
     """One line for an OSError a user can cause (permissions, a full disk, a file where a folder should be)."""
     reason = os.strerror(error.errno) if error.errno else str(error)
     where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
-    hint = {errno.EACCES: "check the folder's permissions", errno.EPERM: "check the folder's permissions",
-            errno.EROFS: "the file system is read-only", errno.ENOSPC: "free some disk space",
-            errno.ENOTDIR: "a path component is a file, not a folder",
-            errno.EISDIR: "a folder is in the way of a file"}.get(error.errno)
+    hint = {
+        errno.EACCES: "check the folder's permissions",
+        errno.EPERM: "check the folder's permissions",
+        errno.EROFS: "the file system is read-only",
+        errno.ENOSPC: "free some disk space",
+        errno.ENOTDIR: "a path component is a file, not a folder",
+        errno.EISDIR: "a folder is in the way of a file",
+    }.get(error.errno)
     return (f"{where}: {reason.lower()}" if where else reason.lower()) + (f" ({hint})" if hint else "")
 
 
@@ -105,8 +109,11 @@ def import_optional(module: str, *, needed_by: str):
         return importlib.import_module(module)
     except ImportError as error:
         package, missing = module.split(".")[0], error.name or module
-        what = (f"{needed_by} needs {package}" if missing.split(".")[0] == package else
-                f"{needed_by} needs {package}, which cannot import {missing}")  # a dependency of it is missing
+        what = (
+            f"{needed_by} needs {package}"
+            if missing.split(".")[0] == package
+            else f"{needed_by} needs {package}, which cannot import {missing}"
+        )  # a dependency of it is missing
         missing_extra = MissingExtra(f"{what}: {install_hint(package)}")
         missing_extra.name = package
         raise missing_extra from error

@@ -7,8 +7,9 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from davir.errors import DataError
 
@@ -57,7 +58,7 @@ def follow_umask(path: Path) -> None:
     a model made to be shared would not be readable by the other users of a machine."""
     path = Path(path)
     mode = 0o666 & ~current_umask()
-    for file in ([path] if path.is_file() else path.rglob("*") if path.is_dir() else []):
+    for file in [path] if path.is_file() else path.rglob("*") if path.is_dir() else []:
         if not file.is_symlink() and file.is_file() and file.stat().st_mode & 0o777 == 0o600 and mode != 0o600:
             os.chmod(file, mode)
 
@@ -104,7 +105,7 @@ def append_whole(path: Path, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:  # write() may take part of the data when the disk fills; the next call then fails
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         except BaseException as error:
             with contextlib.suppress(OSError):

@@ -12,7 +12,8 @@ A lazy entry names the module that registers it, so listing the names imports no
 from __future__ import annotations
 
 import importlib
-from typing import Any, Generic, Iterator, Mapping, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
 from davir.errors import DataError
 
@@ -35,6 +36,7 @@ class Registry(Generic[T]):
         Registering a second, different entry under a taken name is an error unless `replace=True` (tests and a
         user's module overriding a built-in); registering the same object again is a no-op (module reloads)."""
         if entry is _UNSET:
+
             def decorate(obj: T) -> T:
                 self.register(name, obj, replace=replace)
                 return obj

@@ -28,6 +28,7 @@ def pytest_collection_modifyitems(config, items):
     `make test` hands whole files to the xdist workers in this order (--dist loadfile --no-loadscope-reorder), so
     the minute-long end-to-end files start at once instead of ending the run on one worker while the other idles
     (xdist's own order, most tests first, put these one- and two-test files last)."""
+
     def file_of(item):
         return item.nodeid.split("::")[0]
 
@@ -53,7 +54,9 @@ def fresh_accelerate_state():
 def shared_datasets() -> Path:
     """The folder of real annotation files and image pairs (never copied into the repository)."""
     if not SHARED_DATASETS.is_dir():
-        pytest.skip(f"real dataset fixtures not found at {SHARED_DATASETS} (expected ../shared/datasets next to the repo)")
+        pytest.skip(
+            f"real dataset fixtures not found at {SHARED_DATASETS} (expected ../shared/datasets next to the repo)"
+        )
     return SHARED_DATASETS
 
 
@@ -69,8 +72,10 @@ def make_read_only():
         folder = Path(folder)
         if os.geteuid() != 0:
             folder.chmod(0o555)
-        elif not (shutil.which("chattr") and
-                  subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0):
+        elif not (
+            shutil.which("chattr")
+            and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+        ):
             pytest.skip(f"root, and chattr +i does not work on {folder}'s file system: nothing is read-only here")
         locked.append(folder)
         try:
@@ -109,12 +114,22 @@ def two_pair_clevr_change(tmp_path) -> Path:
     root.mkdir()
     (root / "splits.json").write_text(json.dumps({"train": [], "val": [], "test": [1, 8001]}))
     (root / "type_mapping.json").write_text(json.dumps({"color": ["000001.png"], "material": ["008001.png"]}))
-    (root / "change_captions.json").write_text(json.dumps({
-        "CLEVR_default_000001.png": ["the red cube became blue"],
-        "CLEVR_default_008001.png": ["the metal ball became rubber"]}))
-    (root / "no_change_captions.json").write_text(json.dumps({
-        "CLEVR_default_000001.png": ["the scene remains the same"],
-        "CLEVR_default_008001.png": ["no change has occurred"]}))
+    (root / "change_captions.json").write_text(
+        json.dumps(
+            {
+                "CLEVR_default_000001.png": ["the red cube became blue"],
+                "CLEVR_default_008001.png": ["the metal ball became rubber"],
+            }
+        )
+    )
+    (root / "no_change_captions.json").write_text(
+        json.dumps(
+            {
+                "CLEVR_default_000001.png": ["the scene remains the same"],
+                "CLEVR_default_008001.png": ["no change has occurred"],
+            }
+        )
+    )
     return root
 
 
@@ -131,8 +146,9 @@ def synthetic_set(tmp_path_factory):
         key = (scenes, seed, width, height, tuple(sorted(settings.items())))
         if key not in made:
             root = tmp_path_factory.mktemp(f"synth_{scenes}_{seed}")
-            generate_dataset(root, SynthConfig(scenes=scenes, seed=seed, width=width, height=height, **settings),
-                             workers=1)
+            generate_dataset(
+                root, SynthConfig(scenes=scenes, seed=seed, width=width, height=height, **settings), workers=1
+            )
             made[key] = root
         return made[key]
 

@@ -12,24 +12,65 @@ import torch
 
 # Smaller than the families' `tiny` presets: the tests train a few steps, they do not learn.
 SIZES = {
-    "qwen2_5_vl": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
-                   "text_mlp": 128},
-    "llava_onevision": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64,
-                        "text_layers": 1, "text_mlp": 128},
-    "smolvlm": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
-                "text_mlp": 128},
-    "qwen3_vl": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
-                 "text_mlp": 128},
-    "internvl": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 1,
-                 "text_mlp": 128},
-    "gemma3": {"vision_hidden": 64, "vision_layers": 2, "vision_mlp": 128, "text_hidden": 64, "text_layers": 2,
-               "text_mlp": 128},
+    "qwen2_5_vl": {
+        "vision_hidden": 64,
+        "vision_layers": 2,
+        "vision_mlp": 128,
+        "text_hidden": 64,
+        "text_layers": 1,
+        "text_mlp": 128,
+    },
+    "llava_onevision": {
+        "vision_hidden": 64,
+        "vision_layers": 2,
+        "vision_mlp": 128,
+        "text_hidden": 64,
+        "text_layers": 1,
+        "text_mlp": 128,
+    },
+    "smolvlm": {
+        "vision_hidden": 64,
+        "vision_layers": 2,
+        "vision_mlp": 128,
+        "text_hidden": 64,
+        "text_layers": 1,
+        "text_mlp": 128,
+    },
+    "qwen3_vl": {
+        "vision_hidden": 64,
+        "vision_layers": 2,
+        "vision_mlp": 128,
+        "text_hidden": 64,
+        "text_layers": 1,
+        "text_mlp": 128,
+    },
+    "internvl": {
+        "vision_hidden": 64,
+        "vision_layers": 2,
+        "vision_mlp": 128,
+        "text_hidden": 64,
+        "text_layers": 1,
+        "text_mlp": 128,
+    },
+    "gemma3": {
+        "vision_hidden": 64,
+        "vision_layers": 2,
+        "vision_mlp": 128,
+        "text_hidden": 64,
+        "text_layers": 2,
+        "text_mlp": 128,
+    },
 }
 # The tokenizer class each family's released folders use (SmolLM2's is GPT-2's byte-level BPE; Gemma's is a
 # SentencePiece-style BPE with byte fallback).
-TOKENIZER_CLASSES = {"qwen2_5_vl": "Qwen2Tokenizer", "llava_onevision": "Qwen2Tokenizer",
-                     "smolvlm": "GPT2TokenizerFast", "qwen3_vl": "Qwen2Tokenizer",
-                     "internvl": "Qwen2Tokenizer", "gemma3": "GemmaTokenizer"}
+TOKENIZER_CLASSES = {
+    "qwen2_5_vl": "Qwen2Tokenizer",
+    "llava_onevision": "Qwen2Tokenizer",
+    "smolvlm": "GPT2TokenizerFast",
+    "qwen3_vl": "Qwen2Tokenizer",
+    "internvl": "Qwen2Tokenizer",
+    "gemma3": "GemmaTokenizer",
+}
 
 
 def byte_level_tokenizer(texts: list[str], specials: list[str], *, tokenizer_class=None, vocab_size: int = 300):
@@ -41,11 +82,16 @@ def byte_level_tokenizer(texts: list[str], specials: list[str], *, tokenizer_cla
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=256 + vocab_size, special_tokens=["<|endoftext|>", *specials],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=256 + vocab_size,
+        special_tokens=["<|endoftext|>", *specials],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     core.train_from_iterator(texts, trainer)
-    tokenizer = tokenizer_class(tokenizer_object=core, unk_token=None, bos_token=None, eos_token="<|endoftext|>",
-                                pad_token="<|endoftext|>")
+    tokenizer = tokenizer_class(
+        tokenizer_object=core, unk_token=None, bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
     return tokenizer
 
@@ -76,22 +122,23 @@ def gemma_tokenizer(texts: list[str], specials: list[str], *, vocab_size: int = 
     return tokenizer
 
 
-def write_chat_folder(family_name: str, folder: Path, texts: list[str], *, seed: int = 0, image_size: int = 64
-                      ) -> Path:
+def write_chat_folder(family_name: str, folder: Path, texts: list[str], *, seed: int = 0, image_size: int = 64) -> Path:
     """``<Family>ForConditionalGeneration`` + its processor at toy size, saved to ``folder`` as a user has it."""
-    from davir.models.families import get_family
-
     import transformers
+
+    from davir.models.families import get_family
 
     family = get_family(family_name)
     if family_name == "gemma3":
         tokenizer = gemma_tokenizer(texts, list(family.special_tokens))
     else:
-        tokenizer = byte_level_tokenizer(texts, list(family.special_tokens),
-                                         tokenizer_class=getattr(transformers, TOKENIZER_CLASSES[family_name]))
+        tokenizer = byte_level_tokenizer(
+            texts, list(family.special_tokens), tokenizer_class=getattr(transformers, TOKENIZER_CLASSES[family_name])
+        )
     tokenizer.chat_template = family.chat_template
-    architecture, processor = family.build_preset("tiny", tokenizer, image_size=image_size, patch_size=None,
-                                                  overrides=SIZES.get(family_name, {}))
+    architecture, processor = family.build_preset(
+        "tiny", tokenizer, image_size=image_size, patch_size=None, overrides=SIZES.get(family_name, {})
+    )
     torch.manual_seed(seed)
     model = family.model_class(architecture)
     folder = Path(folder)

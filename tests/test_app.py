@@ -30,15 +30,16 @@ GOOD = ("p00", "p01")
 BAD = ("corrupt", "mismatch", "huge")
 
 
-
-
 def huge_png(path: Path, width: int = 20000, height: int = 20000) -> Path:
     """A PNG whose header claims 400 megapixels (a few hundred bytes): decoding it would be a decompression bomb."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -64,8 +65,22 @@ def pairs(trained):
 def expected(trained, pairs):
     """caption.py's rows for the same pairs (exit 1: some pairs failed, listed), by id; and its JSONL."""
     out = trained / "captioned" / "captions.jsonl"
-    assert caption_script.main(["--checkpoint", str(trained / "runs" / "tiny"), "--pairs", str(pairs),
-                                "--out", str(out), "--workers", "0", "--quiet"]) == 1
+    assert (
+        caption_script.main(
+            [
+                "--checkpoint",
+                str(trained / "runs" / "tiny"),
+                "--pairs",
+                str(pairs),
+                "--out",
+                str(out),
+                "--workers",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 1
+    )
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert set(rows) == set(GOOD + BAD) and all(rows[k]["caption"] for k in GOOD)
     return rows, out
@@ -81,8 +96,21 @@ def free_port() -> int:
 def app(trained, expected):
     """`davir-app --checkpoint RUN --captions JSONL --compare RUN/last` on a free port, in this process."""
     run = trained / "runs" / "tiny"
-    demo, url = app_script.main(["--checkpoint", str(run), "--compare", str(run / "last"), "--captions",
-                                 str(expected[1]), "--port", str(free_port()), "--device", "cpu"], block=False)
+    demo, url = app_script.main(
+        [
+            "--checkpoint",
+            str(run),
+            "--compare",
+            str(run / "last"),
+            "--captions",
+            str(expected[1]),
+            "--port",
+            str(free_port()),
+            "--device",
+            "cpu",
+        ],
+        block=False,
+    )
     yield url
     demo.close()
 
@@ -100,8 +128,9 @@ def test_the_app_captions_a_pair_as_caption_py_does(client, pairs, expected):
     rows, _ = expected
     for name in GOOD:
         before, after = pair_files(pairs, name)
-        caption, entities, *images, status = client.predict(handle_file(str(before)), handle_file(str(after)),
-                                                            api_name="/caption")
+        caption, entities, *images, status = client.predict(
+            handle_file(str(before)), handle_file(str(after)), api_name="/caption"
+        )
         assert caption == rows[name]["caption"]
         assert [[e, pytest.approx(s, abs=1e-3)] for e, s in rows[name]["entities"]] == entities["data"]
         assert len(images) == 4 and all(Path(image).is_file() for image in images)  # masks and FAC attention
@@ -153,15 +182,17 @@ def test_compare_shows_two_models_side_by_side(client, trained, pairs, expected)
     before, after = pair_files(pairs, "p01")
     run = trained / "runs" / "tiny"
     name_a, caption_a, _, strip_a, name_b, caption_b, _, strip_b = client.predict(
-        handle_file(str(before)), handle_file(str(after)), str(run), str(run / "last"), api_name="/compare")
+        handle_file(str(before)), handle_file(str(after)), str(run), str(run / "last"), api_name="/compare"
+    )
     assert caption_a == caption_b == rows["p01"]["caption"]
     # run and run/last are one model folder: loaded once, named as first asked for
     assert name_a.startswith(f"**A**: {run} (davir, last/)") and name_b.startswith(f"**B**: {run} (davir, last/)")
     assert "before | after | change mask | attention before | attention after" in name_a
     assert Path(strip_a).is_file() and Path(strip_b).is_file()
     with pytest.raises(AppError, match="model B: checkpoint .*nowhere: no such folder"):
-        client.predict(handle_file(str(before)), handle_file(str(after)), str(run), str(trained / "nowhere"),
-                       api_name="/compare")
+        client.predict(
+            handle_file(str(before)), handle_file(str(after)), str(run), str(trained / "nowhere"), api_name="/compare"
+        )
 
 
 def test_a_checkpoint_that_is_no_model_is_one_line(tmp_path, capsys):
@@ -169,8 +200,11 @@ def test_a_checkpoint_that_is_no_model_is_one_line(tmp_path, capsys):
     assert "neither a saved model" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(chromium_path() is None, reason="no Chromium installed (make system-deps installs Debian's "
-                                                     "chromium); the page is tested in a real browser where it is")
+@pytest.mark.skipif(
+    chromium_path() is None,
+    reason="no Chromium installed (make system-deps installs Debian's "
+    "chromium); the page is tested in a real browser where it is",
+)
 @pytest.mark.slow  # headless Chromium driving the page
 def test_the_page_in_headless_chromium_captions_the_demo_pair_as_caption_py(app, pairs, expected):
     rows, _ = expected
@@ -187,6 +221,7 @@ def test_the_page_in_headless_chromium_captions_the_demo_pair_as_caption_py(app,
         browser.wait_for("[...document.querySelectorAll('#attention-after img')].some(i => i.naturalWidth > 0)")
         browser.click_text("button[role=tab]", "Browse captions")
         browser.click("#browse-button")
-        summary = browser.wait_for("(e => e && e.innerText.includes('match') && e.innerText)"
-                                   "(document.querySelector('#browse-summary'))")
+        summary = browser.wait_for(
+            "(e => e && e.innerText.includes('match') && e.innerText)(document.querySelector('#browse-summary'))"
+        )
         assert "5 pairs" in summary

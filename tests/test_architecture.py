@@ -69,14 +69,24 @@ IMPORTS = {name: imported_modules(name, path) for name, path in MODULES.items()}
 
 
 def test_library_imports_neither_jobs_nor_scripts():
-    offenders = [f"{name} imports {target}" for name, targets in IMPORTS.items() if name.split(".")[0] == "davir"
-                 for target in sorted(targets) if target.split(".")[0] in (*ENTRIES, *SCRIPTS)]
+    offenders = [
+        f"{name} imports {target}"
+        for name, targets in IMPORTS.items()
+        if name.split(".")[0] == "davir"
+        for target in sorted(targets)
+        if target.split(".")[0] in (*ENTRIES, *SCRIPTS)
+    ]
     assert not offenders, "davir/ must stand alone (docs/architecture.md):\n" + "\n".join(offenders)
 
 
 def test_jobs_do_not_import_scripts():
-    offenders = [f"{name} imports {target}" for name, targets in IMPORTS.items() if name.startswith("davir.jobs")
-                 for target in sorted(targets) if target.split(".")[0] in (*ENTRIES, *SCRIPTS)]
+    offenders = [
+        f"{name} imports {target}"
+        for name, targets in IMPORTS.items()
+        if name.startswith("davir.jobs")
+        for target in sorted(targets)
+        if target.split(".")[0] in (*ENTRIES, *SCRIPTS)
+    ]
     assert not offenders, "\n".join(offenders)
 
 
@@ -153,8 +163,13 @@ def layer_of(module: str) -> tuple[str, int] | None:
 
 
 def test_every_package_has_a_layer():
-    missing = sorted({name.split(".")[0] if name.split(".")[0] != "davir" else ".".join(name.split(".")[:2])
-                      for name in MODULES if name not in ENTRY_POINTS and layer_of(name) is None})
+    missing = sorted(
+        {
+            name.split(".")[0] if name.split(".")[0] != "davir" else ".".join(name.split(".")[:2])
+            for name in MODULES
+            if name not in ENTRY_POINTS and layer_of(name) is None
+        }
+    )
     assert not missing, f"add these to the Layers table of docs/architecture.md: {missing}"
 
 
@@ -192,12 +207,16 @@ def climbs_out(line: str, parts: int) -> bool:
 
 def test_no_path_leaves_the_package():
     """A file found next to the package (configs/, assets/ of the repository) is missing from an installed wheel."""
-    offenders = [f"{path.relative_to(REPO)}:{number}: {line.strip()}"
-                 for name, path in MODULES.items() if name.split(".")[0] in PACKAGES
-                 for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-                 if climbs_out(line, len(path.relative_to(REPO).parts))]
-    assert not offenders, "paths outside the package (ship it as package data or take it as a setting):\n" + \
-        "\n".join(offenders)
+    offenders = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for name, path in MODULES.items()
+        if name.split(".")[0] in PACKAGES
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if climbs_out(line, len(path.relative_to(REPO).parts))
+    ]
+    assert not offenders, "paths outside the package (ship it as package data or take it as a setting):\n" + "\n".join(
+        offenders
+    )
     assert climbs_out('X = Path(__file__).resolve().parents[2] / "configs"', 3)
     assert not climbs_out('X = Path(__file__).resolve().parents[1] / "configs"', 3)
     assert climbs_out("X = Path(__file__).parent.parent.parent", 3)
@@ -208,8 +227,11 @@ def test_data_error_comes_from_davir_errors():
     offenders = []
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module != "davir.errors" and \
-                    any(alias.name in ("DataError", "OutputError") for alias in node.names):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module != "davir.errors"
+                and any(alias.name in ("DataError", "OutputError") for alias in node.names)
+            ):
                 offenders.append(f"{name}: from {node.module} import DataError")
     assert not offenders, "\n".join(offenders)
 
@@ -223,8 +245,11 @@ def test_scripts_are_thin():
 @pytest.mark.parametrize("package", ["davir"])
 def test_modules_hold_one_idea(package):
     """A proxy the architecture page asks for: no module under davir/ over ~500 lines."""
-    long = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()
-            if name.split(".")[0] == package and len(path.read_text().splitlines()) > MAX_LINES}
+    long = {
+        name: len(path.read_text().splitlines())
+        for name, path in MODULES.items()
+        if name.split(".")[0] == package and len(path.read_text().splitlines()) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines (split along their ideas): {long}"
 
 
@@ -245,10 +270,13 @@ def test_the_checkers_see_a_long_cycle_and_a_climb():
     chain = {"davir.x": {"davir.y"}, "davir.y": {"davir.z"}, "davir.z": {"davir.x"}, "davir.w": {"davir.x"}}
     assert import_cycles(chain) == [["davir.x", "davir.y", "davir.z"]]
     assert import_cycles({"davir.x": {"davir.y"}, "davir.y": set()}) == []
-    climb = layer_breaches({"davir.data.records": {"davir.training.loop"}, "davir.training.loop": {"davir.data.records"}})
+    climb = layer_breaches(
+        {"davir.data.records": {"davir.training.loop"}, "davir.training.loop": {"davir.data.records"}}
+    )
     assert len(climb) == 1 and climb[0].startswith("davir.data.records (layer")
-    assert read_layers("\n## Layers\n| 1 | `davir.a`, `davir.b` | x |\n| 2 | `davir.c` | y |\n## Next\n| 9 | `z` |") == \
-        {"davir.a": 1, "davir.b": 1, "davir.c": 2}
+    assert read_layers(
+        "\n## Layers\n| 1 | `davir.a`, `davir.b` | x |\n| 2 | `davir.c` | y |\n## Next\n| 9 | `z` |"
+    ) == {"davir.a": 1, "davir.b": 1, "davir.c": 2}
 
 
 def _names_in(package: str, pattern: str) -> dict[str, str]:
@@ -278,6 +306,6 @@ def test_every_registry_holds_what_its_package_defines():
     assert set(segmenters) == set(SEGMENTERS) >= {"classical", "sam"}
     retrievers = _names_in("davir.preprocessing.retrievers", r'\n    name = "(\w+)"')
     assert set(retrievers) == set(RETRIEVERS) >= {"clip", "fitted"}
-    task_modules = set(_names_in("davir.training", r'(?s)^(.*\n@register_task(?:_family)?\()').values())
+    task_modules = set(_names_in("davir.training", r"(?s)^(.*\n@register_task(?:_family)?\()").values())
     assert task_modules == set(TASK_MODULES), (task_modules, TASK_MODULES)
     assert set(registered_methods()) >= {"davir", *METHODS}

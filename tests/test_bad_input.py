@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 
 from davir.data import ChangePair, load_pair, load_rgb, read_dataset
-from davir.errors import DataError
 from davir.data.formats.folder import read_folder
 from davir.data.stats import dataset_stats
+from davir.errors import DataError
 
 
 def write_ier(root: Path, records: list, split_file: str = "valid.json") -> Path:
@@ -30,15 +30,24 @@ def solid(path: Path, color, size=(8, 6), mode="RGB") -> Path:
 
 # --- images ----------------------------------------------------------------------------------------
 
+
 def test_missing_image_is_counted_by_stats_and_named_by_load_pair(tmp_path):
-    root = write_ier(tmp_path / "ier", [
-        {"img0": "a.jpg", "img1": "b.jpg", "sents": ["make it red"], "uid": "u1"},
-        {"img0": "a.jpg", "img1": "gone.jpg", "sents": ["make it blue"], "uid": "u2"},
-    ])
+    root = write_ier(
+        tmp_path / "ier",
+        [
+            {"img0": "a.jpg", "img1": "b.jpg", "sents": ["make it red"], "uid": "u1"},
+            {"img0": "a.jpg", "img1": "gone.jpg", "sents": ["make it blue"], "uid": "u2"},
+        ],
+    )
     solid(root / "images" / "a.jpg", (255, 0, 0))
     solid(root / "images" / "b.jpg", (0, 0, 255))
     val = dataset_stats("ier", root, ["val"])["splits"]["val"]
-    assert (val["pairs"], val["pairs_with_missing_images"], val["image_files_checked"], val["image_files_missing"]) == (2, 1, 3, 1)
+    assert (val["pairs"], val["pairs_with_missing_images"], val["image_files_checked"], val["image_files_missing"]) == (
+        2,
+        1,
+        3,
+        1,
+    )
     assert val["missing_image_examples"] == [f"u2: {root / 'images' / 'gone.jpg'}"]
 
     index = read_dataset("ier", root, "val")
@@ -79,8 +88,11 @@ def test_unusual_modes_load_as_rgb_with_right_values(tmp_path):
 
 
 def test_size_mismatch_resizes_before_to_after(tmp_path):
-    pair = ChangePair("ier_1", solid(tmp_path / "a.png", (10, 200, 30), size=(40, 30)),
-                      solid(tmp_path / "b.png", (0, 0, 0), size=(20, 10)))
+    pair = ChangePair(
+        "ier_1",
+        solid(tmp_path / "a.png", (10, 200, 30), size=(40, 30)),
+        solid(tmp_path / "b.png", (0, 0, 0), size=(20, 10)),
+    )
     before, after = load_pair(pair)
     assert before.size == after.size == (20, 10)
     assert before.getpixel((5, 5)) == (10, 200, 30)  # a solid colour survives bicubic resizing
@@ -90,6 +102,7 @@ def test_size_mismatch_resizes_before_to_after(tmp_path):
 
 # --- annotations -----------------------------------------------------------------------------------
 
+
 def write_spot(root: Path, records, split="val") -> Path:
     (root / "annotations").mkdir(parents=True, exist_ok=True)
     text = records if isinstance(records, str) else json.dumps(records)
@@ -98,25 +111,39 @@ def write_spot(root: Path, records, split="val") -> Path:
 
 
 def test_empty_caption_is_skipped_and_counted(tmp_path):
-    root = write_spot(tmp_path, [
-        {"img_id": "7", "sentences": ["the car is gone", "   "]},
-        {"img_id": "8", "sentences": [""]},
-        {"img_id": "7", "sentences": ["a person appears"]},
-    ])
+    root = write_spot(
+        tmp_path,
+        [
+            {"img_id": "7", "sentences": ["the car is gone", "   "]},
+            {"img_id": "8", "sentences": [""]},
+            {"img_id": "7", "sentences": ["a person appears"]},
+        ],
+    )
     index = read_dataset("spot_the_diff", root, "val")
-    assert [(pair.pair_id, pair.captions) for pair in index] == [("7", ("the car is gone", "a person appears")), ("8", ())]
+    assert [(pair.pair_id, pair.captions) for pair in index] == [
+        ("7", ("the car is gone", "a person appears")),
+        ("8", ()),
+    ]
     assert [(skip.record, skip.reason) for skip in index.skipped] == [
         ("record 0 (img_id '7') sentences[1]", "empty or whitespace-only reference sentence"),
         ("record 1 (img_id '8') sentences[0]", "empty or whitespace-only reference sentence"),
     ]
     stats = dataset_stats("spot_the_diff", root, ["val"])["splits"]["val"]
-    assert (stats["pairs"], stats["reference_sentences"], stats["skipped"], stats["pairs_without_captions"]) == (2, 2, 2, 1)
+    assert (stats["pairs"], stats["reference_sentences"], stats["skipped"], stats["pairs_without_captions"]) == (
+        2,
+        2,
+        2,
+        1,
+    )
 
 
-@pytest.mark.parametrize("sentences,message", [
-    (["fine", 3], r"record 1 \(img_id '9'\): sentences\[1\] must be a string, got int 3"),
-    ("one string", r"record 1 \(img_id '9'\): 'sentences' must be a list of strings, got str"),
-])
+@pytest.mark.parametrize(
+    "sentences,message",
+    [
+        (["fine", 3], r"record 1 \(img_id '9'\): sentences\[1\] must be a string, got int 3"),
+        ("one string", r"record 1 \(img_id '9'\): 'sentences' must be a list of strings, got str"),
+    ],
+)
 def test_non_string_caption_is_an_error(tmp_path, sentences, message):
     root = write_spot(tmp_path, [{"img_id": "1", "sentences": ["ok"]}, {"img_id": "9", "sentences": sentences}])
     with pytest.raises(DataError, match=r"annotations/val\.json: " + message):
@@ -138,11 +165,14 @@ def test_missing_key_and_bad_split_file(tmp_path):
         read_dataset("clevr_change", tmp_path, "train")
 
 
-@pytest.mark.parametrize("name,message", [
-    ("../x.png", r"record 'u': image path '\.\./x\.png' escapes the dataset root"),
-    ("/etc/passwd", r"record 'u': image path '/etc/passwd' is absolute"),
-    ("C:\\data\\x.png", r"record 'u': image path 'C:.*x\.png' is absolute"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("../x.png", r"record 'u': image path '\.\./x\.png' escapes the dataset root"),
+        ("/etc/passwd", r"record 'u': image path '/etc/passwd' is absolute"),
+        ("C:\\data\\x.png", r"record 'u': image path 'C:.*x\.png' is absolute"),
+    ],
+)
 def test_paths_escaping_the_root_are_errors(tmp_path, name, message):
     root = write_ier(tmp_path, [{"img0": name, "img1": "b.png", "sents": ["s"], "uid": "u"}], "train.json")
     with pytest.raises(DataError, match=r"train\.json: " + message):
@@ -156,19 +186,30 @@ def test_ids_used_as_file_names_must_be_plain(tmp_path):
 
 
 def test_duplicate_ids_conflicting_images_or_merged(tmp_path):
-    root = write_ier(tmp_path / "conflict", [
-        {"img0": "a.jpg", "img1": "b.jpg", "sents": ["one"], "uid": "Reddit_1"},
-        {"img0": "c.jpg", "img1": "d.jpg", "sents": ["two"], "uid": "Reddit_2"},
-        {"img0": "z.jpg", "img1": "b.jpg", "sents": ["three"], "uid": "Reddit_1"},
-    ])
-    with pytest.raises(DataError, match=(r"valid\.json: record 0 \(uid 'Reddit_1'\) and record 2 \(uid 'Reddit_1'\) "
-                                         r"share the id 'Reddit_1' but have different before images: .*a\.jpg vs .*z\.jpg")):
+    root = write_ier(
+        tmp_path / "conflict",
+        [
+            {"img0": "a.jpg", "img1": "b.jpg", "sents": ["one"], "uid": "Reddit_1"},
+            {"img0": "c.jpg", "img1": "d.jpg", "sents": ["two"], "uid": "Reddit_2"},
+            {"img0": "z.jpg", "img1": "b.jpg", "sents": ["three"], "uid": "Reddit_1"},
+        ],
+    )
+    with pytest.raises(
+        DataError,
+        match=(
+            r"valid\.json: record 0 \(uid 'Reddit_1'\) and record 2 \(uid 'Reddit_1'\) "
+            r"share the id 'Reddit_1' but have different before images: .*a\.jpg vs .*z\.jpg"
+        ),
+    ):
         read_dataset("ier", root, "val")
 
-    root = write_ier(tmp_path / "same", [
-        {"img0": "a.jpg", "img1": "b.jpg", "sents": ["one"], "uid": "Reddit_1"},
-        {"img0": "a.jpg", "img1": "b.jpg", "sents": ["two", "three"], "uid": "Reddit_1"},
-    ])
+    root = write_ier(
+        tmp_path / "same",
+        [
+            {"img0": "a.jpg", "img1": "b.jpg", "sents": ["one"], "uid": "Reddit_1"},
+            {"img0": "a.jpg", "img1": "b.jpg", "sents": ["two", "three"], "uid": "Reddit_1"},
+        ],
+    )
     index = read_dataset("ier", root, "val")
     assert [(pair.pair_id, pair.captions) for pair in index] == [("Reddit_1", ("one", "two", "three"))]
 
@@ -176,11 +217,15 @@ def test_duplicate_ids_conflicting_images_or_merged(tmp_path):
 def test_levir_token_file_errors(tmp_path):
     (tmp_path / "val.txt").write_text("val_000001.png\nval_000002.png\n")
     (tmp_path / "tokens").mkdir()
-    (tmp_path / "tokens" / "val_000001.txt").write_text(json.dumps([["<START>", "a", "road", "<END>"], ["<START>", "<END>"]]))
+    (tmp_path / "tokens" / "val_000001.txt").write_text(
+        json.dumps([["<START>", "a", "road", "<END>"], ["<START>", "<END>"]])
+    )
     index = read_dataset("levir_cc", tmp_path, "val")
     assert [pair.captions for pair in index] == [("a road",), ()]
     assert [skip.reason.split(";")[0] for skip in index.skipped] == [
-        "empty or whitespace-only reference sentence", "token file missing"]
+        "empty or whitespace-only reference sentence",
+        "token file missing",
+    ]
     (tmp_path / "tokens" / "val_000002.txt").write_text(json.dumps([["a", 5]]))
     with pytest.raises(DataError, match=r"val_000002\.txt: sentence 0: expected a list of token strings"):
         read_dataset("levir_cc", tmp_path, "val")
@@ -195,6 +240,7 @@ def test_unknown_split_and_missing_root(tmp_path):
 
 # --- a user's folder of pairs ----------------------------------------------------------------------
 
+
 def test_folder_subfolders_with_unmatched_file(tmp_path):
     for name in ("kitchen.png", "street.jpg", "lonely.png"):
         solid(tmp_path / "before" / name, (0, 0, 0))
@@ -203,9 +249,12 @@ def test_folder_subfolders_with_unmatched_file(tmp_path):
     (tmp_path / "after" / "notes.txt").write_text("not an image, ignored")
     index = read_folder(tmp_path)
     assert [(p.pair_id, p.before.name, p.after.name) for p in index] == [
-        ("kitchen", "kitchen.png", "kitchen.png"), ("street", "street.jpg", "street.png")]
+        ("kitchen", "kitchen.png", "kitchen.png"),
+        ("street", "street.jpg", "street.png"),
+    ]
     assert [(skip.record, skip.reason) for skip in index.skipped] == [
-        ("lonely.png", "before image has no matching after image (expected name 'lonely')")]
+        ("lonely.png", "before image has no matching after image (expected name 'lonely')")
+    ]
     assert all(pair.captions == () and pair.split == "test" for pair in index)
     stats = dataset_stats("folder", tmp_path)
     # Pairs without captions are captionable only: all in "test", none in train or val.
@@ -231,7 +280,10 @@ def test_folder_manifests(tmp_path):
     solid(tmp_path / "imgs" / "a2.png", (6, 6, 6))
     (tmp_path / "pairs.csv").write_text("before,after,id\nimgs/a1.png,imgs/a2.png,first\nimgs/a2.png,imgs/a1.png,\n")
     index = read_folder(tmp_path)
-    assert [(p.pair_id, p.before.name, p.after.name) for p in index] == [("first", "a1.png", "a2.png"), ("a2", "a2.png", "a1.png")]
+    assert [(p.pair_id, p.before.name, p.after.name) for p in index] == [
+        ("first", "a1.png", "a2.png"),
+        ("a2", "a2.png", "a1.png"),
+    ]
     assert read_folder(tmp_path / "pairs.csv").pairs == index.pairs  # the manifest file itself
 
     jsonl = tmp_path / "sub" / "pairs.jsonl"
@@ -259,12 +311,17 @@ def test_folder_without_pairs_is_an_error(tmp_path):
 
 from davir.cli import evaluate as evaluate_cli  # noqa: E402
 from davir.cli import train as train_cli  # noqa: E402
-from davir.data.caches import EntityCache  # noqa: E402
 from davir.cli.preprocess import main as preprocess_main  # noqa: E402
+from davir.data.caches import EntityCache  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_MODEL = ["model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}", "optim.max_steps=1",
-              "optim.batch_size=2", "run.val_max_pairs=2", "run.tensorboard=false"]
+TINY_MODEL = [
+    "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+    "optim.max_steps=1",
+    "optim.batch_size=2",
+    "run.val_max_pairs=2",
+    "run.tensorboard=false",
+]
 
 
 def first_error_line(capsys) -> str:
@@ -300,25 +357,59 @@ def write_scoring_inputs(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_read_only_outputs_stop_every_command_before_the_work(read_only_dir, tiny_synth, capsys):
     predictions, references = write_scoring_inputs(read_only_dir.parent)
-    status = evaluate_cli.main(["--predictions", str(predictions), "--references", str(references),
-                                "--metrics", "BLEU", "--no-spice", "--out", str(read_only_dir / "m.json")])
+    status = evaluate_cli.main(
+        [
+            "--predictions",
+            str(predictions),
+            "--references",
+            str(references),
+            "--metrics",
+            "BLEU",
+            "--no-spice",
+            "--out",
+            str(read_only_dir / "m.json"),
+        ]
+    )
     assert status == 2
-    assert first_error_line(capsys) == (f"error: --out {read_only_dir / 'm.json'} is not writable: "
-                                        f"permission denied in {read_only_dir}")
+    assert first_error_line(capsys) == (
+        f"error: --out {read_only_dir / 'm.json'} is not writable: permission denied in {read_only_dir}"
+    )
     assert "BLEU" not in capsys.readouterr().out  # failed before scoring, not after
 
-    status = train_cli.main(["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={tiny_synth}",
-                             f"run.output_dir={read_only_dir / 'run'}", *TINY_MODEL])
+    status = train_cli.main(
+        [
+            "--config",
+            str(REPO / "configs" / "demo.yaml"),
+            f"data.root={tiny_synth}",
+            f"run.output_dir={read_only_dir / 'run'}",
+            *TINY_MODEL,
+        ]
+    )
     assert status == 2
-    assert first_error_line(capsys) == (f"error: run folder (run.output_dir) {read_only_dir / 'run'} is not writable: "
-                                        f"permission denied in {read_only_dir}")
+    assert first_error_line(capsys) == (
+        f"error: run folder (run.output_dir) {read_only_dir / 'run'} is not writable: "
+        f"permission denied in {read_only_dir}"
+    )
 
     for command in (["masks"], ["entities", "--image-level"], ["features", "--random-init"]):
-        status = preprocess_main([*command, "--format", "clevr_change", "--root", str(tiny_synth), "--split", "test",
-                                  "--out", str(read_only_dir / "cache"), "--no-progress"][: None if command[0] != "features" else -1])
+        status = preprocess_main(
+            [
+                *command,
+                "--format",
+                "clevr_change",
+                "--root",
+                str(tiny_synth),
+                "--split",
+                "test",
+                "--out",
+                str(read_only_dir / "cache"),
+                "--no-progress",
+            ][: None if command[0] != "features" else -1]
+        )
         assert status == 2, command
-        assert first_error_line(capsys) == (f"error: --out {read_only_dir / 'cache'} is not writable: "
-                                            f"permission denied in {read_only_dir}"), command
+        assert first_error_line(capsys) == (
+            f"error: --out {read_only_dir / 'cache'} is not writable: permission denied in {read_only_dir}"
+        ), command
 
 
 def test_out_on_a_file_or_a_folder_is_one_line_and_leaves_nothing(tmp_path, tiny_synth, capsys):
@@ -330,19 +421,39 @@ def test_out_on_a_file_or_a_folder_is_one_line_and_leaves_nothing(tmp_path, tiny
     score = ["--predictions", str(predictions), "--references", str(references), "--metrics", "BLEU", "--no-spice"]
 
     assert evaluate_cli.main([*score, "--out", str(a_file / "m.json")]) == 2
-    assert first_error_line(capsys) == f"error: --out {a_file / 'm.json'} cannot be written: {a_file} is a file, not a folder"
+    assert (
+        first_error_line(capsys)
+        == f"error: --out {a_file / 'm.json'} cannot be written: {a_file} is a file, not a folder"
+    )
     assert evaluate_cli.main([*score, "--out", str(a_folder)]) == 2
-    assert first_error_line(capsys) == (f"error: --out {a_folder} is a folder; give a file path "
-                                        f"(e.g. {a_folder / 'metrics.json'})")
+    assert first_error_line(capsys) == (
+        f"error: --out {a_folder} is a folder; give a file path (e.g. {a_folder / 'metrics.json'})"
+    )
     assert evaluate_cli.main([*score, "--markdown", str(a_file / "sub" / "t.md")]) == 2
-    assert first_error_line(capsys) == f"error: --markdown {a_file / 'sub' / 't.md'} cannot be written: {a_file} is a file, not a folder"
+    assert (
+        first_error_line(capsys)
+        == f"error: --markdown {a_file / 'sub' / 't.md'} cannot be written: {a_file} is a file, not a folder"
+    )
     for command in ("masks", "entities"):
         extra = ["--image-level"] if command == "entities" else []
-        args = [command, "--format", "clevr_change", "--root", str(tiny_synth), "--split", "test", "--no-progress", *extra]
+        args = [
+            command,
+            "--format",
+            "clevr_change",
+            "--root",
+            str(tiny_synth),
+            "--split",
+            "test",
+            "--no-progress",
+            *extra,
+        ]
         assert preprocess_main([*args, "--out", str(a_file)]) == 2
         assert first_error_line(capsys) == f"error: --out {a_file} cannot be used: {a_file} is a file, not a folder"
         assert preprocess_main([*args, "--out", str(a_file / "cache")]) == 2
-        assert first_error_line(capsys) == f"error: --out {a_file / 'cache'} cannot be used: {a_file} is a file, not a folder"
+        assert (
+            first_error_line(capsys)
+            == f"error: --out {a_file / 'cache'} cannot be used: {a_file} is a file, not a folder"
+        )
     assert a_file.read_text() == "keep me\n" and list(a_folder.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.txt", "preds.json", "refs.json", "results"]
 
@@ -356,12 +467,21 @@ def test_atomic_write_onto_a_folder_leaves_no_temporary(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
 
 
-@pytest.mark.parametrize("part,message", [
-    ([["a", 1.0]], r"part-x\.json: an entity part must be a JSON object .*got list"),
-    ({"p1": [["red cube", 0.9]], "p2": "red cube"}, r"part-x\.json: pair 'p2': expected a list of \[entity, score\], got str"),
-    ({"p1": [["red cube", 0.9, 3]]}, r"part-x\.json: pair 'p1' entry 0: expected \[entity, score\], got \['red cube', 0\.9, 3\]"),
-    ({"p1": [["red cube", "high"]]}, r"part-x\.json: pair 'p1' entry 0: expected \[entity, score\]"),
-])
+@pytest.mark.parametrize(
+    "part,message",
+    [
+        ([["a", 1.0]], r"part-x\.json: an entity part must be a JSON object .*got list"),
+        (
+            {"p1": [["red cube", 0.9]], "p2": "red cube"},
+            r"part-x\.json: pair 'p2': expected a list of \[entity, score\], got str",
+        ),
+        (
+            {"p1": [["red cube", 0.9, 3]]},
+            r"part-x\.json: pair 'p1' entry 0: expected \[entity, score\], got \['red cube', 0\.9, 3\]",
+        ),
+        ({"p1": [["red cube", "high"]]}, r"part-x\.json: pair 'p1' entry 0: expected \[entity, score\]"),
+    ],
+)
 def test_entity_part_of_the_wrong_shape_names_the_file(tmp_path, part, message):
     (tmp_path / "entities").mkdir()
     (tmp_path / "entities" / "part-x.json").write_text(json.dumps(part))
@@ -378,23 +498,39 @@ def test_caches_built_for_other_data_are_refused_and_a_failed_start_leaves_no_ru
     (entities / "entities" / "manifest.json").write_text(json.dumps({"splits": {"train": {"root": str(elsewhere)}}}))
     (entities / "entities" / "part-train-0000000.json").write_text(json.dumps({"0": [["red cube", 0.9, "x"]]}))
     run = tmp_path / "run"
-    common = ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={tiny_synth}", f"run.output_dir={run}",
-              *TINY_MODEL]
+    common = [
+        "--config",
+        str(REPO / "configs" / "demo.yaml"),
+        f"data.root={tiny_synth}",
+        f"run.output_dir={run}",
+        *TINY_MODEL,
+    ]
 
-    status = train_cli.main([*common, f"data.masks={masks}", "model.fac.lambda_attn=0.1", "model.epc.use_entities=false"])
+    status = train_cli.main(
+        [*common, f"data.masks={masks}", "model.fac.lambda_attn=0.1", "model.epc.use_entities=false"]
+    )
     assert status == 2
     assert first_error_line(capsys) == (
         f"error: data.masks={masks} was built from dataset root {elsewhere} ({masks / 'manifest.json'}), but data.root "
         f"is {tiny_synth.resolve()}: rebuild the cache for this dataset, or, if the dataset only moved, set "
-        f"data.moved_from={elsewhere}")
+        f"data.moved_from={elsewhere}"
+    )
     assert not run.exists()  # a failed start claims no run folder: the corrected rerun is not refused
 
     # The dataset moved: the override accepts the old root, and the next problem (a bad entity part) is named.
-    status = train_cli.main([*common, f"data.entities={entities}", "model.fac.lambda_attn=0",
-                             "model.epc.use_entities=true", f"data.moved_from={elsewhere}"])
+    status = train_cli.main(
+        [
+            *common,
+            f"data.entities={entities}",
+            "model.fac.lambda_attn=0",
+            "model.epc.use_entities=true",
+            f"data.moved_from={elsewhere}",
+        ]
+    )
     assert status == 2
     assert first_error_line(capsys).startswith(
-        f"error: {entities / 'entities' / 'part-train-0000000.json'}: pair '0' entry 0: expected [entity, score]")
+        f"error: {entities / 'entities' / 'part-train-0000000.json'}: pair '0' entry 0: expected [entity, score]"
+    )
     assert not (run / "config.yaml").exists() and not (run / "run_info.json").exists()
 
 

@@ -13,15 +13,15 @@ import yaml
 from PIL import Image
 
 from davir.config import load_config
-from davir.errors import DataError
 from davir.data.synthetic import SynthConfig, generate_dataset
+from davir.errors import DataError
 from davir.runs.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from davir.cli import caption as caption_script  # noqa: E402
-from davir.training import loop as train_script  # noqa: E402
 from davir.jobs import masks as masks_job  # noqa: E402
+from davir.training import loop as train_script  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +33,43 @@ def trained(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(base)
     try:
-        assert masks_job.main(["--format", "clevr_change", "--root", "data", "--split", "train", "--out", "masks",
-                               "--limit", "4", "--workers", "1"]) == 0
-        config = load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-            "data.root=data", "data.masks=masks", "data.entities=null", "model.fac.lambda_attn=0",
-            "model.epc.use_entities=false", f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}",
-            "optim.batch_size=4", "optim.max_steps=1", "run.val_max_pairs=2", "run.eval_every=0",
-            "run.tensorboard=false", "run.output_dir=runs/tiny"])
+        assert (
+            masks_job.main(
+                [
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    "data",
+                    "--split",
+                    "train",
+                    "--out",
+                    "masks",
+                    "--limit",
+                    "4",
+                    "--workers",
+                    "1",
+                ]
+            )
+            == 0
+        )
+        config = load_config(
+            TrainConfig,
+            REPO / "configs" / "demo.yaml",
+            [
+                "data.root=data",
+                "data.masks=masks",
+                "data.entities=null",
+                "model.fac.lambda_attn=0",
+                "model.epc.use_entities=false",
+                f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}",
+                "optim.batch_size=4",
+                "optim.max_steps=1",
+                "run.val_max_pairs=2",
+                "run.eval_every=0",
+                "run.tensorboard=false",
+                "run.output_dir=runs/tiny",
+            ],
+        )
         train_script.train(config)
     finally:
         os.chdir(cwd)
@@ -73,8 +103,19 @@ def error_line(err: str) -> str:
 def test_rerun_after_a_kill_skips_what_is_done_and_repairs_a_cut_line(trained, tmp_path, capsys):
     pairs = pair_folder(tmp_path / "pairs", trained / "data", 6)
     out = tmp_path / "out" / "captions.jsonl"
-    argv = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--batch-size", "2",
-            "--workers", "1", "--quiet"]
+    argv = [
+        "--checkpoint",
+        trained / "runs" / "tiny",
+        "--pairs",
+        pairs,
+        "--out",
+        out,
+        "--batch-size",
+        "2",
+        "--workers",
+        "1",
+        "--quiet",
+    ]
     assert run(argv, capsys)[0] == 0
     full = out.read_text()
     rows = rows_of(out)
@@ -96,8 +137,17 @@ def test_rerun_after_a_kill_skips_what_is_done_and_repairs_a_cut_line(trained, t
 def captioned_in_one_process(trained, tmp_path, n: int, capsys) -> tuple[list, Path]:
     """(the caption.py arguments but --out, the single-process JSONL) for `n` pairs: what sharded runs must equal."""
     pairs = pair_folder(tmp_path / "pairs", trained / "data", n)
-    base = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--workers", "0", "--quiet",
-            "--batch-size", "2"]
+    base = [
+        "--checkpoint",
+        trained / "runs" / "tiny",
+        "--pairs",
+        pairs,
+        "--workers",
+        "0",
+        "--quiet",
+        "--batch-size",
+        "2",
+    ]
     single = tmp_path / "single.jsonl"
     assert run(base + ["--out", single], capsys)[0] == 0
     return base, single
@@ -127,16 +177,31 @@ def test_two_cpu_processes_under_accelerate_give_the_single_process_captions(tra
 
     base, single = captioned_in_one_process(trained, tmp_path, 7, capsys)
     launcher = Path(sys.executable).parent / "accelerate"
-    command = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "caption.py"),
-               *map(str, base), "--out", str(tmp_path / "two.jsonl")]
+    command = [
+        str(launcher),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(REPO / "caption.py"),
+        *map(str, base),
+        "--out",
+        str(tmp_path / "two.jsonl"),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "shard 2/2" in result.stderr  # two processes really shared the pairs
     two = rows_of(tmp_path / "two.jsonl")
-    assert [(r["id"], r["caption"], r["entities"]) for r in two] == \
-        [(r["id"], r["caption"], r["entities"]) for r in rows_of(single)]
+    assert [(r["id"], r["caption"], r["entities"]) for r in two] == [
+        (r["id"], r["caption"], r["entities"]) for r in rows_of(single)
+    ]
     assert not list(tmp_path.glob("two.jsonl.shard-*"))
 
 
@@ -153,8 +218,9 @@ def test_python_api_takes_paths_images_and_arrays_like_caption_py(trained, tmp_p
     assert captioner.caption(befores[0], afters[0]).caption == expected[0]
     images = captioner.caption([Image.open(p) for p in befores], [Image.open(p) for p in afters])
     assert [r.caption for r in images] == expected
-    arrays = captioner.caption(np.asarray(Image.open(befores[1]).convert("RGB")),
-                               np.asarray(Image.open(afters[1]).convert("RGB")))
+    arrays = captioner.caption(
+        np.asarray(Image.open(befores[1]).convert("RGB")), np.asarray(Image.open(afters[1]).convert("RGB"))
+    )
     assert arrays.caption == expected[1] and arrays.error is None
 
 
@@ -166,9 +232,12 @@ def test_python_api_reads_arrays_of_every_common_dtype_in_their_usual_range(trai
     before, after = (np.asarray(Image.open(pairs / side / "p00.png").convert("RGB")) for side in ("before", "after"))
     # the same pixels in each common dtype and layout read back as the same uint8 RGB image, exactly
     same = {
-        "float32 [0, 1]": lambda a: a.astype(np.float32) / 255, "float64 [0, 1]": lambda a: a / 255.0,
-        "float16 [0, 1]": lambda a: (a / 255.0).astype(np.float16), "uint16 0-65535": lambda a: a.astype(np.uint16) * 257,
-        "int64 0-255": lambda a: a.astype(np.int64), "opaque RGBA": lambda a: np.dstack([a, np.full(a.shape[:2], 255, np.uint8)]),
+        "float32 [0, 1]": lambda a: a.astype(np.float32) / 255,
+        "float64 [0, 1]": lambda a: a / 255.0,
+        "float16 [0, 1]": lambda a: (a / 255.0).astype(np.float16),
+        "uint16 0-65535": lambda a: a.astype(np.uint16) * 257,
+        "int64 0-255": lambda a: a.astype(np.int64),
+        "opaque RGBA": lambda a: np.dstack([a, np.full(a.shape[:2], 255, np.uint8)]),
     }
     for name, convert in same.items():
         assert np.array_equal(np.asarray(array_to_rgb(convert(before), name="before")), before), name
@@ -203,8 +272,17 @@ def test_evaluate_checkpoint_finds_the_runs_data_from_any_folder(trained, tmp_pa
 
     monkeypatch.chdir(tmp_path)  # data.root=data is relative to the training folder, not to here
     args = ["--split", "train", "--limit", "2", "--no-spice", "--metrics", "CIDEr"]
-    status = evaluate_script.main(["--checkpoint", str(trained / "runs" / "tiny"), *args,
-                                   "--out", str(tmp_path / "m.json"), "--markdown", str(tmp_path / "m.md")])
+    status = evaluate_script.main(
+        [
+            "--checkpoint",
+            str(trained / "runs" / "tiny"),
+            *args,
+            "--out",
+            str(tmp_path / "m.json"),
+            "--markdown",
+            str(tmp_path / "m.md"),
+        ]
+    )
     assert status == 0, capsys.readouterr().err
     assert json.loads((tmp_path / "m.json").read_text())["rows"]["total"]["num_pairs"] == 2
     moved = tmp_path / "elsewhere" / "tiny"  # copied to a machine where neither folder exists
@@ -241,10 +319,36 @@ def test_a_run_works_from_any_folder_and_a_moved_one_names_the_flag(trained, tmp
     assert status == 2
     first = error_line(err)
     assert "mask cache (data.masks)" in first and "masks" in first and "--masks-from" in first
-    assert run(["--checkpoint", moved, "--pairs", pairs, "--out", tmp_path / "m.jsonl", "--masks-from",
-                trained / "masks", "--quiet"], capsys)[0] == 0
-    status, _, err = run(["--checkpoint", moved, "--pairs", pairs, "--out", tmp_path / "n.jsonl", "--masks-from",
-                          tmp_path / "no_such_cache"], capsys)
+    assert (
+        run(
+            [
+                "--checkpoint",
+                moved,
+                "--pairs",
+                pairs,
+                "--out",
+                tmp_path / "m.jsonl",
+                "--masks-from",
+                trained / "masks",
+                "--quiet",
+            ],
+            capsys,
+        )[0]
+        == 0
+    )
+    status, _, err = run(
+        [
+            "--checkpoint",
+            moved,
+            "--pairs",
+            pairs,
+            "--out",
+            tmp_path / "n.jsonl",
+            "--masks-from",
+            tmp_path / "no_such_cache",
+        ],
+        capsys,
+    )
     assert status == 2 and str(tmp_path / "no_such_cache") in error_line(err)
 
 
@@ -256,8 +360,9 @@ def test_bad_images_get_a_per_pair_error_and_the_good_pairs_are_kept(trained, tm
         Image.new("RGB", size, (200, 10, 10)).save(pairs / "before" / f"{name}.png")
         Image.new("RGB", size, (10, 10, 200)).save(pairs / "after" / f"{name}.png")
     out = tmp_path / "out.jsonl"
-    status, stdout, err = run(["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--quiet"],
-                              capsys)
+    status, stdout, err = run(
+        ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--quiet"], capsys
+    )
     assert status == 1  # done, some pairs failed and listed (docs/errors.md)
     rows = {r["id"]: r for r in rows_of(out)}
     assert "too large to decode safely" in rows["bomb"]["error"] and "bomb.png" in rows["bomb"]["error"]
@@ -271,8 +376,19 @@ def test_a_rerun_retries_the_pairs_that_failed_and_replaces_their_rows(trained, 
     good = image.read_bytes()
     image.write_bytes(good[: len(good) // 3])  # a cut download
     out = tmp_path / "out" / "captions.jsonl"
-    argv = lambda out: ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out,  # noqa: E731
-                        "--batch-size", "2", "--workers", "0", "--quiet"]
+    argv = lambda out: [
+        "--checkpoint",
+        trained / "runs" / "tiny",
+        "--pairs",
+        pairs,
+        "--out",
+        out,  # noqa: E731
+        "--batch-size",
+        "2",
+        "--workers",
+        "0",
+        "--quiet",
+    ]
     status, stdout, _ = run(argv(out), capsys)
     rows = rows_of(out)
     assert status == 1 and "captioned 2 pair(s), 1 not captioned" in stdout
@@ -298,14 +414,19 @@ def test_a_rerun_retries_the_pairs_that_failed_and_replaces_their_rows(trained, 
 def test_a_folder_as_an_image_and_a_folder_without_pairs_are_named(trained, tmp_path, capsys):
     pairs = pair_folder(tmp_path / "pairs", trained / "data", 1)
     manifest = tmp_path / "pairs.csv"
-    manifest.write_text(f"before,after,id\n{pairs / 'before' / 'p00.png'},{pairs / 'after'},folder\n"
-                        f"{pairs / 'before' / 'p00.png'},{pairs / 'after' / 'p00.png'},fine\n")
+    manifest.write_text(
+        f"before,after,id\n{pairs / 'before' / 'p00.png'},{pairs / 'after'},folder\n"
+        f"{pairs / 'before' / 'p00.png'},{pairs / 'after' / 'p00.png'},fine\n"
+    )
     out = tmp_path / "c.jsonl"
-    status, _, _ = run(["--checkpoint", trained / "runs" / "tiny", "--pairs", manifest, "--out", out, "--quiet"],
-                       capsys)
+    status, _, _ = run(
+        ["--checkpoint", trained / "runs" / "tiny", "--pairs", manifest, "--out", out, "--quiet"], capsys
+    )
     rows = {r["id"]: r for r in rows_of(out)}
     assert status == 1 and rows["fine"]["caption"]
-    assert rows["folder"]["error"] == f"record 'folder': the image path is a folder, not an image file: {pairs / 'after'}"
+    assert (
+        rows["folder"]["error"] == f"record 'folder': the image path is a folder, not an image file: {pairs / 'after'}"
+    )
 
     lonely = tmp_path / "lonely"  # every image lacks its partner (misnamed files): nothing to caption
     (lonely / "before").mkdir(parents=True)
@@ -316,7 +437,8 @@ def test_a_folder_as_an_image_and_a_folder_without_pairs_are_named(trained, tmp_
     assert status == 2 and error_line(err) == (
         f"error: no pairs found in {lonely}: 4 file(s) without a partner, e.g. a.png (before image has no matching "
         "after image (expected name 'a')); b.png (before image has no matching after image (expected name 'b')); "
-        "c.png (before image has no matching after image (expected name 'c'))")
+        "c.png (before image has no matching after image (expected name 'c'))"
+    )
     assert not (lonely / "captions.jsonl").exists()
 
 
@@ -325,8 +447,10 @@ def test_outputs_are_checked_before_any_work(trained, tmp_path, capsys, make_rea
     base = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs]
     (tmp_path / "existing").mkdir()
     status, _, err = run(base + ["--out", tmp_path / "existing"], capsys)
-    assert status == 2 and err.splitlines() == [f"error: --out {tmp_path / 'existing'} is a folder; give a file path "
-                                                f"(e.g. {tmp_path / 'existing' / 'captions.jsonl'})"]
+    assert status == 2 and err.splitlines() == [
+        f"error: --out {tmp_path / 'existing'} is a folder; give a file path "
+        f"(e.g. {tmp_path / 'existing' / 'captions.jsonl'})"
+    ]
     (tmp_path / "afile").write_text("x")
     status, _, err = run(base + ["--out", tmp_path / "afile" / "c.jsonl"], capsys)
     assert status == 2 and len(err.splitlines()) == 1 and f"{tmp_path / 'afile'} is a file" in err
@@ -334,8 +458,9 @@ def test_outputs_are_checked_before_any_work(trained, tmp_path, capsys, make_rea
     (tmp_path / "ro").mkdir()
     read_only = make_read_only(tmp_path / "ro")
     status, _, err = run(base + ["--out", read_only / "c.jsonl"], capsys)
-    assert status == 2 and err.splitlines() == [f"error: --out {read_only / 'c.jsonl'} is not writable: "
-                                                f"permission denied in {read_only}"]
+    assert status == 2 and err.splitlines() == [
+        f"error: --out {read_only / 'c.jsonl'} is not writable: permission denied in {read_only}"
+    ]
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith((".tmp", ".probe"))]
 
 
@@ -349,9 +474,31 @@ def test_online_masks_rebuild_the_cache_segmenter_or_say_what_is_missing(trained
     checkpoint = tmp_path / "tiny_sam.pth"
     torch.save(build_tiny_sam().state_dict(), checkpoint)
     cache = tmp_path / "sam_cache"
-    assert masks_job.main(["--format", "clevr_change", "--root", str(trained / "data"), "--split", "train", "--out",
-                           str(cache), "--limit", "1", "--segmenter", "sam", "--sam-type", "tiny_test", "--device",
-                           "cpu", "--sam-checkpoint", str(checkpoint)]) == 0
+    assert (
+        masks_job.main(
+            [
+                "--format",
+                "clevr_change",
+                "--root",
+                str(trained / "data"),
+                "--split",
+                "train",
+                "--out",
+                str(cache),
+                "--limit",
+                "1",
+                "--segmenter",
+                "sam",
+                "--sam-type",
+                "tiny_test",
+                "--device",
+                "cpu",
+                "--sam-checkpoint",
+                str(checkpoint),
+            ]
+        )
+        == 0
+    )
     online = OnlineMasks.from_cache(cache)
     assert online.segmenter.name == "sam" and online.segmenter.model_type == "tiny_test"
     # The online masks are the cache's masks: same segmenter, same settings.
@@ -381,11 +528,39 @@ def test_a_lightweight_run_captions_a_folder_as_evaluate_does(trained, tmp_path,
     data = trained / "data"
     features = tmp_path / "features"
     for split in ("train", "val", "test"):
-        assert features_main(["--format", "clevr_change", "--root", str(data), "--split", split, "--out",
-                              str(features), "--random-init", "--workers", "0", "--batch-size", "32"]) == 0
-    config = load_config(TrainConfig, None, ["method=scorer", "lightweight.method=scorer", "data.format=clevr_change",
-                                             f"data.root={data}", f"data.features={features}",
-                                             f"run.output_dir={tmp_path / 'scorer'}", *TINY])
+        assert (
+            features_main(
+                [
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    str(data),
+                    "--split",
+                    split,
+                    "--out",
+                    str(features),
+                    "--random-init",
+                    "--workers",
+                    "0",
+                    "--batch-size",
+                    "32",
+                ]
+            )
+            == 0
+        )
+    config = load_config(
+        TrainConfig,
+        None,
+        [
+            "method=scorer",
+            "lightweight.method=scorer",
+            "data.format=clevr_change",
+            f"data.root={data}",
+            f"data.features={features}",
+            f"run.output_dir={tmp_path / 'scorer'}",
+            *TINY,
+        ],
+    )
     run_dir = train_script.train(config)
     test_pairs = read_dataset("clevr_change", data, "test").pairs[:3]
     pairs = tmp_path / "pairs"

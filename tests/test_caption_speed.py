@@ -30,11 +30,17 @@ def _trained_like(family: str, folder: Path, *, entities: bool = False):
     if family == "instructblip":
         base, size = TINY_BLIP, {}
     else:
-        texts = ["the small red cube moved", "there is no change", "the large blue sphere turned green",
-                 EpcConfig().prompt, EpcConfig().entity_prefix]
+        texts = [
+            "the small red cube moved",
+            "there is no change",
+            "the large blue sphere turned green",
+            EpcConfig().prompt,
+            EpcConfig().entity_prefix,
+        ]
         base, size = write_chat_folder(family, folder.parent / "base", texts), {"image_size": 64}
-    model = build_davir_model(DavirModelConfig(family=family, pretrained=str(base),
-                                               epc=EpcConfig(use_entities=entities), **size)).eval()
+    model = build_davir_model(
+        DavirModelConfig(family=family, pretrained=str(base), epc=EpcConfig(use_entities=entities), **size)
+    ).eval()
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -60,8 +66,14 @@ def test_engine_merges_lora_and_captions_as_the_unmerged_model(family, tmp_path,
     assert lora_layers and all(m.merged for m in lora_layers)
     assert not any(m.merged for m in plain.model.core.modules() if isinstance(m, LoraLayer))
 
-    pictures = [Image.fromarray(torch.randint(0, 256, (48 + 8 * i, 60, 3), dtype=torch.uint8,
-                                              generator=torch.Generator().manual_seed(i)).numpy()) for i in range(8)]
+    pictures = [
+        Image.fromarray(
+            torch.randint(
+                0, 256, (48 + 8 * i, 60, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(i)
+            ).numpy()
+        )
+        for i in range(8)
+    ]
     inputs = [plain.inputs(None, pictures[i], pictures[i + 1], []) for i in range(0, 8, 2)]
     with torch.no_grad():
         want, _ = plain.generate(inputs, [[]] * 4, num_beams=1, max_new_tokens=8, attention=False)
@@ -94,17 +106,25 @@ def test_static_decode_gives_one_shape_and_the_same_captions(family, tmp_path, o
         return model_generate(before, after, prompts, **settings)
 
     static.model.generate = spy
-    pictures = [Image.fromarray(torch.randint(0, 256, (48 + 8 * i, 60, 3), dtype=torch.uint8,
-                                              generator=torch.Generator().manual_seed(i)).numpy()) for i in range(10)]
+    pictures = [
+        Image.fromarray(
+            torch.randint(
+                0, 256, (48 + 8 * i, 60, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(i)
+            ).numpy()
+        )
+        for i in range(10)
+    ]
     inputs = [plain.inputs(None, pictures[i], pictures[i + 1], []) for i in range(0, 10, 2)]
     entities = [["cube"], ["small red metal sphere"], [], ["large blue rubber cylinder"], ["sphere"]]  # 5 lengths
     with torch.no_grad():
         for batch in (slice(0, 3), slice(3, 5)):  # a full batch of 3, then a last one of 2
             for beams in (1, 2):
-                want, _ = plain.generate(inputs[batch], entities[batch], num_beams=beams, max_new_tokens=8,
-                                         attention=False)
-                got, _ = static.generate(inputs[batch], entities[batch], num_beams=beams, max_new_tokens=8,
-                                         attention=False)
+                want, _ = plain.generate(
+                    inputs[batch], entities[batch], num_beams=beams, max_new_tokens=8, attention=False
+                )
+                got, _ = static.generate(
+                    inputs[batch], entities[batch], num_beams=beams, max_new_tokens=8, attention=False
+                )
                 assert got == want and len(got) == len(inputs[batch])
     # every call: 3 rows (the last batch padded), the static cache, the input rounded to one multiple
     assert calls == [(3, "static", STATIC_LENGTH_MULTIPLE)] * 4

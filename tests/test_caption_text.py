@@ -33,12 +33,15 @@ def images(folder: Path, count: int) -> None:
 
 # --- encodings ------------------------------------------------------------------------------------------------------
 
+
 def test_a_latin1_manifest_names_line_and_column_and_how_to_convert_it(tmp_path):
     images(tmp_path / "imgs", 4)
     manifest = tmp_path / "pairs.csv"
-    manifest.write_bytes("id,before,after,caption,split\n"
-                         "a,imgs/0.png,imgs/1.png,a cup appeared,train\n"
-                         "b,imgs/2.png,imgs/3.png,the café sign is gone,train\n".encode("latin-1"))
+    manifest.write_bytes(
+        "id,before,after,caption,split\n"
+        "a,imgs/0.png,imgs/1.png,a cup appeared,train\n"
+        "b,imgs/2.png,imgs/3.png,the café sign is gone,train\n".encode("latin-1")
+    )
     with pytest.raises(DataError) as caught:
         read_folder(manifest)
     message = str(caught.value)
@@ -61,6 +64,7 @@ def test_a_latin1_manifest_names_line_and_column_and_how_to_convert_it(tmp_path)
 
 
 # --- over-long and punctuation-only references ----------------------------------------------------------------------
+
 
 def write_manifest(tmp_path: Path, captions: list[str], splits: list[str] | None = None) -> Path:
     images(tmp_path / "imgs", 2 * len(captions))
@@ -110,13 +114,29 @@ def test_training_start_says_how_many_references_are_cut(tmp_path, capsys):
     torch.set_num_threads(1)
     captions = ["a cup appeared", LONG_CAPTION, "the chair left", "a box moved", "a cup appeared", "nothing changed"]
     write_manifest(tmp_path, captions, ["train"] * 4 + ["val"] * 2)  # the folder reader finds pairs.csv
-    config = load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-        "data.format=folder", f"data.root={tmp_path}", "data.masks=null", "data.entities=null",
-        "model.fac.lambda_attn=0", "model.epc.use_entities=false", f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}",
-        "optim.batch_size=2", "optim.max_steps=1", "run.val_max_pairs=2", "run.eval_every=0",
-        "run.tensorboard=false", f"run.output_dir={tmp_path / 'run'}"])
+    config = load_config(
+        TrainConfig,
+        REPO / "configs" / "demo.yaml",
+        [
+            "data.format=folder",
+            f"data.root={tmp_path}",
+            "data.masks=null",
+            "data.entities=null",
+            "model.fac.lambda_attn=0",
+            "model.epc.use_entities=false",
+            f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}",
+            "optim.batch_size=2",
+            "optim.max_steps=1",
+            "run.val_max_pairs=2",
+            "run.eval_every=0",
+            "run.tensorboard=false",
+            f"run.output_dir={tmp_path / 'run'}",
+        ],
+    )
     train_loop.train(config)
     lines = [line for line in capsys.readouterr().out.splitlines() if "training references" in line]
-    assert lines == ["note: 1 of 4 training references is longer than model.max_caption_tokens=48 allows "
-                     "(47 tokens and the end of sentence; the longest has 2000): training sees only its first "
-                     "47 tokens"], lines
+    assert lines == [
+        "note: 1 of 4 training references is longer than model.max_caption_tokens=48 allows "
+        "(47 tokens and the end of sentence; the longest has 2000): training sees only its first "
+        "47 tokens"
+    ], lines

@@ -27,10 +27,25 @@ def synth_root(synthetic_set):
 
 
 def _argv(root, out, *extra):
-    return ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={root}", "data.masks=null",
-            "data.entities=null", "model.fac.lambda_attn=0", "model.epc.use_entities=false", TINY,
-            "optim.batch_size=4", "optim.max_steps=4", "run.log_every=1", "run.save_every=2", "run.eval_every=0",
-            "run.val_max_pairs=4", "run.tensorboard=false", f"run.output_dir={out}", *extra]
+    return [
+        "--config",
+        str(REPO / "configs" / "demo.yaml"),
+        f"data.root={root}",
+        "data.masks=null",
+        "data.entities=null",
+        "model.fac.lambda_attn=0",
+        "model.epc.use_entities=false",
+        TINY,
+        "optim.batch_size=4",
+        "optim.max_steps=4",
+        "run.log_every=1",
+        "run.save_every=2",
+        "run.eval_every=0",
+        "run.val_max_pairs=4",
+        "run.tensorboard=false",
+        f"run.output_dir={out}",
+        *extra,
+    ]
 
 
 def _kill_after_step_2(run_dir):
@@ -77,8 +92,11 @@ def test_resume_falls_back_past_a_damaged_checkpoint(finished_run, synth_root, t
 
     run_dir = _copy(finished_run, tmp_path)
     full = list(losses_of(finished_run).values())
-    name = {"truncated_weights": "model.safetensors", "truncated_optimizer": "optimizer.bin",
-            "corrupt_rng": "random_states_0.pkl"}[damage]
+    name = {
+        "truncated_weights": "model.safetensors",
+        "truncated_optimizer": "optimizer.bin",
+        "corrupt_rng": "random_states_0.pkl",
+    }[damage]
     path = run_dir / "checkpoints" / "step_4" / name
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if damage.startswith("truncated") else b"\x80\x04garbage" + data[12:])
@@ -124,6 +142,7 @@ def test_unreadable_rng_state_of_an_old_checkpoint_is_refused(finished_run, tmp_
 # --resume with settings other than the run's: applied and recorded, or refused naming the keys
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def _lrs(run_dir):
     rows = {row["step"]: row["train/lr"] for row in read_jsonl(run_dir / "train_log.jsonl")}
     return [rows[s] for s in sorted(rows)]
@@ -151,8 +170,10 @@ def test_resume_applies_a_new_lr_from_the_resume_step_and_records_it(finished_ru
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert (saved["optim"]["lr"], saved["run"]["save_every"]) == (5e-4, 1)
     info = json.loads((run_dir / "run_info.json").read_text())
-    assert info["resume_changes"] == [{"step": 3, "key": "optim.lr", "from": 1e-3, "to": 5e-4},
-                                      {"step": 3, "key": "run.save_every", "from": 2, "to": 1}]
+    assert info["resume_changes"] == [
+        {"step": 3, "key": "optim.lr", "from": 1e-3, "to": 5e-4},
+        {"step": 3, "key": "run.save_every", "from": 2, "to": 1},
+    ]
     assert info["finished"] is True and info["final_step"] == 4
 
 
@@ -183,14 +204,18 @@ def test_resume_history_after_a_fallback_or_a_kill_between_the_two_files():
     assert merged_history([{"step": 3, **lr}], [{"step": 7, **lr}], step=6) == [{"step": 3, **lr}, {"step": 7, **lr}]
 
 
-@pytest.mark.parametrize("overrides, named", [
-    (["optim.batch_size=2"], "optim.batch_size (4 -> 2)"),
-    (["model.lora.llm_rank=4", "run.seed=3"], "model.lora.llm_rank (16 -> 4), run.seed (0 -> 3)"),
-    (["run.best_metric=BLEU-4"], "run.best_metric ('CIDEr' -> 'BLEU-4')"),
-    (["data.root=/elsewhere"], "data.root ("),
-])
-def test_resume_refuses_settings_that_change_what_is_trained(finished_run, synth_root, tmp_path, capsys, overrides,
-                                                            named):
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["optim.batch_size=2"], "optim.batch_size (4 -> 2)"),
+        (["model.lora.llm_rank=4", "run.seed=3"], "model.lora.llm_rank (16 -> 4), run.seed (0 -> 3)"),
+        (["run.best_metric=BLEU-4"], "run.best_metric ('CIDEr' -> 'BLEU-4')"),
+        (["data.root=/elsewhere"], "data.root ("),
+    ],
+)
+def test_resume_refuses_settings_that_change_what_is_trained(
+    finished_run, synth_root, tmp_path, capsys, overrides, named
+):
     from davir.cli import train
 
     run_dir = _copy(finished_run, tmp_path)
@@ -207,6 +232,7 @@ def test_resume_refuses_settings_that_change_what_is_trained(finished_run, synth
 # Model folders (evaluate.py / caption.py / from_pretrained)
 # ---------------------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def lora_on_pretrained(tmp_path_factory, synth_root):
     """A LoRA model over a local 'pretrained' InstructBLIP folder, with language_projection trained in full."""
@@ -216,12 +242,17 @@ def lora_on_pretrained(tmp_path_factory, synth_root):
 
     base = tmp_path_factory.mktemp("pretrained")
     captions = [c for p in read_dataset("clevr_change", synth_root, "train").pairs for c in p.captions]
-    preset = build_davir_model(DavirModelConfig(train_mode="full", preset_overrides={
-        "vision_layers": 1, "qformer_layers": 1, "text_layers": 1}), captions_for_tokenizer=captions)
+    preset = build_davir_model(
+        DavirModelConfig(
+            train_mode="full", preset_overrides={"vision_layers": 1, "qformer_layers": 1, "text_layers": 1}
+        ),
+        captions_for_tokenizer=captions,
+    )
     preset.core.save_pretrained(str(base / "blip"))
     preset.processor.save_pretrained(str(base / "blip"))
-    model = build_davir_model(DavirModelConfig(pretrained=str(base / "blip"), train_mode="lora",
-                                               extra_trainable=("language_projection",)))
+    model = build_davir_model(
+        DavirModelConfig(pretrained=str(base / "blip"), train_mode="lora", extra_trainable=("language_projection",))
+    )
     with torch.no_grad():
         model.core.language_projection.weight.add_(1.0)  # "trained": differs from the base folder
     model.save_pretrained(base / "model")
@@ -232,8 +263,23 @@ def _evaluate(model_dir, root, capsys):
     from davir.cli import evaluate
 
     capsys.readouterr()
-    status = evaluate.main(["--checkpoint", str(model_dir), "--format", "clevr_change", "--root", str(root),
-                            "--split", "test", "--limit", "2", "--no-spice", "--metrics", "BLEU"])
+    status = evaluate.main(
+        [
+            "--checkpoint",
+            str(model_dir),
+            "--format",
+            "clevr_change",
+            "--root",
+            str(root),
+            "--split",
+            "test",
+            "--limit",
+            "2",
+            "--no-spice",
+            "--metrics",
+            "BLEU",
+        ]
+    )
     return status, capsys.readouterr().err.splitlines()
 
 
@@ -255,7 +301,9 @@ def test_lora_folder_without_its_trained_extras_is_refused(lora_on_pretrained, s
 def test_damaged_weight_files_name_the_file(lora_on_pretrained, synth_root, tmp_path, capsys, damage):
     folder = tmp_path / "model"
     shutil.copytree(lora_on_pretrained, folder)
-    target = folder / ("adapter/adapter_model.safetensors" if damage != "wrong_shape" else "trainable_extra.safetensors")
+    target = folder / (
+        "adapter/adapter_model.safetensors" if damage != "wrong_shape" else "trainable_extra.safetensors"
+    )
     data = target.read_bytes()
     if damage == "empty":
         target.write_bytes(b"")

@@ -13,16 +13,35 @@ from davir.compare.runs import compare_runs, comparison_table, read_run, seed_gr
 from davir.compare.seed_spread import inside_spread, spread_text
 
 
-def _run(folder: Path, method: str, cider: float, f1: float | None = None, *, wall: float = 60.0,
-         data_format: str = "clevr_change", references: dict | None = None, synthetic: bool = False) -> Path:
+def _run(
+    folder: Path,
+    method: str,
+    cider: float,
+    f1: float | None = None,
+    *,
+    wall: float = 60.0,
+    data_format: str = "clevr_change",
+    references: dict | None = None,
+    synthetic: bool = False,
+) -> Path:
     (folder / "eval" / f"{data_format}_test").mkdir(parents=True)
     (folder / "config.yaml").write_text(f"method: {method}\ndata:\n  format: {data_format}\n")
-    document = {"rows": {"total": {"metrics": {"BLEU-4": 0.5, "METEOR": 0.3, "ROUGE_L": 0.6, "CIDEr": cider},
-                                   "num_pairs": 300}},
-                "compute": {"training": {"parameters": {"total": 2_000_000, "trainable": 500_000}, "pairs": 16000,
-                                         "wall_s": wall, "pairs_per_s": 16000 / wall, "peak_memory_mb": 800.0,
-                                         "device": "cpu (2 cores, 1 torch thread)"},
-                            "captioning": {"pairs_per_s": 30.0}}}
+    document = {
+        "rows": {
+            "total": {"metrics": {"BLEU-4": 0.5, "METEOR": 0.3, "ROUGE_L": 0.6, "CIDEr": cider}, "num_pairs": 300}
+        },
+        "compute": {
+            "training": {
+                "parameters": {"total": 2_000_000, "trainable": 500_000},
+                "pairs": 16000,
+                "wall_s": wall,
+                "pairs_per_s": 16000 / wall,
+                "peak_memory_mb": 800.0,
+                "device": "cpu (2 cores, 1 torch thread)",
+            },
+            "captioning": {"pairs_per_s": 30.0},
+        },
+    }
     if f1 is not None:
         document["faithfulness"] = {"rows": {"total": {"objects": {"f1": f1}, "hallucination_rate": 1 - f1}}}
     if references is not None:
@@ -49,24 +68,32 @@ def test_spread_cells_and_overlaps_by_hand():
 
 
 def test_compare_groups_seeds_and_flags_differences_inside_the_spread(tmp_path):
-    results = [read_run(_run(tmp_path / "scorer" / f"seed{s}", "scorer", c, f1, wall=w))
-               for s, (c, f1, w) in enumerate([(1.20, 0.80, 60.0), (1.30, 0.86, 90.0), (1.40, 0.92, 120.0)])]
-    results += [read_run(_run(tmp_path / "cheer" / f"seed{s}", "cheer", c, f1))
-                for s, (c, f1) in enumerate([(1.35, 0.95), (1.50, 0.97)])]
+    results = [
+        read_run(_run(tmp_path / "scorer" / f"seed{s}", "scorer", c, f1, wall=w))
+        for s, (c, f1, w) in enumerate([(1.20, 0.80, 60.0), (1.30, 0.86, 90.0), (1.40, 0.92, 120.0)])
+    ]
+    results += [
+        read_run(_run(tmp_path / "cheer" / f"seed{s}", "cheer", c, f1))
+        for s, (c, f1) in enumerate([(1.35, 0.95), (1.50, 0.97)])
+    ]
     table = comparison_table(results, "clevr_change")
     # SCORER CIDEr 120/130/140 → 130.0 ± 10.0; object F1 80/86/92 → 86.0 ± 6.0; hallucinated 20/14/8 → 14.0 ± 6.0
-    assert ("| ours: scorer (test, 3 seeds) | scorer | total | 50.0 ± 0.0 (50.0–50.0) | 30.0 ± 0.0 (30.0–30.0) "
-            "| 60.0 ± 0.0 (60.0–60.0) | 130.0 ± 10.0 (120.0–140.0) | – | 86.0 ± 6.0 (80.0–92.0) "
-            "| 14.0 ± 6.0 (8.0–20.0) | 300 |") in table
+    assert (
+        "| ours: scorer (test, 3 seeds) | scorer | total | 50.0 ± 0.0 (50.0–50.0) | 30.0 ± 0.0 (30.0–30.0) "
+        "| 60.0 ± 0.0 (60.0–60.0) | 130.0 ± 10.0 (120.0–140.0) | – | 86.0 ± 6.0 (80.0–92.0) "
+        "| 14.0 ± 6.0 (8.0–20.0) | 300 |"
+    ) in table
     assert "| ours: cheer (test, 2 seeds) | cheer | total |" in table
     assert "| paper: SCORER Table 1 | scorer | total | 56.3 | 41.2 | 74.5 | 126.8 | 33.3 | – | – |  |" in table
     # CIDEr ranges 120–140 and 135–150 overlap; object F1 80–92 vs 95–97 do not
     assert "- CIDEr: ours: scorer (test, 3 seeds) ≈ ours: cheer (test, 2 seeds)" in table
     assert "- object F1" not in table
     # compute: 2.00 M params, 0.50 M trainable; 1/1.5/2 min → 1.5 ± 0.5; 266.7/177.8/133.3 pairs/s → 192.6 ± 67.9
-    assert ("| ours: scorer (test, 3 seeds) | 2.00 ± 0.00 (2.00–2.00) | 0.50 ± 0.00 (0.50–0.50) | 16000 ± 0 (16000–16000) "
-            "| 1.5 ± 0.5 (1.0–2.0) | 192.6 ± 67.9 (133.3–266.7) | 800 ± 0 (800–800) | 30.0 ± 0.0 (30.0–30.0) "
-            "| cpu (2 cores, 1 torch thread) |") in table
+    assert (
+        "| ours: scorer (test, 3 seeds) | 2.00 ± 0.00 (2.00–2.00) | 0.50 ± 0.00 (0.50–0.50) | 16000 ± 0 (16000–16000) "
+        "| 1.5 ± 0.5 (1.0–2.0) | 192.6 ± 67.9 (133.3–266.7) | 800 ± 0 (800–800) | 30.0 ± 0.0 (30.0–30.0) "
+        "| cpu (2 cores, 1 torch thread) |"
+    ) in table
 
 
 def test_leaderboard_marks_protocols_and_ranks_runs_beside_the_papers(tmp_path, capsys):
@@ -80,11 +107,15 @@ def test_leaderboard_marks_protocols_and_ranks_runs_beside_the_papers(tmp_path, 
     assert row("ssgpa_reproduction").startswith("| 13 | ssgpa_reproduction | unstated | 9.6 | 11.4 | 30.1 | 30.5 |")
     assert "= pycocoevalcap on FINER-MLLM" in row("DAVIR Table 1 (quoting FINER-MLLM")
     # ours 60.5 ranks between DAVIR Table 1 (61.9) / FINER via CHEER (61.8) and FINER via DAVIR (59.9)
-    assert row("ours: davir_spot").startswith("| 4 | **ours: davir_spot** (davir) | total (test) | 50.0 | 30.0 | 60.0 | 60.5 |")
+    assert row("ours: davir_spot").startswith(
+        "| 4 | **ours: davir_spot** (davir) | total (test) | 50.0 | 30.0 | 60.0 | 60.5 |"
+    )
     assert "| = davir, official protocol of spot_the_diff test |" in row("ours: davir_spot")
     assert "≠ scored on clevr_change, not spot_the_diff" in row("ours: demo")
-    assert any("not reproduced: the public re-implementation yili-19/SSGPA reached at best CIDEr 30.5" in line
-               for line in lines)
+    assert any(
+        "not reproduced: the public re-implementation yili-19/SSGPA reached at best CIDEr 30.5" in line
+        for line in lines
+    )
 
     assert main(["--leaderboard", "levir_cc"]) == 0
     assert "| ccexpert | all | 65.49 | 41.82 | 76.55 | 143.32 | – | ≠ captions lower-cased" in capsys.readouterr().out
@@ -102,11 +133,14 @@ def test_compare_runs_from_python_reads_the_runs_and_names_the_paper_dataset(tmp
     assert board.results == [] and board.dataset == "levir_cc" and "| ccexpert |" in board.table
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "give the run folders to compare, or --leaderboard BENCHMARK"),
-    (["--leaderboard", "coco"], "--leaderboard coco: no reported numbers for it; choose one of"),
-    (["--leaderboard", "ier", "--plot", "x.png"], "--plot draws the runs: give run folders"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "give the run folders to compare, or --leaderboard BENCHMARK"),
+        (["--leaderboard", "coco"], "--leaderboard coco: no reported numbers for it; choose one of"),
+        (["--leaderboard", "ier", "--plot", "x.png"], "--plot draws the runs: give run folders"),
+    ],
+)
 def test_compare_command_errors_name_the_problem(argv, message, capsys):
     assert main(argv) == 2
     assert f"error: {message}" in capsys.readouterr().err

@@ -36,7 +36,7 @@ def test_each_stage_reports_its_own_peak_not_an_earlier_ones():
     if not first.reset:
         pytest.skip("the peak RSS cannot be reset here (not Linux)")
     block = bytearray(256 * 2**20)  # 256 MiB, touched: resident
-    block[:: 4096] = b"x" * len(block[:: 4096])
+    block[::4096] = b"x" * len(block[::4096])
     peak_with_block = first.record(pairs=1)["peak_memory_mb"]
     del block
     second = CostMeter("cpu").record(pairs=1)

@@ -66,6 +66,7 @@ def test_every_shipped_train_config_loads():
 
 # --- values read by the field's declared type (YAML 1.1 words stay words in text fields) ------------
 
+
 @dataclass
 class Typed:
     word: str = "x"
@@ -81,19 +82,39 @@ class Typed:
 
 @pytest.mark.parametrize("source", ["yaml", "overrides"])
 def test_values_follow_the_declared_type_in_files_and_overrides(tmp_path, source):
-    values = {"word": "no", "mode": "no", "flag": "no", "count": "7", "rate": "1e-4", "maybe": "off",
-              "count_or_none": "null", "words": "[yes, on, 007]", "extra": "{a: no}"}
+    values = {
+        "word": "no",
+        "mode": "no",
+        "flag": "no",
+        "count": "7",
+        "rate": "1e-4",
+        "maybe": "off",
+        "count_or_none": "null",
+        "words": "[yes, on, 007]",
+        "extra": "{a: no}",
+    }
     if source == "yaml":
         path = tmp_path / "c.yaml"
         path.write_text("".join(f"{key}: {value}\n" for key, value in values.items()))
         config = load_config(Typed, path)
     else:
         config = load_config(Typed, None, [f"{key}={value}" for key, value in values.items()])
-    assert config == Typed(word="no", mode="no", flag=False, count=7, rate=1e-4, maybe="off", count_or_none=None,
-                           words=["yes", "on", "007"], extra={"a": False})
+    assert config == Typed(
+        word="no",
+        mode="no",
+        flag=False,
+        count=7,
+        rate=1e-4,
+        maybe="off",
+        count_or_none=None,
+        words=["yes", "on", "007"],
+        extra={"a": False},
+    )
 
 
-@pytest.mark.parametrize("text, expected", [("yes", True), ("on", True), ("true", True), ("off", False), ("false", False)])
+@pytest.mark.parametrize(
+    "text, expected", [("yes", True), ("on", True), ("true", True), ("off", False), ("false", False)]
+)
 def test_bool_fields_read_yaml_words(text, expected):
     assert load_config(Typed, None, [f"flag={text}"]).flag is expected
 
@@ -123,24 +144,28 @@ def test_mixed_precision_no_is_accelerates_word(tmp_path):
 
 # --- 18.11 / 18.3: out-of-range values are one line naming the key, exit status 2 -------------------
 
-@pytest.mark.parametrize("override, message", [
-    ("optim.batch_size=0", "optim.batch_size: must be ≥ 1, got 0"),
-    ("optim.lr=-1", "optim.lr: must be > 0, got -1"),
-    ("optim.lr=0", "optim.lr: must be > 0, got 0"),
-    ("optim.max_steps=-3", "optim.max_steps: must be ≥ 1, got -3"),
-    ("optim.epochs=0", "optim.epochs: must be ≥ 1, got 0"),
-    ("optim.gradient_accumulation_steps=0", "optim.gradient_accumulation_steps: must be ≥ 1, got 0"),
-    ("optim.warmup_ratio=1.5", "optim.warmup_ratio: must be in [0, 1], got 1.5"),
-    ("optim.max_grad_norm=-0.5", "optim.max_grad_norm: must be ≥ 0, got -0.5"),
-    ("optim.weight_decay=-1", "optim.weight_decay: must be ≥ 0, got -1"),
-    ("optim.betas=[0.9, 1.0]", "optim.betas[1]: must be in [0, 1), got 1"),
-    ("run.keep_checkpoints=-1", "run.keep_checkpoints: must be ≥ 0, got -1"),
-    ("run.num_beams=0", "run.num_beams: must be ≥ 1, got 0"),
-    ("run.log_every=0", "run.log_every: must be ≥ 1, got 0"),
-    ("run.seed=-1", "run.seed: must be in [0, 4294967296), got -1"),
-    ("data.num_workers=-2", "data.num_workers: must be ≥ 0, got -2"),
-    ("data.max_train_pairs=0", "data.max_train_pairs: must be ≥ 1, got 0"),
-])
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.batch_size=0", "optim.batch_size: must be ≥ 1, got 0"),
+        ("optim.lr=-1", "optim.lr: must be > 0, got -1"),
+        ("optim.lr=0", "optim.lr: must be > 0, got 0"),
+        ("optim.max_steps=-3", "optim.max_steps: must be ≥ 1, got -3"),
+        ("optim.epochs=0", "optim.epochs: must be ≥ 1, got 0"),
+        ("optim.gradient_accumulation_steps=0", "optim.gradient_accumulation_steps: must be ≥ 1, got 0"),
+        ("optim.warmup_ratio=1.5", "optim.warmup_ratio: must be in [0, 1], got 1.5"),
+        ("optim.max_grad_norm=-0.5", "optim.max_grad_norm: must be ≥ 0, got -0.5"),
+        ("optim.weight_decay=-1", "optim.weight_decay: must be ≥ 0, got -1"),
+        ("optim.betas=[0.9, 1.0]", "optim.betas[1]: must be in [0, 1), got 1"),
+        ("run.keep_checkpoints=-1", "run.keep_checkpoints: must be ≥ 0, got -1"),
+        ("run.num_beams=0", "run.num_beams: must be ≥ 1, got 0"),
+        ("run.log_every=0", "run.log_every: must be ≥ 1, got 0"),
+        ("run.seed=-1", "run.seed: must be in [0, 4294967296), got -1"),
+        ("data.num_workers=-2", "data.num_workers: must be ≥ 0, got -2"),
+        ("data.max_train_pairs=0", "data.max_train_pairs: must be ≥ 1, got 0"),
+    ],
+)
 def test_train_refuses_out_of_range_values_naming_the_key(override, message, capsys, tmp_path):
     import train
 
@@ -156,8 +181,13 @@ def test_train_script_reports_a_bad_value_as_a_user_runs_it(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    completed = subprocess.run([sys.executable, "train.py", "optim.batch_size=0", f"run.output_dir={tmp_path / 'run'}"],
-                               cwd=repo, capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [sys.executable, "train.py", "optim.batch_size=0", f"run.output_dir={tmp_path / 'run'}"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode == 2
     assert completed.stderr.splitlines()[0] == "config error: optim.batch_size: must be ≥ 1, got 0"
 
@@ -171,6 +201,7 @@ def test_model_config_checks_name_the_key_too():
 
 # --- non-finite numbers (inf, -inf, nan) are refused at load, naming the key ------------------------
 
+
 @pytest.mark.parametrize("text", ["inf", "-inf", ".inf", "-.inf", "nan", ".nan"])
 def test_non_finite_floats_are_refused_from_yaml_naming_the_key(tmp_path, text):
     path = tmp_path / "c.yaml"
@@ -180,11 +211,17 @@ def test_non_finite_floats_are_refused_from_yaml_naming_the_key(tmp_path, text):
         load_config(Typed, path)
 
 
-@pytest.mark.parametrize("override, key", [
-    ("optim.lr=inf", "optim.lr"), ("optim.lr=-inf", "optim.lr"), ("optim.max_grad_norm=inf", "optim.max_grad_norm"),
-    ("optim.betas=[0.9, inf]", "optim.betas[1]"), ("lightweight.dropout=-inf", "lightweight.dropout"),
-    ("lightweight.decoder_init_std=inf", "lightweight.decoder_init_std"),  # an optional float field
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optim.lr=inf", "optim.lr"),
+        ("optim.lr=-inf", "optim.lr"),
+        ("optim.max_grad_norm=inf", "optim.max_grad_norm"),
+        ("optim.betas=[0.9, inf]", "optim.betas[1]"),
+        ("lightweight.dropout=-inf", "lightweight.dropout"),
+        ("lightweight.decoder_init_std=inf", "lightweight.decoder_init_std"),  # an optional float field
+    ],
+)
 def test_train_refuses_non_finite_overrides_naming_the_key(override, key, capsys, tmp_path):
     import train
 
@@ -198,8 +235,8 @@ def test_train_refuses_non_finite_overrides_naming_the_key(override, key, capsys
 def test_data_workers_auto_is_four_on_a_gpu_and_none_on_a_cpu(monkeypatch):
     import torch
 
-    from davir.training import loop
     from davir.runs.config import TrainConfig
+    from davir.training import loop
 
     assert TrainConfig().data.num_workers == "auto"
     assert load_config(TrainConfig, None, ["data.num_workers=2"]).data.num_workers == 2

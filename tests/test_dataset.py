@@ -4,8 +4,14 @@ import torch
 from PIL import Image
 
 from davir.data.caches import EntityCache, MaskCache, cache_key
-from davir.data.dataset import (ChangeCaptionDataset, EntityField, GroundTruthMaskField, ImageField, MaskField,
-                                collate_examples)
+from davir.data.dataset import (
+    ChangeCaptionDataset,
+    EntityField,
+    GroundTruthMaskField,
+    ImageField,
+    MaskField,
+    collate_examples,
+)
 from davir.data.records import ChangePair
 from davir.errors import DataError
 
@@ -56,14 +62,18 @@ def test_gt_mask_field_partial_coverage(tmp_path):
     Image.fromarray(mask).save(tmp_path / "m.png")
     pair = ChangePair("p", tmp_path, tmp_path, gt_mask_before=tmp_path / "m.png", gt_mask_after=tmp_path / "m.png")
     out = GroundTruthMaskField(size=2)(pair)
-    assert out["gt_mask_before"][0, 0].item() == pytest.approx(0.25) and out["gt_mask_before"].sum() == pytest.approx(0.25)
+    assert out["gt_mask_before"][0, 0].item() == pytest.approx(0.25) and out["gt_mask_before"].sum() == pytest.approx(
+        0.25
+    )
 
 
 def test_entities_and_images_collate(tmp_path):
     pairs = [_pair(tmp_path, "p1"), _pair(tmp_path, "p2")]
     entities = EntityCache(tmp_path / "cache")
     entities.write_part("0", {"p1": [("red sphere", 0.9), ("cube", 0.1)], "p2": [("cube", 0.7)]})
-    processor = lambda images: torch.stack([torch.from_numpy(np.asarray(i, np.float32)).permute(2, 0, 1) for i in images])
+    processor = lambda images: torch.stack(
+        [torch.from_numpy(np.asarray(i, np.float32)).permute(2, 0, 1) for i in images]
+    )
     dataset = ChangeCaptionDataset(pairs, [ImageField(processor), EntityField(entities, top_k=1)])
     batch = collate_examples([dataset[0], dataset[1]])
     assert batch["pixel_before"].shape == (2, 3, 8, 8) and batch["pixel_after"][0, 0, 0, 0].item() == 40

@@ -55,7 +55,8 @@ def test_a_missing_page_is_caught(tmp_path):
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "here.md").write_text("see [there](there.md) and here.md\n")
-    (tmp_path / "mod.py").write_text('"""Defined in docs/here.md; the rest in docs/methods/gone.md §2."""\n'
-                                     "# writes OUT/summary.md and table.md\n")
+    (tmp_path / "mod.py").write_text(
+        '"""Defined in docs/here.md; the rest in docs/methods/gone.md §2."""\n# writes OUT/summary.md and table.md\n'
+    )
     subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
     assert dangling(tmp_path) == ["docs/here.md:1: there.md", "mod.py:1: docs/methods/gone.md"]

@@ -13,14 +13,25 @@ from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.records import DISTRACTOR, ChangePair
 from davir.errors import DataError
 from davir.io import read_json
+from davir.jobs import entities, entity_eval
+from davir.preprocessing.retrievers import (
+    ClipRetriever,
+    EntityGate,
+    FittedRetriever,
+    PairRegions,
+    gate_features,
+    masked_region,
+    pair_features,
+    pair_regions,
+    phrase_words,
+    retrieve_top_k,
+    square_pad,
+    top_k,
+)
 from davir.text.entity_vocabulary import build_vocabulary
 from davir.text.extractors import PhraseExtractor, extract_attributes, extract_phrases, get_extractor, subject_phrase
 from davir.text.words import CLOSED_CLASS, GENERIC_HEADS
-from davir.jobs import entities, entity_eval
-from davir.preprocessing.retrievers import (
-    ClipRetriever, EntityGate, FittedRetriever, PairRegions, gate_features, masked_region, pair_features,
-    pair_regions, phrase_words, retrieve_top_k, square_pad, top_k,
-)
+
 
 @pytest.fixture(scope="module")
 def wordnet() -> PhraseExtractor:
@@ -39,8 +50,11 @@ SPOT_CASES = {
     "the person standing by the couple under the umbrella is no longer there": ["person", "umbrella"],
     "a blue car is pulling out of the parking lot": ["blue car", "parking lot"],
     "different cars at stop sign in each picture": ["car", "stop sign"],
-    "in picture one the blue truck is turning right and in picture two its sitting at the stop sign":
-        ["blue truck", "sitting", "stop sign"],
+    "in picture one the blue truck is turning right and in picture two its sitting at the stop sign": [
+        "blue truck",
+        "sitting",
+        "stop sign",
+    ],
 }
 IER_CASES = {
     "Remove the girl from the image": ["girl"],
@@ -63,7 +77,9 @@ def test_chunker_on_real_spot_the_diff_and_ier_captions(shared_datasets, wordnet
         assert wordnet.phrases(caption) == expected, caption
     # RDD noun/verb segments and CHEER's subject phrase on the same real captions
     assert wordnet.attributes("a blue car is pulling out of the parking lot") == {
-        "nouns": ["blue car", "parking lot"], "verbs": ["is pulling"]}
+        "nouns": ["blue car", "parking lot"],
+        "verbs": ["is pulling"],
+    }
     assert wordnet.attributes("Remove the girl from the image") == {"nouns": ["girl", "image"], "verbs": ["remove"]}
     assert wordnet.subject("the person standing by the couple under the umbrella is no longer there") == "person"
     assert wordnet.subject("different cars at stop sign in each picture") == "car"
@@ -104,10 +120,16 @@ def test_vocabulary_on_real_spot_the_diff_val(shared_datasets, wordnet):
 
 
 def test_vocabulary_min_count_generic_heads_and_bare_attributes(wordnet):
-    captions = ["the small red metal sphere changed to rubber", "the small red metal sphere is gone",
-                "a large blue rubber cube has appeared", "the large blue rubber cube changed to metal",
-                "the small red metal sphere moved", "there is a difference in the picture",
-                "the picture changed", "a green cylinder appeared"]
+    captions = [
+        "the small red metal sphere changed to rubber",
+        "the small red metal sphere is gone",
+        "a large blue rubber cube has appeared",
+        "the large blue rubber cube changed to metal",
+        "the small red metal sphere moved",
+        "there is a difference in the picture",
+        "the picture changed",
+        "a green cylinder appeared",
+    ]
     vocab = build_vocabulary(captions, min_count=2, extractor=wordnet)
     # "picture"/"difference" are generic heads; "rubber"/"metal" head 1 phrase each but modify 5
     assert vocab.phrases == ["small red metal sphere", "large blue rubber cube"]
@@ -142,7 +164,9 @@ COLORS = {"red": (200, 30, 30), "blue": (30, 60, 210), "yellow": (230, 220, 40)}
 BACKGROUND = (128, 128, 128)
 
 
-def draw_shape(shape: str, color: str, center: tuple[int, int], size: int, hw=(48, 64)) -> tuple[np.ndarray, np.ndarray]:
+def draw_shape(
+    shape: str, color: str, center: tuple[int, int], size: int, hw=(48, 64)
+) -> tuple[np.ndarray, np.ndarray]:
     """A flat grey image with one coloured square or circle, and the object's mask."""
     image = np.full((*hw, 3), BACKGROUND, np.uint8)
     mask = np.zeros(hw, np.uint8)
@@ -158,7 +182,7 @@ def draw_shape(shape: str, color: str, center: tuple[int, int], size: int, hw=(4
 def test_masked_region_is_eq8_crop_with_padding():
     image = np.arange(20 * 30 * 3, dtype=np.uint8).reshape(20, 30, 3)
     mask = np.zeros((10, 15), bool)  # half resolution: upsampled (nearest) to 20×30
-    mask[2:4, 5:10] = True            # → rows 4..7, cols 10..19 in the image
+    mask[2:4, 5:10] = True  # → rows 4..7, cols 10..19 in the image
     region = masked_region(image, mask, pad=0.1)
     assert region.box == (9, 3, 21, 9)  # 10 % of 10 cols = 1, 10 % of 4 rows → ceil(0.4) = 1
     assert region.crop.shape == (6, 12, 3) and not region.empty
@@ -202,8 +226,12 @@ def test_fitted_retriever_learns_coloured_shapes(tmp_path):
     rng = np.random.default_rng(0)
 
     def specs(per_phrase: int):
-        return [(shape, color, (int(rng.integers(14, 50)), int(rng.integers(14, 34))), int(rng.integers(6, 10)))
-                for color in COLORS for shape in ("square", "circle") for _ in range(per_phrase)]
+        return [
+            (shape, color, (int(rng.integers(14, 50)), int(rng.integers(14, 34))), int(rng.integers(6, 10)))
+            for color in COLORS
+            for shape in ("square", "circle")
+            for _ in range(per_phrase)
+        ]
 
     train, test = specs(4), specs(2)  # new positions and sizes for every test shape
     retriever = FittedRetriever()
@@ -238,13 +266,17 @@ def test_phrase_scores_are_word_logit_sums():
     logits = np.array([2.0 - 1.0, 2.0, -1.0 - 3.0])  # B·z
     expected = np.exp(logits) / np.exp(logits).sum()
     np.testing.assert_allclose(retriever.phrase_scores(np.zeros((1, 1)))[0], expected)
-    assert top_k(expected, retriever.phrases, 2) == [("car", pytest.approx(expected[1])),
-                                                     ("red car", pytest.approx(expected[0]))]
+    assert top_k(expected, retriever.phrases, 2) == [
+        ("car", pytest.approx(expected[1])),
+        ("red car", pytest.approx(expected[0])),
+    ]
 
 
-TINY_CLIP = {"embed_dim": 16,
-             "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},
-             "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+TINY_CLIP = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +319,9 @@ def test_clip_retriever_scores_are_max_cosine_over_both_regions(tiny_clip):
     tokenizer = open_clip.get_tokenizer(name)
     with torch.no_grad():
         text = model.encode_text(tokenizer([f"a photo of {p}" for p in phrases])).numpy()
-        images = torch.stack([preprocess(Image.fromarray(square_pad(r.crop))) for r in (pairs[0].before, pairs[0].after)])
+        images = torch.stack(
+            [preprocess(Image.fromarray(square_pad(r.crop))) for r in (pairs[0].before, pairs[0].after)]
+        )
         image = model.encode_image(images).numpy()
     text /= np.linalg.norm(text, axis=1, keepdims=True)
     image /= np.linalg.norm(image, axis=1, keepdims=True)
@@ -305,15 +339,24 @@ def test_clip_retriever_refuses_missing_checkpoint(tmp_path):
 
 SCENES = [  # (shape, colour, centre, size); 12 train + 4 test scenes, all "add" changes
     *[(s, c, (18 + 9 * k, 16 + 5 * k), 7 + k) for k in range(2) for c in COLORS for s in ("square", "circle")],
-    ("square", "blue", (44, 30), 9), ("circle", "yellow", (20, 20), 7), ("circle", "red", (36, 28), 10),
+    ("square", "blue", (44, 30), 9),
+    ("circle", "yellow", (20, 20), 7),
+    ("circle", "red", (36, 28), 10),
     ("square", "yellow", (28, 24), 6),
 ]
 TRAIN, TEST = list(range(12)), list(range(12, 16))
 
 
 def write_dataset(root: Path) -> Path:
-    for folder in ("images", "sc_images", "nsc_images", "gt_masks/before", "gt_masks/after",
-                   "gt_masks/before_n", "gt_masks/after_n"):
+    for folder in (
+        "images",
+        "sc_images",
+        "nsc_images",
+        "gt_masks/before",
+        "gt_masks/after",
+        "gt_masks/before_n",
+        "gt_masks/after_n",
+    ):
         (root / folder).mkdir(parents=True)
     change, no_change = {}, {}
     for index, (shape, color, center, size) in enumerate(SCENES):
@@ -324,8 +367,12 @@ def write_dataset(root: Path) -> Path:
         cv2.imwrite(str(root / "sc_images" / f"CLEVR_semantic_{index:06d}.png"), after[..., ::-1])
         cv2.imwrite(str(root / "nsc_images" / f"CLEVR_nonsemantic_{index:06d}.png"), (before * 0.9).astype(np.uint8))
         empty = np.zeros(mask.shape, np.uint8)
-        for folder, m in (("before", empty), ("after", mask.astype(np.uint8) * 255), ("before_n", empty),
-                          ("after_n", empty)):
+        for folder, m in (
+            ("before", empty),
+            ("after", mask.astype(np.uint8) * 255),
+            ("before_n", empty),
+            ("after_n", empty),
+        ):
             cv2.imwrite(str(root / "gt_masks" / folder / f"{index:06d}.png"), m)
         change[key] = [f"someone added a {color} {shape}", f"a {color} {shape} has appeared"]
         no_change[key] = ["nothing has changed", "the scene remains the same"]
@@ -349,12 +396,13 @@ def run_cli(module, argv: list[str], capsys) -> tuple[int, str, str]:
 
 def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys):
     out = tmp_path / "entities"
-    base = ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress",
-            "--out", str(out)]
+    base = ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress", "--out", str(out)]
     code, stdout, _ = run_cli(entities, [*base, "--masks", "gt", "--limit", "3", "--chunk-size", "2"], capsys)
     assert code == 0 and json.loads(stdout)["written"] == 3
     assert sorted(p.name for p in (out / "entities").glob("part-*.json")) == [
-        "part-test-0000000.json", "part-test-0000002.json"]
+        "part-test-0000000.json",
+        "part-test-0000002.json",
+    ]
     first_part = (out / "entities" / "part-test-0000000.json").read_text()
     fitted_stamp = (out / "retriever" / "fitted.npz").stat().st_mtime_ns
 
@@ -388,6 +436,7 @@ def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys):
     # the same masks through a MaskCache (fitting on the ground truth) give the same entities
     mask_cache = MaskCache(tmp_path / "masks")
     from davir.data import read_dataset
+
     for split in ("train", "test"):
         for pair in read_dataset("clevr_change", dataset, split):
             masks = entities.GroundTruthMasks().read(pair)
@@ -401,8 +450,11 @@ def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys):
     assert {k: [p for p, _ in v] for k, v in cached.items()} == {k: [p for p, _ in v] for k, v in table.items()}
 
     # entity-eval over the CLI: 4 semantic pairs evaluated, 4 distractors skipped
-    code, stdout, _ = run_cli(entity_eval, ["--format", "clevr_change", "--root", str(dataset), "--split", "test",
-                                            "--entities", str(out), "--k", "2"], capsys)
+    code, stdout, _ = run_cli(
+        entity_eval,
+        ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--entities", str(out), "--k", "2"],
+        capsys,
+    )
     assert code == 0 and "top-2" in stdout
     result = read_json(out / "entity_eval_test.json")
     assert result["evaluated"] == 4 and result["skipped"] == {"distractor": 4, "no_reference_entity": 0}
@@ -413,24 +465,45 @@ def test_entities_cli_clear_errors(dataset, tmp_path, capsys):
     base = ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress"]
     code, _, err = run_cli(entities, [*base, "--masks", str(tmp_path / "nope"), "--out", str(tmp_path / "a")], capsys)
     assert code == 2 and "mask cache folder" in err
-    code, _, err = run_cli(entities, [*base, "--masks", "gt", "--out", str(tmp_path / "b"), "--retriever", "clip",
-                                      "--clip-checkpoint", str(tmp_path / "missing.pt")], capsys)
+    code, _, err = run_cli(
+        entities,
+        [
+            *base,
+            "--masks",
+            "gt",
+            "--out",
+            str(tmp_path / "b"),
+            "--retriever",
+            "clip",
+            "--clip-checkpoint",
+            str(tmp_path / "missing.pt"),
+        ],
+        capsys,
+    )
     assert code == 2 and "CLIP checkpoint file is missing" in err
     assert not (tmp_path / "b" / "gate").exists()  # reported before the entity gate is fitted
 
 
 def test_entity_eval_numbers_on_a_hand_made_case(wordnet):
     def pair(pid, captions, change_type=None):
-        return ChangePair(pair_id=pid, before=Path("b.png"), after=Path("a.png"), captions=tuple(captions),
-                          change_type=change_type)
+        return ChangePair(
+            pair_id=pid, before=Path("b.png"), after=Path("a.png"), captions=tuple(captions), change_type=change_type
+        )
 
-    pairs = [pair("1", ["the red car is gone", "a red car left"]),
-             pair("2", ["a man with a bag appeared"]),
-             pair("3", ["the white truck moved"]),
-             pair("4", ["nothing has changed"], DISTRACTOR),
-             pair("5", ["nothing has changed"])]
-    table = {"1": [("red car", 0.9), ("car", 0.1)], "2": [("woman", 0.5), ("bag", 0.3)],
-             "3": [("truck", 0.6), ("bus", 0.2)], "4": [("car", 1.0)], "5": [("car", 1.0)]}
+    pairs = [
+        pair("1", ["the red car is gone", "a red car left"]),
+        pair("2", ["a man with a bag appeared"]),
+        pair("3", ["the white truck moved"]),
+        pair("4", ["nothing has changed"], DISTRACTOR),
+        pair("5", ["nothing has changed"]),
+    ]
+    table = {
+        "1": [("red car", 0.9), ("car", 0.1)],
+        "2": [("woman", 0.5), ("bag", 0.3)],
+        "3": [("truck", 0.6), ("bus", 0.2)],
+        "4": [("car", 1.0)],
+        "5": [("car", 1.0)],
+    }
     result = entity_eval.evaluate_entities(pairs, table, wordnet, k=2)
     assert result["evaluated"] == 3 and result["skipped"] == {"distractor": 1, "no_reference_entity": 1}
     # pair 1 exact hit; pair 2 hit only at rank 2 ("woman" is not the word "man"); pair 3 only contained
@@ -449,7 +522,7 @@ def test_entity_eval_numbers_on_a_hand_made_case(wordnet):
 
 def test_pairs_without_a_change_region_get_no_entity():
     """Both masks empty → no entity (the prompt then has none), instead of the whole image's best phrase."""
-    from davir.preprocessing.retrievers import masked_region, PairRegions, retrieve_top_k
+    from davir.preprocessing.retrievers import PairRegions, masked_region, retrieve_top_k
 
     class Constant:
         def score(self, pairs):
@@ -468,6 +541,7 @@ def test_pairs_without_a_change_region_get_no_entity():
 # The entity gate: no entities for a change region where nothing the captions name changed
 # ---------------------------------------------------------------------------------------------------
 
+
 def gate_pairs(rng: np.random.Generator, count: int) -> tuple[list, list[bool]]:
     """Changed pairs (an object added, or recoloured in place) and unchanged ones (the same object shifted
     by 1-2 px, as a small camera move leaves it); the mask is the union of the object in both images."""
@@ -480,11 +554,11 @@ def gate_pairs(rng: np.random.Generator, count: int) -> tuple[list, list[bool]]:
         size = int(rng.integers(6, 10))
         after, after_mask = draw_shape(shape, color, center, size)
         kind = i % 3
-        if kind == 0:    # add
+        if kind == 0:  # add
             before, before_mask = np.full_like(after, BACKGROUND), np.zeros_like(after_mask)
         elif kind == 1:  # colour change
             before, before_mask = draw_shape(shape, other, center, size)
-        else:            # no change: a shifted view of the same object
+        else:  # no change: a shifted view of the same object
             shift = (int(rng.choice([-2, -1, 1, 2])), int(rng.choice([-2, -1, 1, 2])))
             before, before_mask = draw_shape(shape, color, (center[0] + shift[0], center[1] + shift[1]), size)
         union = after_mask | before_mask
@@ -532,8 +606,9 @@ def test_entity_gate_stays_inactive_without_pairs_naming_none(tmp_path):
     """Spot-the-Diff-like fit splits: every pair with a region names an entity → the gate keeps all."""
     pairs, names = gate_pairs(np.random.default_rng(1), 30)
     changed = [p for p, n in zip(pairs, names) if n]
-    empty = PairRegions("e", masked_region(np.zeros((8, 8, 3), np.uint8), None),
-                        masked_region(np.zeros((8, 8, 3), np.uint8), None))
+    empty = PairRegions(
+        "e", masked_region(np.zeros((8, 8, 3), np.uint8), None), masked_region(np.zeros((8, 8, 3), np.uint8), None)
+    )
     gate = EntityGate()
     gate.fit([pair_features(p) for p in [*changed, empty]], [True] * len(changed) + [False])
     assert not gate.active and "keeps every pair" in gate.training["inactive"]
@@ -562,8 +637,17 @@ def test_entities_cli_gate_on_distractor_regions(dataset, tmp_path, capsys):
                 spurious[10:24, 20:36] = True
                 masks = PairMasks(spurious, spurious, {})
             mask_cache.write(pair.pair_id, masks.before, masks.after, {})
-    base = ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress",
-            "--masks", str(tmp_path / "masks")]
+    base = [
+        "--format",
+        "clevr_change",
+        "--root",
+        str(dataset),
+        "--split",
+        "test",
+        "--no-progress",
+        "--masks",
+        str(tmp_path / "masks"),
+    ]
     code, stdout, err = run_cli(entities, [*base, "--out", str(tmp_path / "gated")], capsys)
     assert code == 0, err
     assert json.loads(stdout)["withheld_by_gate"] == 4
@@ -591,8 +675,9 @@ def test_entities_cli_gate_on_distractor_regions(dataset, tmp_path, capsys):
     assert code == 2 and "gate_threshold" in err
     code, _, err = run_cli(entities, [*base, "--out", str(tmp_path / "x"), "--gate-threshold", "1.5"], capsys)
     assert code == 2 and "--gate-threshold must lie in [0, 1]" in err
-    code, _, err = run_cli(entities, [*base[:-2], "--out", str(tmp_path / "y"), "--image-level",
-                                      "--entity-gate", "fitted"], capsys)
+    code, _, err = run_cli(
+        entities, [*base[:-2], "--out", str(tmp_path / "y"), "--image-level", "--entity-gate", "fitted"], capsys
+    )
     assert code == 2 and "--image-level has none" in err
 
 
@@ -650,8 +735,23 @@ def test_cheer_ranking_pads_with_the_best_ineligible_entities():
 
 
 def image_level_argv(dataset: Path, out: Path, *extra: str) -> list[str]:
-    return ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress",
-            "--out", str(out), "--image-level", "--retriever", "fitted", "--top-k", "3", *extra]
+    return [
+        "--format",
+        "clevr_change",
+        "--root",
+        str(dataset),
+        "--split",
+        "test",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--image-level",
+        "--retriever",
+        "fitted",
+        "--top-k",
+        "3",
+        *extra,
+    ]
 
 
 def test_entities_cli_image_level_fitted(dataset, tmp_path, capsys):
@@ -668,7 +768,7 @@ def test_entities_cli_image_level_fitted(dataset, tmp_path, capsys):
     vocabulary = read_json(out / "vocab.json")["phrases"]
     assert len(vocabulary) == 6 and len(table) == 8
     # every pair, distractors included, gets exactly K = 3 distinct vocabulary entities (no masks → no "no entity")
-    for pair_id, items in table.items():
+    for _pair_id, items in table.items():
         assert len(items) == 3 and len({p for p, _ in items}) == 3 and {p for p, _ in items} <= set(vocabulary)
 
     manifest = read_json(out / "entities" / "manifest.json")
@@ -698,14 +798,40 @@ def test_entities_cli_image_level_fitted(dataset, tmp_path, capsys):
         assert table[f"{index:06d}.png"][0][0].split()[0] == color
 
     # a region-level run into the same cache is refused, naming the mode
-    code, _, err = run_cli(entities, ["--format", "clevr_change", "--root", str(dataset), "--split", "test",
-                                      "--no-progress", "--out", str(out), "--masks", "gt", "--top-k", "3"], capsys)
+    code, _, err = run_cli(
+        entities,
+        [
+            "--format",
+            "clevr_change",
+            "--root",
+            str(dataset),
+            "--split",
+            "test",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--masks",
+            "gt",
+            "--top-k",
+            "3",
+        ],
+        capsys,
+    )
     assert code == 2 and "retrieval" in err
 
 
 def test_entities_cli_masks_required_only_at_region_level(dataset, tmp_path, capsys):
-    base = ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress",
-            "--out", str(tmp_path / "x")]
+    base = [
+        "--format",
+        "clevr_change",
+        "--root",
+        str(dataset),
+        "--split",
+        "test",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "x"),
+    ]
     code, _, err = run_cli(entities, base, capsys)
     assert code == 2 and "--masks is required" in err and "--image-level" in err
     code, _, err = run_cli(entities, [*base, "--image-level", "--masks", "gt"], capsys)
@@ -733,7 +859,9 @@ def test_clip_frame_scores_are_cosines_of_whole_frames(tiny_clip):
     model.eval()
     with torch.no_grad():
         text = model.encode_text(open_clip.get_tokenizer(name)([f"a photo of {p}" for p in phrases])).numpy()
-        image = model.encode_image(torch.stack([preprocess(Image.fromarray(square_pad(f))) for f in (before, after)])).numpy()
+        image = model.encode_image(
+            torch.stack([preprocess(Image.fromarray(square_pad(f))) for f in (before, after)])
+        ).numpy()
     text /= np.linalg.norm(text, axis=1, keepdims=True)
     image /= np.linalg.norm(image, axis=1, keepdims=True)
     np.testing.assert_allclose(scores, image @ text.T, atol=1e-5)
@@ -741,12 +869,16 @@ def test_clip_frame_scores_are_cosines_of_whole_frames(tiny_clip):
 
 def test_image_level_vocabulary_holds_the_captions_subjects():
     """CHEER §4.8 (issue 16): `--image-level` builds the entity vocabulary from each caption's subject phrase."""
+    from davir.jobs.entities import SubjectExtractor
     from davir.text.entity_vocabulary import build_vocabulary
     from davir.text.extractors import get_extractor
-    from davir.jobs.entities import SubjectExtractor
 
-    captions = ["the man is standing next to the car", "the man has moved near the car",
-                "a woman with an umbrella has appeared", "the woman with the umbrella is gone"]
+    captions = [
+        "the man is standing next to the car",
+        "the man has moved near the car",
+        "a woman with an umbrella has appeared",
+        "the woman with the umbrella is gone",
+    ]
     base = get_extractor("auto", corpus=captions)
     every = build_vocabulary(captions, min_count=2, extractor=base)
     subjects = build_vocabulary(captions, min_count=2, extractor=SubjectExtractor(base))

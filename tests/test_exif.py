@@ -5,17 +5,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from test_caption import pair_folder, rows_of, run, trained  # noqa: F401 - `trained` is the tiny run fixture
 
 from davir.data.images import load_pair, load_rgb
 from davir.data.records import ChangePair
-from test_caption import pair_folder, rows_of, run, trained  # noqa: F401 - `trained` is the tiny run fixture
 
 ORIENTATION = 0x0112
 # How to store an upright picture so that a viewer honouring tag N shows it upright: the inverse of the
 # display transform the EXIF spec gives for N (6 = "rotate 90° clockwise to view", 8 = counter-clockwise).
 STORED_AS = {
-    1: None, 2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
+    1: None,
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_90,
+    7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_270,
 }
 
@@ -70,8 +75,9 @@ def test_import_checks_sizes_and_masks_in_the_upright_frame(tmp_path):
     save_tagged(picture, tmp_path / "imgs" / "before.jpg", 8)
     save_tagged(picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT), tmp_path / "imgs" / "after.jpg", 1)
     Image.new("L", picture.size, 255).save(tmp_path / "imgs" / "mask.png")
-    (tmp_path / "pairs.csv").write_text("id,before,after,caption,mask\n"
-                                        "a,imgs/before.jpg,imgs/after.jpg,the picture was mirrored,imgs/mask.png\n")
+    (tmp_path / "pairs.csv").write_text(
+        "id,before,after,caption,mask\na,imgs/before.jpg,imgs/after.jpg,the picture was mirrored,imgs/mask.png\n"
+    )
     report = check_pairs(tmp_path / "pairs.csv")
     assert report["problems"] == []
     assert report["pairs"] == 1 and len(report.pop("_pairs")) == 1
@@ -89,8 +95,10 @@ def tagged_copies(upright: Path, tagged: Path, jpegs: Path) -> None:
             target = save_tagged(Image.open(path).convert("RGB"), tagged / side / f"{path.stem}.jpg", tag)
             with Image.open(target) as stored:
                 pixels = stored.convert("RGB")
-            inverse = {Image.Transpose.ROTATE_90: Image.Transpose.ROTATE_270,
-                       Image.Transpose.ROTATE_270: Image.Transpose.ROTATE_90}
+            inverse = {
+                Image.Transpose.ROTATE_90: Image.Transpose.ROTATE_270,
+                Image.Transpose.ROTATE_270: Image.Transpose.ROTATE_90,
+            }
             if STORED_AS[tag] is not None:
                 pixels = pixels.transpose(inverse.get(STORED_AS[tag], STORED_AS[tag]))
             pixels.save(upright / side / f"{path.stem}.png")
@@ -102,8 +110,20 @@ def test_tagged_pairs_caption_exactly_as_the_same_pairs_saved_upright(trained, t
     results = {}
     for name in ("upright", "tagged"):
         out = tmp_path / f"{name}.jsonl"
-        status, _, err = run(["--checkpoint", trained / "runs" / "tiny", "--pairs", tmp_path / name, "--out", out,
-                              "--quiet", "--workers", "0"], capsys)
+        status, _, err = run(
+            [
+                "--checkpoint",
+                trained / "runs" / "tiny",
+                "--pairs",
+                tmp_path / name,
+                "--out",
+                out,
+                "--quiet",
+                "--workers",
+                "0",
+            ],
+            capsys,
+        )
         assert status == 0, err
         results[name] = [(r["id"], r["caption"], r["entities"], r["error"]) for r in rows_of(out)]
     assert len(results["tagged"]) == 5 and all(row[1] and row[3] is None for row in results["tagged"])
@@ -117,10 +137,27 @@ def test_masks_of_tagged_pairs_are_those_of_the_upright_pairs(trained, tmp_path)
     tagged_copies(tmp_path / "upright", tmp_path / "tagged", pngs)
     masks = {}
     for name in ("upright", "tagged"):
-        assert masks_job.main(["--format", "folder", "--root", str(tmp_path / name), "--split", "all",
-                               "--out", str(tmp_path / f"masks_{name}"), "--workers", "1"]) == 0
-        masks[name] = {path.relative_to(tmp_path / f"masks_{name}"): np.asarray(Image.open(path))
-                       for path in sorted((tmp_path / f"masks_{name}").rglob("*.png"))}
+        assert (
+            masks_job.main(
+                [
+                    "--format",
+                    "folder",
+                    "--root",
+                    str(tmp_path / name),
+                    "--split",
+                    "all",
+                    "--out",
+                    str(tmp_path / f"masks_{name}"),
+                    "--workers",
+                    "1",
+                ]
+            )
+            == 0
+        )
+        masks[name] = {
+            path.relative_to(tmp_path / f"masks_{name}"): np.asarray(Image.open(path))
+            for path in sorted((tmp_path / f"masks_{name}").rglob("*.png"))
+        }
     assert masks["tagged"].keys() == masks["upright"].keys() and masks["tagged"]
     for key, mask in masks["upright"].items():
         assert mask.shape == (72, 96) and np.array_equal(masks["tagged"][key], mask), key

@@ -26,9 +26,16 @@ from davir.models.families import FAMILIES, get_family  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TINY_BLIP = REPO / "assets" / "tiny_instructblip"
-METRICS = {"rows": {"total": {"metrics": {"BLEU-4": 0.4321, "METEOR": 0.3, "ROUGE_L": 0.6, "CIDEr": 1.234,
-                                          "SPICE": None}, "num_pairs": 7}},
-           "checkpoint": "runs/tiny/best", "decoding": {"num_beams": 1, "max_new_tokens": 30}}
+METRICS = {
+    "rows": {
+        "total": {
+            "metrics": {"BLEU-4": 0.4321, "METEOR": 0.3, "ROUGE_L": 0.6, "CIDEr": 1.234, "SPICE": None},
+            "num_pairs": 7,
+        }
+    },
+    "checkpoint": "runs/tiny/best",
+    "decoding": {"num_beams": 1, "max_new_tokens": 30},
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +45,9 @@ def davir_run(synthetic_set, tmp_path_factory):
     import os
 
     from davir.config import load_config
+    from davir.jobs import entities, masks
     from davir.runs.config import TrainConfig
     from davir.training.loop import train
-    from davir.jobs import entities, masks
 
     root = synthetic_set(12, 5)
     work = tmp_path_factory.mktemp("export_run")
@@ -52,10 +59,22 @@ def davir_run(synthetic_set, tmp_path_factory):
             common = ["--format", "clevr_change", "--root", str(root), "--split", split, "--no-progress"]
             assert masks.main([*common, "--out", "masks", "--workers", "1"]) == 0
             assert entities.main([*common, "--masks", "masks", "--out", "entities", "--vocab-min-count", "1"]) == 0
-        config = load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-            f"data.root={root}", "data.masks=masks", "data.entities=entities",
-            "model.pretrained=base/tiny_instructblip", "optim.batch_size=4", "optim.max_steps=2",
-            "run.val_max_pairs=2", "run.eval_every=0", "run.tensorboard=false", "run.output_dir=runs/tiny"])
+        config = load_config(
+            TrainConfig,
+            REPO / "configs" / "demo.yaml",
+            [
+                f"data.root={root}",
+                "data.masks=masks",
+                "data.entities=entities",
+                "model.pretrained=base/tiny_instructblip",
+                "optim.batch_size=4",
+                "optim.max_steps=2",
+                "run.val_max_pairs=2",
+                "run.eval_every=0",
+                "run.tensorboard=false",
+                "run.output_dir=runs/tiny",
+            ],
+        )
         train(config)
     finally:
         os.chdir(cwd)
@@ -105,12 +124,22 @@ def exported(davir_run, tmp_path_factory):
 def test_adapter_export_is_the_hf_layout_and_carries_the_card(exported):
     folder = exported["elsewhere"] / "adapter"
     names = {p.name for p in folder.iterdir()}
-    assert {"adapter_model.safetensors", "adapter_config.json", "trainable_extra.safetensors", "davir_config.json",
-            "davir_export.json", "README.md", "config.yaml", "tokenizer.json", "preprocessing"} <= names
+    assert {
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "trainable_extra.safetensors",
+        "davir_config.json",
+        "davir_export.json",
+        "README.md",
+        "config.yaml",
+        "tokenizer.json",
+        "preprocessing",
+    } <= names
     assert "model.safetensors" not in names and "checkpoints" not in names and "adapter" not in names
     assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny_instructblip"
-    entity_files = {str(p.relative_to(folder / "preprocessing")) for p in (folder / "preprocessing").rglob("*")
-                    if p.is_file()}
+    entity_files = {
+        str(p.relative_to(folder / "preprocessing")) for p in (folder / "preprocessing").rglob("*") if p.is_file()
+    }
     assert {"masks/manifest.json", "entities/vocab.json", "entities/entities/manifest.json"} <= entity_files
     assert any(f.startswith("entities/retriever/") for f in entity_files)
     assert any(f.startswith("entities/gate/") for f in entity_files)
@@ -142,8 +171,10 @@ def test_adapter_export_captions_as_the_run_with_the_base_given(exported, tmp_pa
 
     captioner = ChangeCaptioner.from_pretrained(folder, base_model=base, device="cpu")
     pairs = exported["pairs"]
-    results = captioner.caption([pairs / "before" / "p00.png", pairs / "before" / "p01.png"],
-                                [pairs / "after" / "p00.png", pairs / "after" / "p01.png"])
+    results = captioner.caption(
+        [pairs / "before" / "p00.png", pairs / "before" / "p01.png"],
+        [pairs / "after" / "p00.png", pairs / "after" / "p01.png"],
+    )
     assert [r.caption for r in results] == [exported["reference"][k][0] for k in ("p00", "p01")]
 
 
@@ -175,7 +206,7 @@ def _perturb(model, seed: int = 1) -> None:
     """Non-zero LoRA B matrices and moved extra_trainable parts, as training leaves them."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        for _name, parameter in model.named_parameters():
             if parameter.requires_grad:
                 parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
 
@@ -202,34 +233,54 @@ def test_merged_export_keeps_the_vision_lora_and_captions_as_the_model(family, t
     if family == "instructblip":
         base, extra, size = TINY_BLIP, ("language_projection", "query_tokens"), {}
     else:
-        texts = ["the small red cube moved", "there is no change", "the large blue sphere turned green",
-                 EpcConfig().prompt, EpcConfig().entity_prefix]
-        base, extra, size = write_chat_folder(family, tmp_path / "base", texts), tuple(fam.trainable_parts)[:1], \
-            {"image_size": 64}
-    config = DavirModelConfig(family=family, pretrained=str(base), extra_trainable=extra,
-                              epc=EpcConfig(use_entities=False), **size)
+        texts = [
+            "the small red cube moved",
+            "there is no change",
+            "the large blue sphere turned green",
+            EpcConfig().prompt,
+            EpcConfig().entity_prefix,
+        ]
+        base, extra, size = (
+            write_chat_folder(family, tmp_path / "base", texts),
+            tuple(fam.trainable_parts)[:1],
+            {"image_size": 64},
+        )
+    config = DavirModelConfig(
+        family=family, pretrained=str(base), extra_trainable=extra, epc=EpcConfig(use_entities=False), **size
+    )
     model = build_davir_model(config).eval()
     _perturb(model)
     expected = _expected_changes(model)
     model.save_pretrained(tmp_path / "model")
-    pictures = [Image.fromarray(torch.randint(0, 256, (40 + 8 * i, 56, 3), dtype=torch.uint8,
-                                              generator=torch.Generator().manual_seed(i)).numpy()) for i in range(4)]
+    pictures = [
+        Image.fromarray(
+            torch.randint(
+                0, 256, (40 + 8 * i, 56, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(i)
+            ).numpy()
+        )
+        for i in range(4)
+    ]
     pixels = model.image_processor(pictures)
     prompts = model.build_prompts(None, batch_size=2)
     with torch.no_grad():
         want = model.generate(pixels[0::2], pixels[1::2], prompts, max_new_tokens=6, num_beams=1)
 
-    assert export_script.main(["--checkpoint", str(tmp_path / "model"), "--out", str(tmp_path / "merged"),
-                               "--merge"]) == 0
+    assert (
+        export_script.main(["--checkpoint", str(tmp_path / "model"), "--out", str(tmp_path / "merged"), "--merge"]) == 0
+    )
     merged = fam.model_class.from_pretrained(str(tmp_path / "merged"), local_files_only=True).state_dict()
     original = fam.model_class.from_pretrained(str(base), local_files_only=True).state_dict()
     assert set(merged) == set(original)
     changed = {name for name in original if not torch.equal(merged[name], original[name])}
     assert changed == expected
-    vision = {name for name in changed if fam.part_of(name) == "vision"} if family != "instructblip" else \
-        {name for name in changed if name.startswith("vision_model.")}
-    assert vision and all(any(k in n for k in ("qkv", "q_proj", "k_proj", "v_proj")) for n in vision), \
-        sorted(vision)[:5]  # the vision LoRA (attention projections) is in the merged weights
+    vision = (
+        {name for name in changed if fam.part_of(name) == "vision"}
+        if family != "instructblip"
+        else {name for name in changed if name.startswith("vision_model.")}
+    )
+    assert vision and all(any(k in n for k in ("qkv", "q_proj", "k_proj", "v_proj")) for n in vision), sorted(vision)[
+        :5
+    ]  # the vision LoRA (attention projections) is in the merged weights
     loaded = load_exported_model(tmp_path / "merged", device="cpu")
     with torch.no_grad():
         got = loaded.generate(pixels[0::2], pixels[1::2], prompts, max_new_tokens=6, num_beams=1)
@@ -244,21 +295,58 @@ def test_merged_export_keeps_the_vision_lora_and_captions_as_the_model(family, t
 # ------------------------------------------------------------------------------------------------ lightweight
 def test_lightweight_run_exports_and_captions_identically(synthetic_set, tmp_path):
     from davir.config import load_config
+    from davir.jobs.features import main as features_main
     from davir.runs.config import TrainConfig
     from davir.training.loop import train
-    from davir.jobs.features import main as features_main
 
     root = synthetic_set(12, 5)
     features = tmp_path / "features"
     # the val split's few pairs only, for training too: ResNet-101 features on CPU are the slow part here
-    assert features_main(["--format", "clevr_change", "--root", str(root), "--split", "val", "--out", str(features),
-                          "--random-init", "--workers", "0", "--batch-size", "32"]) == 0
-    run = train(load_config(TrainConfig, None, [
-        "method=subtraction", "data.format=clevr_change", f"data.root={root}", f"data.features={features}",
-        "data.train_split=val",
-        f"run.output_dir={tmp_path / 'run'}", "optim.batch_size=1", "optim.max_steps=2", "run.eval_every=0",
-        "run.val_max_pairs=2", "run.tensorboard=false", "lightweight.hidden=32", "lightweight.heads=2",
-        "lightweight.encoder_layers=1", "lightweight.layers=1", "lightweight.ffn_dim=64", "lightweight.word_emb=16"]))
+    assert (
+        features_main(
+            [
+                "--format",
+                "clevr_change",
+                "--root",
+                str(root),
+                "--split",
+                "val",
+                "--out",
+                str(features),
+                "--random-init",
+                "--workers",
+                "0",
+                "--batch-size",
+                "32",
+            ]
+        )
+        == 0
+    )
+    run = train(
+        load_config(
+            TrainConfig,
+            None,
+            [
+                "method=subtraction",
+                "data.format=clevr_change",
+                f"data.root={root}",
+                f"data.features={features}",
+                "data.train_split=val",
+                f"run.output_dir={tmp_path / 'run'}",
+                "optim.batch_size=1",
+                "optim.max_steps=2",
+                "run.eval_every=0",
+                "run.val_max_pairs=2",
+                "run.tensorboard=false",
+                "lightweight.hidden=32",
+                "lightweight.heads=2",
+                "lightweight.encoder_layers=1",
+                "lightweight.layers=1",
+                "lightweight.ffn_dim=64",
+                "lightweight.word_emb=16",
+            ],
+        )
+    )
     pairs = pair_folder(tmp_path / "pairs", root, 2)
     reference = captions(run, pairs, tmp_path / "run.jsonl")
     assert export_script.main(["--checkpoint", str(run), "--out", str(tmp_path / "exp" / "lw")]) == 0
@@ -278,10 +366,25 @@ def test_vllm_engine_says_what_is_missing(exported, tmp_path, capsys):
     from davir.cli import caption
     from davir.inference.vllm_engine import check_vllm_available
 
-    for folder, message in ((exported["elsewhere"] / "adapter", "serves a merged export"),
-                            (exported["elsewhere"] / "merged", "model.family=instructblip is not served by vLLM")):
-        assert caption.main(["--checkpoint", str(folder), "--pairs", str(exported["pairs"]), "--engine", "vllm",
-                             "--out", str(tmp_path / "c.jsonl")]) == 2
+    for folder, message in (
+        (exported["elsewhere"] / "adapter", "serves a merged export"),
+        (exported["elsewhere"] / "merged", "model.family=instructblip is not served by vLLM"),
+    ):
+        assert (
+            caption.main(
+                [
+                    "--checkpoint",
+                    str(folder),
+                    "--pairs",
+                    str(exported["pairs"]),
+                    "--engine",
+                    "vllm",
+                    "--out",
+                    str(tmp_path / "c.jsonl"),
+                ]
+            )
+            == 2
+        )
         assert message in capsys.readouterr().err
     with pytest.raises(DataError, match="vLLM is not installed|needs a CUDA GPU"):
         check_vllm_available()

@@ -36,8 +36,9 @@ def saved_model(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("saved")
     base = work / "tiny blip"
     shutil.copytree(TINY_BLIP, base)
-    config = DavirModelConfig(pretrained=str(base), extra_trainable=("language_projection",),
-                              epc=EpcConfig(use_entities=False))
+    config = DavirModelConfig(
+        pretrained=str(base), extra_trainable=("language_projection",), epc=EpcConfig(use_entities=False)
+    )
     build_davir_model(config).save_pretrained(work / "model")
     return work / "model"
 
@@ -48,8 +49,9 @@ def run(saved_model, tmp_path) -> Path:
     folder = tmp_path / "work" / "runs" / "tiny"
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text("run:\n  output_dir: runs/tiny\n")
-    (folder / "run_info.json").write_text(json.dumps({"cwd": str(tmp_path / "work"), "seed": 0,
-                                                      "command": ["train.py", "--config", "configs/demo.yaml"]}))
+    (folder / "run_info.json").write_text(
+        json.dumps({"cwd": str(tmp_path / "work"), "seed": 0, "command": ["train.py", "--config", "configs/demo.yaml"]})
+    )
     shutil.copytree(saved_model, folder / "best")
     shutil.copytree(saved_model, folder / "last")
     (folder / "checkpoints" / "step_2").mkdir(parents=True)
@@ -94,7 +96,7 @@ def test_overwrite_refuses_a_home_or_the_root(run, tmp_path, monkeypatch, capsys
     for out in (home, home.parent, Path("/")):
         assert export("--checkpoint", run, "--out", out, "--overwrite") == 2
         err = capsys.readouterr().err
-        assert ("your home folder" in err or "the root folder" in err), err
+        assert "your home folder" in err or "the root folder" in err, err
     assert (home / ".bashrc").read_text() == "x"
 
 
@@ -147,8 +149,13 @@ def test_sigterm_stops_with_one_line_and_leaves_no_partial_folder(run, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     stderr = tmp_path / "stderr.txt"
     with open(stderr, "w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "davir.export", "--checkpoint", str(run), "--out", str(out),
-                                    "--merge"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=handle)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "davir.export", "--checkpoint", str(run), "--out", str(out), "--merge"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=handle,
+        )
     try:
         deadline = time.monotonic() + 120
         while not partial.exists() and process.poll() is None and time.monotonic() < deadline:
@@ -169,9 +176,14 @@ def test_sigterm_stops_with_one_line_and_leaves_no_partial_folder(run, tmp_path)
 
 
 # ----------------------------------------------------------------- item 9: --device, a full disk under --merge
-@pytest.mark.parametrize("device, message", [("tpu", "--device tpu: not a device name"),
-                                             ("cuda", "--device cuda: this machine has no CUDA GPU"),
-                                             ("meta", "--device meta: davir-export merges on cpu, cuda or mps")])
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("tpu", "--device tpu: not a device name"),
+        ("cuda", "--device cuda: this machine has no CUDA GPU"),
+        ("meta", "--device meta: davir-export merges on cpu, cuda or mps"),
+    ],
+)
 def test_a_device_this_machine_lacks_is_one_line_before_any_work(run, tmp_path, capsys, device, message):
     import torch
 
@@ -191,6 +203,7 @@ def _limited_file_size(limit: int):
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
@@ -201,9 +214,15 @@ def test_merge_that_cannot_write_its_weights_is_one_line(run, tmp_path):
 
     out = tmp_path / "exports" / "merged"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "davir.export", "--checkpoint", str(run), "--out", str(out),
-                             "--merge"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-                            preexec_fn=_limited_file_size(1 << 20))  # pipes, not files: stderr is not limited
+    result = subprocess.run(
+        [sys.executable, "-m", "davir.export", "--checkpoint", str(run), "--out", str(out), "--merge"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limited_file_size(1 << 20),
+    )  # pipes, not files: stderr is not limited
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -218,8 +237,9 @@ def test_a_full_disk_inside_safetensors_names_the_file_and_the_fix(tmp_path):
     from davir.export.weights import safetensors_os_error
 
     path = tmp_path / "model.safetensors"
-    error = safetensors_os_error(SafetensorError("Error while serializing: I/O error: No space left on device "
-                                                 "(os error 28)"), path)
+    error = safetensors_os_error(
+        SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"), path
+    )
     assert describe_os_error(error) == f"{path}: no space left on device (free some disk space)"
     assert safetensors_os_error(SafetensorError("Error while deserializing header: HeaderTooLarge"), path) is None
 
@@ -251,15 +271,26 @@ def front_matter(card: str) -> dict:
     import yaml
 
     assert card.startswith("---\n")
-    return yaml.safe_load(card[4:card.index("\n---\n", 4)])
+    return yaml.safe_load(card[4 : card.index("\n---\n", 4)])
 
 
 def test_card_front_matter_is_yaml_whatever_the_licence_and_base_name(saved_model, tmp_path):
     base = tmp_path / "tiny: v1"
     shutil.copytree(saved_model.parent / "tiny blip", base)
     out = tmp_path / "exports" / "demo"
-    assert export("--checkpoint", saved_model, "--out", out, "--base-model", base,
-                  "--license", "mit\nlibrary_name: evil\ninjected: true") == 0
+    assert (
+        export(
+            "--checkpoint",
+            saved_model,
+            "--out",
+            out,
+            "--base-model",
+            base,
+            "--license",
+            "mit\nlibrary_name: evil\ninjected: true",
+        )
+        == 0
+    )
     meta = front_matter((out / "README.md").read_text())
     assert meta["license"] == "mit\nlibrary_name: evil\ninjected: true" and "injected" not in meta
     assert meta["base_model"] == "tiny: v1" and meta["library_name"] == "peft"
@@ -273,15 +304,26 @@ def test_an_export_holds_no_absolute_path_of_the_training_machine(run, saved_mod
     info["command"] = [sys.executable, "train.py", f"run.output_dir={work / 'runs' / 'tiny'}"]
     (run / "run_info.json").write_text(json.dumps(info))
     (run / "eval" / "test").mkdir(parents=True)
-    (run / "eval" / "test" / "metrics.json").write_text(json.dumps({
-        "rows": {}, "checkpoint": str(run / "best"), "decoding": {"source": {"num_beams": str(run / "config.yaml")}}}))
+    (run / "eval" / "test" / "metrics.json").write_text(
+        json.dumps(
+            {
+                "rows": {},
+                "checkpoint": str(run / "best"),
+                "decoding": {"source": {"num_beams": str(run / "config.yaml")}},
+            }
+        )
+    )
     (run / "eval" / "test" / "metrics.md").write_text(f"scored {run / 'best'}\n")
     out = tmp_path / "exports" / "demo"
     assert export("--checkpoint", run, "--out", out) == 0
-    leaks = {name: text for name, text in ((n, b.decode("utf-8", "replace")) for n, b in tree(out).items())
-             if str(tmp_path) in text or str(tmp_path.resolve()) in text}
-    assert leaks == {}, {name: [line for line in text.splitlines() if str(tmp_path) in line][:3]
-                         for name, text in leaks.items()}
+    leaks = {
+        name: text
+        for name, text in ((n, b.decode("utf-8", "replace")) for n, b in tree(out).items())
+        if str(tmp_path) in text or str(tmp_path.resolve()) in text
+    }
+    assert leaks == {}, {
+        name: [line for line in text.splitlines() if str(tmp_path) in line][:3] for name, text in leaks.items()
+    }
     assert json.loads((out / "eval" / "test" / "metrics.json").read_text())["checkpoint"] == "runs/tiny/best"
     run_info = json.loads((out / "training_run_info.json").read_text())
     assert "cwd" not in run_info and run_info["command"][-1] == "run.output_dir=runs/tiny"
@@ -306,8 +348,11 @@ def test_saved_and_exported_weights_follow_the_umask(saved_model, tmp_path, umas
     finally:
         os.umask(previous)
     for folder in ("model", "export0", "export1"):
-        modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
-                 for p in (tmp_path / folder).rglob("*") if p.is_file()}
+        modes = {
+            str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
+            for p in (tmp_path / folder).rglob("*")
+            if p.is_file()
+        }
         assert any(name.endswith(".safetensors") for name in modes)
         assert {name: m for name, m in modes.items() if m != oct(mode)} == {}
 
@@ -334,12 +379,23 @@ def test_merged_export_captions_with_plain_transformers_as_davir_does(family, tm
     from davir.models.vlm.epc import EpcConfig
 
     fam = get_family(family)
-    texts = ["the small red cube moved", "there is no change", "the large blue sphere turned green",
-             EpcConfig().prompt, EpcConfig().entity_prefix]
+    texts = [
+        "the small red cube moved",
+        "there is no change",
+        "the large blue sphere turned green",
+        EpcConfig().prompt,
+        EpcConfig().entity_prefix,
+    ]
     base = write_chat_folder(family, tmp_path / "base", texts)
-    model = build_davir_model(DavirModelConfig(family=family, pretrained=str(base), image_size=64,
-                                               extra_trainable=tuple(fam.trainable_parts)[:1],
-                                               epc=EpcConfig(use_entities=False))).eval()
+    model = build_davir_model(
+        DavirModelConfig(
+            family=family,
+            pretrained=str(base),
+            image_size=64,
+            extra_trainable=tuple(fam.trainable_parts)[:1],
+            epc=EpcConfig(use_entities=False),
+        )
+    ).eval()
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -359,9 +415,14 @@ def test_merged_export_captions_with_plain_transformers_as_davir_does(family, tm
     monkeypatch.chdir(tmp_path)
     for seed in range(3):
         shapes = ((40 + 8 * seed, 56), (56, 48 + 4 * seed))  # not square, not S: the snippet resizes them
-        pictures = [Image.fromarray(torch.randint(0, 256, (*shape, 3), dtype=torch.uint8,
-                                                  generator=torch.Generator().manual_seed(10 * seed + i)).numpy())
-                    for i, shape in enumerate(shapes)]
+        pictures = [
+            Image.fromarray(
+                torch.randint(
+                    0, 256, (*shape, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(10 * seed + i)
+                ).numpy()
+            )
+            for i, shape in enumerate(shapes)
+        ]
         pictures[0].save(tmp_path / "before.png")
         pictures[1].save(tmp_path / "after.png")
         pixels = loaded.image_processor([Image.open(tmp_path / "before.png"), Image.open(tmp_path / "after.png")])

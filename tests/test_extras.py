@@ -6,10 +6,10 @@ from __future__ import annotations
 import importlib
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from davir.config import ConfigError
 from davir.errors import EXTRAS, DataError, MissingExtra, import_optional, install_hint
@@ -50,10 +50,17 @@ def test_each_extra_requires_the_pinned_version_of_what_it_brings():
         assert any(requirement.startswith(distribution[module] + ">=") for requirement in extras[extra]), module
 
 
-@pytest.mark.parametrize("module, needed_by, message", [
-    ("gradio", "davir-app", "davir-app needs gradio: pip install 'davir[app]'"),
-    ("trl.trainer.sft_trainer", "davir.integrations.trl", "davir.integrations.trl needs trl: pip install 'davir[trl]'"),
-])
+@pytest.mark.parametrize(
+    "module, needed_by, message",
+    [
+        ("gradio", "davir-app", "davir-app needs gradio: pip install 'davir[app]'"),
+        (
+            "trl.trainer.sft_trainer",
+            "davir.integrations.trl",
+            "davir.integrations.trl needs trl: pip install 'davir[trl]'",
+        ),
+    ],
+)
 def test_a_missing_optional_package_names_its_extra(monkeypatch, module, needed_by, message):
     block(monkeypatch, module.split(".")[0])
     with pytest.raises(MissingExtra) as raised:
@@ -70,8 +77,11 @@ def test_a_missing_dependency_of_an_optional_package_is_named_too(tmp_path, monk
     (tmp_path / "davir_fake_app" / "__init__.py").write_text("import davir_fake_dependency\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(EXTRAS, "davir_fake_app", "app")
-    with pytest.raises(MissingExtra, match=r"^davir-app needs davir_fake_app, which cannot import "
-                                           r"davir_fake_dependency: pip install 'davir\[app\]'$"):
+    with pytest.raises(
+        MissingExtra,
+        match=r"^davir-app needs davir_fake_app, which cannot import "
+        r"davir_fake_dependency: pip install 'davir\[app\]'$",
+    ):
         import_optional("davir_fake_app", needed_by="davir-app")
     assert "davir_fake_app" not in sys.modules
 
@@ -97,10 +107,13 @@ def test_the_app_modules_without_gradio_say_which_extra(monkeypatch):
         importlib.import_module("davir.app.ui")
 
 
-@pytest.mark.parametrize("missing, message", [
-    (["trackio"], "pip install 'davir[trackers]' (or pip install trackio; or remove it from run.trackers;"),
-    (["tensorboard"], "pip install tensorboard (or remove it from run.trackers;"),
-])
+@pytest.mark.parametrize(
+    "missing, message",
+    [
+        (["trackio"], "pip install 'davir[trackers]' (or pip install trackio; or remove it from run.trackers;"),
+        (["tensorboard"], "pip install tensorboard (or remove it from run.trackers;"),
+    ],
+)
 def test_a_missing_tracker_names_the_trackers_extra(monkeypatch, missing, message):
     monkeypatch.setattr(trackers, "available", lambda name: name not in missing)
     with pytest.raises(ConfigError) as raised:

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from davir.data.synthetic import CHANGE_TEMPLATES, COLOR_WORDS, MATERIAL_WORDS, NO_CHANGE_CAPTIONS, SHAPE_WORDS, SIZE_WORDS
+from davir.data.synthetic import (
+    CHANGE_TEMPLATES,
+    COLOR_WORDS,
+    MATERIAL_WORDS,
+    NO_CHANGE_CAPTIONS,
+    SHAPE_WORDS,
+    SIZE_WORDS,
+)
 from davir.metrics.faithfulness import format_faithfulness_table, score_faithfulness
 from davir.text.differences import SYNONYMS, ChangeObject, Difference, DifferenceReader
 from davir.text.extractors import get_extractor
@@ -29,14 +36,19 @@ def reader():
 def test_every_generator_sentence_reads_back_as_its_change(reader):
     """All 17 change templates × objects written with every synonym: the kind of the template's type and the
     object in canonical spelling; the 5 no-change sentences say no change."""
-    objects = [("tiny", "red", "shiny", "ball"), ("large", "cyan", "matte", "cylinder"), ("big", "gray", "metallic", "block")]
+    objects = [
+        ("tiny", "red", "shiny", "ball"),
+        ("large", "cyan", "matte", "cylinder"),
+        ("big", "gray", "metallic", "block"),
+    ]
     for change_type, templates in CHANGE_TEMPLATES.items():
         for template in templates:
             for words in objects:
                 statement = reader.read(template.format(obj=" ".join(words), new="blue"))
                 canonical = [SYNONYMS.get(w, w) for w in words]
                 assert statement.differences == (
-                    Difference(KIND_OF_TYPE[change_type], ChangeObject(canonical[-1], frozenset(canonical[:-1]))),), template
+                    Difference(KIND_OF_TYPE[change_type], ChangeObject(canonical[-1], frozenset(canonical[:-1]))),
+                ), template
                 assert not statement.no_change
     for sentence in NO_CHANGE_CAPTIONS:
         assert reader.read(sentence).no_change and reader.read(sentence).differences == (), sentence
@@ -48,15 +60,20 @@ def test_synonyms_cover_the_generators_word_tables():
             assert {SYNONYMS.get(word, word) for word in words} == {canonical}
 
 
-@pytest.mark.parametrize("caption, expected", [
-    ("the white car in the lower left corner is gone and a man appeared",
-     [("removed", "car", {"white"}), ("added", "person", set())]),
-    ("there is a blue truck in the parking lot", [(None, "truck", {"blue"})]),
-    ("there are more people on the sidewalk", [("added", "person", set())]),
-    ("a large group of people has moved", [("moved", "person", set())]),       # the people, not the group
-    ("someone walked away", [("removed", "person", set())]),
-    ("the sphere changed its location", [("moved", "sphere", set())]),         # not an attribute change
-])
+@pytest.mark.parametrize(
+    "caption, expected",
+    [
+        (
+            "the white car in the lower left corner is gone and a man appeared",
+            [("removed", "car", {"white"}), ("added", "person", set())],
+        ),
+        ("there is a blue truck in the parking lot", [(None, "truck", {"blue"})]),
+        ("there are more people on the sidewalk", [("added", "person", set())]),
+        ("a large group of people has moved", [("moved", "person", set())]),  # the people, not the group
+        ("someone walked away", [("removed", "person", set())]),
+        ("the sphere changed its location", [("moved", "sphere", set())]),  # not an attribute change
+    ],
+)
 def test_clauses_kinds_and_objects_of_real_style_captions(reader, caption, expected):
     statement = reader.read(caption)
     assert [(d.kind, d.object.head, set(d.object.modifiers)) for d in statement.differences] == expected
@@ -79,18 +96,22 @@ def test_precision_recall_f1_by_hand(reader):
         "e": ["the red car is gone and a man appeared"],  # two objects: car {red}, person
     }
     predictions = {
-        "a": "the small red cube is gone",        # supported, recalled
-        "b": "the large green sphere moved",      # green is no modifier of any reference's sphere: hallucinated
+        "a": "the small red cube is gone",  # supported, recalled
+        "b": "the large green sphere moved",  # green is no modifier of any reference's sphere: hallucinated
         "c": "a small cyan cylinder has appeared",  # a change stated on a no-change pair: hallucinated
-        "d": "the scene remains the same",        # right: no change
-        "e": "the car is gone",                   # supported (no modifier to contradict); the man not recalled
+        "d": "the scene remains the same",  # right: no change
+        "e": "the car is gone",  # supported (no modifier to contradict); the man not recalled
     }
     groups = {"a": "drop", "b": "move", "c": "distractor", "d": "distractor"}  # e: no group, total only
     scores = score_faithfulness(predictions, references, groups, reader=reader)
     total = scores["rows"]["total"]
     # objects: stated 1+1+1+0+1 = 4, supported 1+0+0+0+1 = 2; referenced 1+1+0+0+2 = 4, recalled 1+0+0+0+1 = 2
-    assert {k: total["objects"][k] for k in ("stated", "supported", "referenced", "recalled")} == \
-        {"stated": 4, "supported": 2, "referenced": 4, "recalled": 2}
+    assert {k: total["objects"][k] for k in ("stated", "supported", "referenced", "recalled")} == {
+        "stated": 4,
+        "supported": 2,
+        "referenced": 4,
+        "recalled": 2,
+    }
     assert (total["objects"]["precision"], total["objects"]["recall"], total["objects"]["f1"]) == (0.5, 0.5, 0.5)
     assert total["hallucination_rate"] == 0.5
     # kinds: a {removed}/{removed}, b {moved}/{moved}, c {added}/{}, e {removed}/{removed, added}:
@@ -137,14 +158,37 @@ def test_evaluate_prints_and_writes_the_faithfulness_block(tmp_path, capsys, two
 
     root = two_pair_clevr_change
     predictions = tmp_path / "predictions.json"
-    predictions.write_text(json.dumps([
-        {"image_id": "000001.png", "caption": "the red cube became blue"},
-        {"image_id": "008001.png", "caption": "the metal sphere became rubber"},   # ball = sphere
-        {"image_id": "000001.png_n", "caption": "the scene remains the same"},
-        {"image_id": "008001.png_n", "caption": "a red cube has appeared"}]))      # hallucinated
+    predictions.write_text(
+        json.dumps(
+            [
+                {"image_id": "000001.png", "caption": "the red cube became blue"},
+                {"image_id": "008001.png", "caption": "the metal sphere became rubber"},  # ball = sphere
+                {"image_id": "000001.png_n", "caption": "the scene remains the same"},
+                {"image_id": "008001.png_n", "caption": "a red cube has appeared"},
+            ]
+        )
+    )  # hallucinated
     out = tmp_path / "metrics.json"
-    assert evaluate.main(["--predictions", str(predictions), "--format", "clevr_change", "--root", str(root),
-                          "--split", "test", "--metrics", "BLEU", "--no-spice", "--out", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--predictions",
+                str(predictions),
+                "--format",
+                "clevr_change",
+                "--root",
+                str(root),
+                "--split",
+                "test",
+                "--metrics",
+                "BLEU",
+                "--no-spice",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     # objects: stated 3, supported 2 (P 66.7), referenced 2, recalled 2 (R 100) → F1 80.0; no-change 1 of 2
     assert "| total | 4 | 66.7 | 100.0 | 80.0 | 33.3 | 80.0 | 80.0 | 50.0 (2) |" in printed

@@ -35,26 +35,50 @@ def caches(synthetic_set, tmp_path_factory):
     for split in ("train", "val", "test"):
         common = ["--format", "clevr_change", "--root", str(root), "--split", split, "--no-progress"]
         assert masks.main([*common, "--out", str(base / "masks")]) == 0
-        assert entities.main([*common, "--masks", str(base / "masks"), "--out", str(base / "entities"),
-                              "--vocab-min-count", "1"]) == 0
+        assert (
+            entities.main(
+                [*common, "--masks", str(base / "masks"), "--out", str(base / "entities"), "--vocab-min-count", "1"]
+            )
+            == 0
+        )
     return root, base / "masks", base / "entities"
 
 
 def _user_folder(family: str, root: Path, where: Path) -> Path:
     from davir.data.formats import read_dataset
 
-    texts = [c for split in ("train", "val", "test") for p in read_dataset("clevr_change", root, split).pairs
-             for c in p.captions]
+    texts = [
+        c
+        for split in ("train", "val", "test")
+        for p in read_dataset("clevr_change", root, split).pairs
+        for c in p.captions
+    ]
     return write_chat_folder(family, where / f"{family}-toy", [*texts, EpcConfig().prompt, EpcConfig().entity_prefix])
 
 
 def _train_argv(caches, family, folder, run_dir, *extra):
     root, masks, entities = caches
-    return ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={root}", f"data.masks={masks}",
-            f"data.entities={entities}", f"model.family={family}", f"model.pretrained={folder}",
-            "model.image_size=64", "model.train_mode=lora", "model.extra_trainable=[]", "optim.batch_size=4",
-            "optim.max_steps=4", "run.save_every=2", "run.eval_every=4", "run.val_max_pairs=4", "run.tensorboard=false", "run.log_every=1",
-            f"run.output_dir={run_dir}", *extra]
+    return [
+        "--config",
+        str(REPO / "configs" / "demo.yaml"),
+        f"data.root={root}",
+        f"data.masks={masks}",
+        f"data.entities={entities}",
+        f"model.family={family}",
+        f"model.pretrained={folder}",
+        "model.image_size=64",
+        "model.train_mode=lora",
+        "model.extra_trainable=[]",
+        "optim.batch_size=4",
+        "optim.max_steps=4",
+        "run.save_every=2",
+        "run.eval_every=4",
+        "run.val_max_pairs=4",
+        "run.tensorboard=false",
+        "run.log_every=1",
+        f"run.output_dir={run_dir}",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("family", CHAT_FAMILIES)
@@ -76,8 +100,12 @@ def test_train_resume_evaluate_caption_from_a_users_folder(family, caches, tmp_p
     with safe_open(str(run_dir / "checkpoints" / "step_2" / "model.safetensors"), "pt") as handle:
         keys = set(handle.keys())
     assert keys and all("lora_" in key for key in keys), sorted(keys)[:5]
-    assert sorted(p.name for p in (run_dir / "last").iterdir()) == ["adapter", "davir_config.json", "processor",
-                                                                    "selection.json"]
+    assert sorted(p.name for p in (run_dir / "last").iterdir()) == [
+        "adapter",
+        "davir_config.json",
+        "processor",
+        "selection.json",
+    ]
 
     # a kill after step 2, then --resume: the same curve
     shutil.rmtree(run_dir / "checkpoints" / "step_4")
@@ -111,7 +139,8 @@ def test_train_resume_evaluate_caption_from_a_users_folder(family, caches, tmp_p
     rows = [json.loads(line) for line in (elsewhere / "caps.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["p0", "p1", "p2"] and all(r["error"] is None for r in rows)
     captioner = ChangeCaptioner.from_pretrained(run_dir, device="cpu")
-    again = captioner.caption([pairs / "before" / f"p{i}.png" for i in range(3)],
-                              [pairs / "after" / f"p{i}.png" for i in range(3)])
+    again = captioner.caption(
+        [pairs / "before" / f"p{i}.png" for i in range(3)], [pairs / "after" / f"p{i}.png" for i in range(3)]
+    )
     assert [r.caption for r in again] == [r["caption"] for r in rows]
     assert type(load_davir_model(run_dir / "last", pretrained=folder)).__name__ == "ChatDavirModel"

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from family_fixtures import write_chat_folder  # noqa: E402
 
 from davir.errors import DataError  # noqa: E402
+from davir.models.families import get_family  # noqa: E402
 from davir.models.vlm.build import build_davir_model, load_davir_model  # noqa: E402
 from davir.models.vlm.config import DavirModelConfig  # noqa: E402
 from davir.models.vlm.epc import EpcConfig  # noqa: E402
-from davir.models.families import get_family  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CAPTIONS = ["the small red metal cube moved", "there is no change", "the large blue sphere changed to green"]
@@ -71,12 +71,15 @@ def batch(model):
 def _reference(processor, prompts):
     """The processor's own inputs for the S×S pictures: what ``apply_chat_template(tokenize=True)`` gives (the
     template writes the <bos>, so no second one is added)."""
-    messages = [[{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": p}]}]
-                for p in prompts]
+    messages = [
+        [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": p}]}]
+        for p in prompts
+    ]
     texts = [processor.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in messages]
     resized = [p.convert("RGB").resize((S, S), Image.Resampling.BICUBIC) for p in pictures(4)]
-    return processor(text=texts, images=[resized[0:2], resized[2:4]], return_tensors="pt", padding=True,
-                     add_special_tokens=False)
+    return processor(
+        text=texts, images=[resized[0:2], resized[2:4]], return_tensors="pt", padding=True, add_special_tokens=False
+    )
 
 
 def _check_equal_to_processor(model, batch):
@@ -100,21 +103,23 @@ def test_chat_text_and_pixels_equal_the_processor(model, batch):
     _check_equal_to_processor(model, batch)
     prompts = batch[2]
     one = "\n\n<start_of_image>" + "<image_soft_token>" * 16 + "<end_of_image>\n\n"
-    assert model.chat_text(prompts[0]) == (f"<s><start_of_turn>user\n{one}{one}{prompts[0]}<end_of_turn>\n"
-                                           "<start_of_turn>model\n")
+    assert model.chat_text(prompts[0]) == (
+        f"<s><start_of_turn>user\n{one}{one}{prompts[0]}<end_of_turn>\n<start_of_turn>model\n"
+    )
     assert model.patch_grid == (16, 16) and model.image_size == S
 
 
 def test_a_users_folder_with_gemmas_tokenizer_class_equals_the_processor(tmp_path, batch):
     """The same with Gemma's own tokenizer class (which puts <bos> in front of every text it encodes): one <bos>."""
-    folder = write_chat_folder("gemma3", tmp_path / "gemma", [*CAPTIONS, EpcConfig().prompt,
-                                                              EpcConfig().entity_prefix])
+    folder = write_chat_folder("gemma3", tmp_path / "gemma", [*CAPTIONS, EpcConfig().prompt, EpcConfig().entity_prefix])
     model = build_davir_model(DavirModelConfig(family="gemma3", pretrained=str(folder), image_size=S))
     assert type(model.tokenizer).__name__ == "GemmaTokenizer" and model.tokenizer.bos_token == "<bos>"
     pixels = model.image_processor(pictures(4))
     _check_equal_to_processor(model, (pixels[0::2], pixels[1::2], batch[2]))
-    assert model._prompt_ids(batch[2][:1])[0][:2] == [model.tokenizer.bos_token_id,
-                                                      model.tokenizer.convert_tokens_to_ids("<start_of_turn>")]
+    assert model._prompt_ids(batch[2][:1])[0][:2] == [
+        model.tokenizer.bos_token_id,
+        model.tokenizer.convert_tokens_to_ids("<start_of_turn>"),
+    ]
 
 
 def test_the_presets_grids():
@@ -123,18 +128,28 @@ def test_the_presets_grids():
     family = get_family("gemma3")
     tokenizer = family.preset_tokenizer(CAPTIONS)
     for preset, size, grid, tokens in (("tiny", 64, (16, 16), 16), ("4b", 896, (64, 64), 256)):
-        architecture, processor = family.build_preset(preset, tokenizer, image_size=None, patch_size=None,
-                                                      overrides={})
+        architecture, processor = family.build_preset(preset, tokenizer, image_size=None, patch_size=None, overrides={})
         assert family.input_size(SimpleNamespace(image_size=None), architecture) == size
         assert family.patch_grid(size, architecture) == grid
         assert processor.image_seq_length == architecture.mm_tokens_per_image == tokens
         assert grid[0] // int(tokens**0.5) == 4  # the projector's pooling kernel
     vision, text = architecture.vision_config, architecture.text_config
     assert (vision.hidden_size, vision.num_hidden_layers, vision.num_attention_heads, vision.intermediate_size) == (
-        1152, 27, 16, 4304)
-    assert (text.hidden_size, text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads,
-            text.head_dim, text.intermediate_size, text.sliding_window, text.vocab_size) == (
-        2560, 34, 8, 4, 256, 10240, 1024, 262208)
+        1152,
+        27,
+        16,
+        4304,
+    )
+    assert (
+        text.hidden_size,
+        text.num_hidden_layers,
+        text.num_attention_heads,
+        text.num_key_value_heads,
+        text.head_dim,
+        text.intermediate_size,
+        text.sliding_window,
+        text.vocab_size,
+    ) == (2560, 34, 8, 4, 256, 10240, 1024, 262208)
     assert text.layer_types.count("full_attention") == 5  # every 6th of 34
     with pytest.raises(ValueError, match="SigLIP input size|896"):
         family.input_size(SimpleNamespace(image_size=448), architecture)
@@ -169,8 +184,7 @@ def test_fac_hook_equals_the_eager_attention(batch):
 
 # ------------------------------------------------------------------------------------------------------ LoRA
 def test_lora_sits_on_vision_attention_and_llm_attention(model):
-    names = [name.removeprefix("base_model.model.") for name, _ in model.vlm.named_modules()
-             if name.endswith("lora_A")]
+    names = [name.removeprefix("base_model.model.") for name, _ in model.vlm.named_modules() if name.endswith("lora_A")]
     layers = len(model.core.model.vision_tower.encoder.layers)
     for index in range(layers):
         for projection in ("q_proj", "k_proj", "v_proj"):
@@ -184,13 +198,16 @@ def test_lora_sits_on_vision_attention_and_llm_attention(model):
     assert trainable and all("lora_" in name for name in trainable)
     summary = model.trainable_parameter_summary()
     assert set(summary) == {"vision", "projector", "language_model", "all"}  # lm_head is the tied embedding
-    assert summary["projector"] == (0, 128 * 128 + 128) and all(summary[part][0] > 0 for part in ("vision",
-                                                                                                  "language_model"))
+    assert summary["projector"] == (0, 128 * 128 + 128) and all(
+        summary[part][0] > 0 for part in ("vision", "language_model")
+    )
 
     extra = build(extra_trainable=("projector",))
     trainable = {name for name, parameter in extra.named_parameters() if parameter.requires_grad}
-    assert {"vlm.base_model.model.model.multi_modal_projector.mm_input_projection_weight",
-            "vlm.base_model.model.model.multi_modal_projector.mm_soft_emb_norm.weight"} <= trainable
+    assert {
+        "vlm.base_model.model.model.multi_modal_projector.mm_input_projection_weight",
+        "vlm.base_model.model.model.multi_modal_projector.mm_soft_emb_norm.weight",
+    } <= trainable
     assert all("lora_" in name or ".multi_modal_projector." in name for name in trainable)
     assert extra.trainable_parameter_summary()["projector"] == (128 * 128 + 128,) * 2
 
@@ -207,16 +224,18 @@ def test_forward_with_masks_trains_the_vision_lora_and_generate_returns_maps(mod
     assert torch.allclose(output.attention_before.sum(dim=(1, 2)), torch.ones(2), atol=1e-5)
     output.attn_loss.backward()  # FAC alone reaches the vision LoRA of the layer it reads
     last = len(model.core.model.vision_tower.encoder.layers) - 1
-    grads = {name: parameter.grad for name, parameter in model.named_parameters()
-             if f"vision_tower.encoder.layers.{last}.self_attn.q_proj.lora_B" in name}
+    grads = {
+        name: parameter.grad
+        for name, parameter in model.named_parameters()
+        if f"vision_tower.encoder.layers.{last}.self_attn.q_proj.lora_B" in name
+    }
     assert grads and all(grad is not None and grad.abs().sum() > 0 for grad in grads.values())
     model.zero_grad()
 
     captions = model.generate(before, after, prompts, max_new_tokens=4)
     assert isinstance(captions, list) and len(captions) == 2 and all(isinstance(c, str) for c in captions)
     assert model.generate(before, after, prompts, max_new_tokens=4, num_beams=2)  # beams expand the token types
-    captions, maps_before, maps_after = model.generate(before, after, prompts, max_new_tokens=4,
-                                                       return_attention=True)
+    captions, maps_before, maps_after = model.generate(before, after, prompts, max_new_tokens=4, return_attention=True)
     assert maps_before.shape == maps_after.shape == (2, 16, 16)
     model.eval()
     with torch.no_grad():
@@ -275,8 +294,7 @@ def test_pretrained_folder_round_trip_saves_only_the_adapter(user_folder, batch,
     perturb(model, seed=5, projector=False)
     expected = logits(model, batch)
     model.save_pretrained(tmp_path / "saved")
-    assert sorted(path.name for path in (tmp_path / "saved").iterdir()) == ["adapter", "davir_config.json",
-                                                                           "processor"]
+    assert sorted(path.name for path in (tmp_path / "saved").iterdir()) == ["adapter", "davir_config.json", "processor"]
     adapter = tmp_path / "saved" / "adapter"
     saved = load_file(str(adapter / "adapter_model.safetensors"))
     assert saved and all("lora_" in name for name in saved)  # no frozen base weight

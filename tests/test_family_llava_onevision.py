@@ -73,8 +73,10 @@ def test_chat_text_and_pixels_equal_the_processor(model, batch):
     ``processor(text=…, images=[[before, after], …])`` (both pictures of a turn as one sample) on S×S pictures."""
     before, after, prompts = batch
     processor = model.processor
-    messages = [[{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": p}]}]
-                for p in prompts]
+    messages = [
+        [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": p}]}]
+        for p in prompts
+    ]
     texts = [processor.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in messages]
     resized = [p.convert("RGB").resize((S, S), Image.Resampling.BICUBIC) for p in pictures(4)]
     reference = processor(text=texts, images=[resized[0:2], resized[2:4]], return_tensors="pt", padding=True)
@@ -89,18 +91,23 @@ def test_chat_text_and_pixels_equal_the_processor(model, batch):
     for key in ("pixel_values", "image_sizes", "batch_num_images"):
         assert torch.equal(inputs[key], reference[key]), key
     # The processor's chat path with the pictures in the message does the same: one sample of two images.
-    content = [{"type": "image", "image": resized[0]}, {"type": "image", "image": resized[1]},
-               {"type": "text", "text": prompts[0]}]
+    content = [
+        {"type": "image", "image": resized[0]},
+        {"type": "image", "image": resized[1]},
+        {"type": "text", "text": prompts[0]},
+    ]
     message = [{"role": "user", "content": content}]
-    own = processor.apply_chat_template([message], add_generation_prompt=True, tokenize=True, return_dict=True,
-                                        return_tensors="pt")
+    own = processor.apply_chat_template(
+        [message], add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
     assert own["batch_num_images"].tolist() == [2]
     assert torch.equal(own["pixel_values"], inputs["pixel_values"][:2])
     assert int((own["input_ids"] == model.core.config.image_token_id).sum()) == 2 * TOKENS
     # The real LLaVA-OneVision layout: both pictures, then the prompt, in one user turn.
     image = "<image>" * TOKENS
-    assert model.chat_text(prompts[0]) == (f"<|im_start|>user\n{image}\n{image}\n{prompts[0]}<|im_end|>\n"
-                                           "<|im_start|>assistant\n")
+    assert model.chat_text(prompts[0]) == (
+        f"<|im_start|>user\n{image}\n{image}\n{prompts[0]}<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert model.patch_grid == (8, 8) and model.image_size == S
 
 
@@ -111,8 +118,7 @@ def test_the_presets_grids_and_why_not_anyres():
     family = get_family("llava_onevision")
     tokenizer = family.preset_tokenizer(CAPTIONS)
     for preset, size, grid, tokens, anyres in (("tiny", 64, (8, 8), 65, 136), ("7b", 384, (27, 27), 730, 1485)):
-        architecture, processor = family.build_preset(preset, tokenizer, image_size=None, patch_size=None,
-                                                      overrides={})
+        architecture, processor = family.build_preset(preset, tokenizer, image_size=None, patch_size=None, overrides={})
         assert family.input_size(SimpleNamespace(image_size=None), architecture) == size
         assert family.patch_grid(size, architecture) == grid
         one = family.process_images(processor, [Image.new("RGB", (30, 20))], size)
@@ -123,12 +129,26 @@ def test_the_presets_grids_and_why_not_anyres():
         assert torch.equal(flat["pixel_values"][0, 0], flat["pixel_values"][0, 1])
         assert processor.replace_image_token(flat, 0) == "<image>" * anyres
     vision, text = architecture.vision_config, architecture.text_config
-    assert (vision.hidden_size, vision.num_hidden_layers, vision.num_attention_heads, vision.intermediate_size,
-            vision.patch_size) == (1152, 26, 16, 4304, 14)
-    assert (text.hidden_size, text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads,
-            text.intermediate_size, text.vocab_size) == (3584, 28, 28, 4, 18944, 152128)
-    assert (architecture.vision_feature_layer, architecture.vision_feature_select_strategy,
-            architecture.vision_aspect_ratio) == (-1, "full", "anyres_max_9")
+    assert (
+        vision.hidden_size,
+        vision.num_hidden_layers,
+        vision.num_attention_heads,
+        vision.intermediate_size,
+        vision.patch_size,
+    ) == (1152, 26, 16, 4304, 14)
+    assert (
+        text.hidden_size,
+        text.num_hidden_layers,
+        text.num_attention_heads,
+        text.num_key_value_heads,
+        text.intermediate_size,
+        text.vocab_size,
+    ) == (3584, 28, 28, 4, 18944, 152128)
+    assert (
+        architecture.vision_feature_layer,
+        architecture.vision_feature_select_strategy,
+        architecture.vision_aspect_ratio,
+    ) == (-1, "full", "anyres_max_9")
     assert len(architecture.image_grid_pinpoints) == 36 and architecture.image_grid_pinpoints[-1] == [2304, 2304]
     with pytest.raises(ValueError, match="position embeddings are fixed"):
         family.input_size(SimpleNamespace(image_size=448), architecture)
@@ -138,6 +158,7 @@ def test_the_presets_grids_and_why_not_anyres():
 
 def test_the_layer_fac_reads_is_the_one_the_projector_reads():
     """``vision_feature_layer`` indexes hidden states (0: embeddings, k ≥ 1: layer k - 1's output, -1: the last)."""
+
     def config(layer):
         return SimpleNamespace(vision_feature_layer=layer, vision_config=SimpleNamespace(num_hidden_layers=4))
 
@@ -177,11 +198,9 @@ def test_fac_hook_equals_the_eager_attention(batch, feature_layer):
 
 # ------------------------------------------------------------------------------------------------------ LoRA
 def test_lora_sits_on_vision_attention_projector_and_llm_attention(model):
-    names = [name.removeprefix("base_model.model.") for name, _ in model.vlm.named_modules()
-             if name.endswith("lora_A")]
+    names = [name.removeprefix("base_model.model.") for name, _ in model.vlm.named_modules() if name.endswith("lora_A")]
     layers = len(vision_layers(model))
-    prefix = "model.vision_tower." + ("vision_model." if hasattr(model.core.model.vision_tower, "vision_model")
-                                      else "")
+    prefix = "model.vision_tower." + ("vision_model." if hasattr(model.core.model.vision_tower, "vision_model") else "")
     for index in range(layers):
         for projection in ("q_proj", "k_proj", "v_proj"):
             assert f"{prefix}encoder.layers.{index}.self_attn.{projection}.lora_A" in names
@@ -195,8 +214,9 @@ def test_lora_sits_on_vision_attention_projector_and_llm_attention(model):
     assert trainable and all("lora_" in name for name in trainable)
     summary = model.trainable_parameter_summary()
     assert set(summary) == {"vision", "projector", "language_model", "lm_head", "all"}
-    assert summary["lm_head"][0] == 0 and all(summary[part][0] > 0 for part in ("vision", "projector",
-                                                                                  "language_model"))
+    assert summary["lm_head"][0] == 0 and all(
+        summary[part][0] > 0 for part in ("vision", "projector", "language_model")
+    )
 
     extra = build(extra_trainable=("projector",))
     trainable = {name for name, parameter in extra.named_parameters() if parameter.requires_grad}
@@ -217,21 +237,24 @@ def test_forward_with_masks_trains_the_vision_lora_and_generate_returns_maps(mod
     assert torch.allclose(output.attention_before.sum(dim=(1, 2)), torch.ones(2), atol=1e-5)
     # FAC alone reaches the query LoRA of the layer it reads
     last = len(vision_layers(model)) - 1
-    lora = {name: parameter for name, parameter in model.named_parameters()
-            if f"encoder.layers.{last}.self_attn.q_proj.lora_B" in name}
+    lora = {
+        name: parameter
+        for name, parameter in model.named_parameters()
+        if f"encoder.layers.{last}.self_attn.q_proj.lora_B" in name
+    }
     grads = torch.autograd.grad(output.attn_loss, list(lora.values()), retain_graph=True)
     assert lora and all(grad.abs().sum() > 0 for grad in grads)
     output.loss.backward()
-    vision = [parameter.grad for name, parameter in model.named_parameters()
-              if "vision_tower" in name and "lora_B" in name]
+    vision = [
+        parameter.grad for name, parameter in model.named_parameters() if "vision_tower" in name and "lora_B" in name
+    ]
     assert vision and all(grad is not None and grad.abs().sum() > 0 for grad in vision)
     model.zero_grad()
 
     captions = model.generate(before, after, prompts, max_new_tokens=4)
     assert isinstance(captions, list) and len(captions) == 2 and all(isinstance(c, str) for c in captions)
     assert len(model.generate(before, after, prompts, max_new_tokens=3, num_beams=2)) == 2
-    captions, maps_before, maps_after = model.generate(before, after, prompts, max_new_tokens=4,
-                                                       return_attention=True)
+    captions, maps_before, maps_after = model.generate(before, after, prompts, max_new_tokens=4, return_attention=True)
     assert maps_before.shape == maps_after.shape == (2, 8, 8)
     with torch.no_grad():
         reference = model(before, after, prompts)
@@ -287,8 +310,7 @@ def test_pretrained_folder_round_trip_saves_only_the_adapter(user_folder, batch,
     perturb_lora(model, seed=5)
     expected = logits(model, batch)
     model.save_pretrained(tmp_path / "saved")
-    assert sorted(path.name for path in (tmp_path / "saved").iterdir()) == ["adapter", "davir_config.json",
-                                                                           "processor"]
+    assert sorted(path.name for path in (tmp_path / "saved").iterdir()) == ["adapter", "davir_config.json", "processor"]
     adapter = {path.name for path in (tmp_path / "saved" / "adapter").iterdir()}
     assert adapter - {"README.md"} == {"adapter_config.json", "adapter_model.safetensors"}
     again = load_davir_model(tmp_path / "saved")

@@ -23,8 +23,14 @@ from davir.models.vlm.config import DavirModelConfig  # noqa: E402
 from davir.models.vlm.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-TEXTS = ["the small red metal cube moved", "there is no change", "the large blue rubber sphere changed to green",
-         "the scene is the same as before", EpcConfig().prompt, EpcConfig().entity_prefix]
+TEXTS = [
+    "the small red metal cube moved",
+    "there is no change",
+    "the large blue rubber sphere changed to green",
+    "the scene is the same as before",
+    EpcConfig().prompt,
+    EpcConfig().entity_prefix,
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +38,12 @@ def user_folder(tmp_path_factory, synthetic_set):
     from davir.data.formats import read_dataset
 
     root = synthetic_set(24, 0)
-    texts = [c for split in ("train", "val", "test") for p in read_dataset("clevr_change", root, split).pairs
-             for c in p.captions]
+    texts = [
+        c
+        for split in ("train", "val", "test")
+        for p in read_dataset("clevr_change", root, split).pairs
+        for c in p.captions
+    ]
     return write_chat_folder("qwen2_5_vl", tmp_path_factory.mktemp("qwen") / "Qwen2.5-VL-toy", [*TEXTS, *texts])
 
 
@@ -50,8 +60,9 @@ def test_tokens_and_pixels_are_the_processors_own(user_folder):
     assert prompt == "Describe the difference between the two images. Entity: small red metal cube."
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": prompt}]}]
     text = model.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    reference = model.processor(text=[text], images=[p.resize((64, 64), Image.Resampling.BICUBIC) for p in pictures],
-                                return_tensors="pt")
+    reference = model.processor(
+        text=[text], images=[p.resize((64, 64), Image.Resampling.BICUBIC) for p in pictures], return_tensors="pt"
+    )
     pixels = model.image_processor(pictures)
     assert model._prompt_ids([prompt])[0] == reference["input_ids"][0].tolist()
     assert torch.equal(model._pixel_inputs(pixels[:1], pixels[1:])["pixel_values"], reference["pixel_values"])
@@ -59,8 +70,9 @@ def test_tokens_and_pixels_are_the_processors_own(user_folder):
     # The one-picture turn of the description stage (davir.pretrain_tiny): the processor's own tokens and pixels too.
     describe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image."}]}]
     text = model.processor.apply_chat_template(describe, add_generation_prompt=True, tokenize=False)
-    single = model.processor(text=[text], images=[pictures[1].resize((64, 64), Image.Resampling.BICUBIC)],
-                             return_tensors="pt")
+    single = model.processor(
+        text=[text], images=[pictures[1].resize((64, 64), Image.Resampling.BICUBIC)], return_tensors="pt"
+    )
     assert model._prompt_ids(["Describe the image."], images=1)[0] == single["input_ids"][0].tolist()
     assert torch.equal(model._pixel_inputs(pixels[1:])["pixel_values"], single["pixel_values"])
     assert single["input_ids"][0].tolist().count(model.processor.image_token_id) == 16
@@ -82,13 +94,20 @@ def test_raster_order_undoes_the_window_permutation():
     image = np.zeros((side * patch, side * patch, 3), dtype=np.uint8)
     for r in range(side * side):
         row, col = divmod(r, side)
-        image[row * patch:(row + 1) * patch, col * patch:(col + 1) * patch] = r
-    processor = Qwen2VLImageProcessor(patch_size=patch, merge_size=merge, temporal_patch_size=2, do_normalize=False,
-                                      do_rescale=False, size={"shortest_edge": 16, "longest_edge": 10 ** 6})
+        image[row * patch : (row + 1) * patch, col * patch : (col + 1) * patch] = r
+    processor = Qwen2VLImageProcessor(
+        patch_size=patch,
+        merge_size=merge,
+        temporal_patch_size=2,
+        do_normalize=False,
+        do_rescale=False,
+        size={"shortest_edge": 16, "longest_edge": 10**6},
+    )
     pixels = processor(images=[Image.fromarray(image)], return_tensors="pt")["pixel_values"]
     processor_order = pixels[:, 0].round().long()  # the raster number of each patch, in the processor's order
-    window_index, _ = get_vision_window_index(torch.tensor([[1, side, side]]), spatial_merge_size=merge,
-                                              window_size=window * patch // 4 * 2, patch_size=patch)
+    window_index, _ = get_vision_window_index(
+        torch.tensor([[1, side, side]]), spatial_merge_size=merge, window_size=window * patch // 4 * 2, patch_size=patch
+    )
     block_order = processor_order.reshape(-1, merge * merge)[window_index].reshape(-1)
     assert sorted(block_order.tolist()) == list(range(side * side))
     assert block_order.tolist() != sorted(block_order.tolist())  # the permutation is not the identity
@@ -101,9 +120,12 @@ def _hooked_and_eager_maps(attn_implementation: str):
     the eager attention function the block calls), on the same seeded weights."""
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 
-    model = build_davir_model(DavirModelConfig(family="qwen2_5_vl", preset="tiny", train_mode="lora",
-                                               attn_implementation=attn_implementation, seed=3),
-                              captions_for_tokenizer=TEXTS)
+    model = build_davir_model(
+        DavirModelConfig(
+            family="qwen2_5_vl", preset="tiny", train_mode="lora", attn_implementation=attn_implementation, seed=3
+        ),
+        captions_for_tokenizer=TEXTS,
+    )
     visual = model.core.model.visual
     target = visual.blocks[max(visual.fullatt_block_indexes)].attn
     recorded: list[torch.Tensor] = []
@@ -136,17 +158,22 @@ def test_fac_hook_equals_eager_attention_and_keeps_sdpa():
     assert not not_called and torch.allclose(fast, hooked, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize(("size", "vision_calls"), [
-    (64, (36, 3)),  # 8×8 patches: 4 windows of 4×4 an image, all alike; split: 2 window blocks × 4 × 4 images + 4
-    (80, (76, 7)),  # 10×10: 9 windows of 16, 8 or 4 patches (edge windows are smaller): packed 2 × 3 lengths + 1
-])
+@pytest.mark.parametrize(
+    ("size", "vision_calls"),
+    [
+        (64, (36, 3)),  # 8×8 patches: 4 windows of 4×4 an image, all alike; split: 2 window blocks × 4 × 4 images + 4
+        (80, (76, 7)),  # 10×10: 9 windows of 16, 8 or 4 patches (edge windows are smaller): packed 2 × 3 lengths + 1
+    ],
+)
 def test_packed_window_attention_equals_transformers_per_window_sdpa(size, vision_calls):
     """The ViT's windows through a few batched SDPA calls (davir.models.vlm.window_attention) give the losses, FAC
     maps and LoRA gradients of transformers' SDPA call per window."""
     from davir.models.vlm.window_attention import PACKED_ATTENTION
 
-    model = build_davir_model(DavirModelConfig(family="qwen2_5_vl", preset="tiny", train_mode="lora", image_size=size,
-                                               seed=3), captions_for_tokenizer=TEXTS)
+    model = build_davir_model(
+        DavirModelConfig(family="qwen2_5_vl", preset="tiny", train_mode="lora", image_size=size, seed=3),
+        captions_for_tokenizer=TEXTS,
+    )
     visual = model.core.model.visual
     assert {block.attn.config._attn_implementation for block in visual.blocks} == {PACKED_ATTENTION}
     assert model.core.config.text_config._attn_implementation == "sdpa"  # the LLM keeps transformers' SDPA
@@ -166,8 +193,14 @@ def test_packed_window_attention_equals_transformers_per_window_sdpa(size, visio
         torch.manual_seed(0)  # the LoRA dropout masks
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
-            output = model(pixels[0::2], pixels[1::2], model.build_prompts(None, batch_size=2), captions=TEXTS[:2],
-                           masks_before=masks, masks_after=masks)
+            output = model(
+                pixels[0::2],
+                pixels[1::2],
+                model.build_prompts(None, batch_size=2),
+                captions=TEXTS[:2],
+                masks_before=masks,
+                masks_after=masks,
+            )
         output.loss.backward()
         grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
         return output, grads, len(calls) - 2  # the 2 LLM layers call SDPA once each
@@ -188,14 +221,17 @@ def test_lora_targets_exist_and_only_they_train(user_folder):
     adapted = {name.split(".lora_A")[0] for name, _ in model.named_parameters() if ".lora_A." in name}
     assert any(".visual.blocks.1.attn.qkv" in n for n in adapted)
     assert any(".visual.merger.mlp.0" in n for n in adapted) and any(".visual.merger.mlp.2" in n for n in adapted)
-    assert {p for p in ("q_proj", "k_proj", "v_proj", "o_proj")
-            if any(f"language_model.layers.0.self_attn.{p}" in n for n in adapted)} == {"q_proj", "k_proj", "v_proj",
-                                                                                      "o_proj"}
+    assert {
+        p
+        for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+        if any(f"language_model.layers.0.self_attn.{p}" in n for n in adapted)
+    } == {"q_proj", "k_proj", "v_proj", "o_proj"}
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in name for name in trainable)
     summary = model.trainable_parameter_summary()
     assert {"vision", "projector", "language_model"} <= set(summary) and summary["all"][0] == sum(
-        p.numel() for p in model.parameters() if p.requires_grad)
+        p.numel() for p in model.parameters() if p.requires_grad
+    )
     with pytest.raises(ValueError, match="extra_trainable.*qwen2_5_vl.*projector"):
         DavirModelConfig(family="qwen2_5_vl", extra_trainable=("query_tokens",))
     with pytest.raises(ValueError, match="segment_embeddings"):

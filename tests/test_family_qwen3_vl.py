@@ -21,11 +21,11 @@ from family_fixtures import write_chat_folder  # noqa: E402
 
 from davir.config import ConfigError  # noqa: E402
 from davir.errors import DataError  # noqa: E402
+from davir.models.families import get_family  # noqa: E402
+from davir.models.families.qwen3_vl import raster_order  # noqa: E402
 from davir.models.vlm.build import build_davir_model, load_davir_model  # noqa: E402
 from davir.models.vlm.config import DavirModelConfig  # noqa: E402
 from davir.models.vlm.epc import EpcConfig  # noqa: E402
-from davir.models.families import get_family  # noqa: E402
-from davir.models.families.qwen3_vl import raster_order  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CAPTIONS = ["the small red metal cube moved", "there is no change", "the large blue sphere changed to green"]
@@ -84,8 +84,10 @@ def test_tokens_pixels_and_token_types_are_the_processors_own(user_folder):
     assert type(model.tokenizer).__name__ == "Qwen2Tokenizer" and model.patch_grid == (8, 8)
     processor = model.processor
     prompts = model.build_prompts(ENTITIES)
-    messages = [[{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": p}]}]
-                for p in prompts]
+    messages = [
+        [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": p}]}]
+        for p in prompts
+    ]
     texts = [processor.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in messages]
     resized = [p.convert("RGB").resize((S, S), Image.Resampling.BICUBIC) for p in pictures(4)]
     reference = processor(text=texts, images=resized, return_tensors="pt", padding=True)
@@ -115,23 +117,41 @@ def test_the_presets_grids_and_a_released_processors_minimum():
 
     family = get_family("qwen3_vl")
     tokenizer = family.preset_tokenizer(CAPTIONS)
-    published = {"2b": (1024, 24, 4096, [5, 11, 17], 2048, 28, 16, 6144, True),
-                 "8b": (1152, 27, 4304, [8, 16, 24], 4096, 36, 32, 12288, False)}
-    for preset, size, grid, tokens in (("tiny", 64, (8, 8), 16), ("2b", 448, (28, 28), 196),
-                                       ("8b", 448, (28, 28), 196)):
-        architecture, processor = family.build_preset(preset, tokenizer, image_size=None, patch_size=None,
-                                                      overrides={})
+    published = {
+        "2b": (1024, 24, 4096, [5, 11, 17], 2048, 28, 16, 6144, True),
+        "8b": (1152, 27, 4304, [8, 16, 24], 4096, 36, 32, 12288, False),
+    }
+    for preset, size, grid, tokens in (
+        ("tiny", 64, (8, 8), 16),
+        ("2b", 448, (28, 28), 196),
+        ("8b", 448, (28, 28), 196),
+    ):
+        architecture, processor = family.build_preset(preset, tokenizer, image_size=None, patch_size=None, overrides={})
         assert family.input_size(SimpleNamespace(image_size=None, pretrained=None, preset=preset), architecture) == size
         assert family.patch_grid(size, architecture) == grid
         one = family.process_images(processor, [Image.new("RGB", (30, 50))], size)
         assert processor.replace_image_token(one, 0).count("<|image_pad|>") == tokens
         if preset in published:
             vision, text = architecture.vision_config, architecture.text_config
-            assert (vision.hidden_size, vision.depth, vision.intermediate_size, list(vision.deepstack_visual_indexes),
-                    text.hidden_size, text.num_hidden_layers, text.num_attention_heads, text.intermediate_size,
-                    architecture.tie_word_embeddings) == published[preset]
-            assert (vision.patch_size, vision.num_position_embeddings, text.vocab_size, text.num_key_value_heads,
-                    text.head_dim, text.rope_parameters["mrope_section"]) == (16, 2304, 151936, 8, 128, [24, 20, 20])
+            assert (
+                vision.hidden_size,
+                vision.depth,
+                vision.intermediate_size,
+                list(vision.deepstack_visual_indexes),
+                text.hidden_size,
+                text.num_hidden_layers,
+                text.num_attention_heads,
+                text.intermediate_size,
+                architecture.tie_word_embeddings,
+            ) == published[preset]
+            assert (
+                vision.patch_size,
+                vision.num_position_embeddings,
+                text.vocab_size,
+                text.num_key_value_heads,
+                text.head_dim,
+                text.rope_parameters["mrope_section"],
+            ) == (16, 2304, 151936, 8, 128, [24, 20, 20])
     # A ConfigError naming the option: train.py prints it in one line and exits 2 (it was a traceback, exit 1).
     with pytest.raises(ConfigError, match=r"^model\.image_size=440: .*multiple of .*\(16 × 2 = 32 px\)$"):
         family.input_size(SimpleNamespace(image_size=440, pretrained=None, preset="2b"), architecture)
@@ -139,8 +159,9 @@ def test_the_presets_grids_and_a_released_processors_minimum():
         build(image_size=40)
     with pytest.raises(ConfigError, match=r"^model\.image_size=8192: qwen3_vl takes 16 to 4096 px$"):
         family.input_size(SimpleNamespace(image_size=8192, pretrained=None, preset="2b"), architecture)
-    released = Qwen2VLImageProcessor(patch_size=8, merge_size=2, temporal_patch_size=2,
-                                     size={"shortest_edge": 65536, "longest_edge": 16777216})
+    released = Qwen2VLImageProcessor(
+        patch_size=8, merge_size=2, temporal_patch_size=2, size={"shortest_edge": 65536, "longest_edge": 16777216}
+    )
     picture = [Image.new("RGB", (S, S))]
     assert released(images=picture, return_tensors="pt")["image_grid_thw"].tolist() == [[1, 32, 32]]
     held = family.process_images(SimpleNamespace(image_processor=released), picture, S)
@@ -157,9 +178,15 @@ def test_raster_order_undoes_the_processors_merge_unit_order():
     image = np.zeros((side * patch, side * patch, 3), dtype=np.uint8)
     for r in range(side * side):
         row, col = divmod(r, side)
-        image[row * patch:(row + 1) * patch, col * patch:(col + 1) * patch] = r
-    processor = Qwen2VLImageProcessor(patch_size=patch, merge_size=merge, temporal_patch_size=2, do_normalize=False,
-                                      do_rescale=False, size={"shortest_edge": 16, "longest_edge": 10 ** 6})
+        image[row * patch : (row + 1) * patch, col * patch : (col + 1) * patch] = r
+    processor = Qwen2VLImageProcessor(
+        patch_size=patch,
+        merge_size=merge,
+        temporal_patch_size=2,
+        do_normalize=False,
+        do_rescale=False,
+        size={"shortest_edge": 16, "longest_edge": 10**6},
+    )
     pixels = processor(images=[Image.fromarray(image)], return_tensors="pt")["pixel_values"]
     processor_order = pixels[:, 0].round().long()  # the raster number of each patch, in the processor's order
     assert processor_order.tolist() != list(range(side * side))  # merge-unit order is not raster order
@@ -202,8 +229,9 @@ def test_fac_hook_equals_eager_attention_of_the_last_block_and_keeps_sdpa():
     last = len(visual.blocks) - 1
     assert last == 2 and last not in visual.deepstack_visual_indexes  # DeepStack reads blocks 0 and 1
     assert len(recorded[last]) == 4 and recorded[last][0].shape == (1, 4, 64, 64)  # one call per image, 4 heads
-    received = {index: torch.stack([w[0].float().mean(dim=(0, 1)) for w in weights])
-                for index, weights in recorded.items()}  # mean over heads and queries, in the ViT's order
+    received = {
+        index: torch.stack([w[0].float().mean(dim=(0, 1)) for w in weights]) for index, weights in recorded.items()
+    }  # mean over heads and queries, in the ViT's order
     eager_maps = model.family.attention_maps((received[last], 2), 4, (8, 8))
     assert torch.allclose(hooked, eager_maps, atol=1e-6, rtol=0)
     assert torch.allclose(hooked.sum(dim=(1, 2)), torch.ones(4), atol=1e-5)
@@ -214,8 +242,7 @@ def test_fac_hook_equals_eager_attention_of_the_last_block_and_keeps_sdpa():
 
 # ------------------------------------------------------------------------------------------------------ LoRA
 def test_lora_sits_on_vision_qkv_mergers_and_llm_attention(model):
-    names = [name.removeprefix("base_model.model.") for name, _ in model.vlm.named_modules()
-             if name.endswith("lora_A")]
+    names = [name.removeprefix("base_model.model.") for name, _ in model.vlm.named_modules() if name.endswith("lora_A")]
     visual = model.core.model.visual
     layers, text_layers = len(visual.blocks), len(model.core.model.language_model.layers)
     for index in range(layers):
@@ -232,8 +259,9 @@ def test_lora_sits_on_vision_qkv_mergers_and_llm_attention(model):
     assert trainable and all("lora_" in name for name in trainable)
     summary = model.trainable_parameter_summary()
     assert set(summary) == {"vision", "projector", "language_model", "lm_head", "all"}
-    assert summary["lm_head"][0] == 0 and all(summary[part][0] > 0 for part in ("vision", "projector",
-                                                                                  "language_model"))
+    assert summary["lm_head"][0] == 0 and all(
+        summary[part][0] > 0 for part in ("vision", "projector", "language_model")
+    )
 
     extra = build(extra_trainable=("projector",))
     trainable = {name for name, parameter in extra.named_parameters() if parameter.requires_grad}
@@ -259,15 +287,17 @@ def test_forward_with_masks_trains_the_vision_lora_and_generate_returns_maps(mod
     assert torch.allclose(output.attention_before.sum(dim=(1, 2)), torch.ones(2), atol=1e-5)
     output.attn_loss.backward()  # FAC alone reaches the vision LoRA of the block it reads
     last = len(model.core.model.visual.blocks) - 1
-    grads = {name: parameter.grad for name, parameter in model.named_parameters()
-             if f"visual.blocks.{last}.attn.qkv.lora_B" in name}
+    grads = {
+        name: parameter.grad
+        for name, parameter in model.named_parameters()
+        if f"visual.blocks.{last}.attn.qkv.lora_B" in name
+    }
     assert grads and all(grad is not None and grad.abs().sum() > 0 for grad in grads.values())
     model.zero_grad()
 
     captions = model.generate(before, after, prompts, max_new_tokens=4)
     assert isinstance(captions, list) and len(captions) == 2 and all(isinstance(c, str) for c in captions)
-    captions, maps_before, maps_after = model.generate(before, after, prompts, max_new_tokens=4,
-                                                       return_attention=True)
+    captions, maps_before, maps_after = model.generate(before, after, prompts, max_new_tokens=4, return_attention=True)
     assert maps_before.shape == maps_after.shape == (2, 8, 8)
     model.eval()
     with torch.no_grad():
@@ -300,8 +330,7 @@ def test_pretrained_folder_round_trip_saves_only_the_adapter(user_folder, tmp_pa
     batch = (pixels[0::2], pixels[1::2], model.build_prompts(ENTITIES))
     expected = logits(model, batch)
     model.save_pretrained(tmp_path / "saved")
-    assert sorted(path.name for path in (tmp_path / "saved").iterdir()) == ["adapter", "davir_config.json",
-                                                                           "processor"]
+    assert sorted(path.name for path in (tmp_path / "saved").iterdir()) == ["adapter", "davir_config.json", "processor"]
     saved = load_file(str(tmp_path / "saved" / "adapter" / "adapter_model.safetensors"))
     assert saved and all("lora_" in name for name in saved)  # no frozen base weight
     again = load_davir_model(tmp_path / "saved")

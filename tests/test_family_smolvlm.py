@@ -65,12 +65,15 @@ def test_chat_text_and_pixels_equal_the_processor(model, batch):
     ``processor(text=…, images=[[before, after], …], do_image_splitting=False)`` on the S×S pictures."""
     before, after, prompts = batch
     processor = model.processor
-    messages = [[{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": p}]}]
-                for p in prompts]
+    messages = [
+        [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": p}]}]
+        for p in prompts
+    ]
     texts = [processor.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in messages]
     resized = [p.convert("RGB").resize((S, S), Image.Resampling.BICUBIC) for p in pictures(4)]
-    reference = processor(text=texts, images=[resized[0:2], resized[2:4]], do_image_splitting=False,
-                          return_tensors="pt", padding=True)
+    reference = processor(
+        text=texts, images=[resized[0:2], resized[2:4]], do_image_splitting=False, return_tensors="pt", padding=True
+    )
     ours = model._prompt_ids(prompts)
     for row, ids in enumerate(ours):
         expected = reference["input_ids"][row][reference["attention_mask"][row].bool()].tolist()
@@ -92,15 +95,18 @@ def test_the_presets_grids():
     family = get_family("smolvlm")
     tokenizer = family.preset_tokenizer(CAPTIONS)
     for preset, size, grid, tokens in (("tiny", 64, (8, 8), 16), ("2b", 384, (27, 27), 81)):
-        architecture, processor = family.build_preset(preset, tokenizer, image_size=None, patch_size=None,
-                                                      overrides={})
+        architecture, processor = family.build_preset(preset, tokenizer, image_size=None, patch_size=None, overrides={})
         vision = architecture.vision_config
         assert family.input_size(SimpleNamespace(image_size=None), architecture) == size
         assert family.patch_grid(size, architecture) == grid
         assert processor.image_seq_len == tokens == image_tokens(size, vision.patch_size, architecture.scale_factor)
-    assert (vision.hidden_size, vision.num_hidden_layers, architecture.text_config.hidden_size,
-            architecture.text_config.num_hidden_layers, architecture.text_config.vocab_size) == (1152, 27, 2048, 24,
-                                                                                                 49280)
+    assert (
+        vision.hidden_size,
+        vision.num_hidden_layers,
+        architecture.text_config.hidden_size,
+        architecture.text_config.num_hidden_layers,
+        architecture.text_config.vocab_size,
+    ) == (1152, 27, 2048, 24, 49280)
     with pytest.raises(ValueError, match="vision image_size"):
         family.input_size(SimpleNamespace(image_size=378), architecture)
     with pytest.raises(ValueError, match="scale_factor"):
@@ -134,8 +140,7 @@ def test_fac_hook_equals_the_eager_attention(batch):
 
 # ------------------------------------------------------------------------------------------------------ LoRA
 def test_lora_sits_on_vision_attention_connector_and_llm_attention(model):
-    names = [name.removeprefix("base_model.model.") for name, _ in model.vlm.named_modules()
-             if name.endswith("lora_A")]
+    names = [name.removeprefix("base_model.model.") for name, _ in model.vlm.named_modules() if name.endswith("lora_A")]
     layers = len(model.core.model.vision_model.encoder.layers)
     for index in range(layers):
         for projection in ("q_proj", "k_proj", "v_proj"):
@@ -149,8 +154,9 @@ def test_lora_sits_on_vision_attention_connector_and_llm_attention(model):
     assert trainable and all("lora_" in name for name in trainable)
     summary = model.trainable_parameter_summary()
     assert set(summary) == {"vision", "projector", "language_model", "lm_head", "all"}
-    assert summary["lm_head"][0] == 0 and all(summary[part][0] > 0 for part in ("vision", "projector",
-                                                                                  "language_model"))
+    assert summary["lm_head"][0] == 0 and all(
+        summary[part][0] > 0 for part in ("vision", "projector", "language_model")
+    )
 
     extra = build(extra_trainable=("projector",))
     trainable = {name for name, parameter in extra.named_parameters() if parameter.requires_grad}
@@ -170,15 +176,17 @@ def test_forward_with_masks_trains_the_vision_lora_and_generate_returns_maps(mod
     assert torch.allclose(output.attention_before.sum(dim=(1, 2)), torch.ones(2), atol=1e-5)
     output.attn_loss.backward()  # FAC alone reaches the vision LoRA of the layer it reads
     last = len(model.core.model.vision_model.encoder.layers) - 1
-    grads = {name: parameter.grad for name, parameter in model.named_parameters()
-             if f"vision_model.encoder.layers.{last}.self_attn.q_proj.lora_B" in name}
+    grads = {
+        name: parameter.grad
+        for name, parameter in model.named_parameters()
+        if f"vision_model.encoder.layers.{last}.self_attn.q_proj.lora_B" in name
+    }
     assert grads and all(grad is not None and grad.abs().sum() > 0 for grad in grads.values())
     model.zero_grad()
 
     captions = model.generate(before, after, prompts, max_new_tokens=4)
     assert isinstance(captions, list) and len(captions) == 2 and all(isinstance(c, str) for c in captions)
-    captions, maps_before, maps_after = model.generate(before, after, prompts, max_new_tokens=4,
-                                                       return_attention=True)
+    captions, maps_before, maps_after = model.generate(before, after, prompts, max_new_tokens=4, return_attention=True)
     assert maps_before.shape == maps_after.shape == (2, 8, 8)
     model.eval()
     with torch.no_grad():
@@ -220,11 +228,12 @@ def test_pretrained_folder_round_trip_saves_only_the_adapter(user_folder, batch,
     perturb_lora(model, seed=5)
     expected = logits(model, batch)
     model.save_pretrained(tmp_path / "saved")
-    assert sorted(path.name for path in (tmp_path / "saved").iterdir()) == ["adapter", "davir_config.json",
-                                                                           "processor"]
+    assert sorted(path.name for path in (tmp_path / "saved").iterdir()) == ["adapter", "davir_config.json", "processor"]
     adapter = tmp_path / "saved" / "adapter"
-    assert {path.name for path in adapter.iterdir()} - {"README.md"} == {"adapter_config.json",
-                                                                          "adapter_model.safetensors"}
+    assert {path.name for path in adapter.iterdir()} - {"README.md"} == {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    }
     saved = load_file(str(adapter / "adapter_model.safetensors"))
     assert saved and all("lora_" in name for name in saved)  # no frozen base weight
     again = load_davir_model(tmp_path / "saved")

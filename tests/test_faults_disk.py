@@ -84,8 +84,19 @@ def temporaries(folder: Path) -> list[Path]:
 
 
 def caption_argv(trained: Path, pairs: Path, out: Path) -> list:
-    return ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--batch-size", "2",
-            "--workers", "0", "--quiet"]
+    return [
+        "--checkpoint",
+        trained / "runs" / "tiny",
+        "--pairs",
+        pairs,
+        "--out",
+        out,
+        "--batch-size",
+        "2",
+        "--workers",
+        "0",
+        "--quiet",
+    ]
 
 
 @pytest.mark.faults
@@ -137,7 +148,8 @@ def test_import_on_a_full_disk_exits_2_and_leaves_no_manifest(tmp_path, capsys, 
         (tmp_path / "pairs" / side).mkdir(parents=True)
         for i in range(3):
             Image.new("RGB", (8, 6), (i * 40, 9, 9) if side == "before" else (9, i * 40, 9)).save(
-                tmp_path / "pairs" / side / f"p{i}.png")
+                tmp_path / "pairs" / side / f"p{i}.png"
+            )
     out = tmp_path / "imported"
     monkeypatch.setattr(davir.io, "open", filling_open(open), raising=False)  # every atomic write
     status = data_main(["import", str(tmp_path / "pairs"), "--out", str(out), "--allow-uncaptioned"])

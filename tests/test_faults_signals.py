@@ -47,15 +47,17 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def stop_while_working(argv: list[str], started, signum: int, tmp_path: Path, *, whole_group: bool = False,
-                       timeout: float = 180) -> tuple[int, str, list[int]]:
+def stop_while_working(
+    argv: list[str], started, signum: int, tmp_path: Path, *, whole_group: bool = False, timeout: float = 180
+) -> tuple[int, str, list[int]]:
     """Start the command, wait until `started()`, send `signum` (to the process, or as Ctrl-C does to its whole
     group); returns (exit status, stderr, the descendants it had when signalled). Fails when the command ended
     before the signal, since then nothing was tested."""
     stderr_path = tmp_path / f"stderr-{time.monotonic_ns()}.txt"
     with open(stderr_path, "w") as stderr:  # a file, not a pipe: a chatty command never blocks on a full pipe
-        process = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
-                                   stderr=stderr, start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, *argv], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + timeout
         while not started() and process.poll() is None and time.monotonic() < deadline:
@@ -74,8 +76,9 @@ def stop_while_working(argv: list[str], started, signum: int, tmp_path: Path, *,
     return status, stderr_path.read_text(), descendants
 
 
-def assert_stopped_cleanly(status: int, stderr: str, descendants: list[int], signum: int, *,
-                           rerun: str = "rerun the same command to resume") -> None:
+def assert_stopped_cleanly(
+    status: int, stderr: str, descendants: list[int], signum: int, *, rerun: str = "rerun the same command to resume"
+) -> None:
     assert status == 128 + signum, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     lines = [line for line in stderr.splitlines() if line.strip()]
@@ -97,9 +100,18 @@ def assert_whole_lines(path: Path) -> None:
 
 # ---- every long command is covered --------------------------------------------------------------------------
 
-LONG_COMMAND_MAINS = ["davir/cli/caption.py", "davir/cli/train.py", "davir/cli/evaluate.py", "davir/jobs/masks.py",
-                      "davir/jobs/entities.py", "davir/jobs/features.py", "davir/jobs/mask_eval.py",
-                      "davir/jobs/entity_eval.py", "davir/cli/data.py", "davir/cli/sweep.py"]
+LONG_COMMAND_MAINS = [
+    "davir/cli/caption.py",
+    "davir/cli/train.py",
+    "davir/cli/evaluate.py",
+    "davir/jobs/masks.py",
+    "davir/jobs/entities.py",
+    "davir/jobs/features.py",
+    "davir/jobs/mask_eval.py",
+    "davir/jobs/entity_eval.py",
+    "davir/cli/data.py",
+    "davir/cli/sweep.py",
+]
 
 
 def test_every_long_command_main_stops_on_signals():
@@ -109,8 +121,9 @@ def test_every_long_command_main_stops_on_signals():
     def decorated(path: str) -> bool:
         tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
         main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
-        return any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "stop_on_signals"
-                   for d in main.decorator_list)
+        return any(
+            isinstance(d, ast.Call) and getattr(d.func, "id", None) == "stop_on_signals" for d in main.decorator_list
+        )
 
     assert [path for path in LONG_COMMAND_MAINS if not decorated(path)] == []
 
@@ -142,6 +155,7 @@ def test_a_stopped_main_returns_the_status_with_one_line_and_restores_the_handle
 
 # ---- real commands, signalled while they work ----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def captioning(data, tmp_path_factory, one_torch_thread):
     """A 1-step checkpoint, a pairs.csv of 16 pairs and an uninterrupted run's JSONL (as in tests/test_faults.py)."""
@@ -151,8 +165,19 @@ def captioning(data, tmp_path_factory, one_torch_thread):
     _, pairs = tiny_caption_run(data, folder, pairs=16)
 
     def argv(out: Path, workers: int) -> list[str]:
-        return ["--checkpoint", str(folder / "run"), "--pairs", str(pairs), "--out", str(out), "--batch-size", "2",
-                "--workers", str(workers), "--quiet"]
+        return [
+            "--checkpoint",
+            str(folder / "run"),
+            "--pairs",
+            str(pairs),
+            "--out",
+            str(out),
+            "--batch-size",
+            "2",
+            "--workers",
+            str(workers),
+            "--quiet",
+        ]
 
     reference = folder / "reference" / "c.jsonl"
     assert caption_cli.main(argv(reference, 0)) == 0
@@ -167,7 +192,8 @@ def test_caption_stopped_by_sigterm_ends_its_worker_and_resumes_byte_identical(c
     argv, reference = captioning
     out = tmp_path / "c.jsonl"
     status, stderr, descendants = stop_while_working(
-        ["caption.py", *argv(out, 1)], lambda: out.is_file() and out.stat().st_size > 0, signal.SIGTERM, tmp_path)
+        ["caption.py", *argv(out, 1)], lambda: out.is_file() and out.stat().st_size > 0, signal.SIGTERM, tmp_path
+    )
     assert descendants, "no DataLoader worker was running: nothing was tested"
     assert_stopped_cleanly(status, stderr, descendants, signal.SIGTERM)
     assert_whole_lines(out)
@@ -184,20 +210,40 @@ def test_training_stopped_by_sigterm_resumes_loss_for_loss(data, tmp_path, losse
     from davir.cli import train as train_cli
 
     def overrides(out: Path, workers: int) -> list[str]:
-        return [f"data.root={data}", "data.masks=null", "data.entities=null", f"data.num_workers={workers}",
-                "model.fac.lambda_attn=0", "model.epc.use_entities=false",
-                "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}", "optim.batch_size=2",
-                "optim.max_steps=3", "run.log_every=1", "run.save_every=1", "run.eval_every=0", "run.val_max_pairs=2",
-                "run.tensorboard=false", f"run.output_dir={out}"]
+        return [
+            f"data.root={data}",
+            "data.masks=null",
+            "data.entities=null",
+            f"data.num_workers={workers}",
+            "model.fac.lambda_attn=0",
+            "model.epc.use_entities=false",
+            "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+            "optim.batch_size=2",
+            "optim.max_steps=3",
+            "run.log_every=1",
+            "run.save_every=1",
+            "run.eval_every=0",
+            "run.val_max_pairs=2",
+            "run.tensorboard=false",
+            f"run.output_dir={out}",
+        ]
 
     assert train_cli.main(overrides(tmp_path / "reference", 0)) == 0
     out = tmp_path / "stopped"
     status, stderr, descendants = stop_while_working(  # one loader worker, so there is a child to end
-        ["train.py", *overrides(out, 1)], (out / "checkpoints" / "step_1" / "COMPLETE").is_file, signal.SIGTERM,
-        tmp_path)
+        ["train.py", *overrides(out, 1)],
+        (out / "checkpoints" / "step_1" / "COMPLETE").is_file,
+        signal.SIGTERM,
+        tmp_path,
+    )
     assert descendants, "no DataLoader worker was running: nothing was tested"
-    assert_stopped_cleanly(status, stderr, descendants, signal.SIGTERM,
-                           rerun="rerun with --resume to continue from the last complete checkpoint")
+    assert_stopped_cleanly(
+        status,
+        stderr,
+        descendants,
+        signal.SIGTERM,
+        rerun="rerun with --resume to continue from the last complete checkpoint",
+    )
     assert_whole_lines(out / "train_log.jsonl")
     assert train_cli.main([*overrides(out, 0), "--resume"]) == 0  # data.num_workers may differ on resume
     want, got = losses_of(tmp_path / "reference"), losses_of(out)
@@ -206,18 +252,34 @@ def test_training_stopped_by_sigterm_resumes_loss_for_loss(data, tmp_path, losse
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("signum, whole_group", [(signal.SIGTERM, False), (signal.SIGINT, True)],
-                         ids=["sigterm", "ctrl-c"])
+@pytest.mark.parametrize(
+    "signum, whole_group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["sigterm", "ctrl-c"]
+)
 def test_masks_stopped_ends_its_pool_and_resumes_byte_identical(data, tmp_path, signum, whole_group):
     from davir.jobs import masks as masks_job
 
-    argv = lambda out, workers: ["--format", "clevr_change", "--root", str(data), "--split", "test", "--out",  # noqa: E731
-                                 str(out), "--no-progress", "--workers", str(workers)]
+    argv = lambda out, workers: [
+        "--format",
+        "clevr_change",
+        "--root",
+        str(data),
+        "--split",
+        "test",
+        "--out",  # noqa: E731
+        str(out),
+        "--no-progress",
+        "--workers",
+        str(workers),
+    ]
     assert masks_job.main(argv(tmp_path / "reference", 1)) == 0
     out = tmp_path / "stopped"
     status, stderr, descendants = stop_while_working(
-        ["-m", "preprocess", "masks", *argv(out, 2)], lambda: any((out / "masks").glob("*.json")), signum, tmp_path,
-        whole_group=whole_group)
+        ["-m", "preprocess", "masks", *argv(out, 2)],
+        lambda: any((out / "masks").glob("*.json")),
+        signum,
+        tmp_path,
+        whole_group=whole_group,
+    )
     assert descendants, "no pool worker was running: nothing was tested"
     assert_stopped_cleanly(status, stderr, descendants, signum)
     # a pool worker ended mid-pair leaves a temporary as a kill does; the rerun removes it

@@ -80,22 +80,35 @@ def damaged_copy(merged: Path, folder: Path, kind: str) -> tuple[Path, Path]:
 
 # ---- §8 damaged weights: caption.py, davir-app and the compare tab -----------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["truncated", "pickle"])
 def test_damaged_merged_weights_are_one_line_naming_the_file(merged, tmp_path, kind, capsys):
     from davir.cli import app as app_script
     from davir.cli import caption as caption_script
 
     folder, damaged = damaged_copy(merged, tmp_path / "export", kind)
-    status = caption_script.main(["--checkpoint", str(folder), "--pairs", str(merged / "pairs"), "--out",
-                                  str(tmp_path / "c.jsonl"), "--workers", "0", "--quiet"])
+    status = caption_script.main(
+        [
+            "--checkpoint",
+            str(folder),
+            "--pairs",
+            str(merged / "pairs"),
+            "--out",
+            str(tmp_path / "c.jsonl"),
+            "--workers",
+            "0",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 2 and len(error_lines(err)) == 1, err[-2000:]
     line = error_lines(err)[0]
     assert line.startswith(f"error: {damaged}: ") and "Traceback" not in err
     assert "weights_only" not in err  # torch's advice to unpickle anyway is not passed on
     assert ("truncated" in line) if kind == "truncated" else ("refused: a pickle" in line)
-    assert app_script.main(["--checkpoint", str(folder), "--port", str(free_port()), "--device", "cpu"],
-                           block=False) == 2
+    assert (
+        app_script.main(["--checkpoint", str(folder), "--port", str(free_port()), "--device", "cpu"], block=False) == 2
+    )
     assert error_lines(capsys.readouterr().err) == [line]
 
 
@@ -104,8 +117,10 @@ def app(merged):
     """davir-app on the merged export, with a login, on 127.0.0.1; yields (url, demo)."""
     from davir.cli import app as app_script
 
-    demo, url = app_script.main(["--checkpoint", str(merged / "merged"), "--port", str(free_port()), "--device",
-                                 "cpu", "--auth", "ann:s3cret"], block=False)
+    demo, url = app_script.main(
+        ["--checkpoint", str(merged / "merged"), "--port", str(free_port()), "--device", "cpu", "--auth", "ann:s3cret"],
+        block=False,
+    )
     yield url, demo
     demo.close()
 
@@ -125,13 +140,15 @@ def test_the_compare_tab_names_a_damaged_model_b_without_a_traceback(merged, app
     folder, damaged = damaged_copy(merged, tmp_path / "export", "truncated")
     before, after = (merged / "pairs" / side / "p00.png" for side in ("before", "after"))
     with pytest.raises(AppError) as raised:
-        client.predict(handle_file(str(before)), handle_file(str(after)), str(merged / "merged"), str(folder),
-                       api_name="/compare")
+        client.predict(
+            handle_file(str(before)), handle_file(str(after)), str(merged / "merged"), str(folder), api_name="/compare"
+        )
     assert str(raised.value).startswith(f"model B: {damaged}: cannot load the model weights (SafetensorError")
     assert "Traceback" not in capfd.readouterr().err
 
 
 # ---- §9 a device the machine lacks ------------------------------------------------------------------------------
+
 
 def test_app_device_the_machine_lacks_is_one_line(merged, monkeypatch, capsys):
     import torch
@@ -141,12 +158,14 @@ def test_app_device_the_machine_lacks_is_one_line(merged, monkeypatch, capsys):
     argv = ["--checkpoint", str(merged / "merged"), "--port", str(free_port())]
     assert app_script.main([*argv, "--device", "tpu"], block=False) == 2
     assert error_lines(capsys.readouterr().err) == [
-        "error: --device tpu: not a device name; use cpu, cuda or cuda:N (a GPU index)"]
+        "error: --device tpu: not a device name; use cpu, cuda or cuda:N (a GPU index)"
+    ]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, wherever this runs
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert app_script.main([*argv, "--device", "cuda"], block=False) == 2
     assert error_lines(capsys.readouterr().err) == [
-        "error: --device cuda: this machine has no CUDA GPU that torch can use; use --device cpu"]
+        "error: --device cuda: this machine has no CUDA GPU that torch can use; use --device cpu"
+    ]
     from davir.errors import DataError
     from davir.inference import ChangeCaptioner
     from davir.inference.captioner import check_device
@@ -162,6 +181,7 @@ def test_app_device_the_machine_lacks_is_one_line(merged, monkeypatch, capsys):
 
 # ---- §10 the leaderboard's --out ------------------------------------------------------------------------------------
 
+
 def test_leaderboard_out_that_cannot_be_written_is_one_line(tmp_path, make_read_only, capsys):
     from davir.cli.compare import main
 
@@ -169,16 +189,24 @@ def test_leaderboard_out_that_cannot_be_written_is_one_line(tmp_path, make_read_
     blocker.write_text("not a folder\n")
     assert main(["--leaderboard", "levir_cc", "--out", str(blocker / "table.md")]) == 2
     assert error_lines(capsys.readouterr().err) == [
-        f"error: --out {blocker / 'table.md'} cannot be written: {blocker} is a file, not a folder"]
+        f"error: --out {blocker / 'table.md'} cannot be written: {blocker} is a file, not a folder"
+    ]
     (tmp_path / "locked").mkdir()
     make_read_only(tmp_path / "locked")
     assert main(["--leaderboard", "levir_cc", "--out", str(tmp_path / "locked" / "table.md")]) == 2
     err = capsys.readouterr().err
-    assert error_lines(err) == [f"error: --out {tmp_path / 'locked' / 'table.md'} is not writable: permission "
-                                f"denied in {tmp_path / 'locked'}"] and "Traceback" not in err
+    assert (
+        error_lines(err)
+        == [
+            f"error: --out {tmp_path / 'locked' / 'table.md'} is not writable: permission "
+            f"denied in {tmp_path / 'locked'}"
+        ]
+        and "Traceback" not in err
+    )
 
 
 # ---- §13 the app on the network ---------------------------------------------------------------------------------
+
 
 def test_app_beyond_loopback_warns_and_passes_auth(monkeypatch, capsys, tmp_path):
     """What `davir-app` hands to the server, without listening anywhere (start is replaced)."""
@@ -191,9 +219,11 @@ def test_app_beyond_loopback_warns_and_passes_auth(monkeypatch, capsys, tmp_path
     run = str(tmp_path)
     assert app_script.main(["--checkpoint", run, "--host", "0.0.0.0"], block=False) == ("demo", "url")
     err = capsys.readouterr().err
-    assert err.startswith("warning: --host 0.0.0.0 serves the page to the network, to anyone who can reach port "
-                          "7860; pass --auth USER:PASSWORD to ask for a login: its browse and compare tabs open "
-                          "any file and folder this account can read")
+    assert err.startswith(
+        "warning: --host 0.0.0.0 serves the page to the network, to anyone who can reach port "
+        "7860; pass --auth USER:PASSWORD to ask for a login: its browse and compare tabs open "
+        "any file and folder this account can read"
+    )
     assert started[-1]["host"] == "0.0.0.0" and started[-1]["auth"] is None
     assert app_script.main(["--checkpoint", run, "--host", "0.0.0.0", "--auth", "ann:pa:ss"], block=False)
     assert "to whoever logs in with --auth:" in capsys.readouterr().err and started[-1]["auth"] == ("ann", "pa:ss")
@@ -224,6 +254,7 @@ def test_app_with_auth_refuses_a_request_without_the_login(app, client, merged):
 
 # ---- §17 uploads go with the app ----------------------------------------------------------------------------------
 
+
 def test_the_apps_uploads_are_in_a_folder_of_its_own_removed_when_it_closes(app, client, merged):
     from gradio_client import handle_file
 
@@ -252,10 +283,24 @@ def test_davir_app_stopped_leaves_no_upload_behind(merged, tmp_path, signum):
     port = free_port()
     log = tmp_path / "app.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "davir.cli.app", "--checkpoint", str(merged / "merged"),
-                                    "--port", str(port), "--device", "cpu"], cwd=REPO, stdout=out,
-                                   stderr=subprocess.STDOUT, env={**ENV, "GRADIO_TEMP_DIR": str(temp)},
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "davir.cli.app",
+                "--checkpoint",
+                str(merged / "merged"),
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**ENV, "GRADIO_TEMP_DIR": str(temp)},
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 180
         while "davir-app: http" not in log.read_text() and process.poll() is None and time.monotonic() < deadline:
@@ -263,7 +308,8 @@ def test_davir_app_stopped_leaves_no_upload_behind(merged, tmp_path, signum):
         assert process.poll() is None, log.read_text()[-3000:]
         before, after = (merged / "pairs" / side / "p03.png" for side in ("before", "after"))
         Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=str(tmp_path)).predict(
-            handle_file(str(before)), handle_file(str(after)), api_name="/caption")
+            handle_file(str(before)), handle_file(str(after)), api_name="/caption"
+        )
         assert any(p.name == "p03.png" for p in temp.rglob("*"))  # uploaded into the run's folder
         process.send_signal(signum)
         assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
@@ -284,8 +330,11 @@ def test_a_killed_apps_upload_folder_is_removed_by_the_next_start(tmp_path, monk
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     host = socket.gethostname()
     stale = tmp_path / f"davir-app-{int(dead.stdout)}@{host}-abc"
-    kept = [tmp_path / f"davir-app-{os.getpid()}@{host}-live", tmp_path / f"davir-app-{int(dead.stdout)}@elsewhere-x",
-            tmp_path / "someone-elses"]
+    kept = [
+        tmp_path / f"davir-app-{os.getpid()}@{host}-live",
+        tmp_path / f"davir-app-{int(dead.stdout)}@elsewhere-x",
+        tmp_path / "someone-elses",
+    ]
     for folder in [stale, *kept]:
         (folder / "upload").mkdir(parents=True)
     folder, previous = serve._own_upload_folder()
@@ -297,14 +346,33 @@ def test_a_killed_apps_upload_folder_is_removed_by_the_next_start(tmp_path, monk
 
 # ---- §16 DataLoader workers die with a SIGKILLed caption.py ----------------------------------------------------
 
+
 @pytest.mark.faults
 @pytest.mark.slow  # a fresh caption.py with DataLoader workers, SIGKILLed: 30 s of CPU
 def test_caption_workers_end_with_a_sigkilled_parent(merged, tmp_path):
     out = tmp_path / "c.jsonl"
-    process = subprocess.Popen([sys.executable, "caption.py", "--checkpoint", str(merged / "merged"), "--pairs",
-                                str(merged / "pairs"), "--out", str(out), "--batch-size", "1", "--workers", "2",
-                                "--quiet"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "caption.py",
+            "--checkpoint",
+            str(merged / "merged"),
+            "--pairs",
+            str(merged / "pairs"),
+            "--out",
+            str(out),
+            "--batch-size",
+            "1",
+            "--workers",
+            "2",
+            "--quiet",
+        ],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 180
@@ -330,14 +398,16 @@ def test_caption_workers_end_with_a_sigkilled_parent(merged, tmp_path):
 def test_die_with_parent_ends_a_worker_whose_parent_is_gone_before_it_starts(tmp_path):
     """The worker initialiser run by a process whose parent already ended: it exits at once."""
     marks = tmp_path / "marks.txt"
-    code = ("import os, sys, time\n"
-            "from davir.runtime.orphans import DieWithParent\n"
-            "init = DieWithParent()\n"
-            "if os.fork():\n    os._exit(0)\n"  # the parent leaves; the child was made with its pid
-            "time.sleep(0.5)\n"
-            f"open({str(marks)!r}, 'a').write('started\\n')\n"
-            "init(0)\n"
-            f"open({str(marks)!r}, 'a').write('still alive\\n')\n")
+    code = (
+        "import os, sys, time\n"
+        "from davir.runtime.orphans import DieWithParent\n"
+        "init = DieWithParent()\n"
+        "if os.fork():\n    os._exit(0)\n"  # the parent leaves; the child was made with its pid
+        "time.sleep(0.5)\n"
+        f"open({str(marks)!r}, 'a').write('started\\n')\n"
+        "init(0)\n"
+        f"open({str(marks)!r}, 'a').write('still alive\\n')\n"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, timeout=60, check=True)
     deadline = time.monotonic() + 10
     while "started" not in (marks.read_text() if marks.is_file() else "") and time.monotonic() < deadline:
@@ -348,6 +418,7 @@ def test_die_with_parent_ends_a_worker_whose_parent_is_gone_before_it_starts(tmp
 
 # ---- §18 a resumed masks run's manifest counts the cache --------------------------------------------------------
 
+
 def test_resumed_masks_manifest_counts_every_pair_of_the_cache(synthetic_set, tmp_path):
     from davir.jobs import masks as masks_job
 
@@ -356,9 +427,9 @@ def test_resumed_masks_manifest_counts_every_pair_of_the_cache(synthetic_set, tm
     assert masks_job.main([*common, "--out", str(tmp_path / "one")]) == 0
     assert masks_job.main([*common, "--out", str(tmp_path / "resumed"), "--limit", "4"]) == 0
     assert masks_job.main([*common, "--out", str(tmp_path / "resumed")]) == 0
-    one, resumed = (json.loads((tmp_path / name / "manifest.json").read_text())["counts"]
-                    for name in ("one", "resumed"))
+    one, resumed = (
+        json.loads((tmp_path / name / "manifest.json").read_text())["counts"] for name in ("one", "resumed")
+    )
     assert resumed["reused"] == 4 and resumed["computed"] == one["pairs"] - 4 and one["reused"] == 0
-    cache = {key: resumed[key] for key in ("pairs", "in_cache", "empty_masks", "clusters", "kept_after",
-                                           "kept_before")}
+    cache = {key: resumed[key] for key in ("pairs", "in_cache", "empty_masks", "clusters", "kept_after", "kept_before")}
     assert cache == {key: one[key] for key in cache} and one["clusters"] > 0

@@ -15,15 +15,23 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 
-from davir.errors import DataError
 from davir.data.feature_cache import FeatureCache
-from davir.preprocessing.backbone import (
-    AUTHORS_STD, IMAGENET_MEAN, IMAGENET_STD, build_backbone, load_resized, normalize_batch,
-)
+from davir.errors import DataError
 from davir.jobs.features import main
+from davir.preprocessing.backbone import (
+    AUTHORS_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    build_backbone,
+    load_resized,
+    normalize_batch,
+)
 
-VAL_IMAGES = {f"{folder}/CLEVR_{kind}_{scene:06d}.png" for scene in (19, 35)
-              for folder, kind in (("images", "default"), ("sc_images", "semantic"), ("nsc_images", "nonsemantic"))}
+VAL_IMAGES = {
+    f"{folder}/CLEVR_{kind}_{scene:06d}.png"
+    for scene in (19, 35)
+    for folder, kind in (("images", "default"), ("sc_images", "semantic"), ("nsc_images", "nonsemantic"))
+}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -35,8 +43,23 @@ def clevr_root(shared_datasets):
 
 
 def run_cli(root, out, *extra: str) -> int:
-    return main(["--format", "clevr_change", "--root", str(root), "--split", "val", "--out", str(out),
-                 "--workers", "0", "--batch-size", "4", *extra])
+    return main(
+        [
+            "--format",
+            "clevr_change",
+            "--root",
+            str(root),
+            "--split",
+            "val",
+            "--out",
+            str(out),
+            "--workers",
+            "0",
+            "--batch-size",
+            "4",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +90,9 @@ def test_extraction_stores_every_val_image_once_as_fp16(cache, clevr_root):
     assert torch.equal(tensor, features.get("images/CLEVR_default_000019.png"))
     assert not torch.equal(tensor, features.get("sc_images/CLEVR_semantic_000019.png"))
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["weights"] == "random-init(seed=0,branches=1/sqrt(blocks))" and manifest["std"] == list(IMAGENET_STD)
+    assert manifest["weights"] == "random-init(seed=0,branches=1/sqrt(blocks))" and manifest["std"] == list(
+        IMAGENET_STD
+    )
     with pytest.raises(DataError, match="no features"):
         features.get("images/CLEVR_default_000000.png")
 
@@ -82,17 +107,32 @@ def test_rerun_does_nothing_and_other_settings_are_refused(cache, clevr_root):
     with pytest.raises(DataError, match="other settings"):
         from davir.jobs.features import build_parser, run
 
-        run(build_parser().parse_args(["--format", "clevr_change", "--root", str(clevr_root), "--split", "val",
-                                       "--out", str(out), "--random-init", "--std-typo", "--skip-missing"]))
+        run(
+            build_parser().parse_args(
+                [
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    str(clevr_root),
+                    "--split",
+                    "val",
+                    "--out",
+                    str(out),
+                    "--random-init",
+                    "--std-typo",
+                    "--skip-missing",
+                ]
+            )
+        )
 
 
 def keys_cubic(t: float, a: float = -0.75) -> float:
     """OpenCV's bicubic kernel (Keys, a = −0.75)."""
     t = abs(t)
     if t <= 1:
-        return (a + 2) * t ** 3 - (a + 3) * t ** 2 + 1
+        return (a + 2) * t**3 - (a + 3) * t**2 + 1
     if t < 2:
-        return a * t ** 3 - 5 * a * t ** 2 + 8 * a * t - 4 * a
+        return a * t**3 - 5 * a * t**2 + 8 * a * t - 4 * a
     return 0.0
 
 
@@ -123,7 +163,8 @@ def test_resize_normalisation_and_features_against_a_hand_computation(cache, cle
     normalized = normalize_batch(batch, IMAGENET_STD)
     r, g, b = (float(v) for v in resized[50, 60])
     assert normalized[0, :, 50, 60].tolist() == pytest.approx(
-        [(r / 255 - 0.485) / 0.229, (g / 255 - 0.456) / 0.224, (b / 255 - 0.406) / 0.225], abs=1e-5)
+        [(r / 255 - 0.485) / 0.229, (g / 255 - 0.456) / 0.224, (b / 255 - 0.406) / 0.225], abs=1e-5
+    )
     typo = normalize_batch(batch, AUTHORS_STD)
     assert typo[0, 2, 50, 60].item() == pytest.approx((b / 255 - IMAGENET_MEAN[2]) / 0.224, abs=1e-5)
     backbone = build_backbone(None, random_init=True, seed=0)

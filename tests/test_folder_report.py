@@ -19,12 +19,21 @@ def _report(tmp_path, captioned: int, failed: int = 0, *, mask=True, attention=T
     rows = []
     for i in range(captioned + failed):
         if i < captioned:
-            write_strip(report_dir, i, image, image, mask=np.ones((24, 32), bool) if mask else None,
-                        attention=(np.eye(4), np.eye(4)) if attention else None)
-            rows.append({"id": f"p{i}", "index": i, "caption": f"caption {i}", "entities": [["red cube", 0.9]],
-                         "error": None})
+            write_strip(
+                report_dir,
+                i,
+                image,
+                image,
+                mask=np.ones((24, 32), bool) if mask else None,
+                attention=(np.eye(4), np.eye(4)) if attention else None,
+            )
+            rows.append(
+                {"id": f"p{i}", "index": i, "caption": f"caption {i}", "entities": [["red cube", 0.9]], "error": None}
+            )
         else:
-            rows.append({"id": f"bad{i}", "index": i, "caption": None, "entities": [], "error": "image file is corrupt"})
+            rows.append(
+                {"id": f"bad{i}", "index": i, "caption": None, "entities": [], "error": "image file is corrupt"}
+            )
     jsonl = tmp_path / "captions.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     html = write_folder_report(tmp_path / "report.html", jsonl, report_dir, title="t", summary={}, limit=limit)
@@ -85,8 +94,11 @@ def test_compose_strip_is_the_written_strip(tmp_path):
     assert strip.getpixel((10, 10)) == (200, 0, 0) and strip.getpixel((64 + 4 + 10, 10)) == (0, 200, 0)
 
 
-@pytest.mark.skipif(chromium_path() is None, reason="no Chromium installed (make system-deps installs Debian's "
-                                                     "chromium); the report is tested in a real browser where it is")
+@pytest.mark.skipif(
+    chromium_path() is None,
+    reason="no Chromium installed (make system-deps installs Debian's "
+    "chromium); the report is tested in a real browser where it is",
+)
 def test_in_chromium_each_label_sits_under_its_column(tmp_path):
     _report(tmp_path, 2)
     script = """(() => {

@@ -30,8 +30,12 @@ def same_records(path: Path) -> int:
         assert mine == theirs and mine.meta == theirs.meta and mine.source_captions == theirs.source_captions
         assert type(mine.before) is type(theirs.before) and type(mine.gt_mask_after) is type(theirs.gt_mask_after)
     assert got.pairs[-1] == expected.pairs[-1] and got.pairs[1:3] == expected.pairs[1:3]
-    assert (got.root, got.split, got.skipped, got.notes) == (expected.root, expected.split, expected.skipped,
-                                                             expected.notes)
+    assert (got.root, got.split, got.skipped, got.notes) == (
+        expected.root,
+        expected.split,
+        expected.skipped,
+        expected.notes,
+    )
     return len(expected.pairs)
 
 
@@ -44,8 +48,10 @@ def test_real_annotation_files_as_manifests_read_the_same(shared_datasets, tmp_p
     # IER val and CLEVR-Change val as JSON lines: captions lists, no split (drawn per group sharing an image), an
     # extra column (kept in meta, named in the notes), relative and absolute paths, pairs without captions.
     rows = []
-    for number, pair in enumerate(read_dataset("ier", shared_datasets / "ier", "val").pairs
-                                  + read_dataset("clevr_change", shared_datasets / "clevr_change", "val").pairs[:500]):
+    for number, pair in enumerate(
+        read_dataset("ier", shared_datasets / "ier", "val").pairs
+        + read_dataset("clevr_change", shared_datasets / "clevr_change", "val").pairs[:500]
+    ):
         before = os.path.relpath(pair.before, tmp_path) if number % 2 else str(pair.before)
         row = {"id": pair.pair_id, "before": before, "after": str(pair.after), "captions": list(pair.captions)}
         rows.append({**row, **({"scene": number % 7, "note": {"n": number}} if number % 3 == 0 else {})})
@@ -65,30 +71,52 @@ def test_a_folder_of_image_files_is_read_as_before(tmp_path):
 
 def test_every_manifest_field_and_path_form_survives_the_table(tmp_path):
     (tmp_path / "sub").mkdir()
-    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(row) for row in [
-        {"id": "p1", "before": "sub/../a.png", "after": "./b.png/", "caption": "  the  cup\tis gone ",
-         "mask": "m.png", "split": "Valid", "extra": [1, 2.5, None]},
-        {"id": "p1", "before": "a.png", "after": "b.png", "captions": ["more", "  "], "mask": "m.png"},
-        {"id": 7, "before": "//srv/x.png", "after": "~/y.png", "mask": "m.png", "mask_before": "mb.png"},
-        {"before": "../up/z.png", "after": "/abs//z2.png", "caption": "", "other": "\ud800 odd"},
-        {"id": "p1", "before": "a.png", "after": "b.png", "split": "val", "mask": "m.png"},
-        {"id": "q", "before": "q0.png", "after": "q1.png", "caption": "no split given"},
-    ]) + "\n")
+    (tmp_path / "pairs.jsonl").write_text(
+        "\n".join(
+            json.dumps(row)
+            for row in [
+                {
+                    "id": "p1",
+                    "before": "sub/../a.png",
+                    "after": "./b.png/",
+                    "caption": "  the  cup\tis gone ",
+                    "mask": "m.png",
+                    "split": "Valid",
+                    "extra": [1, 2.5, None],
+                },
+                {"id": "p1", "before": "a.png", "after": "b.png", "captions": ["more", "  "], "mask": "m.png"},
+                {"id": 7, "before": "//srv/x.png", "after": "~/y.png", "mask": "m.png", "mask_before": "mb.png"},
+                {"before": "../up/z.png", "after": "/abs//z2.png", "caption": "", "other": "\ud800 odd"},
+                {"id": "p1", "before": "a.png", "after": "b.png", "split": "val", "mask": "m.png"},
+                {"id": "q", "before": "q0.png", "after": "q1.png", "caption": "no split given"},
+            ]
+        )
+        + "\n"
+    )
     assert same_records(tmp_path / "pairs.jsonl") == 4
     assert read_folder_pairs(tmp_path).pairs[0].captions == ("the cup is gone", "more")
     for value in ("sub/../a.png", "./b.png/", "//srv/x.png", "///x", "~/y.png", "../up/z.png", "/abs//z2.png", "."):
-        assert resolve_user_text(tmp_path, value, source="s", record="r") == \
-            str(resolve_user_path(tmp_path, value, source="s", record="r"))
+        assert resolve_user_text(tmp_path, value, source="s", record="r") == str(
+            resolve_user_path(tmp_path, value, source="s", record="r")
+        )
 
 
-@pytest.mark.parametrize("body, message", [
-    # an image conflict on line 3 and a bad split on line 4: the parse problem is raised first, as before
-    ("id,before,after,split\np,a.png,b.png,train\np,a.png,c.png,train\nr,a.png,b.png,nope\n", "line 4: split 'nope'"),
-    ("id,before,after,split\np,a.png,b.png,train\np,a.png,c.png,train\nr,a.png,b.png,test\n",
-     "line 3: repeats the id 'p' of line 2 but with a different after image"),
-    ("id,before,after,split\np,a.png,b.png,train\np,a.png,b.png,val\n", "line 3: puts id 'p' in split 'val'"),
-    ("before,after\n", "lists no pairs"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        # an image conflict on line 3 and a bad split on line 4: the parse problem is raised first, as before
+        (
+            "id,before,after,split\np,a.png,b.png,train\np,a.png,c.png,train\nr,a.png,b.png,nope\n",
+            "line 4: split 'nope'",
+        ),
+        (
+            "id,before,after,split\np,a.png,b.png,train\np,a.png,c.png,train\nr,a.png,b.png,test\n",
+            "line 3: repeats the id 'p' of line 2 but with a different after image",
+        ),
+        ("id,before,after,split\np,a.png,b.png,train\np,a.png,b.png,val\n", "line 3: puts id 'p' in split 'val'"),
+        ("before,after\n", "lists no pairs"),
+    ],
+)
 def test_the_first_problem_is_the_same(tmp_path, body, message):
     (tmp_path / "pairs.csv").write_text(body)
     errors = []
@@ -100,8 +128,10 @@ def test_the_first_problem_is_the_same(tmp_path, body, message):
 
 
 def test_a_caption_the_reader_never_makes_is_kept_whole(tmp_path):
-    rows = [FolderRow("line 2", "p", tmp_path / "a", tmp_path / "b", captions=["two\nlines", "x"]),
-            FolderRow("line 3", "p", tmp_path / "a", tmp_path / "b", captions=["y"])]
+    rows = [
+        FolderRow("line 2", "p", tmp_path / "a", tmp_path / "b", captions=["two\nlines", "x"]),
+        FolderRow("line 3", "p", tmp_path / "a", tmp_path / "b", captions=["y"]),
+    ]
     table = build_table(rows, Problems("s"))
     table.set_splits({})
     assert table[0].captions == ("two\nlines", "x", "y") and table[0].split == "test"
@@ -126,8 +156,10 @@ class FakeCaptioner(ChangeCaptioner):
 
 
 def test_caption_folder_resumes_exactly_over_the_table(tmp_path):
-    rows = [{"id": f"p{i}", "before": f"b{i % 3}.png", "after": f"a{i}.png", "captions": [f"c{i}"] * (i % 2)}
-            for i in range(11)] + [{"id": "p4", "before": "b1.png", "after": "a4.png", "caption": "again"}]
+    rows = [
+        {"id": f"p{i}", "before": f"b{i % 3}.png", "after": f"a{i}.png", "captions": [f"c{i}"] * (i % 2)}
+        for i in range(11)
+    ] + [{"id": "p4", "before": "b1.png", "after": "a4.png", "caption": "again"}]
     manifest = tmp_path / "pairs.jsonl"
     manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
     records = read_folder(manifest, "all").pairs
@@ -151,6 +183,7 @@ def test_caption_folder_resumes_exactly_over_the_table(tmp_path):
     # Two shards of a scheduler give the same file.
     sharded = tmp_path / "sharded" / "c.jsonl"
     for shard in (1, 0):
-        caption_folder(FakeCaptioner(), manifest, sharded, batch_size=4, workers=0, progress=False, num_shards=2,
-                       shard_index=shard)
+        caption_folder(
+            FakeCaptioner(), manifest, sharded, batch_size=4, workers=0, progress=False, num_shards=2, shard_index=shard
+        )
     assert sharded.read_bytes() == listed.read_bytes()

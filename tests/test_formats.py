@@ -9,18 +9,21 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from davir.data import FORMATS, load_mask, load_pair, read_dataset
-from davir.errors import DataError
 from davir.cli.data import main as data_cli
+from davir.data import FORMATS, load_mask, load_pair, read_dataset
 from davir.data.formats import FORMATS as _FORMATS
 from davir.data.formats.folder import read_folder
 from davir.data.hf import from_hf_dataset, to_hf_dataset
 from davir.data.images import save_png_atomic
 from davir.data.stats import dataset_stats
+from davir.errors import DataError
 
 LEVIR_NO_CHANGE = {
-    "there is no difference", "the two scenes seem identical", "the scene is the same as before",
-    "no change has occurred", "almost nothing has changed",
+    "there is no difference",
+    "the two scenes seem identical",
+    "the scene is the same as before",
+    "no change has occurred",
+    "almost nothing has changed",
 }
 
 
@@ -32,6 +35,7 @@ def test_registry_has_every_format():
 
 
 # --- Spot-the-Diff -------------------------------------------------------------------------------
+
 
 def test_spot_the_diff_val_merges_repeated_ids(shared_datasets):
     root = shared_datasets / "spot_the_diff"
@@ -55,7 +59,8 @@ def test_spot_the_diff_val_merges_repeated_ids(shared_datasets):
 
     pair = index.by_id()["9264"]  # records 47, 1498 and 1633, captions in file order
     assert pair.captions == (
-        "people closer", "person in the grass",
+        "people closer",
+        "person in the grass",
         "there are two people by the flag pole in the middle of the image",
         "there is only one person on the sidewalk by the building",
         "there is a person standing on the grass by the tree",
@@ -78,6 +83,7 @@ def test_spot_the_diff_train_matches_card_splits(shared_datasets):
 
 
 # --- IER -----------------------------------------------------------------------------------------
+
 
 def test_ier_train_and_val(shared_datasets):
     root = shared_datasets / "ier"
@@ -115,6 +121,7 @@ def test_readers_keep_paths_textual_under_a_linked_root(shared_datasets, tmp_pat
 
 
 # --- LEVIR-CC / LEVIR-MCI ------------------------------------------------------------------------
+
 
 def test_levir_mci_train_val(shared_datasets):
     root = shared_datasets / "levir_cc" / "LEVIR_MCI"
@@ -162,12 +169,27 @@ def test_levir_mci_example_pairs_load(shared_datasets, tmp_path):
 
 
 def test_levir_karpathy_json(tmp_path):
-    captions = {"images": [
-        {"filepath": "train", "filename": "train_000001.png", "split": "train", "changeflag": 1,
-         "sentences": [{"raw": " a road is built ", "tokens": ["a", "road", "is", "built"]}, {"tokens": ["houses", "appear"]}]},
-        {"filepath": "val", "filename": "val_000001.png", "split": "val", "changeflag": 0,
-         "sentences": [{"raw": "there is no difference", "tokens": []}]},
-    ]}
+    captions = {
+        "images": [
+            {
+                "filepath": "train",
+                "filename": "train_000001.png",
+                "split": "train",
+                "changeflag": 1,
+                "sentences": [
+                    {"raw": " a road is built ", "tokens": ["a", "road", "is", "built"]},
+                    {"tokens": ["houses", "appear"]},
+                ],
+            },
+            {
+                "filepath": "val",
+                "filename": "val_000001.png",
+                "split": "val",
+                "changeflag": 0,
+                "sentences": [{"raw": "there is no difference", "tokens": []}],
+            },
+        ]
+    }
     (tmp_path / "LevirCCcaptions.json").write_text(json.dumps(captions))
     train = read_dataset("levir_cc", tmp_path, "train")
     assert [pair.pair_id for pair in train] == ["train_000001"]
@@ -190,7 +212,10 @@ CLEVR_TYPE_COUNTS = {
 @pytest.fixture(scope="module")
 def clevr_change(shared_datasets):
     """The three real CLEVR-Change splits, read once for this module (train alone is 67,660 pairs)."""
-    return {split: read_dataset("clevr_change", shared_datasets / "clevr_change", split) for split in ("train", "val", "test")}
+    return {
+        split: read_dataset("clevr_change", shared_datasets / "clevr_change", split)
+        for split in ("train", "val", "test")
+    }
 
 
 @pytest.mark.parametrize("split,scenes", [("train", 33830), ("val", 1988), ("test", 3985)])
@@ -201,7 +226,10 @@ def test_clevr_change_splits_and_types(clevr_change, split, scenes):
     assert Counter(pair.change_type for pair in index) == CLEVR_TYPE_COUNTS[split]
     # The caption files are absent from the shared folder: empty captions, reported as skips.
     assert all(pair.captions == () for pair in index)
-    assert [skip.source.rsplit("/", 1)[-1] for skip in index.skipped] == ["change_captions.json", "no_change_captions.json"]
+    assert [skip.source.rsplit("/", 1)[-1] for skip in index.skipped] == [
+        "change_captions.json",
+        "no_change_captions.json",
+    ]
 
 
 def test_clevr_change_real_triples_resolve(shared_datasets, clevr_change):
@@ -225,15 +253,23 @@ def test_clevr_change_with_captions_and_masks(shared_datasets, tmp_path):
     shared = shared_datasets / "clevr_change"
     (tmp_path / "splits.json").write_text(json.dumps({"train": [0, 1], "val": [19], "test": []}))
     shutil.copy(shared / "type_mapping.json", tmp_path)
-    (tmp_path / "change_captions.json").write_text(json.dumps({
-        "CLEVR_default_000000.png": ["the red cube became blue", "  "],
-        "CLEVR_default_000019.png": ["the ball changed to green"],
-    }))
-    (tmp_path / "no_change_captions.json").write_text(json.dumps({
-        "CLEVR_default_000000.png": ["no change has occurred"],
-        "CLEVR_default_000001.png": ["the scene remains the same"],
-        "CLEVR_default_000019.png": ["the two scenes seem identical"],
-    }))
+    (tmp_path / "change_captions.json").write_text(
+        json.dumps(
+            {
+                "CLEVR_default_000000.png": ["the red cube became blue", "  "],
+                "CLEVR_default_000019.png": ["the ball changed to green"],
+            }
+        )
+    )
+    (tmp_path / "no_change_captions.json").write_text(
+        json.dumps(
+            {
+                "CLEVR_default_000000.png": ["no change has occurred"],
+                "CLEVR_default_000001.png": ["the scene remains the same"],
+                "CLEVR_default_000019.png": ["the two scenes seem identical"],
+            }
+        )
+    )
     (tmp_path / "gt_masks").mkdir()
     index = read_dataset("clevr_change", tmp_path, "train")
     by_id = index.by_id()
@@ -244,10 +280,13 @@ def test_clevr_change_with_captions_and_masks(shared_datasets, tmp_path):
     assert by_id["000000.png"].gt_mask_after == tmp_path / "gt_masks" / "after" / "000000.png"
     assert by_id["000000.png_n"].gt_mask_before == tmp_path / "gt_masks" / "before_n" / "000000.png"
     assert sorted(skip.reason.split(";")[0] for skip in index.skipped) == [
-        "empty or whitespace-only reference sentence", "no captions for this scene"]
+        "empty or whitespace-only reference sentence",
+        "no captions for this scene",
+    ]
 
 
 # --- CLEVR-DC ------------------------------------------------------------------------------------
+
 
 def test_clevr_dc_raw_splits(shared_datasets):
     root = shared_datasets / "clevr_dc"
@@ -280,7 +319,8 @@ def test_clevr_dc_captions_both_layouts(shared_datasets, tmp_path):
     (dirl / "change_captions.json").write_text(json.dumps({"000003.png": ["a ball was added"], "000012.png": ["x"]}))
     train = read_dataset("clevr_dc", dirl, "train")
     assert [(p.pair_id, p.before, p.after, p.captions) for p in train] == [
-        ("000003.png", dirl / "images" / "000003.png", dirl / "sc_images" / "000003.png", ("a ball was added",))]
+        ("000003.png", dirl / "images" / "000003.png", dirl / "sc_images" / "000003.png", ("a ball was added",))
+    ]
 
     with pytest.raises(DataError, match="not a CLEVR-DC folder"):
         read_dataset("clevr_dc", tmp_path, "train")
@@ -288,15 +328,23 @@ def test_clevr_dc_captions_both_layouts(shared_datasets, tmp_path):
 
 # --- stats CLI and the datasets.Dataset view --------------------------------------------------------
 
+
 def test_stats_cli_on_spot_the_diff(shared_datasets, capsys):
     root = shared_datasets / "spot_the_diff"
     # test.json is held out: a requested split that cannot be read fails the command (issue 18), JSON still printed
-    assert data_cli(["stats", "--format", "spot_the_diff", "--root", str(root), "--split", "val", "--split", "test"]) == 2
+    assert (
+        data_cli(["stats", "--format", "spot_the_diff", "--root", str(root), "--split", "val", "--split", "test"]) == 2
+    )
     captured = capsys.readouterr()
     assert captured.err.startswith("error: spot_the_diff split 'test' cannot be read: annotation file is missing: ")
     result = json.loads(captured.out)
     val = result["splits"]["val"]
-    assert (val["pairs"], val["reference_sentences"], val["pairs_without_captions"], val["skipped"]) == (1493, 3304, 4, 6)
+    assert (val["pairs"], val["reference_sentences"], val["pairs_without_captions"], val["skipped"]) == (
+        1493,
+        3304,
+        4,
+        6,
+    )
     assert val["pairs_with_missing_images"] == 1493 and val["image_files_missing"] == 2986
     assert len(val["skipped_examples"]) == 5
     assert "test.json" in result["splits"]["test"]["error"]
@@ -342,8 +390,24 @@ def test_pairs_manifest_round_trips_through_the_folder_reader(tmp_path):
     root = tmp_path / "synth"
     generate_dataset(root, SynthConfig(scenes=10, seed=0, width=64, height=48), workers=1)
     out = root / "demo_pairs.csv"
-    assert data_main(["pairs", "--format", "clevr_change", "--root", str(root), "--split", "train", "--num", "3",
-                      "--out", str(out)]) == 0
+    assert (
+        data_main(
+            [
+                "pairs",
+                "--format",
+                "clevr_change",
+                "--root",
+                str(root),
+                "--split",
+                "train",
+                "--num",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     pairs = read_folder(out).pairs
     original = read_dataset("clevr_change", root, "train").pairs[:3]
     assert [p.pair_id for p in pairs] == [p.pair_id for p in original]

@@ -12,8 +12,8 @@ from PIL import Image
 from davir.config import load_config
 from davir.evaluation.localisation import attention_localisation, localisation_summary
 from davir.inference import CaptionResult
-from davir.runs.paths import resolve_model_dir
 from davir.runs.config import TrainConfig
+from davir.runs.paths import resolve_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -32,8 +32,10 @@ def test_attention_localisation_by_hand():
     mask_small[3, 3] = True  # a quarter of the bottom-right patch: counts as inside (>= 25 %)
     assert attention_localisation(attention, mask_small)["share"] == pytest.approx(0.2)
     assert attention_localisation(attention, np.zeros((4, 4), bool)) is None
-    summary = localisation_summary([CaptionResult("p", "c", attention_before=attention, attention_after=attention)],
-                                   {"p": (mask, np.zeros((4, 4), bool))})
+    summary = localisation_summary(
+        [CaptionResult("p", "c", attention_before=attention, attention_after=attention)],
+        {"p": (mask, np.zeros((4, 4), bool))},
+    )
     assert summary["images"] == 1 and summary["share_over_uniform"] == pytest.approx(2.0)
 
 
@@ -42,11 +44,23 @@ def trained_run(tmp_path_factory, synthetic_set):
     torch.set_num_threads(1)
     base = tmp_path_factory.mktemp("inference")
     root = synthetic_set(30, 2)  # read only: shared with any test of this worker that asks for it
-    config = load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-        f"data.root={root}", "data.masks=null", "data.entities=null", "model.fac.lambda_attn=0",
-        "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
-        "optim.batch_size=4", "optim.max_steps=2", "run.val_max_pairs=4", "run.tensorboard=false",
-        f"run.output_dir={base / 'run'}"])
+    config = load_config(
+        TrainConfig,
+        REPO / "configs" / "demo.yaml",
+        [
+            f"data.root={root}",
+            "data.masks=null",
+            "data.entities=null",
+            "model.fac.lambda_attn=0",
+            "model.epc.use_entities=false",
+            "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+            "optim.batch_size=4",
+            "optim.max_steps=2",
+            "run.val_max_pairs=4",
+            "run.tensorboard=false",
+            f"run.output_dir={base / 'run'}",
+        ],
+    )
     train_script.train(config)
     return base / "run", root
 
@@ -54,8 +68,21 @@ def trained_run(tmp_path_factory, synthetic_set):
 def test_evaluate_checkpoint_writes_predictions_metrics_and_types(trained_run):
     run_dir, root = trained_run
     assert resolve_model_dir(run_dir).name in ("best", "last")
-    status = evaluate_script.main(["--checkpoint", str(run_dir), "--split", "test", "--limit", "6",
-                                   "--metrics", "BLEU,CIDEr", "--no-spice", "--batch-size", "4"])
+    status = evaluate_script.main(
+        [
+            "--checkpoint",
+            str(run_dir),
+            "--split",
+            "test",
+            "--limit",
+            "6",
+            "--metrics",
+            "BLEU,CIDEr",
+            "--no-spice",
+            "--batch-size",
+            "4",
+        ]
+    )
     assert status == 0
     out = run_dir / "eval" / "clevr_change_test-limit6"  # a --limit never replaces the full split's result
     predictions = json.loads((out / "predictions.json").read_text())
@@ -71,8 +98,24 @@ def test_evaluate_checkpoint_records_cost_and_faithfulness(trained_run, capsys):
     """Issue 33: metrics.json holds the captioning cost beside the training cost (run_info.json) and the
     stated-difference faithfulness block is printed."""
     run_dir, _ = trained_run
-    assert evaluate_script.main(["--checkpoint", str(run_dir), "--split", "test", "--limit", "4",
-                                 "--metrics", "BLEU", "--no-spice", "--batch-size", "4"]) == 0
+    assert (
+        evaluate_script.main(
+            [
+                "--checkpoint",
+                str(run_dir),
+                "--split",
+                "test",
+                "--limit",
+                "4",
+                "--metrics",
+                "BLEU",
+                "--no-spice",
+                "--batch-size",
+                "4",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "Stated-difference faithfulness" in captured.out and "| total | 4 |" in captured.out
     metrics = json.loads((run_dir / "eval" / "clevr_change_test-limit4" / "metrics.json").read_text())
@@ -96,8 +139,23 @@ def test_evaluate_on_another_root_keeps_the_runs_own_results(trained_run, tmp_pa
     own.mkdir(parents=True, exist_ok=True)
     (own / "metrics.json").write_text('{"earlier": "300 pairs"}\n')
     other = shutil.copytree(root, tmp_path / "moved_copy")
-    status = evaluate_script.main(["--checkpoint", str(run_dir), "--root", str(other), "--split", "test",
-                                   "--limit", "2", "--metrics", "BLEU", "--no-spice", "--batch-size", "2"])
+    status = evaluate_script.main(
+        [
+            "--checkpoint",
+            str(run_dir),
+            "--root",
+            str(other),
+            "--split",
+            "test",
+            "--limit",
+            "2",
+            "--metrics",
+            "BLEU",
+            "--no-spice",
+            "--batch-size",
+            "2",
+        ]
+    )
     assert status == 0
     digest = hashlib.sha1(str(other.resolve()).encode()).hexdigest()[:8]
     out = run_dir / "eval" / f"clevr_change_test-moved_copy-{digest}-limit2"

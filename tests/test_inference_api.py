@@ -27,8 +27,9 @@ def without_timing(metrics: dict) -> dict:
 
 def test_caption_folder_from_python_with_a_checkpoint_a_captioner_or_records(trained, tmp_path, capsys):
     pairs = pair_folder(tmp_path / "pairs", trained / "data", 3)
-    summary = caption_folder(trained / "runs" / "tiny", pairs, workers=0, progress=False,
-                             options=CaptionerOptions(device="cpu"))
+    summary = caption_folder(
+        trained / "runs" / "tiny", pairs, workers=0, progress=False, options=CaptionerOptions(device="cpu")
+    )
     out = pairs / "captions.jsonl"  # the default: beside the pairs
     assert (summary.status, summary.out, summary.captioned, summary.failed, summary.this_run) == (0, out, 3, 0, 3)
     rows = rows_of(out)
@@ -37,8 +38,9 @@ def test_caption_folder_from_python_with_a_checkpoint_a_captioner_or_records(tra
 
     # a loaded captioner and ChangePair records (one of them unreadable) give the same rows, that one failed
     captioner = ChangeCaptioner.from_pretrained(trained / "runs" / "tiny", device="cpu")
-    records = [ChangePair(f"p{i:02d}", pairs / "before" / f"p{i:02d}.png", pairs / "after" / f"p{i:02d}.png")
-               for i in range(3)] + [ChangePair("gone", pairs / "before" / "gone.png", pairs / "after" / "p00.png")]
+    records = [
+        ChangePair(f"p{i:02d}", pairs / "before" / f"p{i:02d}.png", pairs / "after" / f"p{i:02d}.png") for i in range(3)
+    ] + [ChangePair("gone", pairs / "before" / "gone.png", pairs / "after" / "p00.png")]
     again = caption_folder(captioner, records, tmp_path / "records.jsonl", workers=0, progress=False)
     assert (again.status, again.captioned, again.failed) == (1, 3, 1)  # 1: done, a pair failed and is listed
     by_id = {r["id"]: r for r in rows_of(tmp_path / "records.jsonl")}
@@ -60,11 +62,35 @@ def test_evaluate_run_writes_what_evaluate_py_writes(trained, tmp_path, capsys):
     from davir.cli import evaluate as evaluate_script
 
     run = trained / "runs" / "tiny"
-    assert evaluate_script.main(["--checkpoint", str(run), "--split", "train", "--limit", "3", "--no-spice",
-                                 "--metrics", "BLEU,CIDEr", "--out", str(tmp_path / "cli.json")]) == 0
+    assert (
+        evaluate_script.main(
+            [
+                "--checkpoint",
+                str(run),
+                "--split",
+                "train",
+                "--limit",
+                "3",
+                "--no-spice",
+                "--metrics",
+                "BLEU,CIDEr",
+                "--out",
+                str(tmp_path / "cli.json"),
+            ]
+        )
+        == 0
+    )
     cli_err = capsys.readouterr().err
-    result = evaluate_run(run, "train", limit=3, spice=False, metrics=("BLEU", "CIDEr"), out=tmp_path / "api.json",
-                          echo=False, progress=False)
+    result = evaluate_run(
+        run,
+        "train",
+        limit=3,
+        spice=False,
+        metrics=("BLEU", "CIDEr"),
+        out=tmp_path / "api.json",
+        echo=False,
+        progress=False,
+    )
     assert capsys.readouterr().out == ""  # echo=False: nothing printed
     written = json.loads((tmp_path / "cli.json").read_text())
     assert without_timing(result.metrics) == without_timing(written)
@@ -75,8 +101,12 @@ def test_evaluate_run_writes_what_evaluate_py_writes(trained, tmp_path, capsys):
     assert result.decoding == written["decoding"] and f"decoding: num_beams={result.decoding['num_beams']}" in cli_err
 
     # the same numbers from score_predictions on the written predictions (what evaluate.py --predictions runs)
-    scored = score_predictions(result.predictions, ReferenceSource.dataset("clevr_change", trained / "data", "train"),
-                               metrics=("BLEU", "CIDEr"), spice=False)
+    scored = score_predictions(
+        result.predictions,
+        ReferenceSource.dataset("clevr_change", trained / "data", "train"),
+        metrics=("BLEU", "CIDEr"),
+        spice=False,
+    )
     assert scored.metrics["rows"] == written["rows"] and scored.out is None
     assert scored.total.metrics["CIDEr"] == written["rows"]["total"]["metrics"]["CIDEr"]
 
@@ -85,9 +115,20 @@ def test_evaluate_and_the_api_caption_a_pair_alike(trained, tmp_path):
     """One captioning path: the split's pair captioned by evaluate_run (its caches as sources, batches of the
     split) and by ChangeCaptioner.caption on its two image files give one caption."""
     run = trained / "runs" / "tiny"
-    result = evaluate_run(run, "train", EvaluationOptions(limit=4, batch_size=2, spice=False, metrics=("BLEU",),
-                                                          out=tmp_path / "m.json", markdown=tmp_path / "m.md",
-                                                          echo=False, progress=False))
+    result = evaluate_run(
+        run,
+        "train",
+        EvaluationOptions(
+            limit=4,
+            batch_size=2,
+            spice=False,
+            metrics=("BLEU",),
+            out=tmp_path / "m.json",
+            markdown=tmp_path / "m.md",
+            echo=False,
+            progress=False,
+        ),
+    )
     pairs = read_dataset("clevr_change", trained / "data", "train").pairs[:4]
     captioner = ChangeCaptioner.from_pretrained(run, CaptionerOptions(device="cpu"))
     for pair in (pairs[0], pairs[3]):

@@ -34,10 +34,12 @@ def write_wordnet_folder(lexicon: WordNetLexicon, folder: Path, *, drop: frozens
         lines = ["  1 This software and database is being provided to you, the LICENSEE, by  "]
         lines += [f"{lemma} {pos} 1 0 00000000  " for lemma in sorted(lexicon.index[pos] - drop)]
         (folder / f"index.{name}").write_text("\n".join(lines) + "\n")
-        (folder / f"{name}.exc").write_text("".join(f"{word} {' '.join(bases)}\n"
-                                                    for word, bases in sorted(lexicon.exceptions[pos].items())))
-    (folder / "cntlist.rev").write_text("".join(f"{lemma}%{SS_TYPE[pos]}:00:00:: 1 {count}\n"
-                                                for (lemma, pos), count in sorted(lexicon.counts.items())))
+        (folder / f"{name}.exc").write_text(
+            "".join(f"{word} {' '.join(bases)}\n" for word, bases in sorted(lexicon.exceptions[pos].items()))
+        )
+    (folder / "cntlist.rev").write_text(
+        "".join(f"{lemma}%{SS_TYPE[pos]}:00:00:: 1 {count}\n" for (lemma, pos), count in sorted(lexicon.counts.items()))
+    )
     return folder
 
 
@@ -66,6 +68,7 @@ def machine(monkeypatch, folder: Path | None, tmp_path: Path) -> None:
 
 
 # --- the shipped file ------------------------------------------------------------------------------------------
+
 
 def test_the_shipped_lexicon_is_the_recorded_one_and_regenerates_byte_for_byte(wordnet_folder, tmp_path, capsys):
     from davir.text import build_lexicon
@@ -102,11 +105,14 @@ def test_a_damaged_shipped_lexicon_is_refused(tmp_path, monkeypatch):
 
 # --- bullet 3: one predictions file, with and without /usr/share/wordnet → identical metrics.json -------------------
 
+
 @pytest.fixture(scope="module")
 def predictions_and_references(tmp_path_factory) -> tuple[Path, Path]:
     """The CHEER demo run's test captions (seed 0) and the demo test set's references, as evaluate.py reads them."""
     data = json.loads(gzip.decompress(FIXTURE.read_bytes()))
-    run = next(r for r in data["runs"] if r["run"] == "runs/lightweight_demo/cheer/seed0" and r["dataset"] == "demo_test")
+    run = next(
+        r for r in data["runs"] if r["run"] == "runs/lightweight_demo/cheer/seed0" and r["dataset"] == "demo_test"
+    )
     folder = tmp_path_factory.mktemp("scored")
     (folder / "predictions.json").write_text(json.dumps(run["captions"]))
     (folder / "references.json").write_text(json.dumps(data["datasets"]["demo_test"]["references"]))
@@ -116,13 +122,28 @@ def predictions_and_references(tmp_path_factory) -> tuple[Path, Path]:
 def score(predictions: Path, references: Path, out: Path, capsys) -> tuple[bytes, str]:
     from davir.cli import evaluate
 
-    assert evaluate.main(["--predictions", str(predictions), "--references", str(references), "--metrics", "BLEU",
-                          "--no-spice", "--out", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--predictions",
+                str(predictions),
+                "--references",
+                str(references),
+                "--metrics",
+                "BLEU",
+                "--no-spice",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out.read_bytes(), capsys.readouterr().out
 
 
-def test_scores_are_the_same_with_and_without_an_os_wordnet(predictions_and_references, wordnet_folder, other_wordnet,
-                                                            tmp_path, monkeypatch, capsys):
+def test_scores_are_the_same_with_and_without_an_os_wordnet(
+    predictions_and_references, wordnet_folder, other_wordnet, tmp_path, monkeypatch, capsys
+):
     predictions, references = predictions_and_references
     machine(monkeypatch, wordnet_folder, tmp_path)
     with_wordnet, _ = score(predictions, references, tmp_path / "with.json", capsys)
@@ -130,7 +151,12 @@ def test_scores_are_the_same_with_and_without_an_os_wordnet(predictions_and_refe
     without_wordnet, printed = score(predictions, references, tmp_path / "without.json", capsys)
     assert with_wordnet == without_wordnet  # was object F1 88.4 vs 76.4, no-change accuracy 95.3 vs 0.0
     document = json.loads(without_wordnet)
-    assert document["lexicon"] == {"name": "wordnet-3.0", "sha256": SHIPPED_SHA256, "source": "shipped", "shipped": True}
+    assert document["lexicon"] == {
+        "name": "wordnet-3.0",
+        "sha256": SHIPPED_SHA256,
+        "source": "shipped",
+        "shipped": True,
+    }
     assert document["faithfulness"]["reader"]["lexicon"] == document["lexicon"]
     total = document["faithfulness"]["rows"]["total"]
     assert (round(100 * total["objects"]["f1"], 1), round(100 * total["differences"]["f1"], 1)) == (88.4, 85.8)
@@ -148,23 +174,43 @@ def test_scores_are_the_same_with_and_without_an_os_wordnet(predictions_and_refe
 
 # --- bullet 2/3: the entity cache is byte-identical either way, carries the sha256, and another lexicon's is refused --
 
+
 def build_entities(dataset: Path, out: Path, capsys) -> tuple[int, str]:
     from davir.jobs import entities
 
-    code = entities.main(["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--fit-split",
-                          "train", "--masks", "gt", "--no-progress", "--out", str(out)])
+    code = entities.main(
+        [
+            "--format",
+            "clevr_change",
+            "--root",
+            str(dataset),
+            "--split",
+            "test",
+            "--fit-split",
+            "train",
+            "--masks",
+            "gt",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     return code, capsys.readouterr().err
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
-    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
-            if path.is_file() and not path.name.endswith(".lock")}
+    return {
+        path.relative_to(folder).as_posix(): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and not path.name.endswith(".lock")
+    }
 
 
-def test_entity_caches_are_the_same_with_and_without_an_os_wordnet(synthetic_set, wordnet_folder, other_wordnet,
-                                                                   tmp_path, monkeypatch, capsys):
-    from davir.preprocessing.profiles import check_cache_profiles
+def test_entity_caches_are_the_same_with_and_without_an_os_wordnet(
+    synthetic_set, wordnet_folder, other_wordnet, tmp_path, monkeypatch, capsys
+):
     from davir.jobs import entity_eval
+    from davir.preprocessing.profiles import check_cache_profiles
 
     dataset = synthetic_set(24, 3)
     out = tmp_path / "entities"
@@ -184,8 +230,11 @@ def test_entity_caches_are_the_same_with_and_without_an_os_wordnet(synthetic_set
     monkeypatch.setenv("DAVIR_WORDNET_DIR", str(other_wordnet))
     code, err = build_entities(dataset, out, capsys)
     assert code == 2 and "vocab.json was built with the lexicon with sha256 3f16f03abeed…, not this davir's" in err
-    with pytest.raises(DataError, match=r"the entities cache .* was made with the lexicon with sha256 3f16f03abeed…, "
-                                        r"not this davir's lexicon .*allow_profile_mismatch"):
+    with pytest.raises(
+        DataError,
+        match=r"the entities cache .* was made with the lexicon with sha256 3f16f03abeed…, "
+        r"not this davir's lexicon .*allow_profile_mismatch",
+    ):
         check_cache_profiles(None, entities=out)
     warnings: list[str] = []
     check_cache_profiles(None, entities=out, allow_mismatch=True, warn=warnings.append)

@@ -17,20 +17,39 @@ from torch import nn
 
 from davir.errors import DataError
 from davir.models.lightweight import (
-    METHODS, LightweightConfig, build_lightweight_model, clevr_pair_loss, load_lightweight_model,
-    paper_settings, prompt_texts, save_lightweight_model,
+    METHODS,
+    LightweightConfig,
+    build_lightweight_model,
+    clevr_pair_loss,
+    load_lightweight_model,
+    paper_settings,
+    prompt_texts,
+    save_lightweight_model,
 )
 from davir.models.lightweight.attention import (
-    MAX_LOG_SCALE, ScorerAttention, batch_token_matching, merge_heads, token_wise_matching,
+    MAX_LOG_SCALE,
+    ScorerAttention,
+    batch_token_matching,
+    merge_heads,
+    token_wise_matching,
+)
+from davir.models.lightweight.cheer import (
+    Enhanced,
+    EnhancementModule,
+    consistency_loss,
+    enhancement_probability,
+    gated_residual,
 )
 from davir.models.lightweight.config import keys_of
-from davir.models.lightweight.cheer import (Enhanced, EnhancementModule, consistency_loss, enhancement_probability,
-                                            gated_residual)
 from davir.models.lightweight.decoder import GatedDecoderLayer, beam_decode, greedy_decode, sinusoidal_table
 from davir.models.lightweight.dirl import ccr_features, cross_modal_contrastive_loss, difference_tokens
 from davir.models.lightweight.frontend import FeatureFrontend, coordinate_channels
 from davir.models.lightweight.losses import (
-    caption_cross_entropy, cross_correlation_loss, cross_correlation_matrix, gate_consistency_loss, info_nce,
+    caption_cross_entropy,
+    cross_correlation_loss,
+    cross_correlation_matrix,
+    gate_consistency_loss,
+    info_nce,
     masked_mean,
 )
 from davir.models.lightweight.rdd import attribute_contrastive_loss, global_difference, regional_token
@@ -45,9 +64,20 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def tiny_config(method: str, **overrides) -> LightweightConfig:
     values = dict(
-        feat_dim=C, hidden=16, heads=2, word_emb=12, ffn_dim=32, vocab_size=12, max_len=7,
-        dropout=0.0, encoder_layers=2, entity_dim=ENT_DIM, acr_text_dim=TEXT_DIM, acr_token_width=8,
-        rdd_objects=3, rdd_actions=2,
+        feat_dim=C,
+        hidden=16,
+        heads=2,
+        word_emb=12,
+        ffn_dim=32,
+        vocab_size=12,
+        max_len=7,
+        dropout=0.0,
+        encoder_layers=2,
+        entity_dim=ENT_DIM,
+        acr_text_dim=TEXT_DIM,
+        acr_token_width=8,
+        rdd_objects=3,
+        rdd_actions=2,
     )
     values = {key: value for key, value in values.items() if key in keys_of(method)}  # each method takes its own
     return LightweightConfig(method=method, **{**values, **overrides})
@@ -55,17 +85,22 @@ def tiny_config(method: str, **overrides) -> LightweightConfig:
 
 def tiny_batch(seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    captions_in = torch.tensor([[2, 4, 5, 6, 3, 0, 0], [2, 7, 8, 3, 0, 0, 0], [2, 9, 10, 11, 4, 3, 0], [2, 5, 3, 0, 0, 0, 0]])
-    captions_target = torch.tensor([[4, 5, 6, 3, -1, -1, -1], [7, 8, 3, -1, -1, -1, -1], [9, 10, 11, 4, 3, -1, -1],
-                                    [5, 3, -1, -1, -1, -1, -1]])
+    captions_in = torch.tensor(
+        [[2, 4, 5, 6, 3, 0, 0], [2, 7, 8, 3, 0, 0, 0], [2, 9, 10, 11, 4, 3, 0], [2, 5, 3, 0, 0, 0, 0]]
+    )
+    captions_target = torch.tensor(
+        [[4, 5, 6, 3, -1, -1, -1], [7, 8, 3, -1, -1, -1, -1], [9, 10, 11, 4, 3, -1, -1], [5, 3, -1, -1, -1, -1, -1]]
+    )
     return {
         "feat_before": torch.randn(B, C, GRID, GRID, generator=g),
         "feat_after": torch.randn(B, C, GRID, GRID, generator=g),
         "captions_in": captions_in,
         "captions_target": captions_target,
         "entities": torch.randn(B, K_ENT, ENT_DIM, generator=g),
-        "attributes": {"noun_features": torch.randn(B, TEXT_DIM, generator=g),
-                       "verb_features": torch.randn(B, TEXT_DIM, generator=g)},
+        "attributes": {
+            "noun_features": torch.randn(B, TEXT_DIM, generator=g),
+            "verb_features": torch.randn(B, TEXT_DIM, generator=g),
+        },
     }
 
 
@@ -138,8 +173,9 @@ def test_caption_cross_entropy_token_and_sentence_means():
     logits[0, 1, 0] = math.log(3)
     token = caption_cross_entropy(logits, torch.tensor([[1, 0, -1], [1, -1, -1]]), ignore_ids=(-1,))
     assert token.item() == pytest.approx((2 * math.log(2) + math.log(4 / 3)) / 3, abs=1e-6)
-    sentence = caption_cross_entropy(logits, torch.tensor([[1, 0, -1], [1, -1, -1]]), reduction="sentence_mean",
-                                     ignore_ids=(-1,))
+    sentence = caption_cross_entropy(
+        logits, torch.tensor([[1, 0, -1], [1, -1, -1]]), reduction="sentence_mean", ignore_ids=(-1,)
+    )
     assert sentence.item() == pytest.approx(((math.log(2) + math.log(4 / 3)) / 2 + math.log(2)) / 2, abs=1e-6)
     # By default a target id 0 (<NULL>) is padding too: only the two ln 2 tokens remain.
     targets = torch.tensor([[1, 0, -1], [1, -1, -1]])
@@ -170,8 +206,9 @@ def test_scorer_layers_update_both_views_from_previous_layer():
         def forward(self, q, k, need):
             return q + 10 * k, None
 
-    before, after, _, _ = reconstruct_both_views(nn.ModuleList([Probe(), Probe()]), torch.tensor(1.0),
-                                                 torch.tensor(2.0), need_similarity=False)
+    before, after, _, _ = reconstruct_both_views(
+        nn.ModuleList([Probe(), Probe()]), torch.tensor(1.0), torch.tensor(2.0), need_similarity=False
+    )
     # layer 1: bef 1 + 20 = 21, aft 2 + 10·1 = 12 (old bef); layer 2: 21 + 120 = 141, 12 + 210 = 222.
     assert (before.item(), after.item()) == (141.0, 222.0)
 
@@ -190,15 +227,21 @@ def test_scorer_attention_has_no_output_projection():
     assert torch.allclose(out[0, 0], torch.tensor([2 * w[1], w[0], 0.0, 0.0]))
 
 
-
 @pytest.mark.parametrize("method", ["scorer", "cheer"])
 def test_difference_init_starts_the_fusion_as_after_minus_before(method):
     """[D] difference_init: SCORER's Eq. 7 / CHEER's Eq. 12 fusion of [X_bef; X_aft] starts as ReLU(X_aft − X_bef)
     (CHEER with its [D] ReLU after Eq. 12, `cheer_fusion_relu`; Eq. 12 as printed is the Linear alone)."""
-    config = LightweightConfig(method=method, hidden=4, heads=2, word_emb=4, ffn_dim=8, dropout=0.0,
-                               difference_init=True,
-                               **({"entity_dim": 12, "cheer_fusion_relu": True} if method == "cheer" else {}))
-    fuse = (lambda model: model.fuse)
+    config = LightweightConfig(
+        method=method,
+        hidden=4,
+        heads=2,
+        word_emb=4,
+        ffn_dim=8,
+        dropout=0.0,
+        difference_init=True,
+        **({"entity_dim": 12, "cheer_fusion_relu": True} if method == "cheer" else {}),
+    )
+    fuse = lambda model: model.fuse
     model = build_lightweight_model(config).eval()
     before = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])
     after = torch.tensor([[[2.0, 0.0, 3.0, 7.0]]])
@@ -222,8 +265,17 @@ def test_matching_init_makes_the_first_cross_view_attention_find_each_tokens_cou
     counterpart = torch.argsort(order)
     share = {}
     for tied in (False, True):
-        config = LightweightConfig(method=method, hidden=64, heads=4, word_emb=32, ffn_dim=128, dropout=0.0,
-                                   matching_init=tied, encoder_layers=1, **({"entity_dim": 12} if method == "cheer" else {}))
+        config = LightweightConfig(
+            method=method,
+            hidden=64,
+            heads=4,
+            word_emb=32,
+            ffn_dim=128,
+            dropout=0.0,
+            matching_init=tied,
+            encoder_layers=1,
+            **({"entity_dim": 12} if method == "cheer" else {}),
+        )
         model = build_lightweight_model(config)
         if method == "dirl":
             attention = model.cross_layers[0].attention
@@ -238,6 +290,7 @@ def test_matching_init_makes_the_first_cross_view_attention_find_each_tokens_cou
         assert torch.equal(value, torch.eye(64)) == tied  # W_V = I: an unchanged token reconstructs as itself
     assert share[True] > 0.9 and share[False] < 0.2, share
 
+
 def test_cbr_sentence_feature_clean_and_padded():
     hidden = torch.tensor([[[1.0], [3.0], [5.0], [7.0]]])
     captions_in = torch.tensor([[START_ID, 5, END_ID, 0]])
@@ -250,10 +303,14 @@ def test_dirl_difference_and_ccr_by_hand():
     text, visual = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     # sim = T·Vᵀ = [[1, 1], [0, 1]]; /τ=0.5 → [[2, 2], [0, 2]]: rows ln 2, ln(1+e^-2); columns the same pair.
     paper = 0.5 * (math.log(2) + math.log(1 + math.exp(-2)))
-    assert cross_modal_contrastive_loss(text, visual, temperature=0.5, mode="paper").item() == pytest.approx(paper, abs=1e-6)
+    assert cross_modal_contrastive_loss(text, visual, temperature=0.5, mode="paper").item() == pytest.approx(
+        paper, abs=1e-6
+    )
     # code: (S + Sᵀ)/2 = [[1, .5], [.5, 1]] / 0.5 → rows ln(1 + e^-1).
     code = math.log(1 + math.exp(-1))
-    assert cross_modal_contrastive_loss(text, visual, temperature=0.5, mode="code").item() == pytest.approx(code, abs=1e-6)
+    assert cross_modal_contrastive_loss(text, visual, temperature=0.5, mode="code").item() == pytest.approx(
+        code, abs=1e-6
+    )
     states = torch.tensor([[[2.0], [4.0], [9.0]]])
     t, v = ccr_features(states, 2 * states, torch.tensor([[2, 3, 0]]), "paper")
     assert (t.item(), v.item()) == (3.0, 6.0)
@@ -303,8 +360,9 @@ def test_rdd_encoder_sees_only_the_difference_and_hands_the_decoder_the_global_t
     # [D] the demo's "image" residual F^_x = F_x + MHCA(F_x, F_diff) carries each image's content; with
     # difference_init Eq. 5's Linear starts as F^_aft − F^_bef: nothing for an unchanged pair, and the
     # difference of the two enriched images otherwise.
-    content = build_lightweight_model(tiny_config("rdd", rdd_gde_residual="image", rdd_fusion="linear",
-                                                  difference_init=True)).eval()
+    content = build_lightweight_model(
+        tiny_config("rdd", rdd_gde_residual="image", rdd_fusion="linear", difference_init=True)
+    ).eval()
     assert torch.equal(content.gde_fuse[0].weight, torch.cat([-torch.eye(16), torch.eye(16)], dim=1))
     assert torch.equal(content.gde(x, x), torch.zeros_like(x))
     enriched = [z + content.gde_attention(z, y - x, y - x)[0] for z in (x, y)]
@@ -330,7 +388,9 @@ def test_rdd_encoder_sees_only_the_difference_and_hands_the_decoder_the_global_t
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata()
     save_file(state, str(path), metadata=metadata)
-    with pytest.raises(DataError, match="old_rdd.safetensors: this RDD checkpoint was trained with the earlier post-LN"):
+    with pytest.raises(
+        DataError, match="old_rdd.safetensors: this RDD checkpoint was trained with the earlier post-LN"
+    ):
         load_lightweight_model(path)
 
 
@@ -370,7 +430,7 @@ def test_cheer_consistency_compares_the_gate_logits_and_the_decoder_weights_are_
     assert consistency_loss(image_side, entity_side, "logits").item() == pytest.approx(2.0)  # (2² + 0²) / 2
     sig = 1 / (1 + math.exp(-2))
     assert consistency_loss(image_side, entity_side, "gate").item() == pytest.approx((sig - 0.5) ** 2 / 2)
-    assert consistency_loss(image_side, entity_side, "map").item() == pytest.approx((0.4 ** 2 + 0.2 ** 2) / 2)
+    assert consistency_loss(image_side, entity_side, "map").item() == pytest.approx((0.4**2 + 0.2**2) / 2)
     assert consistency_loss(image_side, entity_side, "correlation").item() == pytest.approx(0.0, abs=1e-4)  # same shape
 
     torch.manual_seed(0)
@@ -378,7 +438,9 @@ def test_cheer_consistency_compares_the_gate_logits_and_the_decoder_weights_are_
     h, memory, entities = torch.randn(1, 3, 4), torch.randn(1, 5, 4), torch.randn(1, 2, 4)
     text, visual = layer.text_attention(h, entities, entities)[0], layer.visual_attention(h, memory, memory)[0]
     alpha, beta = layer.alpha(torch.cat([h, text], dim=-1)), layer.beta(torch.cat([h, visual], dim=-1))
-    assert torch.allclose(layer.gated_fusion(h, memory, entities), layer.norm(alpha * text + beta * visual + h), atol=1e-6)
+    assert torch.allclose(
+        layer.gated_fusion(h, memory, entities), layer.norm(alpha * text + beta * visual + h), atol=1e-6
+    )
     layer.sigmoid_gates = True
     expected = layer.norm(torch.sigmoid(alpha) * text + torch.sigmoid(beta) * visual + h)
     assert torch.allclose(layer.gated_fusion(h, memory, entities), expected, atol=1e-6)
@@ -395,6 +457,7 @@ def test_sinusoidal_table_matches_formula():
 # --- decoding -----------------------------------------------------------------------------------------
 def scripted_step(table: dict[tuple[int, ...], dict[int, float]], vocab: int = 6):
     """A step function returning fixed probabilities for each word history (rows without entry: END)."""
+
     def step(tokens: torch.Tensor) -> torch.Tensor:
         out = torch.full((tokens.shape[0], vocab), 1e-9)
         for row, history in enumerate(tokens.tolist()):
@@ -402,6 +465,7 @@ def scripted_step(table: dict[tuple[int, ...], dict[int, float]], vocab: int = 6
             for word, p in probs.items():
                 out[row, word] = p
         return out.log()
+
     return step
 
 
@@ -452,8 +516,9 @@ def test_training_steps_reduce_the_loss(method):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(12):
-        out = model(batch["feat_before"], batch["feat_after"], batch["captions_in"], batch["captions_target"],
-                    **extras(batch))
+        out = model(
+            batch["feat_before"], batch["feat_after"], batch["captions_in"], batch["captions_target"], **extras(batch)
+        )
         assert set(out) == {"loss", "caption_loss"} | EXPECTED_LOSSES[method]
         weights = model.loss_weights()
         total = out["caption_loss"] + sum(weights[k] * out[k] for k in EXPECTED_LOSSES[method])
@@ -540,8 +605,11 @@ def test_rdd_requires_attributes_in_training_and_accepts_a_clip_text_tower():
     from open_clip.model import CLIP, CLIPTextCfg, CLIPVisionCfg
 
     torch.manual_seed(5)
-    clip = CLIP(embed_dim=TEXT_DIM, vision_cfg=CLIPVisionCfg(layers=1, width=16, head_width=8, patch_size=8, image_size=16),
-                text_cfg=CLIPTextCfg(context_length=10, vocab_size=40, width=8, heads=2, layers=1))
+    clip = CLIP(
+        embed_dim=TEXT_DIM,
+        vision_cfg=CLIPVisionCfg(layers=1, width=16, head_width=8, patch_size=8, image_size=16),
+        text_cfg=CLIPTextCfg(context_length=10, vocab_size=40, width=8, heads=2, layers=1),
+    )
     model = build_lightweight_model(tiny_config("rdd"), text_tower=clip)
     batch = tiny_batch()
     with pytest.raises(ValueError, match="attributes"):
@@ -551,8 +619,13 @@ def test_rdd_requires_attributes_in_training_and_accepts_a_clip_text_tower():
     # With the placeholders' own embeddings as context, the prompt path equals CLIP's encode_text.
     placeholder = clip.token_embedding.weight[5].detach().expand(4, -1)
     assert torch.allclose(model.text_tower(ids, placeholder), clip.encode_text(ids), atol=1e-5)
-    out = model(batch["feat_before"], batch["feat_after"], batch["captions_in"], batch["captions_target"],
-                attributes={"noun_ids": ids, "verb_ids": ids.flip(0)})
+    out = model(
+        batch["feat_before"],
+        batch["feat_after"],
+        batch["captions_in"],
+        batch["captions_target"],
+        attributes={"noun_ids": ids, "verb_ids": ids.flip(0)},
+    )
     out["loss"].backward()
     assert model.noun_context.grad is not None and model.noun_context.grad.abs().sum() > 0
     assert clip.token_embedding.weight.grad is None  # the tower stays frozen
@@ -570,9 +643,12 @@ def test_cheer_entity_ids_through_the_bank_equal_embeddings():
     model.set_entity_bank(bank)
     ids = torch.tensor([[0, 1, 2], [4, 3, 2], [1, 1, 1], [0, 4, 2]])
     batch = tiny_batch()
-    by_id = model(batch["feat_before"], batch["feat_after"], batch["captions_in"], batch["captions_target"], entities=ids)
-    by_embedding = model(batch["feat_before"], batch["feat_after"], batch["captions_in"], batch["captions_target"],
-                         entities=bank[ids])
+    by_id = model(
+        batch["feat_before"], batch["feat_after"], batch["captions_in"], batch["captions_target"], entities=ids
+    )
+    by_embedding = model(
+        batch["feat_before"], batch["feat_after"], batch["captions_in"], batch["captions_target"], entities=bank[ids]
+    )
     assert by_id["loss"].item() == pytest.approx(by_embedding["loss"].item(), rel=1e-6)
     with pytest.raises(ValueError, match="entities"):
         model(batch["feat_before"], batch["feat_after"], batch["captions_in"], batch["captions_target"])
@@ -593,7 +669,9 @@ def test_config_defaults_paper_settings_and_input_checks():
     model = build_lightweight_model(tiny_config("subtraction"))
     batch = tiny_batch()
     with pytest.raises(ValueError, match="START"):
-        model(batch["feat_before"], batch["feat_after"], batch["captions_target"].clamp(min=0), batch["captions_target"])
+        model(
+            batch["feat_before"], batch["feat_after"], batch["captions_target"].clamp(min=0), batch["captions_target"]
+        )
     with pytest.raises(ValueError, match="max_len"):
         model.generate(batch["feat_before"], batch["feat_after"], max_len=8)
 
@@ -603,7 +681,19 @@ def test_tokenizer_rules():
     from davir.text.vocab import tokenize
 
     assert tokenize("the big cube changed to red; the ball moved, too.") == [
-        "the", "big", "cube", "changed", "to", "red", ";", "the", "ball", "moved", ",", "too"]
+        "the",
+        "big",
+        "cube",
+        "changed",
+        "to",
+        "red",
+        ";",
+        "the",
+        "ball",
+        "moved",
+        ",",
+        "too",
+    ]
     assert tokenize("is there a difference?") == ["is", "there", "a", "difference"]
     assert tokenize("Keep  Case ") == ["Keep", "Case"]  # no lower-casing; empty tokens dropped
 
@@ -620,8 +710,16 @@ def test_vocabulary_matches_the_real_clevr_change_vocabulary(shared_datasets, tm
     assert rebuilt.word_to_id == real.word_to_id
     # min_count drops words seen fewer times (ids stay dense and sorted).
     assert [w for w in Vocabulary.build(["b a a", "c a b"], min_count=2).word_to_id] == [
-        "<NULL>", "<UNK>", "<START>", "<END>", "a", "b"]
-    caption = "the tiny green rubber cylinder that was on the left side of the big gray metal thing has been newly placed."
+        "<NULL>",
+        "<UNK>",
+        "<START>",
+        "<END>",
+        "a",
+        "b",
+    ]
+    caption = (
+        "the tiny green rubber cylinder that was on the left side of the big gray metal thing has been newly placed."
+    )
     ids = real.encode(caption)
     assert ids[0] == START_ID and ids[-1] == END_ID and UNK_ID not in ids
     assert ids[1:4] == [67, 70, 28]  # the, tiny, green in the reference file

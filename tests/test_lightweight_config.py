@@ -16,8 +16,19 @@ from safetensors.torch import save_file
 from davir.config import ConfigError, load_config, save_config
 from davir.errors import DataError
 from davir.models.lightweight import (
-    METHODS, CheerSettings, DirlCaptioner, DirlSettings, LightweightConfig, RddCaptioner, RddSettings, ScorerCaptioner,
-    ScorerSettings, SubtractionSettings, build_lightweight_model, load_lightweight_model, method_names,
+    METHODS,
+    CheerSettings,
+    DirlCaptioner,
+    DirlSettings,
+    LightweightConfig,
+    RddCaptioner,
+    RddSettings,
+    ScorerCaptioner,
+    ScorerSettings,
+    SubtractionSettings,
+    build_lightweight_model,
+    load_lightweight_model,
+    method_names,
     save_lightweight_model,
 )
 from davir.models.lightweight.config import PAPER_SETTINGS, is_pre_split, keys_of, own_keys, paper_settings
@@ -29,17 +40,58 @@ FIVE = ("subtraction", "scorer", "dirl", "rdd", "cheer")
 # What the code before the per-method settings saved for a tiny RDD model (LightweightConfig.to_dict, every
 # method's keys, 52 in all); its other methods' dumps differ only in "method".
 PRE_SPLIT = {
-    "method": "rdd", "feat_dim": 8, "coord_channels": False, "grid_size": 4, "feature_pool": 1, "hidden": 16, "heads": 2,
-    "dropout": 0.0, "encoder_layers": 1, "matching_init": False, "difference_init": False, "frontend_init": "scaled",
-    "decoder_init_std": None, "vocab_size": 12, "max_len": 6, "word_emb": 8, "layers": 1, "ffn_dim": 32,
-    "positions": None, "caption_loss": None, "reference_quirks": False, "cv_weight": 0.5, "cbr_weight": 0.001,
-    "mtm_mode": "summed_heads", "freeze_cbr_params": None, "dirl_weight": 0.2, "ccr_weight": 0.3, "dirl_alpha": 0.003,
-    "dirl_correlation": "zscore", "ccr_temperature": 0.5, "ccr_mode": None, "dirl_normalize_difference": False,
-    "dirl_pairs": "distractor", "rdd_objects": 3, "rdd_actions": 2, "rdd_distill_steps": 2,
-    "rdd_gde_residual": "difference", "rdd_decoder_tokens": "global", "n2o_weight": 0.3, "v2a_weight": 0.1,
-    "acr_temperature": 0.07, "acr_mask_duplicates": True, "acr_text_dim": 5, "acr_prompt_tokens": 4,
-    "acr_token_width": 8, "cheer_entities": 3, "entity_dim": 6, "entity_bank_size": 0, "gate_weight": 0.4,
-    "cheer_contrastive_weight": 0.5, "gate_loss_on": "correlation", "enhance_temperature": 0.1,
+    "method": "rdd",
+    "feat_dim": 8,
+    "coord_channels": False,
+    "grid_size": 4,
+    "feature_pool": 1,
+    "hidden": 16,
+    "heads": 2,
+    "dropout": 0.0,
+    "encoder_layers": 1,
+    "matching_init": False,
+    "difference_init": False,
+    "frontend_init": "scaled",
+    "decoder_init_std": None,
+    "vocab_size": 12,
+    "max_len": 6,
+    "word_emb": 8,
+    "layers": 1,
+    "ffn_dim": 32,
+    "positions": None,
+    "caption_loss": None,
+    "reference_quirks": False,
+    "cv_weight": 0.5,
+    "cbr_weight": 0.001,
+    "mtm_mode": "summed_heads",
+    "freeze_cbr_params": None,
+    "dirl_weight": 0.2,
+    "ccr_weight": 0.3,
+    "dirl_alpha": 0.003,
+    "dirl_correlation": "zscore",
+    "ccr_temperature": 0.5,
+    "ccr_mode": None,
+    "dirl_normalize_difference": False,
+    "dirl_pairs": "distractor",
+    "rdd_objects": 3,
+    "rdd_actions": 2,
+    "rdd_distill_steps": 2,
+    "rdd_gde_residual": "difference",
+    "rdd_decoder_tokens": "global",
+    "n2o_weight": 0.3,
+    "v2a_weight": 0.1,
+    "acr_temperature": 0.07,
+    "acr_mask_duplicates": True,
+    "acr_text_dim": 5,
+    "acr_prompt_tokens": 4,
+    "acr_token_width": 8,
+    "cheer_entities": 3,
+    "entity_dim": 6,
+    "entity_bank_size": 0,
+    "gate_weight": 0.4,
+    "cheer_contrastive_weight": 0.5,
+    "gate_loss_on": "correlation",
+    "enhance_temperature": 0.1,
 }
 # Total loss and beam-2 ids of those models (torch.manual_seed(0) before building; `_outputs`' batch), computed
 # with the code before the split: the same numbers now mean the same model, initialisation and forward.
@@ -58,8 +110,11 @@ def _outputs(model) -> tuple[float, list]:
     captions_in = torch.tensor([[2, 4, 5, 3, 0, 0], [2, 6, 3, 0, 0, 0], [2, 7, 8, 9, 3, 0]])
     targets = torch.tensor([[4, 5, 3, -1, -1, -1], [6, 3, -1, -1, -1, -1], [7, 8, 9, 3, -1, -1]])
     entities = torch.randn(3, 3, 6, generator=g) if model.config.uses_entities else None
-    attributes = ({"noun_features": torch.randn(3, 5, generator=g), "verb_features": torch.randn(3, 5, generator=g)}
-                  if model.config.uses_attributes else None)
+    attributes = (
+        {"noun_features": torch.randn(3, 5, generator=g), "verb_features": torch.randn(3, 5, generator=g)}
+        if model.config.uses_attributes
+        else None
+    )
     with torch.no_grad():
         loss = model(before, after, captions_in, targets, entities=entities, attributes=attributes)["loss"].item()
         return loss, model.generate(before, after, entities=entities, beam_size=2).tolist()
@@ -83,7 +138,9 @@ def test_the_registry_lists_exactly_the_five_methods_each_with_its_captioner_and
 
 
 def test_each_method_declares_its_own_keys_and_shares_the_common_ones():
-    assert own_keys("subtraction") == () and SubtractionSettings().to_dict().keys() == {"method"} | keys_of("subtraction")
+    assert own_keys("subtraction") == () and SubtractionSettings().to_dict().keys() == {"method"} | keys_of(
+        "subtraction"
+    )
     assert own_keys("scorer") == ("cv_weight", "cbr_weight", "mtm_mode", "freeze_cbr_params")
     assert "hidden" in keys_of("rdd") and "cv_weight" not in keys_of("rdd") and "acr_prompts" in keys_of("rdd")
     assert {"text_encoder", "text_encoder_model", "text_encoder_config"} <= keys_of("rdd") & keys_of("cheer")
@@ -103,8 +160,11 @@ def test_what_the_task_reads_comes_from_the_settings_class_not_the_name():
     assert not RddSettings(acr_prompts="fixed").attaches_text_tower
     assert cheer.uses_entities and cheer.entities_per_pair == 2 and cheer.uses_text_tower and not cheer.uses_attributes
     assert dirl.entities_per_pair == 0 and not dirl.uses_text_tower
-    assert (rdd.text_model, cheer.text_model, RddSettings(text_encoder_model="tiny").text_model) == \
-        ("ViT-B-32", "ViT-L-14", "tiny")
+    assert (rdd.text_model, cheer.text_model, RddSettings(text_encoder_model="tiny").text_model) == (
+        "ViT-B-32",
+        "ViT-L-14",
+        "tiny",
+    )
     assert rdd.text_tower_sizes(128, 64) == {"acr_text_dim": 64, "acr_token_width": 128}
     assert cheer.text_tower_sizes(128, 64) == {"entity_dim": 64}
     assert cheer.with_entity_bank(7).entity_bank_size == 7
@@ -117,33 +177,49 @@ def test_a_key_of_another_method_is_refused_naming_the_key_its_method_and_what_t
     with pytest.raises(ConfigError) as error:
         load_config(TrainConfig, REPO / "configs" / "scorer_demo.yaml", ["lightweight.rdd_objects=7"])
     message = str(error.value)
-    assert message == ("configs/scorer_demo.yaml: lightweight.rdd_objects is a setting of rdd, not of scorer (scorer "
-                       "takes the common keys and its own: cv_weight, cbr_weight, mtm_mode, freeze_cbr_params)"
-                       ).replace("configs/", f"{REPO}/configs/")
+    assert message == (
+        "configs/scorer_demo.yaml: lightweight.rdd_objects is a setting of rdd, not of scorer (scorer "
+        "takes the common keys and its own: cv_weight, cbr_weight, mtm_mode, freeze_cbr_params)"
+    ).replace("configs/", f"{REPO}/configs/")
     with pytest.raises(ConfigError, match=r"lightweight.mtm_mode is a setting of scorer, cheer, not of dirl"):
         load_config(TrainConfig, None, ["method=dirl", "lightweight.mtm_mode=per_head_mean"])
     with pytest.raises(ConfigError, match=r"lightweight.hidden: method davir has no lightweight model"):
         load_config(TrainConfig, None, ["method=davir", "lightweight.hidden=64"])
-    with pytest.raises(ConfigError, match=r"lightweight.rdd_object is not a setting of any lightweight method"):  # a typo
+    with pytest.raises(
+        ConfigError, match=r"lightweight.rdd_object is not a setting of any lightweight method"
+    ):  # a typo
         load_config(TrainConfig, None, ["method=rdd", "lightweight.rdd_object=7"])
     # the method's own keys and the common ones are taken
-    config = load_config(TrainConfig, None, ["method=cheer", "lightweight.mtm_mode=per_head_mean", "lightweight.hidden=64"])
-    assert type(config.lightweight) is CheerSettings and (config.lightweight.mtm_mode, config.lightweight.hidden) == \
-        ("per_head_mean", 64)
+    config = load_config(
+        TrainConfig, None, ["method=cheer", "lightweight.mtm_mode=per_head_mean", "lightweight.hidden=64"]
+    )
+    assert type(config.lightweight) is CheerSettings and (config.lightweight.mtm_mode, config.lightweight.hidden) == (
+        "per_head_mean",
+        64,
+    )
     # from Python, the same refusal
     with pytest.raises(ValueError, match=r"^rdd_objects is a setting of rdd, not of scorer \(scorer takes"):
         LightweightConfig(method="scorer", rdd_objects=7)
     with pytest.raises(ValueError, match=r"gate_weight is a setting of cheer, not of dirl"):
         DirlSettings(gate_weight=1.0)
     with pytest.raises(AttributeError, match=r"ScorerSettings has no 'rdd_objects' \(a setting of rdd\)"):
-        ScorerSettings().rdd_objects
+        ScorerSettings().rdd_objects  # noqa: B018 - the access is what raises
 
 
 def test_train_py_exits_2_with_one_line_for_a_key_of_another_method(tmp_path, capsys):
     import train
 
-    assert train.main(["--config", str(REPO / "configs" / "scorer_demo.yaml"), "lightweight.rdd_objects=7",
-                       f"run.output_dir={tmp_path / 'run'}"]) == 2
+    assert (
+        train.main(
+            [
+                "--config",
+                str(REPO / "configs" / "scorer_demo.yaml"),
+                "lightweight.rdd_objects=7",
+                f"run.output_dir={tmp_path / 'run'}",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "lightweight.rdd_objects is a setting of rdd, not of scorer" in err[0], err
     assert not (tmp_path / "run").exists()
@@ -153,16 +229,22 @@ def test_train_py_exits_2_with_one_line_for_a_key_of_another_method(tmp_path, ca
 def test_literal_choices_are_checked_from_yaml_and_from_python(tmp_path):
     path = tmp_path / "rdd.yaml"
     path.write_text("method: rdd\nlightweight:\n  rdd_gde_residual: sideways\n")
-    with pytest.raises(ConfigError, match=r"lightweight.rdd_gde_residual: 'sideways' is not one of "
-                                          r"\['difference', 'image', 'none'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"lightweight.rdd_gde_residual: 'sideways' is not one of "
+        r"\['difference', 'image', 'none'\]",
+    ):
         load_config(TrainConfig, path)
     path.write_text("method: rdd\nlightweight:\n  rdd_gde_residual: none\n  positions: sinusoidal\n")
     config = load_config(TrainConfig, path).lightweight
     assert (config.rdd_gde_residual, config.resolved_positions) == ("none", "sinusoidal")  # "none" is a word here
     with pytest.raises(ConfigError, match=r"lightweight.frontend_init: 'raw' is not one of \['scaled', 'paper'\]"):
         load_config(TrainConfig, None, ["method=subtraction", "lightweight.frontend_init=raw"])
-    with pytest.raises(ValueError, match=r"^rdd_gde_residual must be one of \['difference', 'image', 'none'\], got "
-                                         r"'sideways'$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^rdd_gde_residual must be one of \['difference', 'image', 'none'\], got "
+        r"'sideways'$",
+    ):
         RddSettings(rdd_gde_residual="sideways")
     with pytest.raises(ValueError, match=r"^positions must be one of \['sinusoidal', 'learned', None\], got 'learnt'$"):
         LightweightConfig(method="dirl", positions="learnt")
@@ -177,11 +259,16 @@ def test_no_shipped_config_names_the_method_twice():
         data = yaml.safe_load(path.read_text())
         assert "method" not in (data.get("lightweight") or {}), path
         assert "lightweight.method" not in path.read_text(), path
-        assert not {"text_encoder", "text_encoder_model", "text_encoder_config", "acr_prompts"} & set(data.get("data") or {})
+        assert not {"text_encoder", "text_encoder_model", "text_encoder_config", "acr_prompts"} & set(
+            data.get("data") or {}
+        )
         if path.parent.name == "configs":
             config = load_config(TrainConfig, path)
-            assert config.lightweight.method == config.method if config.method in FIVE else \
-                isinstance(config.lightweight, NoLightweightSettings)
+            assert (
+                config.lightweight.method == config.method
+                if config.method in FIVE
+                else isinstance(config.lightweight, NoLightweightSettings)
+            )
 
 
 def test_the_lightweight_method_is_the_top_level_one_and_an_old_spelling_must_agree(tmp_path):
@@ -222,11 +309,18 @@ def test_a_config_yaml_written_before_the_split_still_loads(tmp_path):
     trained `method`), the text keys under data:. The other methods' keys are dropped, as that code never read them."""
     pre_split = {**PRE_SPLIT, "method": "scorer", "rdd_objects": 7}
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"method": "rdd", "data": {"acr_prompts": "fixed", "text_encoder_model": "tiny"},
-                                    "lightweight": pre_split}))
+    path.write_text(
+        yaml.safe_dump(
+            {"method": "rdd", "data": {"acr_prompts": "fixed", "text_encoder_model": "tiny"}, "lightweight": pre_split}
+        )
+    )
     config = load_config(TrainConfig, path)
     assert type(config.lightweight) is RddSettings
-    assert (config.lightweight.rdd_objects, config.lightweight.acr_prompts, config.lightweight.hidden) == (7, "fixed", 16)
+    assert (config.lightweight.rdd_objects, config.lightweight.acr_prompts, config.lightweight.hidden) == (
+        7,
+        "fixed",
+        16,
+    )
     path.write_text(yaml.safe_dump({"method": "davir", "data": {"acr_prompts": "learned"}, "lightweight": pre_split}))
     assert isinstance(load_config(TrainConfig, path).lightweight, NoLightweightSettings)
     # without the other methods' keys it is no dump of the earlier code: a foreign key is an error again
@@ -251,8 +345,11 @@ def test_a_model_saved_before_the_split_loads_to_the_same_outputs(method, tmp_pa
     assert loss == pytest.approx(expected_loss, rel=1e-6) and ids == expected_ids
     # the file as that code wrote it: its state dict, the flat dump in the metadata
     path = tmp_path / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path),
-              metadata={"davir.lightweight_config": json.dumps(values)})
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(path),
+        metadata={"davir.lightweight_config": json.dumps(values)},
+    )
     loaded = load_lightweight_model(path).eval()
     assert loaded.config == config and _outputs(loaded) == (loss, ids)
     save_lightweight_model(loaded, tmp_path / "new.safetensors")  # saved again: the method's keys only
@@ -262,11 +359,17 @@ def test_a_model_saved_before_the_split_loads_to_the_same_outputs(method, tmp_pa
 def test_a_saved_config_with_a_key_of_another_method_is_refused_with_how_to_convert(tmp_path):
     model = build_lightweight_model(LightweightConfig.from_dict({**PRE_SPLIT, "method": "scorer"}))
     path = tmp_path / "model.safetensors"
-    save_file(model.state_dict(), str(path), metadata={"davir.lightweight_config": json.dumps(
-        {**model.config.to_dict(), "rdd_objects": 7})})
-    with pytest.raises(DataError, match=r"rdd_objects is a setting of rdd, not of scorer .*a scorer model never read "
-                                        r"them. To convert the file, load it with load_lightweight_model\(path, "
-                                        r"drop_foreign_keys=True\) and save it again"):
+    save_file(
+        model.state_dict(),
+        str(path),
+        metadata={"davir.lightweight_config": json.dumps({**model.config.to_dict(), "rdd_objects": 7})},
+    )
+    with pytest.raises(
+        DataError,
+        match=r"rdd_objects is a setting of rdd, not of scorer .*a scorer model never read "
+        r"them. To convert the file, load it with load_lightweight_model\(path, "
+        r"drop_foreign_keys=True\) and save it again",
+    ):
         load_lightweight_model(path)
     converted = load_lightweight_model(path, drop_foreign_keys=True)
     save_lightweight_model(converted, path)
@@ -283,13 +386,21 @@ def test_a_model_or_run_saved_before_issue_35_keeps_the_values_it_was_trained_wi
     rdd = {**RddSettings(rdd_gde_residual="difference", acr_mask_duplicates=True, frontend_init="scaled").to_dict()}
     del rdd["rdd_fusion"]
     loaded = LightweightConfig.from_dict(rdd)
-    assert (loaded.rdd_fusion, loaded.rdd_gde_residual, loaded.acr_mask_duplicates, loaded.frontend_init) == \
-        ("linear", "difference", True, "scaled")
+    assert (loaded.rdd_fusion, loaded.rdd_gde_residual, loaded.acr_mask_duplicates, loaded.frontend_init) == (
+        "linear",
+        "difference",
+        True,
+        "scaled",
+    )
     cheer = CheerSettings(gate_loss_on="correlation", enhance_temperature=0.1).to_dict()
     del cheer["cheer_fusion_relu"], cheer["decoder_gate_sigmoid"]
     loaded = LightweightConfig.from_dict(cheer)
-    assert (loaded.cheer_fusion_relu, loaded.decoder_gate_sigmoid, loaded.gate_loss_on, loaded.enhance_temperature) == \
-        (True, True, "correlation", 0.1)
+    assert (loaded.cheer_fusion_relu, loaded.decoder_gate_sigmoid, loaded.gate_loss_on, loaded.enhance_temperature) == (
+        True,
+        True,
+        "correlation",
+        0.1,
+    )
     # a run folder's config.yaml (every key of its method) written before: the same
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"method": "rdd", "lightweight": {k: v for k, v in rdd.items() if k != "method"}}))
@@ -303,8 +414,13 @@ def test_a_model_or_run_saved_before_issue_35_keeps_the_values_it_was_trained_wi
 
 # The demo runs made by the code before the split (issue #34: one of each method must load and caption as then).
 LEGACY_RUNS = Path(os.environ.get("DAVIR_LEGACY_RUNS", "/work/compute/runs/lightweight_demo"))
-RUN_FOLDERS = {"subtraction": "subtraction", "scorer": "scorer_cbr", "dirl": "dirl_ccr", "rdd": "rdd_acr",
-               "cheer": "cheer"}
+RUN_FOLDERS = {
+    "subtraction": "subtraction",
+    "scorer": "scorer_cbr",
+    "dirl": "dirl_ccr",
+    "rdd": "rdd_acr",
+    "cheer": "cheer",
+}
 
 
 @pytest.mark.parametrize("method", FIVE)
@@ -329,11 +445,16 @@ def test_a_demo_run_of_the_code_before_the_split_captions_as_it_did(method):
     if bundle.model.config.uses_entities:
         retrieved = EntityCache(cwd / data["entities"])
         entities = torch.tensor([[bundle.entity_index[e] for e, _ in retrieved.get(p.pair_id)[:3]] for p in pairs])
-    ids = bundle.model.generate(torch.stack([cache.get(p.before) for p in pairs]),
-                                torch.stack([cache.get(p.after) for p in pairs]),
-                                max_len=bundle.model.config.max_len, entities=entities)
-    recorded = {row["image_id"]: row["caption"]
-                for row in json.loads((run / "eval" / "clevr_change_test" / "predictions.json").read_text())}
+    ids = bundle.model.generate(
+        torch.stack([cache.get(p.before) for p in pairs]),
+        torch.stack([cache.get(p.after) for p in pairs]),
+        max_len=bundle.model.config.max_len,
+        entities=entities,
+    )
+    recorded = {
+        row["image_id"]: row["caption"]
+        for row in json.loads((run / "eval" / "clevr_change_test" / "predictions.json").read_text())
+    }
     assert [bundle.vocab.decode(row) for row in ids] == [recorded[p.pair_id] for p in pairs]
     assert asdict(bundle.model.config)["hidden"] == 64  # the demo size, read from the pre-split dump
 
@@ -346,6 +467,7 @@ def test_a_method_with_a_text_tower_must_say_which_fields_the_tower_fixes():
     assert LightweightConfig(method="rdd").text_tower_sizes(16, 12) == {"acr_text_dim": 12, "acr_token_width": 16}
     assert LightweightConfig(method="cheer").text_tower_sizes(16, 12) == {"entity_dim": 12}
     with pytest.raises(TypeError, match="Forgetful embeds text: define text_tower_sizes"):
+
         @dataclass
         class Forgetful(TextTowerSettings):
             pass

@@ -29,9 +29,22 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def config(method: str, **overrides) -> LightweightConfig:
     values = {
-        "feat_dim": C, "grid_size": GRID, "hidden": 32, "heads": 4, "word_emb": 16, "ffn_dim": 64,
-        "vocab_size": WORDS, "max_len": 3, "dropout": 0.0, "encoder_layers": 1, "entity_dim": ENT_DIM,
-        "acr_text_dim": TEXT_DIM, "acr_token_width": 8, "rdd_objects": 4, "rdd_actions": 2, "rdd_distill_steps": 1,
+        "feat_dim": C,
+        "grid_size": GRID,
+        "hidden": 32,
+        "heads": 4,
+        "word_emb": 16,
+        "ffn_dim": 64,
+        "vocab_size": WORDS,
+        "max_len": 3,
+        "dropout": 0.0,
+        "encoder_layers": 1,
+        "entity_dim": ENT_DIM,
+        "acr_text_dim": TEXT_DIM,
+        "acr_token_width": 8,
+        "rdd_objects": 4,
+        "rdd_actions": 2,
+        "rdd_distill_steps": 1,
     }
     values = {key: value for key, value in values.items() if key in keys_of(method)}  # each method takes its own
     return LightweightConfig(method=method, **{**values, **overrides})
@@ -51,16 +64,24 @@ def change_batch(batch: int, generator: torch.Generator) -> dict:
     extras = {
         "entities": torch.randn(batch, 3, ENT_DIM, generator=generator),
         # RDD's ACR text side: a fixed random text feature per caption word
-        "attributes": {"noun_features": torch.eye(CLASSES, TEXT_DIM)[label] + 0.0,
-                       "verb_features": torch.eye(CLASSES, TEXT_DIM).flip(1)[label] + 0.0},
+        "attributes": {
+            "noun_features": torch.eye(CLASSES, TEXT_DIM)[label] + 0.0,
+            "verb_features": torch.eye(CLASSES, TEXT_DIM).flip(1)[label] + 0.0,
+        },
     }
     return {"before": before, "after": after, "in": captions_in, "target": captions_target, **extras}
 
 
 def caption_loss(model, batch: dict, after: torch.Tensor) -> float:
     with torch.no_grad():
-        out = model(batch["before"], after, batch["in"], batch["target"], entities=batch["entities"],
-                    attributes=batch["attributes"])
+        out = model(
+            batch["before"],
+            after,
+            batch["in"],
+            batch["target"],
+            entities=batch["entities"],
+            attributes=batch["attributes"],
+        )
     return float(out["caption_loss"])
 
 
@@ -80,8 +101,14 @@ def test_trained_model_needs_the_true_after_image(method):
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(STEPS[method]):
         batch = change_batch(32, generator)
-        loss = model(batch["before"], batch["after"], batch["in"], batch["target"], entities=batch["entities"],
-                     attributes=batch["attributes"])["loss"]
+        loss = model(
+            batch["before"],
+            batch["after"],
+            batch["in"],
+            batch["target"],
+            entities=batch["entities"],
+            attributes=batch["attributes"],
+        )["loss"]
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -123,7 +150,7 @@ def test_frontend_standardises_with_stored_statistics_and_keeps_content_above_po
     # frontend_init="paper" (the default): PyTorch's defaults (|w| ≤ 1/√fan_in, position tables N(0, 1)),
     # position-dominated
     paper = FeatureFrontend(feat_dim=C, hidden=64, grid_size=GRID)
-    assert float(paper.projection.weight.detach().abs().max()) <= C ** -0.5
+    assert float(paper.projection.weight.detach().abs().max()) <= C**-0.5
     assert float(paper.position.w_embedding.weight.detach().std()) == pytest.approx(1.0, rel=0.25)
     paper_position = paper.position(GRID, GRID).flatten(1).transpose(0, 1)
     image_part = paper(features) - paper(features.mean(dim=0, keepdim=True))  # what differs between images
@@ -132,7 +159,7 @@ def test_frontend_standardises_with_stored_statistics_and_keeps_content_above_po
 
 def test_decoder_init_scales_with_width():
     assert width_scaled_std(512) == pytest.approx(0.02)
-    assert width_scaled_std(64) == pytest.approx(0.02 * 8 ** 0.5)
+    assert width_scaled_std(64) == pytest.approx(0.02 * 8**0.5)
     model = build_lightweight_model(config("scorer"))
     assert float(model.decoder.words.embed.weight[1:].detach().std()) == pytest.approx(width_scaled_std(32), rel=0.2)
     reference = build_lightweight_model(config("scorer", decoder_init_std=0.02))  # the reference's N(0, 0.02)
@@ -148,17 +175,26 @@ def test_dirl_difference_normalises_the_tokens_and_loss_on_distractor_pairs_only
     model = build_lightweight_model(config("dirl", dirl_pairs="distractor"))  # the [D]; the paper's "all" below
     generator = torch.Generator().manual_seed(0)
     data = change_batch(4, generator)
-    batch = {"feat_before": data["before"], "feat_after": data["after"], "feat_distractor": data["before"] + 0.5,
-             "captions_in": data["in"], "captions_target": data["target"],
-             "no_change_in": data["in"], "no_change_target": data["target"]}
+    batch = {
+        "feat_before": data["before"],
+        "feat_after": data["after"],
+        "feat_distractor": data["before"] + 0.5,
+        "captions_in": data["in"],
+        "captions_target": data["target"],
+        "no_change_in": data["in"],
+        "no_change_target": data["target"],
+    }
     model.eval()  # no role swap, no dropout: the two forwards below are the pair loss's own
     losses = clevr_pair_loss(model, batch)
     distractor = model(data["before"], batch["feat_distractor"], data["in"], data["target"])
     semantic = model(data["before"], data["after"], data["in"], data["target"])
     assert torch.allclose(losses["dirl_loss"], distractor["dirl_loss"])
-    expected = 0.5 * (semantic["caption_loss"] + distractor["caption_loss"]) + 0.5 * model.config.dirl_weight * 0 \
-        + model.config.dirl_weight * distractor["dirl_loss"] \
+    expected = (
+        0.5 * (semantic["caption_loss"] + distractor["caption_loss"])
+        + 0.5 * model.config.dirl_weight * 0
+        + model.config.dirl_weight * distractor["dirl_loss"]
         + model.config.ccr_weight * 0.5 * (semantic["ccr_loss"] + distractor["ccr_loss"])
+    )
     assert torch.allclose(losses["loss"], expected, atol=1e-5)
     model.config.dirl_pairs = "all"  # the paper (the default): L_dirl on both pairs, averaged like every loss
     both = clevr_pair_loss(model, batch)
@@ -172,14 +208,16 @@ def test_rdd_identical_texts_are_not_negatives():
     regional = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     # rows 0 and 1 hold the same text: with masking each sees only itself and row 2 as candidates
     logits = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]) @ torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    masked = logits.masked_fill(torch.tensor([[False, True, False], [True, False, False], [False, False, False]]),
-                                float("-inf"))
+    masked = logits.masked_fill(
+        torch.tensor([[False, True, False], [True, False, False], [False, False, False]]), float("-inf")
+    )
     expected = info_nce(masked, temperature=0.5)
     assert torch.allclose(attribute_contrastive_loss(text, regional, 0.5, mask_duplicates=True), expected)
     # the paper's plain InfoNCE (the default) keeps the identical texts as negatives
     assert torch.allclose(attribute_contrastive_loss(text, regional, 0.5), info_nce(logits, temperature=0.5))
     assert attribute_contrastive_loss(text, regional, 0.5, mask_duplicates=True) < attribute_contrastive_loss(
-        text, regional, 0.5)
+        text, regional, 0.5
+    )
 
 
 def test_cheer_map_correlation_is_not_minimised_by_constant_maps():

@@ -19,16 +19,27 @@ from davir.data.caches import EntityCache
 from davir.data.formats import read_dataset
 from davir.errors import DataError
 from davir.io import read_json
-from davir.text.entity_vocabulary import EntityVocabulary
 from davir.runs.config import TrainConfig
+from davir.text.entity_vocabulary import EntityVocabulary
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_TEXT = "tiny-text-test"  # an open_clip model config registered from tmp (1 layer, width 16)
 TINY = [
-    "lightweight.hidden=16", "lightweight.heads=2", "lightweight.word_emb=8", "lightweight.ffn_dim=32",
-    "lightweight.layers=1", "lightweight.encoder_layers=1",
-    "lightweight.max_len=16", "lightweight.dropout=0.0", "optim.batch_size=4", "optim.max_steps=3",
-    "optim.lr=1e-3", "run.eval_every=3", "run.val_max_pairs=4", "run.tensorboard=false", "run.log_every=1",
+    "lightweight.hidden=16",
+    "lightweight.heads=2",
+    "lightweight.word_emb=8",
+    "lightweight.ffn_dim=32",
+    "lightweight.layers=1",
+    "lightweight.encoder_layers=1",
+    "lightweight.max_len=16",
+    "lightweight.dropout=0.0",
+    "optim.batch_size=4",
+    "optim.max_steps=3",
+    "optim.lr=1e-3",
+    "run.eval_every=3",
+    "run.val_max_pairs=4",
+    "run.tensorboard=false",
+    "run.log_every=1",
 ]
 TINY_RDD = ["lightweight.rdd_objects=3", "lightweight.rdd_actions=2"]  # RDD's own keys (another method's are errors)
 
@@ -46,32 +57,65 @@ def tiny_data(tmp_path_factory) -> dict:
     root, features = base / "data", base / "features"
     generate_dataset(root, SynthConfig(scenes=20, width=96, height=72), workers=1)
     for split in ("train", "val"):
-        assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out", str(features),
-                              "--random-init", "--workers", "0", "--batch-size", "32"]) == 0
+        assert (
+            features_main(
+                [
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    str(root),
+                    "--split",
+                    split,
+                    "--out",
+                    str(features),
+                    "--random-init",
+                    "--workers",
+                    "0",
+                    "--batch-size",
+                    "32",
+                ]
+            )
+            == 0
+        )
     # Entity cache in the layout `preprocess entities` writes: vocab.json + per-pair top-3 phrases.
     entities = base / "entities"
     phrases = ["red cube", "blue sphere", "metal cylinder", "small object"]
-    EntityVocabulary(phrases=phrases, counts={p: 1 for p in phrases}, min_count=1, extractor={}).save(entities / "vocab.json")
+    EntityVocabulary(phrases=phrases, counts={p: 1 for p in phrases}, min_count=1, extractor={}).save(
+        entities / "vocab.json"
+    )
     cache = EntityCache(entities)
     for split in ("train", "val"):
         pairs = read_dataset("clevr_change", root, split).pairs
-        cache.write_part(split, {p.pair_id: [(phrases[(i + j) % 4], 1.0 - j / 10) for j in range(3)]
-                                 for i, p in enumerate(pairs)})
+        cache.write_part(
+            split, {p.pair_id: [(phrases[(i + j) % 4], 1.0 - j / 10) for j in range(3)] for i, p in enumerate(pairs)}
+        )
     text_config = base / f"{TINY_TEXT}.json"
-    text_config.write_text(json.dumps({
-        "embed_dim": 12,
-        "vision_cfg": {"image_size": 32, "layers": 1, "width": 16, "patch_size": 16},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1},
-    }))
+    text_config.write_text(
+        json.dumps(
+            {
+                "embed_dim": 12,
+                "vision_cfg": {"image_size": 32, "layers": 1, "width": 16, "patch_size": 16},
+                "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1},
+            }
+        )
+    )
     return {"root": root, "features": features, "entities": entities, "text_config": text_config, "base": base}
 
 
 def run_config(tiny_data: dict, method: str, tmp_path: Path, *extra: str) -> TrainConfig:
-    overrides = [f"method={method}", "data.format=clevr_change",
-                 f"data.root={tiny_data['root']}", f"data.features={tiny_data['features']}",
-                 f"run.output_dir={tmp_path / method}", *TINY]
+    overrides = [
+        f"method={method}",
+        "data.format=clevr_change",
+        f"data.root={tiny_data['root']}",
+        f"data.features={tiny_data['features']}",
+        f"run.output_dir={tmp_path / method}",
+        *TINY,
+    ]
     if method in ("cheer", "rdd"):
-        overrides += [f"lightweight.text_encoder_model={TINY_TEXT}", f"lightweight.text_encoder_config={tiny_data['text_config']}"]
+        overrides += [
+            f"lightweight.text_encoder_model={TINY_TEXT}",
+            f"lightweight.text_encoder_config={tiny_data['text_config']}",
+        ]
     if method == "rdd":
         overrides += TINY_RDD
     if method == "cheer":
@@ -91,7 +135,12 @@ def test_train_save_load_caption(method, tiny_data, tmp_path, capsys):
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     assert [row["step"] for row in log] == [1, 2, 3]
     assert all(torch.isfinite(torch.tensor(row["train/loss"])) for row in log)
-    aux = {"scorer": "train/cv_loss", "dirl": "train/dirl_loss", "rdd": "train/n2o_loss", "cheer": "train/contrastive_loss"}
+    aux = {
+        "scorer": "train/cv_loss",
+        "dirl": "train/dirl_loss",
+        "rdd": "train/n2o_loss",
+        "cheer": "train/contrastive_loss",
+    }
     if method in aux:
         assert aux[method] in log[0]  # the method's auxiliary loss reached the trainer's log
     # the saved folder is one resolve_model_dir recognises, with the vocabulary of the training captions
@@ -162,7 +211,9 @@ def test_preloaded_pooled_features_give_the_model_exactly_what_the_cache_gives(t
         table.get(read_dataset("clevr_change", tiny_data["root"], "train").pairs[0].after)
 
     # The task's front-end takes the pooled grid as pooled: token for token what it computes from the full grid.
-    task = LightweightTask(run_config(tiny_data, "subtraction", tmp_path, "lightweight.feature_pool=2"), Accelerator(cpu=True))
+    task = LightweightTask(
+        run_config(tiny_data, "subtraction", tmp_path, "lightweight.feature_pool=2"), Accelerator(cpu=True)
+    )
     assert isinstance(task.feature_source, PooledFeatureTable) and task.feature_source.pool == 2
     example = task.train_dataset[0]
     assert example["feat_after"].shape == (1024, 7, 7)
@@ -170,7 +221,9 @@ def test_preloaded_pooled_features_give_the_model_exactly_what_the_cache_gives(t
     full = torch.stack([cache.get(task.train_dataset.pairs[0].after)])
     assert torch.equal(frontend(example["feat_after"].unsqueeze(0)), frontend(full))
     # 0 GB: read from the cache at every step, full grids
-    task = LightweightTask(run_config(tiny_data, "subtraction", tmp_path, "data.preload_features_gb=0"), Accelerator(cpu=True))
+    task = LightweightTask(
+        run_config(tiny_data, "subtraction", tmp_path, "data.preload_features_gb=0"), Accelerator(cpu=True)
+    )
     assert task.feature_source is task.features and task.train_dataset[0]["feat_after"].shape == (1024, 14, 14)
 
 
@@ -201,11 +254,38 @@ def test_one_step_on_the_real_clevr_change_images(shared_datasets, tmp_path):
     (root / "change_captions.json").write_text(json.dumps({n: ["the red cube has been moved"] for n in names}))
     (root / "no_change_captions.json").write_text(json.dumps({n: ["no change was made"] for n in names}))
     for split in ("train", "val"):
-        assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out",
-                              str(tmp_path / "feats"), "--random-init", "--workers", "0"]) == 0
-    config = load_config(TrainConfig, None, [
-        "method=scorer", f"data.root={root}", f"data.features={tmp_path / 'feats'}",
-        f"run.output_dir={tmp_path / 'run'}", *TINY, "optim.max_steps=1", "run.eval_every=1", "run.val_max_pairs=2"])
+        assert (
+            features_main(
+                [
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    str(root),
+                    "--split",
+                    split,
+                    "--out",
+                    str(tmp_path / "feats"),
+                    "--random-init",
+                    "--workers",
+                    "0",
+                ]
+            )
+            == 0
+        )
+    config = load_config(
+        TrainConfig,
+        None,
+        [
+            "method=scorer",
+            f"data.root={root}",
+            f"data.features={tmp_path / 'feats'}",
+            f"run.output_dir={tmp_path / 'run'}",
+            *TINY,
+            "optim.max_steps=1",
+            "run.eval_every=1",
+            "run.val_max_pairs=2",
+        ],
+    )
     run = train(config)
     assert json.loads((run / "train_log.jsonl").read_text().splitlines()[0])["step"] == 1
     assert (run / "last" / "lightweight_config.json").is_file()
@@ -214,8 +294,9 @@ def test_one_step_on_the_real_clevr_change_images(shared_datasets, tmp_path):
     assert 0 < cost["parameters"]["trainable"] <= cost["parameters"]["total"] and cost["device"].startswith("cpu")
     assert cost["pairs_per_s"] == pytest.approx(4 / cost["wall_s"], rel=1e-2) and cost["peak_memory_mb"] > 0
     # every word of the faked change and no-change captions, plus the 4 special tokens
-    assert len(read_json(run / "last" / "vocab.json")) == 4 + len({"the", "red", "cube", "has", "been", "moved",
-                                                                    "no", "change", "was", "made"})
+    assert len(read_json(run / "last" / "vocab.json")) == 4 + len(
+        {"the", "red", "cube", "has", "been", "moved", "no", "change", "was", "made"}
+    )
 
 
 def test_compare_tables_runs_beside_the_papers(tmp_path):
@@ -224,8 +305,10 @@ def test_compare_tables_runs_beside_the_papers(tmp_path):
     run = tmp_path / "scorer_run"
     (run / "eval" / "clevr_change_test").mkdir(parents=True)
     (run / "config.yaml").write_text("method: scorer\ndata:\n  format: clevr_change\n")
-    rows = {"total": {"metrics": {"BLEU-4": 0.25, "METEOR": 0.3, "ROUGE_L": 0.5, "CIDEr": 1.234}, "num_pairs": 200},
-            "semantic": {"metrics": {"BLEU-4": 0.1, "METEOR": 0.2, "ROUGE_L": 0.4, "CIDEr": 0.5}, "num_pairs": 100}}
+    rows = {
+        "total": {"metrics": {"BLEU-4": 0.25, "METEOR": 0.3, "ROUGE_L": 0.5, "CIDEr": 1.234}, "num_pairs": 200},
+        "semantic": {"metrics": {"BLEU-4": 0.1, "METEOR": 0.2, "ROUGE_L": 0.4, "CIDEr": 0.5}, "num_pairs": 100},
+    }
     (run / "eval" / "clevr_change_test" / "metrics.json").write_text(json.dumps({"rows": rows}))
     result = read_run(run)
     assert (result.method, result.dataset, result.split) == ("scorer", "clevr_change", "test")
@@ -247,44 +330,104 @@ def test_every_method_trains_and_scores_on_a_folder_of_own_pairs_through_a_sweep
     """Issue 17: the five `configs/<method>_folder.yaml` on a user's pairs.csv (captions, splits) — features of the
     folder, then one `davir.sweep.grid.run_sweep` (typed, no command line) that trains and scores each method with
     `evaluate.py --format folder`."""
-    from davir.sweep.grid import load_sweep, run_sweep
     from davir.cli.data import main as data_main
     from davir.jobs.features import main as features_main
+    from davir.sweep.grid import load_sweep, run_sweep
 
     own = tmp_path / "own"
-    assert data_main(["pairs", "--format", "clevr_change", "--root", str(tiny_data["root"]), "--split", "train",
-                      "--split", "val", "--split", "test", "--num", "0", "--out", str(own / "pairs.csv")]) == 0
+    assert (
+        data_main(
+            [
+                "pairs",
+                "--format",
+                "clevr_change",
+                "--root",
+                str(tiny_data["root"]),
+                "--split",
+                "train",
+                "--split",
+                "val",
+                "--split",
+                "test",
+                "--num",
+                "0",
+                "--out",
+                str(own / "pairs.csv"),
+            ]
+        )
+        == 0
+    )
     features = tmp_path / "features"
     for split in ("train", "val", "test"):
-        assert features_main(["--format", "folder", "--root", str(own), "--split", split, "--out", str(features),
-                              "--random-init", "--workers", "0", "--batch-size", "32", "--no-progress"]) == 0
+        assert (
+            features_main(
+                [
+                    "--format",
+                    "folder",
+                    "--root",
+                    str(own),
+                    "--split",
+                    split,
+                    "--out",
+                    str(features),
+                    "--random-init",
+                    "--workers",
+                    "0",
+                    "--batch-size",
+                    "32",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     entities = tmp_path / "entities"  # CHEER's image-level entities, in the layout `preprocess entities` writes
     phrases = ["red cube", "blue sphere", "metal cylinder", "small object"]
-    EntityVocabulary(phrases=phrases, counts={p: 1 for p in phrases}, min_count=1, extractor={}).save(entities / "vocab.json")
+    EntityVocabulary(phrases=phrases, counts={p: 1 for p in phrases}, min_count=1, extractor={}).save(
+        entities / "vocab.json"
+    )
     for split in ("train", "val", "test"):
         pairs = read_dataset("folder", own, split).pairs
-        EntityCache(entities).write_part(split, {p.pair_id: [(phrases[(i + j) % 4], 1.0 - j / 10) for j in range(3)]
-                                                 for i, p in enumerate(pairs)})
+        EntityCache(entities).write_part(
+            split, {p.pair_id: [(phrases[(i + j) % 4], 1.0 - j / 10) for j in range(3)] for i, p in enumerate(pairs)}
+        )
     methods = ["subtraction", "scorer", "dirl", "rdd", "cheer"]
-    text = ["lightweight.text_encoder=null", f"lightweight.text_encoder_model={TINY_TEXT}",
-            f"lightweight.text_encoder_config={tiny_data['text_config']}"]
+    text = [
+        "lightweight.text_encoder=null",
+        f"lightweight.text_encoder_model={TINY_TEXT}",
+        f"lightweight.text_encoder_config={tiny_data['text_config']}",
+    ]
     sweep_file = tmp_path / "own.yaml"
-    sweep_file.write_text(yaml.safe_dump({
-        "title": "five methods on own pairs", "out": str(tmp_path / "sweep"), "seeds": [0], "split": "test",
-        "overrides": [f"data.root={own}", f"data.features={features}", *TINY],
-        "evaluate": {"spice": False, "metrics": ["BLEU", "CIDEr"]},
-        "variants": [{"name": m, "config": str(REPO / "configs" / f"{m}_folder.yaml"),
-                      "overrides": (text if m in ("rdd", "cheer") else []) + (TINY_RDD if m == "rdd" else [])
-                                   + ([f"data.entities={entities}"] if m == "cheer" else [])}
-                     for m in methods]}))
+    sweep_file.write_text(
+        yaml.safe_dump(
+            {
+                "title": "five methods on own pairs",
+                "out": str(tmp_path / "sweep"),
+                "seeds": [0],
+                "split": "test",
+                "overrides": [f"data.root={own}", f"data.features={features}", *TINY],
+                "evaluate": {"spice": False, "metrics": ["BLEU", "CIDEr"]},
+                "variants": [
+                    {
+                        "name": m,
+                        "config": str(REPO / "configs" / f"{m}_folder.yaml"),
+                        "overrides": (text if m in ("rdd", "cheer") else [])
+                        + (TINY_RDD if m == "rdd" else [])
+                        + ([f"data.entities={entities}"] if m == "cheer" else []),
+                    }
+                    for m in methods
+                ],
+            }
+        )
+    )
     result = run_sweep(load_sweep(sweep_file))
     summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())
     assert result.json_path == tmp_path / "sweep" / "summary.json" and result.summary["variants"] == summary["variants"]
     assert sorted(summary["variants"]) == sorted(methods)
     test_ids = {p.pair_id for p in read_dataset("folder", own, "test").pairs}
     for method in methods:
-        metrics = json.loads(next((tmp_path / "sweep" / method / "seed0" / "eval").glob("folder_test/metrics.json"))
-                             .read_text())
+        metrics = json.loads(
+            next((tmp_path / "sweep" / method / "seed0" / "eval").glob("folder_test/metrics.json")).read_text()
+        )
         assert metrics["references"]["format"] == "folder", method
         predictions = json.loads(Path(metrics["predictions"]).read_text())
         assert {row["image_id"] for row in predictions} == test_ids and all(row["caption"] for row in predictions)

@@ -39,8 +39,13 @@ class Holder:
 
     def __init__(self, target: Path, tmp_path: Path):
         self.release_file = tmp_path / f"release-{time.monotonic_ns()}"
-        self.process = subprocess.Popen([sys.executable, "-c", HOLDER, str(target), str(self.release_file)],
-                                        cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(target), str(self.release_file)],
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.process.stdout.readline().strip() == "holding"
 
     def release(self) -> None:
@@ -60,12 +65,15 @@ def test_a_second_caption_run_on_one_out_is_refused_naming_the_first(tmp_path, c
     holder = Holder(out, tmp_path)
     try:
         # The lock is taken before the model is loaded: this checkpoint is never read.
-        status = caption_script.main(["--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path),
-                                      "--out", str(out), "--quiet"])
+        status = caption_script.main(
+            ["--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path), "--out", str(out), "--quiet"]
+        )
         err = capsys.readouterr().err
         assert status == 2 and len(err.splitlines()) == 1, err
-        assert err.startswith(f"error: --out {out} is in use by another run (pid {holder.process.pid} on host "
-                              f"{socket.gethostname()} since ")
+        assert err.startswith(
+            f"error: --out {out} is in use by another run (pid {holder.process.pid} on host "
+            f"{socket.gethostname()} since "
+        )
         assert f"lock file {out}.lock" in err and "--wait-lock" in err
         record = json.loads((tmp_path / "captions.jsonl.lock").read_text())
         assert record["pid"] == holder.process.pid and record["host"] == socket.gethostname()
@@ -90,8 +98,19 @@ def test_train_refuses_a_locked_run_folder_and_masks_lock_per_shard(tmp_path, ca
     cache = tmp_path / "cache"
     with output_lock(cache, what="mask cache", job="masks.shard-0-of-2"):
         # The other shard of the same cache runs at once (it fails later, on the missing dataset) ...
-        argv = ["--format", "clevr_change", "--root", str(tmp_path / "no_data"), "--split", "test", "--out", str(cache),
-                "--num-shards", "2", "--shard-index"]
+        argv = [
+            "--format",
+            "clevr_change",
+            "--root",
+            str(tmp_path / "no_data"),
+            "--split",
+            "test",
+            "--out",
+            str(cache),
+            "--num-shards",
+            "2",
+            "--shard-index",
+        ]
         assert masks_job.main(argv + ["1"]) == 2
         assert "in use by another run" not in capsys.readouterr().err
         # ... while the same shard is refused (this process holds it: a live holder).
@@ -134,8 +153,18 @@ def test_wait_lock_waits_for_the_holder_then_proceeds(tmp_path, capsys, monkeypa
     result = {}
 
     def caption():
-        result["status"] = caption_script.main(["--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path),
-                                                "--out", str(out), "--quiet", "--wait-lock"])
+        result["status"] = caption_script.main(
+            [
+                "--checkpoint",
+                str(tmp_path / "no_run"),
+                "--pairs",
+                str(tmp_path),
+                "--out",
+                str(out),
+                "--quiet",
+                "--wait-lock",
+            ]
+        )
 
     waiter = threading.Thread(target=caption)
     waiter.start()
@@ -171,9 +200,15 @@ except LockHeld:
 
 def race(tmp_path: Path, target: Path, *, n: int, wait: bool) -> tuple[list[int], list[str]]:
     start, log = tmp_path / f"start-{time.monotonic_ns()}", tmp_path / f"log-{time.monotonic_ns()}"
-    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(target), str(start), str(log),
-                                "wait" if wait else "no"], cwd=REPO, env=ENV, stderr=subprocess.DEVNULL)
-              for _ in range(n)]
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(target), str(start), str(log), "wait" if wait else "no"],
+            cwd=REPO,
+            env=ENV,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(n)
+    ]
     time.sleep(1.5)  # every racer imported and polling for the start
     start.touch()
     return [racer.wait(timeout=120) for racer in racers], log.read_text().splitlines()
@@ -216,8 +251,14 @@ sys.exit(main())
 
 def test_the_lock_goes_when_the_command_is_stopped_by_sigterm(tmp_path):
     target = tmp_path / "captions.jsonl"
-    process = subprocess.Popen([sys.executable, "-c", STOPPED_HOLDER, str(target)], cwd=REPO, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_HOLDER, str(target)],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout.readline().strip() == "holding" and lock_path(target).is_file()
     process.terminate()
     assert process.wait(timeout=30) == 143

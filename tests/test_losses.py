@@ -61,9 +61,7 @@ def test_eq6_two_by_two_grid_and_empty_mask():
     mask = torch.zeros(2, 4, 4)
     mask[0, :2, :2] = 1.0  # pooled [[1, 0], [0, 0]]
     target = change_mask_target(mask, (2, 2), kernel_size=3, sigma=1.0)
-    expected = torch.tensor(
-        [[W_CENTRE**2, 2 * W_CENTRE * W_SIDE], [2 * W_CENTRE * W_SIDE, 4 * W_SIDE**2]]
-    )
+    expected = torch.tensor([[W_CENTRE**2, 2 * W_CENTRE * W_SIDE], [2 * W_CENTRE * W_SIDE, 4 * W_SIDE**2]])
     torch.testing.assert_close(target[0], expected, rtol=0, atol=1e-6)
     assert torch.equal(target[1], torch.zeros(2, 2))  # an empty mask stays empty
 
@@ -188,15 +186,22 @@ def test_fac_loss_moves_attention_into_the_mask():
 def test_fac_defaults_are_eq7_as_written():
     """σ = softmax and the one after-image mask for both maps; the toolkit's sum / per-image are [D]s a config sets."""
     config = FacConfig()
-    assert (config.attn_norm, config.mask_source, config.loss_type, config.kl_direction, config.lambda_attn) == \
-        ("softmax", "after_only", "kl", "attn_mask", 0.1)
+    assert (config.attn_norm, config.mask_source, config.loss_type, config.kl_direction, config.lambda_attn) == (
+        "softmax",
+        "after_only",
+        "kl",
+        "attn_mask",
+        0.1,
+    )
     before, after = torch.zeros(1, 4, 4), torch.zeros(1, 4, 4)
     before[0, 0, 0], after[0, 3, 3] = 1.0, 1.0
     attention = torch.rand(1, 2, 2, generator=torch.Generator().manual_seed(0))
     default = fac_attention_loss(attention, attention, before, after).loss
     assert float(default) == float(fac_attention_loss(attention, attention, after, after).loss)  # the after mask only
     toolkit = FacConfig(attn_norm="sum", mask_source="per_image")
-    assert float(fac_attention_loss(attention, attention, before, after, config=toolkit).loss) > 5 * float(default)  # 7.8x
+    assert float(fac_attention_loss(attention, attention, before, after, config=toolkit).loss) > 5 * float(
+        default
+    )  # 7.8x
 
 
 def test_bad_fac_settings_are_rejected():

@@ -3,7 +3,6 @@ features and the lightweight sweep; a demo folder made with other settings is re
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -15,15 +14,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv"
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or not (VENV / "bin" / "python").is_file(),
-                                reason="needs make and the project's .venv (make install)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("make") is None or not (VENV / "bin" / "python").is_file(),
+    reason="needs make and the project's .venv (make install)",
+)
 
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
     """A scratch copy of the checkout (the files git knows, as they are now), so nothing lands in the real one."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
-                            capture_output=True, text=True, check=True).stdout.split("\0")
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     target = tmp_path_factory.mktemp("clone")
     for name in filter(None, listed):
         source = REPO / name
@@ -36,8 +41,14 @@ def clone(tmp_path_factory) -> Path:
 def _make(clone: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """`make` in the scratch clone from another folder, the project's venv taken as installed (-o)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(["make", "-C", str(clone), "-o", f"{VENV}/.installed", f"VENV={VENV}", *args],
-                          capture_output=True, text=True, env=env, timeout=timeout, cwd="/")
+    return subprocess.run(
+        ["make", "-C", str(clone), "-o", f"{VENV}/.installed", f"VENV={VENV}", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd="/",
+    )
 
 
 def test_demo_folder_of_other_data_is_refused_naming_both_settings(clone, tmp_path):
@@ -62,8 +73,10 @@ def test_hard_targets_refuse_a_folder_of_other_data_naming_their_own_clean_targe
     for target in ("demo-hard", "ablation-hard"):
         done = _make(clone, target, f"HARD_DIR={hard}")
         assert done.returncode != 0
-        assert (f"error: {hard} holds demo data made with scenes=1500 seed=0, not scenes=1500 seed=0 difficulty=hard"
-                in done.stderr)
+        assert (
+            f"error: {hard} holds demo data made with scenes=1500 seed=0, not scenes=1500 seed=0 difficulty=hard"
+            in done.stderr
+        )
         assert f"make clean-demo-hard HARD_DIR={hard}" in done.stderr  # not clean-demo, which removes runs/demo
         assert sorted(p.name for p in hard.iterdir()) == [".data-ready"]
 
@@ -92,8 +105,14 @@ def test_demo_lightweight_elsewhere_uses_that_folder_and_seed(clone, tmp_path):
     demo, runs = tmp_path / "demo", tmp_path / "runs"
     shim, log = recording_python(tmp_path)
     demo.mkdir()  # the synth command, recorded here, would make it
-    knobs = [f"DEMO_DIR={demo}", "DEMO_SEED=3", "DEMO_SCENES=16", f"LW_RUNS={runs}", "SWEEP_ARGS=--seeds 0",
-             f"PY={shim}"]
+    knobs = [
+        f"DEMO_DIR={demo}",
+        "DEMO_SEED=3",
+        "DEMO_SCENES=16",
+        f"LW_RUNS={runs}",
+        "SWEEP_ARGS=--seeds 0",
+        f"PY={shim}",
+    ]
     done = _make(clone, "demo-lightweight", *knobs)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (demo / ".data-ready").read_text().strip() == "scenes=16 seed=3"
@@ -102,21 +121,29 @@ def test_demo_lightweight_elsewhere_uses_that_folder_and_seed(clone, tmp_path):
     assert len(synth) == 1 and option(synth[0], "--scenes") == "16" and option(synth[0], "--seed") == "3"
     assert option(synth[0], "--out") == str(demo / "data")
     jobs = [c for c in made if c[:2] == ["-m", "preprocess"]]
-    assert {(c[2], option(c, "--split")) for c in jobs if c[2] in ("masks", "entities", "features")} == \
-        {(job, split) for job in ("masks", "entities", "features") for split in ("train", "val", "test")}
+    assert {(c[2], option(c, "--split")) for c in jobs if c[2] in ("masks", "entities", "features")} == {
+        (job, split) for job in ("masks", "entities", "features") for split in ("train", "val", "test")
+    }
     for call in jobs:
         assert option(call, "--root") == str(demo / "data"), call
-        written = option(call, "--out") if "--out" in call else option(call, "--masks" if call[2] == "mask-eval"
-                                                                          else "--entities")
+        written = (
+            option(call, "--out")
+            if "--out" in call
+            else option(call, "--masks" if call[2] == "mask-eval" else "--entities")
+        )
         assert Path(written).parent == demo, call
     features = [c for c in jobs if c[2] == "features"]
-    assert sorted((option(c, "--split"), option(c, "--shard-index")) for c in features) == \
-        sorted((split, shard) for split in ("train", "val", "test") for shard in "01")
+    assert sorted((option(c, "--split"), option(c, "--shard-index")) for c in features) == sorted(
+        (split, shard) for split in ("train", "val", "test") for shard in "01"
+    )
     sweeps = [c for c in made if c[:2] == ["-m", "davir.sweep"]]
-    assert len(sweeps) == 3 and all(option(c, "--var") == f"demo_dir={demo}" and option(c, "--out") == str(runs)
-                                    and option(c, "--seeds") == "0" for c in sweeps)
-    assert sorted(name for c in sweeps if "--variants" in c for name in c[c.index("--variants") + 1:]) == \
-        sorted(["subtraction", "SCORER+CBR", "DIRL+CCR", "RDD+ACR", "CHEER"])
+    assert len(sweeps) == 3 and all(
+        option(c, "--var") == f"demo_dir={demo}" and option(c, "--out") == str(runs) and option(c, "--seeds") == "0"
+        for c in sweeps
+    )
+    assert sorted(name for c in sweeps if "--variants" in c for name in c[c.index("--variants") + 1 :]) == sorted(
+        ["subtraction", "SCORER+CBR", "DIRL+CCR", "RDD+ACR", "CHEER"]
+    )
     assert "--variants" not in sweeps[-1]  # the summary pass, after both halves
     assert not any(arg.startswith(("outputs/", "runs/")) for call in made for arg in call)
     assert not (clone / "runs").exists() and not (clone / "outputs").exists()  # nothing went to the defaults
@@ -140,8 +167,9 @@ def test_demo_family_reaches_the_demo_and_its_ablation(clone, tmp_path):
         made = calls(log)
         train = next(c for c in made if c[0] == "train.py")
         assert f"model.family={family}" in train and f"run.output_dir=runs/demo{suffix}" in train
-        assert [option(c, "--checkpoint") for c in made if c[0] in ("evaluate.py", "caption.py")] == \
-            [f"runs/demo{suffix}"] * 2
+        assert [option(c, "--checkpoint") for c in made if c[0] in ("evaluate.py", "caption.py")] == [
+            f"runs/demo{suffix}"
+        ] * 2
         sweep = next(c for c in made if c[:2] == ["-m", "davir.sweep"])
         assert option(sweep, "--out") == f"runs/ablation_demo{suffix}"
         assert (option(sweep, "--set") == f"model.family={family}") if suffix else "--set" not in sweep

@@ -13,11 +13,20 @@ from davir.data import read_dataset
 from davir.data.caches import MaskCache, cache_key
 from davir.data.images import load_mask
 from davir.io import temporary_path
-from davir.preprocessing import mask_pipeline
 from davir.jobs import mask_eval, masks
+from davir.preprocessing import mask_pipeline
 from davir.preprocessing.change_regions import (
-    RegionSettings, change_mask_union, cluster_changed_pixels, cluster_region, difference_map,
-    find_change_regions, iou_filter, mask_iou, threshold_difference, tolerant_difference_map, union_of_masks,
+    RegionSettings,
+    change_mask_union,
+    cluster_changed_pixels,
+    cluster_region,
+    difference_map,
+    find_change_regions,
+    iou_filter,
+    mask_iou,
+    threshold_difference,
+    tolerant_difference_map,
+    union_of_masks,
 )
 from davir.preprocessing.segmenters import SAM_TYPES, ClassicalSegmenter, SegmentRequest, build_segmenter
 
@@ -28,6 +37,7 @@ LITERAL = dict(register="none", photometric="none", tolerance_px=0, blur_sigma=0
 # ---------------------------------------------------------------------------------------------
 # Eq. 2 on hand-made arrays
 # ---------------------------------------------------------------------------------------------
+
 
 def two_square_pair() -> tuple[np.ndarray, np.ndarray]:
     """Grey 40x60 before; after: square A (rows 5-14, cols 5-14) +60 on all channels, square B
@@ -69,9 +79,9 @@ def test_tolerant_difference_ignores_a_one_pixel_shift_but_not_a_new_colour():
 
 def test_dbscan_clusters_give_exact_boxes_and_centres():
     changed = np.zeros((60, 80), bool)
-    changed[10:20, 5:25] = True   # 200 px: box x 5..25, y 10..20, centroid (14.5, 14.5)
+    changed[10:20, 5:25] = True  # 200 px: box x 5..25, y 10..20, centroid (14.5, 14.5)
     changed[40:50, 50:60] = True  # 100 px
-    changed[55, 2] = True         # a lone pixel: DBSCAN noise
+    changed[55, 2] = True  # a lone pixel: DBSCAN noise
     for stride in (1, 2):
         clusters = cluster_changed_pixels(changed, eps=1.5, min_samples=4, stride=stride)
         assert [c.size for c in clusters] == [200, 100], stride
@@ -116,13 +126,14 @@ def test_prompts_are_scaled_back_to_image_resolution():
 # Eq. 3 on hand-made arrays
 # ---------------------------------------------------------------------------------------------
 
+
 def test_iou_filter_keeps_and_drops_by_tau():
     region = np.zeros((20, 30), bool)
-    region[5:15, 5:15] = True                    # 100 px
+    region[5:15, 5:15] = True  # 100 px
     shifted = np.zeros_like(region)
-    shifted[5:15, 10:20] = True                  # overlap 50, union 150 → IoU 1/3
+    shifted[5:15, 10:20] = True  # overlap 50, union 150 → IoU 1/3
     inside = np.zeros_like(region)
-    inside[5:15, 5:13] = True                    # 80 px inside → IoU 0.8
+    inside[5:15, 5:13] = True  # 80 px inside → IoU 0.8
     empty = np.zeros_like(region)
     keep, ious = iou_filter([shifted, inside, empty], [region] * 3, tau=0.5)
     assert ious == pytest.approx([1 / 3, 0.8, 0.0])
@@ -138,11 +149,11 @@ def test_iou_filter_keeps_and_drops_by_tau():
 
 def test_change_mask_union_picks_the_best_of_several_candidates():
     region = np.zeros((10, 10), bool)
-    region[2:8, 2:8] = True                      # 36 px
+    region[2:8, 2:8] = True  # 36 px
     poor, good, fair = np.zeros((3, 10, 10), bool)
-    poor[0:2, 0:10] = True                       # IoU 0
-    good[2:8, 2:7] = True                        # 30/36
-    fair[0:10, 0:10] = True                      # 36/100
+    poor[0:2, 0:10] = True  # IoU 0
+    good[2:8, 2:7] = True  # 30/36
+    fair[0:10, 0:10] = True  # 36/100
     mask, keep, ious, choice = change_mask_union([np.stack([poor, good, fair])], [region], 0.5, (10, 10))
     assert choice == [1] and keep == [True] and ious == pytest.approx([30 / 36])
     assert np.array_equal(mask, good)
@@ -151,6 +162,7 @@ def test_change_mask_union_picks_the_best_of_several_candidates():
 # ---------------------------------------------------------------------------------------------
 # Synthetic pairs: classical segmenter, CLI (resume, shards, viz), evaluation
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def synth_root(tmp_path_factory) -> Path:
@@ -170,7 +182,7 @@ def test_classical_segmenter_recovers_the_changed_object_in_the_right_frame(synt
         gt_before = load_mask(pair.gt_mask_before)
         gt_after = load_mask(pair.gt_mask_after)
         assert mask_eval.iou(result.before | result.after, gt_before | gt_after) > 0.7, pair.pair_id
-        if pair.change_type == "add":   # the object exists only after: the before mask stays empty
+        if pair.change_type == "add":  # the object exists only after: the before mask stays empty
             assert not result.before.any() and mask_eval.iou(result.after, gt_after) > 0.7
         if pair.change_type == "drop":  # and only before for a drop
             assert not result.after.any() and mask_eval.iou(result.before, gt_before) > 0.7
@@ -180,8 +192,9 @@ def test_other_classical_methods_run():
     before, after = two_square_pair()
     regions = find_change_regions(before, after, RegionSettings(**LITERAL, cluster_stride=1))
     for method in ("grabcut", "region"):
-        (answers,) = ClassicalSegmenter(method).segment([SegmentRequest(after, regions.prompts_after,
-                                                                              regions.regions_after)])
+        (answers,) = ClassicalSegmenter(method).segment(
+            [SegmentRequest(after, regions.prompts_after, regions.regions_after)]
+        )
         assert len(answers) == 2 and answers[0].masks.shape == (1, 40, 60)
     with pytest.raises(ValueError, match="classical method"):
         ClassicalSegmenter("watershed")
@@ -193,7 +206,18 @@ def _run(argv: list[str]) -> int:
 
 def test_resume_after_kill_recomputes_only_the_unfinished_pair(synth_root, tmp_path, capsys):
     out = tmp_path / "cache"
-    base = ["--format", "clevr_change", "--root", str(synth_root), "--split", "train", "--out", str(out), "--limit", "6"]
+    base = [
+        "--format",
+        "clevr_change",
+        "--root",
+        str(synth_root),
+        "--split",
+        "train",
+        "--out",
+        str(out),
+        "--limit",
+        "6",
+    ]
     assert _run(base + ["--viz", str(tmp_path / "viz"), "--viz-count", "2"]) == 0
     cache = MaskCache(out)
     ids = [p.pair_id for p in read_dataset("clevr_change", synth_root, "train").pairs[:6]]
@@ -234,8 +258,21 @@ def test_resume_after_kill_recomputes_only_the_unfinished_pair(synth_root, tmp_p
 
 def test_shards_partition_the_pairs_and_keep_separate_manifests(synth_root, tmp_path):
     out = tmp_path / "cache"
-    base = ["--format", "clevr_change", "--root", str(synth_root), "--split", "train", "--out", str(out),
-            "--num-shards", "3", "--register", "none", "--after-only"]
+    base = [
+        "--format",
+        "clevr_change",
+        "--root",
+        str(synth_root),
+        "--split",
+        "train",
+        "--out",
+        str(out),
+        "--num-shards",
+        "3",
+        "--register",
+        "none",
+        "--after-only",
+    ]
     done = []
     for shard in range(3):
         assert _run(base + ["--shard-index", str(shard)]) == 0
@@ -284,8 +321,23 @@ def test_mask_eval_numbers_on_hand_placed_predictions(synth_root, tmp_path):
     assert result["distractor"]["any_fp_share"] == 1 / 8
     # A cache missing a pair says so in the result (and mask-eval exits 1).
     (cache.folder / f"{cache_key(pairs[0].pair_id)}.json").unlink()
-    assert mask_eval.main(["--format", "clevr_change", "--root", str(synth_root), "--split", "train",
-                           "--masks", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")]) == 1
+    assert (
+        mask_eval.main(
+            [
+                "--format",
+                "clevr_change",
+                "--root",
+                str(synth_root),
+                "--split",
+                "train",
+                "--masks",
+                str(tmp_path / "cache"),
+                "--out",
+                str(tmp_path / "m.json"),
+            ]
+        )
+        == 1
+    )
     assert json.loads((tmp_path / "m.json").read_text())["missing_from_cache"] == 1
 
 
@@ -297,9 +349,20 @@ def test_viz_picture_has_five_panels():
     labels = np.full(regions.work_size, -1)
     mask = np.zeros((40, 60), bool)
     mask[5:15, 5:15] = True
-    picture = draw_mask_panels(before, after, regions.diff, labels, [p.box for p in regions.prompts_after],
-                               [p.point for p in regions.prompts_after], [True, False], mask, mask,
-                               title="t", caption="the red square changed", panel_height=80)
+    picture = draw_mask_panels(
+        before,
+        after,
+        regions.diff,
+        labels,
+        [p.box for p in regions.prompts_after],
+        [p.point for p in regions.prompts_after],
+        [True, False],
+        mask,
+        mask,
+        title="t",
+        caption="the red square changed",
+        panel_height=80,
+    )
     assert picture.size == (5 * 120 + 4 * 4, 80 + 30 + 18)
 
 
@@ -328,24 +391,48 @@ def test_sam_batched_path_matches_the_official_predictor(tiny_sam_checkpoint):
     segmenter = build_segmenter("sam", checkpoint=tiny_sam_checkpoint, sam_type="tiny_test", device="cpu")
     assert segmenter.bf16 is False  # fp32 on the CPU
     regions = find_change_regions(before, after, RegionSettings(**LITERAL, cluster_stride=1))
-    requests = [SegmentRequest(after, regions.prompts_after, regions.regions_after),
-                SegmentRequest(before, regions.prompts_before, regions.regions_before)]
+    requests = [
+        SegmentRequest(after, regions.prompts_after, regions.regions_after),
+        SegmentRequest(before, regions.prompts_before, regions.regions_before),
+    ]
     batched = segmenter.segment(requests)
     official = SamPredictor(segmenter.sam)
     for request, answers in zip(requests, batched):
         official.set_image(request.image)
         assert np.allclose(segmenter.encode([request.image]).numpy(), official.features.numpy(), atol=1e-4)
         for prompt, answer in zip(request.prompts, answers):
-            expected, scores, _ = official.predict(point_coords=np.array([prompt.point]), point_labels=np.array([1]),
-                                                   box=np.array(prompt.box), multimask_output=True)
+            expected, scores, _ = official.predict(
+                point_coords=np.array([prompt.point]),
+                point_labels=np.array([1]),
+                box=np.array(prompt.box),
+                multimask_output=True,
+            )
             assert answer.masks.shape == expected.shape == (3, 40, 60)
             assert np.mean(answer.masks == expected) > 0.999 and np.allclose(answer.scores, scores, atol=1e-4)
 
 
 def test_sam_cli_loads_the_checkpoint_and_writes_masks(synth_root, tiny_sam_checkpoint, tmp_path, capsys):
     out = tmp_path / "cache"
-    argv = ["--format", "clevr_change", "--root", str(synth_root), "--split", "train", "--out", str(out),
-            "--limit", "3", "--segmenter", "sam", "--sam-type", "tiny_test", "--device", "cpu", "--sam-batch-size", "4"]
+    argv = [
+        "--format",
+        "clevr_change",
+        "--root",
+        str(synth_root),
+        "--split",
+        "train",
+        "--out",
+        str(out),
+        "--limit",
+        "3",
+        "--segmenter",
+        "sam",
+        "--sam-type",
+        "tiny_test",
+        "--device",
+        "cpu",
+        "--sam-batch-size",
+        "4",
+    ]
     assert _run(argv + ["--sam-checkpoint", str(tmp_path / "missing.pth")]) == 2
     assert f"SAM checkpoint not found: {tmp_path / 'missing.pth'}" in capsys.readouterr().err
     assert _run(argv + ["--sam-checkpoint", str(tiny_sam_checkpoint)]) == 0

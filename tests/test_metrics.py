@@ -6,12 +6,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
 import urllib.request
-from unittest.mock import patch
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import psutil
@@ -20,12 +21,28 @@ import pytest
 from davir.data.records import ChangePair, DatasetIndex
 from davir.errors import DataError
 from davir.metrics import (
-    SCALE_NOTE, SPICE_ENV, SPICE_HINT, align_ids, canonical_id, format_group_table, format_table, from_coco_names,
-    groups_from_index, load_predictions, load_references, ptb_tokenize, references_from_index, results_to_json,
-    score_by_group, score_captions, write_predictions,
+    SCALE_NOTE,
+    SPICE_ENV,
+    SPICE_HINT,
+    align_ids,
+    canonical_id,
+    format_group_table,
+    format_table,
+    from_coco_names,
+    groups_from_index,
+    load_predictions,
+    load_references,
+    ptb_tokenize,
+    references_from_index,
+    results_to_json,
+    score_by_group,
+    score_captions,
+    write_predictions,
 )
 from davir.metrics import captions as captions_module
-from davir.metrics.captions import MetricsError, meteor_scorer, prepare_spice, shared_meteor
+from davir.metrics import spice as spice_module
+from davir.metrics.captions import MetricsError, meteor_scorer, shared_meteor
+from davir.metrics.spice import prepare_spice
 
 REPO = Path(__file__).resolve().parents[1]
 SPOT = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "spot_the_diff"
@@ -57,7 +74,9 @@ def test_spot_example_equals_official_coco_caption(spot_run):
         assert abs(result.metrics[name] - value) <= TOLERANCE.get(name, 5e-4), (name, result.metrics[name], value)
     stats = expected["bleu_stats"]
     assert result.bleu_stats == {key: stats[key] for key in ("testlen", "reflen", "guess", "correct")}
-    assert (result.num_pairs, result.num_references) == (expected["num_pairs"], expected["num_references"]) == (1489, 3293)
+    assert (
+        (result.num_pairs, result.num_references) == (expected["num_pairs"], expected["num_references"]) == (1489, 3293)
+    )
     assert result.mismatch.ok and result.num_empty_predictions == 0
     # Per-image CIDEr averages to the corpus CIDEr (pycocoevalcap's CIDEr is a mean over images).
     assert len(result.per_image_cider) == 1489
@@ -199,8 +218,8 @@ class _ForbiddenSpice:
 
 
 def test_spice_unavailable_reports_none_without_network(tmp_path, monkeypatch):
-    monkeypatch.setattr(captions_module, "spice_lib_dir", lambda: tmp_path / "lib")
-    monkeypatch.setattr(captions_module, "Spice", _ForbiddenSpice)
+    monkeypatch.setattr(spice_module, "spice_lib_dir", lambda: tmp_path / "lib")
+    monkeypatch.setattr(spice_module, "Spice", _ForbiddenSpice)
     monkeypatch.setattr(urllib.request, "urlretrieve", _no_download)
     monkeypatch.delenv(SPICE_ENV, raising=False)
     result = score_captions({"1": "a red cube is added"}, {"1": ["a red cube is added"]}, metrics=("BLEU",))
@@ -220,18 +239,20 @@ def test_spice_with_provided_jars_links_them_and_never_crashes(tmp_path, monkeyp
     corenlp.mkdir()
     for jar in ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar"):
         (corenlp / jar).write_bytes(b"jar")
-    monkeypatch.setattr(captions_module, "spice_lib_dir", lambda: lib)
+    monkeypatch.setattr(spice_module, "spice_lib_dir", lambda: lib)
     monkeypatch.delenv(SPICE_ENV, raising=False)
     seen_options = []
 
     class RecordingSpice:  # stands in for the java run; returns per-image F-scores in sorted-id order
         def compute_score(self, gts, res):
-            seen_options.append(captions_module.os.environ.get("JDK_JAVA_OPTIONS", ""))
+            seen_options.append(os.environ.get("JDK_JAVA_OPTIONS", ""))
             return 0.0, [{"All": {"f": {"a": 0.25, "b": 0.75}[k]}} for k in sorted(gts)]
 
-    monkeypatch.setattr(captions_module, "Spice", RecordingSpice)
+    monkeypatch.setattr(spice_module, "Spice", RecordingSpice)
     result = score_captions({"b": "x y", "a": "x z"}, {"a": ["x z"], "b": ["x y"]}, metrics=("BLEU",), spice=corenlp)
-    assert (lib / "stanford-corenlp-3.6.0-models.jar").resolve() == (corenlp / "stanford-corenlp-3.6.0-models.jar").resolve()
+    assert (lib / "stanford-corenlp-3.6.0-models.jar").resolve() == (
+        corenlp / "stanford-corenlp-3.6.0-models.jar"
+    ).resolve()
     assert result.metrics["SPICE"] == pytest.approx(0.5) and result.per_image["SPICE"] == {"a": 0.25, "b": 0.75}
     assert "--add-opens=java.base/java.lang=ALL-UNNAMED" in seen_options[0]
 
@@ -239,31 +260,46 @@ def test_spice_with_provided_jars_links_them_and_never_crashes(tmp_path, monkeyp
         def compute_score(self, gts, res):
             raise subprocess.CalledProcessError(1, ["java", "-jar", "spice-1.0.jar"])
 
-    monkeypatch.setattr(captions_module, "Spice", FailingSpice)
+    monkeypatch.setattr(spice_module, "Spice", FailingSpice)
     result = score_captions({"a": "x z"}, {"a": ["x z"]}, metrics=("BLEU",), spice=True)  # jars now in lib
     assert result.metrics["SPICE"] is None and result.notes[0].startswith("SPICE n/a: the SPICE run failed")
 
 
 def clevr_pair(pair_id: str, change_type: str, captions: tuple[str, ...]) -> ChangePair:
     scene = pair_id[:6]
-    return ChangePair(pair_id=pair_id, before=Path(f"images/CLEVR_default_{scene}.png"),
-                      after=Path(f"sc_images/CLEVR_semantic_{scene}.png"), captions=captions, change_type=change_type)
+    return ChangePair(
+        pair_id=pair_id,
+        before=Path(f"images/CLEVR_default_{scene}.png"),
+        after=Path(f"sc_images/CLEVR_semantic_{scene}.png"),
+        captions=captions,
+        change_type=change_type,
+    )
 
 
 def test_score_by_group_on_clevr_style_ids():
     no_change = ("the scene remains the same", "no change has occurred")
-    index = DatasetIndex("clevr_change", Path("."), "test", [
-        clevr_pair("000001.png", "color", ("the red cube became blue",)),
-        clevr_pair("000002.png", "color", ("a green sphere changed to yellow",)),
-        clevr_pair("008001.png", "material", ("the small metal ball became rubber",)),
-        clevr_pair("000001.png_n", "distractor", no_change),
-        clevr_pair("000002.png_n", "distractor", no_change),
-    ])
+    index = DatasetIndex(
+        "clevr_change",
+        Path("."),
+        "test",
+        [
+            clevr_pair("000001.png", "color", ("the red cube became blue",)),
+            clevr_pair("000002.png", "color", ("a green sphere changed to yellow",)),
+            clevr_pair("008001.png", "material", ("the small metal ball became rubber",)),
+            clevr_pair("000001.png_n", "distractor", no_change),
+            clevr_pair("000002.png_n", "distractor", no_change),
+        ],
+    )
     references, without = references_from_index(index)
     groups = groups_from_index(index)
-    predictions = {"1.png": "the red cube became blue", "2.png": "a green sphere changed to yellow",
-                   "8001.png": "the small metal ball became rubber", "1.png_n": "the scene remains the same",
-                   "2.png_n": "a cube moved", "9.png": "unknown pair"}
+    predictions = {
+        "1.png": "the red cube became blue",
+        "2.png": "a green sphere changed to yellow",
+        "8001.png": "the small metal ball became rubber",
+        "1.png_n": "the scene remains the same",
+        "2.png_n": "a cube moved",
+        "9.png": "unknown pair",
+    }
     references["000009.png"] = ["a cube was added"]
     results = score_by_group(predictions, references, groups, metrics=("BLEU", "CIDEr"), spice=False)
     assert list(results) == ["color", "material", "distractor", "semantic", "total"]
@@ -292,8 +328,10 @@ def test_prediction_and_reference_formats_load_alike(tmp_path):
     mapping = tmp_path / "mapping.json"
     mapping.write_text(json.dumps(expected))
     jsonl = tmp_path / "preds.jsonl"
-    jsonl.write_text('{"image_id": "256.png", "caption": "the car is gone", "id": 3}\n\n'
-                     '{"id": "7", "caption": ""}\n{"pair_id": "000123.png_n", "caption": "nothing changed"}\n')
+    jsonl.write_text(
+        '{"image_id": "256.png", "caption": "the car is gone", "id": 3}\n\n'
+        '{"id": "7", "caption": ""}\n{"pair_id": "000123.png_n", "caption": "nothing changed"}\n'
+    )
     assert load_predictions(coco) == load_predictions(mapping) == load_predictions(jsonl) == expected
     for out in (tmp_path / "written.json", tmp_path / "written.jsonl"):
         write_predictions(out, expected)
@@ -301,35 +339,49 @@ def test_prediction_and_reference_formats_load_alike(tmp_path):
 
     references = {"256.png": ["person with umbrella is gone", "car up at top is missing"], "5406.png": ["truck left"]}
     coco_refs = tmp_path / "refs_coco.json"
-    coco_refs.write_text(json.dumps({
-        "type": "captions",
-        # Spot-the-Diff style: one images entry per record, so ids repeat; annotations interleave.
-        "images": [{"id": "256.png"}, {"id": "5406.png"}, {"id": "256.png"}],
-        "annotations": [{"image_id": "256.png", "caption": "person with umbrella is gone", "id": 0},
-                        {"image_id": "5406.png", "caption": "truck left", "id": 1},
-                        {"image_id": "256.png", "caption": "car up at top is missing", "id": 2}],
-    }))
+    coco_refs.write_text(
+        json.dumps(
+            {
+                "type": "captions",
+                # Spot-the-Diff style: one images entry per record, so ids repeat; annotations interleave.
+                "images": [{"id": "256.png"}, {"id": "5406.png"}, {"id": "256.png"}],
+                "annotations": [
+                    {"image_id": "256.png", "caption": "person with umbrella is gone", "id": 0},
+                    {"image_id": "5406.png", "caption": "truck left", "id": 1},
+                    {"image_id": "256.png", "caption": "car up at top is missing", "id": 2},
+                ],
+            }
+        )
+    )
     plain_refs = tmp_path / "refs.json"
     plain_refs.write_text(json.dumps(references))
-    index = DatasetIndex("spot_the_diff", tmp_path, "val", [
-        ChangePair("256.png", Path("256.png"), Path("256_2.png"), captions=tuple(references["256.png"])),
-        ChangePair("5406.png", Path("5406.png"), Path("5406_2.png"), captions=("truck left",)),
-        ChangePair("8069", Path("8069.png"), Path("8069_2.png")),
-    ])
+    index = DatasetIndex(
+        "spot_the_diff",
+        tmp_path,
+        "val",
+        [
+            ChangePair("256.png", Path("256.png"), Path("256_2.png"), captions=tuple(references["256.png"])),
+            ChangePair("5406.png", Path("5406.png"), Path("5406_2.png"), captions=("truck left",)),
+            ChangePair("8069", Path("8069.png"), Path("8069_2.png")),
+        ],
+    )
     from_index, without = references_from_index(index)
     assert load_references(coco_refs) == load_references(plain_refs) == from_index == references
     assert without == ["8069"] and groups_from_index(index) == {}
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("broken.json", "[{\"image_id\": 1, ", "malformed JSON"),
-    ("number.json", "42", "expected a list"),
-    ("nocaption.json", "[{\"image_id\": \"1\"}]", "entry 0 (id '1'): has no \"caption\""),
-    ("noid.json", "[{\"caption\": \"x\"}]", "entry 0: has no id"),
-    ("twice.json", "[{\"image_id\": \"1\", \"caption\": \"x\"}, {\"image_id\": \"1\", \"caption\": \"y\"}]", "more than one"),
-    ("bad.jsonl", "{\"id\": \"1\", \"caption\": \"x\"}\nnot json\n", "line 2"),
-    ("nullcaption.jsonl", "{\"id\": \"1\", \"caption\": null}\n", "caption must be a string"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("broken.json", '[{"image_id": 1, ', "malformed JSON"),
+        ("number.json", "42", "expected a list"),
+        ("nocaption.json", '[{"image_id": "1"}]', "entry 0 (id '1'): has no \"caption\""),
+        ("noid.json", '[{"caption": "x"}]', "entry 0: has no id"),
+        ("twice.json", '[{"image_id": "1", "caption": "x"}, {"image_id": "1", "caption": "y"}]', "more than one"),
+        ("bad.jsonl", '{"id": "1", "caption": "x"}\nnot json\n', "line 2"),
+        ("nullcaption.jsonl", '{"id": "1", "caption": null}\n', "caption must be a string"),
+    ],
+)
 def test_malformed_prediction_files_name_the_file(tmp_path, name, text, message):
     path = tmp_path / name
     path.write_text(text)
@@ -338,13 +390,19 @@ def test_malformed_prediction_files_name_the_file(tmp_path, name, text, message)
     assert str(path) in str(error.value)
 
 
-@pytest.mark.parametrize("content, message", [
-    ({"1": []}, "id '1': has an empty reference list"),
-    ({"1": "one caption"}, "expected a list of reference captions"),
-    ({"images": [{"id": "2"}], "annotations": [{"image_id": "1", "caption": "x"}]}, "image id '2' has no annotation"),
-    ({"annotations": [{"image_id": "1"}]}, "annotation 0"),
-    ([["x"]], "expected a COCO captions file"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ({"1": []}, "id '1': has an empty reference list"),
+        ({"1": "one caption"}, "expected a list of reference captions"),
+        (
+            {"images": [{"id": "2"}], "annotations": [{"image_id": "1", "caption": "x"}]},
+            "image id '2' has no annotation",
+        ),
+        ({"annotations": [{"image_id": "1"}]}, "annotation 0"),
+        ([["x"]], "expected a COCO captions file"),
+    ],
+)
 def test_malformed_reference_files_name_the_file(tmp_path, content, message):
     path = tmp_path / "refs.json"
     path.write_text(json.dumps(content))
@@ -356,9 +414,25 @@ def test_malformed_reference_files_name_the_file(tmp_path, content, message):
 def test_evaluate_cli_on_the_shared_example(tmp_path):
     out, markdown = tmp_path / "metrics.json", tmp_path / "table.md"
     completed = subprocess.run(
-        [sys.executable, "evaluate.py", "--predictions", str(SPOT_PREDICTIONS), "--references", str(SPOT_REFERENCES),
-         "--metrics", "BLEU,ROUGE_L,CIDEr", "--no-spice", "--out", str(out), "--markdown", str(markdown)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "evaluate.py",
+            "--predictions",
+            str(SPOT_PREDICTIONS),
+            "--references",
+            str(SPOT_REFERENCES),
+            "--metrics",
+            "BLEU,ROUGE_L,CIDEr",
+            "--no-spice",
+            "--out",
+            str(out),
+            "--markdown",
+            str(markdown),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert completed.returncode == 0, completed.stderr
     assert "| total | 35.1 | 23.2 | 15.2 | 9.6 | 30.5 | 29.5 | n/a | 1489 |" in completed.stdout
@@ -369,7 +443,12 @@ def test_evaluate_cli_on_the_shared_example(tmp_path):
     for name in ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE_L", "CIDEr"):
         assert abs(total["metrics"][name] - official[name]) <= 5e-4
     assert total["metrics"]["SPICE"] is None and "METEOR" not in total["metrics"]
-    assert total["notes"] == ["SPICE not computed (disabled)"] and total["bleu_stats"]["correct"] == [5283, 2030, 746, 226]
+    assert total["notes"] == ["SPICE not computed (disabled)"] and total["bleu_stats"]["correct"] == [
+        5283,
+        2030,
+        746,
+        226,
+    ]
     assert total["num_pairs"] == 1489 and len(total["per_image"]["CIDEr"]) == 1489
     assert document["predictions"] == str(SPOT_PREDICTIONS) and document["references"]["file"] == str(SPOT_REFERENCES)
     assert document["references"]["official_protocol"]["name"] == "spot_the_diff val"
@@ -385,15 +464,36 @@ def load_evaluate_module():
 def test_evaluate_cli_per_type_table_through_the_data_layer(tmp_path, capsys, two_pair_clevr_change):
     root = two_pair_clevr_change
     predictions = tmp_path / "total_results.json"
-    predictions.write_text(json.dumps([
-        {"image_id": "000001.png", "caption": "the red cube became blue"},
-        {"image_id": "008001.png", "caption": "the metal ball became rubber"},
-        {"image_id": "000001.png_n", "caption": "the scene remains the same"},
-        {"image_id": "008001.png_n", "caption": "the scene remains the same"}]))
+    predictions.write_text(
+        json.dumps(
+            [
+                {"image_id": "000001.png", "caption": "the red cube became blue"},
+                {"image_id": "008001.png", "caption": "the metal ball became rubber"},
+                {"image_id": "000001.png_n", "caption": "the scene remains the same"},
+                {"image_id": "008001.png_n", "caption": "the scene remains the same"},
+            ]
+        )
+    )
     evaluate = load_evaluate_module()
     out = tmp_path / "metrics.json"
-    code = evaluate.main(["--predictions", str(predictions), "--format", "clevr_change", "--root", str(root),
-                          "--split", "test", "--metrics", "BLEU", "--no-spice", "--strict", "--out", str(out)])
+    code = evaluate.main(
+        [
+            "--predictions",
+            str(predictions),
+            "--format",
+            "clevr_change",
+            "--root",
+            str(root),
+            "--split",
+            "test",
+            "--metrics",
+            "BLEU",
+            "--no-spice",
+            "--strict",
+            "--out",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0
     assert "| change type | BLEU-1 |" in printed

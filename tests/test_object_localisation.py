@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from davir.data.synthetic import SynthConfig, generate_dataset, load_scenes
+from davir.jobs.masks import main as masks_main
 from davir.preprocessing.object_localisation import ObjectSettings, localise_objects
 from davir.preprocessing.profiles import mask_cache_profile, mask_localisation, mask_profile
-from davir.jobs.masks import main as masks_main
 
 SCENES = 10
 
@@ -55,8 +55,24 @@ def test_object_localisation_finds_the_change_and_ignores_parallax(hard):
 
 def test_masks_cli_records_the_object_localisation(hard, tmp_path):
     out = tmp_path / "masks"
-    assert masks_main(["--format", "clevr_change", "--root", str(hard), "--split", "test", "--out", str(out),
-                       "--localisation", "object", "--no-progress"]) == 0
+    assert (
+        masks_main(
+            [
+                "--format",
+                "clevr_change",
+                "--root",
+                str(hard),
+                "--split",
+                "test",
+                "--out",
+                str(out),
+                "--localisation",
+                "object",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["localisation"] == "object"
     assert manifest["settings"]["object"] == ObjectSettings().to_dict()
@@ -65,12 +81,19 @@ def test_masks_cli_records_the_object_localisation(hard, tmp_path):
     assert mask_localisation(manifest["settings"]) == "object"
     # a cache from before the option (no "localisation" recorded) is pixel-level, and keeps its profile
     assert mask_localisation({}) == "pixel"
-    old = {"regions": {"register": "ecc", "photometric": "affine", "tolerance_px": 2, "cluster_stride": 2},
-           "segmenter": {"segmenter": "classical"}, "segment_both": True}
+    old = {
+        "regions": {"register": "ecc", "photometric": "affine", "tolerance_px": 2, "cluster_stride": 2},
+        "segmenter": {"segmenter": "classical"},
+        "segment_both": True,
+    }
     assert mask_profile(old) == "toolkit"
     # a rerun with pixel localisation into the object cache is refused (other settings)
-    assert masks_main(["--format", "clevr_change", "--root", str(hard), "--split", "test", "--out", str(out),
-                       "--no-progress"]) == 2
+    assert (
+        masks_main(
+            ["--format", "clevr_change", "--root", str(hard), "--split", "test", "--out", str(out), "--no-progress"]
+        )
+        == 2
+    )
 
     # caption.py follows what the cache recorded: online masks of a new pair are object-level, equal to the cache's
     from davir.data.caches import MaskCache

@@ -32,6 +32,7 @@ def solid(path: Path, value: int, size=(16, 12)) -> Path:
 
 # --- the folder format with captions, splits and masks ------------------------------------------------------------
 
+
 def test_manifest_with_captions_splits_and_masks(tmp_path):
     for name, value in (("a0", 1), ("a1", 2), ("b0", 3), ("b1", 4), ("c0", 5), ("c1", 6)):
         solid(tmp_path / "img" / f"{name}.png", value)
@@ -41,10 +42,12 @@ def test_manifest_with_captions_splits_and_masks(tmp_path):
         "p1,img/a0.png,img/a1.png,the cup is gone,train,img/m.png\n"
         'p1,img/a0.png,img/a1.png,"the cup, on the left, was removed",train,img/m.png\n'
         "p2,img/b0.png,img/b1.png,a chair appeared,Valid,\n"
-        "p3,img/c0.png,img/c1.png,,test,\n")
+        "p3,img/c0.png,img/c1.png,,test,\n"
+    )
     train = read_folder(tmp_path, "train")
     assert [(p.pair_id, p.captions, p.split) for p in train] == [
-        ("p1", ("the cup is gone", "the cup, on the left, was removed"), "train")]
+        ("p1", ("the cup is gone", "the cup, on the left, was removed"), "train")
+    ]
     assert train.pairs[0].gt_mask_after == train.pairs[0].gt_mask_before == tmp_path / "img" / "m.png"
     assert [p.pair_id for p in read_dataset("folder", tmp_path, "val")] == ["p2"]
     test = read_folder(tmp_path, "test")
@@ -76,10 +79,15 @@ def test_seeded_split_keeps_pairs_that_share_an_image_together(tmp_path):
     counts = {s: sum(1 for i in range(60) if split_of[f"s{i}"] == s) for s in ("train", "val", "test")}
     assert counts["train"] > counts["val"] > 0 and counts["test"] > 0 and sum(counts.values()) == 60
     assert split_of == {p.pair_id: p.split for p in read_folder(manifest, "all", options=options)}  # deterministic
-    other = {p.pair_id: p.split for p in read_folder(manifest, "all", options=SplitOptions(seed=4, val_fraction=0.2,
-                                                                                             test_fraction=0.2))}
+    other = {
+        p.pair_id: p.split
+        for p in read_folder(manifest, "all", options=SplitOptions(seed=4, val_fraction=0.2, test_fraction=0.2))
+    }
     assert other != split_of
-    assert read_folder(manifest, "train", options=options).pairs[0].captions in (("a change",), ("no change", "nothing"))
+    assert read_folder(manifest, "train", options=options).pairs[0].captions in (
+        ("a change",),
+        ("no change", "nothing"),
+    )
 
 
 def test_folders_with_captions_json_and_masks(tmp_path):
@@ -103,8 +111,10 @@ def test_extra_values_and_unknown_columns(tmp_path):
     (tmp_path / "pairs.csv").write_text("before,after,caption,notes\na.png,b.png,a cup, on the left,gone\n")
     result = run("-m", "davir.data", "stats", "--format", "folder", "--root", str(tmp_path), "--split", "all")
     assert result.returncode == 2
-    assert result.stderr.splitlines()[0].startswith(f"error: folder split 'all' cannot be read: {tmp_path / 'pairs.csv'}: "
-                                                    "line 2: 5 values but the header names 4 columns")
+    assert result.stderr.splitlines()[0].startswith(
+        f"error: folder split 'all' cannot be read: {tmp_path / 'pairs.csv'}: "
+        "line 2: 5 values but the header names 4 columns"
+    )
     (tmp_path / "pairs.csv").write_text('before,after,caption,notes\na.png,b.png,"a cup, on the left",checked by Ann\n')
     result = run("-m", "davir.data", "stats", "--format", "folder", "--root", str(tmp_path))
     assert result.returncode == 0
@@ -117,8 +127,9 @@ def test_header_only_or_empty_manifest_is_an_error(tmp_path):
     (tmp_path / "pairs.csv").write_text("before,after,id\n")
     result = run("caption.py", "--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path / "pairs.csv"))
     assert result.returncode == 2 and not (tmp_path / "captions.jsonl").exists()
-    assert result.stderr.splitlines()[0] == (f"error: {tmp_path / 'pairs.csv'}: the manifest lists no pairs "
-                                             "(a header and no rows); add one row per pair")
+    assert result.stderr.splitlines()[0] == (
+        f"error: {tmp_path / 'pairs.csv'}: the manifest lists no pairs (a header and no rows); add one row per pair"
+    )
     (tmp_path / "pairs.csv").unlink()
     (tmp_path / "pairs.jsonl").write_text("\n\n")
     with pytest.raises(DataError, match=r"pairs\.jsonl: the manifest lists no pairs"):
@@ -127,26 +138,42 @@ def test_header_only_or_empty_manifest_is_an_error(tmp_path):
 
 # --- manifests anywhere on disk (issue 20) -----------------------------------------------------------------------
 
+
 def test_pairs_output_and_absolute_paths_are_accepted_anywhere(tmp_path):
     from davir.data.synthetic import SynthConfig, generate_dataset
 
     root = tmp_path / "data"
     generate_dataset(root, SynthConfig(scenes=10, seed=0, width=64, height=48), workers=1)
     out = tmp_path / "elsewhere" / "deeper" / "p.csv"  # the images are "../../data/…" from here
-    result = run("-m", "davir.data", "pairs", "--format", "clevr_change", "--root", str(root), "--split", "train",
-                 "--num", "2", "--out", str(out))
+    result = run(
+        "-m",
+        "davir.data",
+        "pairs",
+        "--format",
+        "clevr_change",
+        "--root",
+        str(root),
+        "--split",
+        "train",
+        "--num",
+        "2",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     assert out.read_text().splitlines()[1].split(",")[1].startswith("../../data/images/")
     pairs = read_folder(out).pairs
     original = read_dataset("clevr_change", root, "train").pairs[:2]
-    assert [(p.pair_id, p.after.resolve(), p.captions) for p in pairs] == \
-        [(p.pair_id, p.after.resolve(), p.captions) for p in original]
+    assert [(p.pair_id, p.after.resolve(), p.captions) for p in pairs] == [
+        (p.pair_id, p.after.resolve(), p.captions) for p in original
+    ]
     absolute = tmp_path / "abs.csv"
     absolute.write_text(f"before,after\n{original[0].before.resolve()},{original[0].after.resolve()}\n")
     assert read_folder(absolute).pairs[0].after == original[0].after.resolve()
 
 
 # --- dataset annotation files stay inside their root (issue 18.8) ------------------------------------------------
+
 
 def test_symlink_out_of_a_dataset_root_is_refused(tmp_path):
     secret = tmp_path / "outside" / "secret.jpg"
@@ -160,7 +187,8 @@ def test_symlink_out_of_a_dataset_root_is_refused(tmp_path):
     assert result.returncode == 2
     assert result.stderr.splitlines()[0].startswith(
         f"error: ier split 'train' cannot be read: {root / 'train.json'}: record 'u1': image path 'b.jpg' is a symlink "
-        f"that leads out of the dataset folder {root / 'images'}")
+        f"that leads out of the dataset folder {root / 'images'}"
+    )
     # The image folder itself on another disk (a symlinked images/) is the normal case and accepted.
     (root / "images" / "b.jpg").unlink()
     solid(tmp_path / "disk" / "a.jpg", 1)
@@ -176,15 +204,18 @@ def test_symlink_out_of_a_benchmark_image_folder_is_refused_for_every_reader(tmp
     secret = solid(tmp_path / "outside" / "secret.png", 9)
     root = tmp_path / "spot"
     (root / "annotations").mkdir(parents=True)
-    (root / "annotations" / "train.json").write_text(json.dumps([{"img_id": "1", "sentences": ["a car left"]},
-                                                                 {"img_id": "2", "sentences": ["a man came"]}]))
+    (root / "annotations" / "train.json").write_text(
+        json.dumps([{"img_id": "1", "sentences": ["a car left"]}, {"img_id": "2", "sentences": ["a man came"]}])
+    )
     for name in ("1.png", "1_2.png", "2.png"):
         solid(root / "resized_images" / name, 1)
     (root / "resized_images" / "2_2.png").symlink_to(secret)
     with pytest.raises(DataError) as error:
         read_dataset("spot_the_diff", root, "train")
-    assert str(error.value) == (f"spot_the_diff split 'train' at {root}: pair '2': {root / 'resized_images' / '2_2.png'} "
-                                f"is a symlink that leads out of its dataset folder {root / 'resized_images'} (to {secret})")
+    assert str(error.value) == (
+        f"spot_the_diff split 'train' at {root}: pair '2': {root / 'resized_images' / '2_2.png'} "
+        f"is a symlink that leads out of its dataset folder {root / 'resized_images'} (to {secret})"
+    )
     # A link that stays inside its folder, and a symlinked image folder on another disk, are normal.
     (root / "resized_images" / "2_2.png").unlink()
     (root / "resized_images" / "2_2.png").symlink_to(root / "resized_images" / "1_2.png")
@@ -196,17 +227,20 @@ def test_symlink_out_of_a_benchmark_image_folder_is_refused_for_every_reader(tmp
 
 # --- stats exit status (issue 18.21) -----------------------------------------------------------------------------
 
+
 def test_stats_exits_non_zero_when_the_requested_split_is_unreadable(tmp_path):
     shutil.copy(SHARED / "ier" / "valid.json", tmp_path / "valid.json")
     result = run("-m", "davir.data", "stats", "--format", "ier", "--root", str(tmp_path), "--split", "test")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"error: ier split 'test' cannot be read: annotation file is missing: {tmp_path / 'test.json'}"]
+        f"error: ier split 'test' cannot be read: annotation file is missing: {tmp_path / 'test.json'}"
+    ]
     result = run("-m", "davir.data", "stats", "--format", "ier", "--root", str(tmp_path))  # val readable: a note
     assert result.returncode == 0 and json.loads(result.stdout)["splits"]["val"]["pairs"] == 383
 
 
 # --- import: every bad row in one pass ---------------------------------------------------------------------------
+
 
 def test_import_flags_every_kind_of_bad_row_in_one_pass(tmp_path):
     images = tmp_path / "imgs"
@@ -219,14 +253,15 @@ def test_import_flags_every_kind_of_bad_row_in_one_pass(tmp_path):
     manifest = tmp_path / "pairs.csv"
     manifest.write_text(
         "id,before,after,caption,split\n"
-        "ok,imgs/a.png,imgs/b.png,a cup appeared,train\n"          # line 2
-        "bad1,imgs/broken.png,imgs/b.png,x,train\n"                 # line 3: undecodable
-        "bad2,imgs/c.png,imgs/big.png,x,train\n"                    # line 4: size mismatch
-        "bad3,imgs/c.png,imgs/d.png,,train\n"                       # line 5: empty caption
-        "ok,imgs/c.png,imgs/b.png,another,train\n"                  # line 6: same id, other before
-        "bad4,imgs/a_copy.png,imgs/e.png,leaks,test\n"              # line 7: train image in test
-        "bad5,imgs/missing.png,imgs/empty.png,x,train\n"            # line 8: missing + empty
-        "bad6,imgs/f.png,imgs/d.png,x,holdout\n")                   # line 9: unknown split
+        "ok,imgs/a.png,imgs/b.png,a cup appeared,train\n"  # line 2
+        "bad1,imgs/broken.png,imgs/b.png,x,train\n"  # line 3: undecodable
+        "bad2,imgs/c.png,imgs/big.png,x,train\n"  # line 4: size mismatch
+        "bad3,imgs/c.png,imgs/d.png,,train\n"  # line 5: empty caption
+        "ok,imgs/c.png,imgs/b.png,another,train\n"  # line 6: same id, other before
+        "bad4,imgs/a_copy.png,imgs/e.png,leaks,test\n"  # line 7: train image in test
+        "bad5,imgs/missing.png,imgs/empty.png,x,train\n"  # line 8: missing + empty
+        "bad6,imgs/f.png,imgs/d.png,x,holdout\n"
+    )  # line 9: unknown split
     out = tmp_path / "imported"
     result = run("-m", "davir.data", "import", str(manifest), "--out", str(out))
     assert result.returncode == 2
@@ -256,17 +291,26 @@ def test_import_writes_a_normalised_manifest_that_reads_back(tmp_path):
         solid(tmp_path / "imgs" / f"{name}.png", value)
     (tmp_path / "pairs.jsonl").write_text(
         '{"id": "x", "before": "imgs/a.png", "after": "imgs/b.png", "captions": ["a cup appeared", "cup added"]}\n'
-        '{"id": "y", "before": "imgs/c.png", "after": "imgs/d.png", "caption": "a chair left", "split": "test"}\n')
+        '{"id": "y", "before": "imgs/c.png", "after": "imgs/d.png", "caption": "a chair left", "split": "test"}\n'
+    )
     out = tmp_path / "imported"
-    result = run("-m", "davir.data", "import", str(tmp_path), "--out", str(out), "--test-fraction", "0",
-                 "--val-fraction", "0")
+    result = run(
+        "-m", "davir.data", "import", str(tmp_path), "--out", str(out), "--test-fraction", "0", "--val-fraction", "0"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("imported 2 pair(s) (train 1, val 0, test 1; 0 without captions) with 3 caption(s)")
     rows = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
-    assert rows[0] == {"id": "x", "before": str(tmp_path / "imgs" / "a.png"), "after": str(tmp_path / "imgs" / "b.png"),
-                       "captions": ["a cup appeared", "cup added"], "split": "train"}
+    assert rows[0] == {
+        "id": "x",
+        "before": str(tmp_path / "imgs" / "a.png"),
+        "after": str(tmp_path / "imgs" / "b.png"),
+        "captions": ["a cup appeared", "cup added"],
+        "split": "train",
+    }
     assert [(p.pair_id, p.split, p.captions) for p in read_folder(out)] == [
-        ("x", "train", ("a cup appeared", "cup added")), ("y", "test", ("a chair left",))]
+        ("x", "train", ("a cup appeared", "cup added")),
+        ("y", "test", ("a chair left",)),
+    ]
     report = json.loads((out / "report.json").read_text())
     assert report["captions"]["words_per_caption"] == {"min": 2, "median": 3, "mean": 2.67, "max": 3}
     assert report["captions"]["vocabulary"] == 6
@@ -284,7 +328,8 @@ def test_import_resolves_linked_folders_and_linked_files_in_the_manifest_it_writ
     (tmp_path / "pairs.jsonl").write_text(
         '{"id": "x", "before": "linked/a.png", "after": "linked/b-link.png", "caption": "a cup", "zone": 3, '
         '"camera": "c1"}\n{"id": "y", "before": "store/c.png", "after": "store/d.png", "caption": "a cup", '
-        '"operator": "ann", "zone": 4}\n')
+        '"operator": "ann", "zone": 4}\n'
+    )
     out = tmp_path / "imported"
     assert run("-m", "davir.data", "import", str(tmp_path), "--out", str(out)).returncode == 0
     first = json.loads((out / "pairs.jsonl").read_text().splitlines()[0])
@@ -296,23 +341,40 @@ def test_import_resolves_linked_folders_and_linked_files_in_the_manifest_it_writ
 
 # --- verify: is my download complete? ----------------------------------------------------------------------------
 
+
 def test_verify_lists_missing_and_broken_images_with_their_records(tmp_path):
     root = tmp_path / "clevr_change"
     shutil.copytree(SHARED / "clevr_change", root, ignore=shutil.ignore_patterns("predictions_example"))
     (root / "images" / "CLEVR_default_000001.png").write_bytes(b"")
-    result = run("-m", "davir.data", "verify", "--format", "clevr_change", "--root", str(root), "--split", "train",
-                 "--quick", "--out", str(tmp_path / "verify.json"))
+    result = run(
+        "-m",
+        "davir.data",
+        "verify",
+        "--format",
+        "clevr_change",
+        "--root",
+        str(root),
+        "--split",
+        "train",
+        "--quick",
+        "--out",
+        str(tmp_path / "verify.json"),
+    )
     assert result.returncode == 1
-    assert result.stdout.splitlines()[0].startswith("clevr_change train: 67,660 pairs of 67,660, 101,490 images of "
-                                                    "101,490: INCOMPLETE")
+    assert result.stdout.splitlines()[0].startswith(
+        "clevr_change train: 67,660 pairs of 67,660, 101,490 images of 101,490: INCOMPLETE"
+    )
     problems = result.stderr.splitlines()
     assert problems[0].startswith("clevr_change train: record '001956.png': before image missing: ")
     recorded = json.loads((tmp_path / "verify.json").read_text())["splits"][0]["problems"]
-    assert f"record '000001.png': before image empty (0 bytes): {root / 'images' / 'CLEVR_default_000001.png'}" in recorded
+    assert (
+        f"record '000001.png': before image empty (0 bytes): {root / 'images' / 'CLEVR_default_000001.png'}" in recorded
+    )
     assert problems[-1] == f"error: clevr_change at {root} is incomplete in train"
 
 
 # --- a user's own masks as FAC's target (data.fac_masks: ground_truth) -------------------------------------------
+
 
 def _folder_with_masks(root: Path, *, drop_mask_of: str | None = None) -> Path:
     rows = ["id,before,after,caption,split,mask"]
@@ -335,8 +397,8 @@ def test_the_manifests_masks_become_the_fac_target(tmp_path, monkeypatch):
 
     from davir.config import load_config
     from davir.data.dataset import MaskField, RecordMasks
-    from davir.training import loop
     from davir.runs.config import TrainConfig
+    from davir.training import loop
 
     root = _folder_with_masks(tmp_path / "pairs")
     pairs = read_folder(root, "train").pairs
@@ -346,11 +408,23 @@ def test_the_manifests_masks_become_the_fac_target(tmp_path, monkeypatch):
     want[:2, :2] = 1.0
     assert torch.equal(field["mask_after"], want) and torch.equal(field["mask_before"], want) and field["mask_valid"]
 
-    overrides = [f"data.root={root}", "data.format=folder", "data.fac_masks=ground_truth", "data.masks=null",
-                 "data.entities=null", "model.epc.use_entities=false", "model.fac.lambda_attn=0.1",
-                 f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}", "optim.batch_size=2",
-                 "optim.max_steps=2", "run.log_every=1", "run.eval_every=0", "run.save_every=0",
-                 "run.val_max_pairs=2", "run.tensorboard=false"]
+    overrides = [
+        f"data.root={root}",
+        "data.format=folder",
+        "data.fac_masks=ground_truth",
+        "data.masks=null",
+        "data.entities=null",
+        "model.epc.use_entities=false",
+        "model.fac.lambda_attn=0.1",
+        f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}",
+        "optim.batch_size=2",
+        "optim.max_steps=2",
+        "run.log_every=1",
+        "run.eval_every=0",
+        "run.save_every=0",
+        "run.val_max_pairs=2",
+        "run.tensorboard=false",
+    ]
     run_dir = tmp_path / "run"
     loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml", [*overrides, f"run.output_dir={run_dir}"]))
     logged = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
@@ -366,7 +440,12 @@ def test_the_manifests_masks_become_the_fac_target(tmp_path, monkeypatch):
 
     monkeypatch.setattr(davir_models, "build_davir_model", no_model)
     with pytest.raises(DataError) as error:
-        loop.train(load_config(TrainConfig, REPO / "configs" / "demo.yaml",
-                               [*overrides, f"data.root={bad}", f"run.output_dir={tmp_path / 'run2'}"]))
+        loop.train(
+            load_config(
+                TrainConfig,
+                REPO / "configs" / "demo.yaml",
+                [*overrides, f"data.root={bad}", f"run.output_dir={tmp_path / 'run2'}"],
+            )
+        )
     assert "data.fac_masks=ground_truth, but 1 of 4 train pairs" in str(error.value) and "'p2'" in str(error.value)
     assert "`mask` column" in str(error.value)

@@ -14,8 +14,10 @@ from davir.data.synthetic import SynthConfig, generate_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 # Only what makes the run small; every other setting is the README's (configs/demo.yaml).
-TINY = ("optim.max_steps=2 optim.batch_size=4 run.val_max_pairs=2 run.eval_every=0 run.save_every=0 "
-        "run.tensorboard=false run.log_every=1 model.pretrained={repo}/assets/tiny_instructblip")
+TINY = (
+    "optim.max_steps=2 optim.batch_size=4 run.val_max_pairs=2 run.eval_every=0 run.save_every=0 "
+    "run.tensorboard=false run.log_every=1 model.pretrained={repo}/assets/tiny_instructblip"
+)
 
 
 def recipe_lines() -> list[str]:
@@ -29,20 +31,50 @@ def recipe_lines() -> list[str]:
 def test_readme_recipe_trains_scores_and_captions_a_folder_of_own_pairs(tmp_path):
     data = tmp_path / "synth"
     generate_dataset(data, SynthConfig(scenes=12, seed=5, width=64, height=48), workers=1)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(REPO),
+    }
     # The user's folder: a pairs.csv with captions, splits and masks, images copied beside it (no CLEVR files).
-    subprocess.run([sys.executable, "-m", "davir.data", "pairs", "--format", "clevr_change", "--root", str(data),
-                    "--split", "train", "--split", "val", "--split", "test", "--num", "0", "--copy-images",
-                    "--out", str(tmp_path / "my_pairs" / "pairs.csv")], cwd=REPO, env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "davir.data",
+            "pairs",
+            "--format",
+            "clevr_change",
+            "--root",
+            str(data),
+            "--split",
+            "train",
+            "--split",
+            "val",
+            "--split",
+            "test",
+            "--num",
+            "0",
+            "--copy-images",
+            "--out",
+            str(tmp_path / "my_pairs" / "pairs.csv"),
+        ],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     script = "\n".join(recipe_lines())
     script = re.sub(r"\bpython (train|evaluate|caption)\.py", rf"{sys.executable} {REPO}/\1.py", script)
     script = script.replace("python -m", f"{sys.executable} -m").replace("configs/", f"{REPO}/configs/")
-    script = script.replace("data.entities=cache/my_pairs/entities",
-                            "data.entities=cache/my_pairs/entities " + TINY.format(repo=REPO))
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=600)
+    script = script.replace(
+        "data.entities=cache/my_pairs/entities", "data.entities=cache/my_pairs/entities " + TINY.format(repo=REPO)
+    )
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
     imported = tmp_path / "my_pairs" / "imported"

@@ -27,8 +27,10 @@ CONFIGS = REPO / "configs"
 LIGHTWEIGHT = ("subtraction", "scorer", "dirl", "rdd", "cheer")
 BENCHMARKS = ("clevr_change", "clevr_dc", "spot_the_diff", "ier", "levir_cc")
 # davir_folder.yaml is DAVIR with the paper's App. B settings on the user's pairs: held to the paper's rule too.
-PAPER_CONFIGS = sorted([CONFIGS / f"{m}_{b}.yaml" for m in LIGHTWEIGHT for b in BENCHMARKS
-                        if (CONFIGS / f"{m}_{b}.yaml").is_file()] + list(CONFIGS.glob("davir_*.yaml")))
+PAPER_CONFIGS = sorted(
+    [CONFIGS / f"{m}_{b}.yaml" for m in LIGHTWEIGHT for b in BENCHMARKS if (CONFIGS / f"{m}_{b}.yaml").is_file()]
+    + list(CONFIGS.glob("davir_*.yaml"))
+)
 OTHER_CONFIGS = sorted(set(CONFIGS.glob("*.yaml")) - set(PAPER_CONFIGS))
 KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_]\w*):(?P<rest>.*)$")
 
@@ -69,13 +71,22 @@ def test_a_paper_config_runs_the_printed_version_of_each_issue_35_switch(path):
     """The switches the issue found inherited silently: each at the paper's value, or named (none is, today)."""
     config = load_config(TrainConfig, path)
     named = named_lines(path.read_text())
-    expected = {"davir": {"model.fac.attn_norm": "softmax", "model.fac.mask_source": "after_only"},
-                "dirl": {"lightweight.dirl_pairs": "all"},
-                "rdd": {"lightweight.rdd_gde_residual": "none", "lightweight.acr_mask_duplicates": False,
-                        "lightweight.rdd_fusion": "concat"},
-                "cheer": {"lightweight.gate_loss_on": "logits", "lightweight.enhance_temperature": None,
-                          "lightweight.decoder_gate_sigmoid": False, "lightweight.cheer_fusion_relu": False,
-                          "data.preprocessing_profile": "paper"}}.get(config.method, {})
+    expected = {
+        "davir": {"model.fac.attn_norm": "softmax", "model.fac.mask_source": "after_only"},
+        "dirl": {"lightweight.dirl_pairs": "all"},
+        "rdd": {
+            "lightweight.rdd_gde_residual": "none",
+            "lightweight.acr_mask_duplicates": False,
+            "lightweight.rdd_fusion": "concat",
+        },
+        "cheer": {
+            "lightweight.gate_loss_on": "logits",
+            "lightweight.enhance_temperature": None,
+            "lightweight.decoder_gate_sigmoid": False,
+            "lightweight.cheer_fusion_relu": False,
+            "data.preprocessing_profile": "paper",
+        },
+    }.get(config.method, {})
     if config.method != "davir":
         expected["lightweight.frontend_init"] = "paper"
     for key, value in expected.items():
@@ -141,7 +152,13 @@ def test_cheer_paper_configs_rank_entities_by_eq1_with_clip():
             continue
         text = path.read_text()
         assert load_config(TrainConfig, path).data.preprocessing_profile == "paper"
-        for flag in ("--profile paper", "--image-level", "--top-k 3", "--retriever clip", "--image-score bef_minus_aft"):
+        for flag in (
+            "--profile paper",
+            "--image-level",
+            "--top-k 3",
+            "--retriever clip",
+            "--image-score bef_minus_aft",
+        ):
             assert flag in text, (path.name, flag)
     # the profile a cache of that command records, and of the toolkit's ranking
     assert entity_profile({"retrieval": "image", "retriever": "clip", "image_score": "bef_minus_aft"}) == "paper"

@@ -25,13 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from paper_fixtures import (  # noqa: E402
-    TINY_SAM_TYPE,
-    build_tiny_sam,
-    write_tiny_clip,
-    write_tiny_instructblip,
-    write_tiny_sam,
-)
+from paper_fixtures import TINY_SAM_TYPE, build_tiny_sam, write_tiny_clip, write_tiny_instructblip, write_tiny_sam  # noqa: E402
 
 from davir.data.caches import EntityCache, MaskCache  # noqa: E402
 from davir.data.synthetic import SynthConfig, generate_dataset  # noqa: E402
@@ -59,8 +53,8 @@ def fresh_accelerate_state():
 def paper_world(tmp_path_factory):
     """Data, weights and the paper-profile caches, as files on disk (module scope: built once)."""
     from davir.data.formats import read_dataset
-    from davir.preprocessing.segmenters.sam import SAM_TYPES
     from davir.jobs import entities, masks
+    from davir.preprocessing.segmenters.sam import SAM_TYPES
 
     torch.set_num_threads(1)
     base = tmp_path_factory.mktemp("paper")
@@ -75,25 +69,90 @@ def paper_world(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(SAM_TYPES, TINY_SAM_TYPE, build_tiny_sam)
         for split in SPLITS:
-            assert masks.main(["--profile", "paper", "--format", "clevr_change", "--root", str(root), "--split", split,
-                               "--out", str(base / "masks"), "--sam-type", TINY_SAM_TYPE, "--sam-checkpoint", str(sam),
-                               "--device", "cpu", "--no-progress"]) == 0
-            assert entities.main(["--profile", "paper", "--format", "clevr_change", "--root", str(root), "--split",
-                                  split, "--masks", str(base / "masks"), "--out", str(base / "entities"),
-                                  "--clip-model", clip_name, "--clip-checkpoint", str(clip_checkpoint),
-                                  "--clip-config", str(clip_config), "--device", "cpu", "--vocab-min-count", "1",
-                                  "--no-progress"]) == 0
-        yield {"base": base, "root": root, "blip": blip, "sam": sam, "masks": base / "masks",
-               "entities": base / "entities"}
+            assert (
+                masks.main(
+                    [
+                        "--profile",
+                        "paper",
+                        "--format",
+                        "clevr_change",
+                        "--root",
+                        str(root),
+                        "--split",
+                        split,
+                        "--out",
+                        str(base / "masks"),
+                        "--sam-type",
+                        TINY_SAM_TYPE,
+                        "--sam-checkpoint",
+                        str(sam),
+                        "--device",
+                        "cpu",
+                        "--no-progress",
+                    ]
+                )
+                == 0
+            )
+            assert (
+                entities.main(
+                    [
+                        "--profile",
+                        "paper",
+                        "--format",
+                        "clevr_change",
+                        "--root",
+                        str(root),
+                        "--split",
+                        split,
+                        "--masks",
+                        str(base / "masks"),
+                        "--out",
+                        str(base / "entities"),
+                        "--clip-model",
+                        clip_name,
+                        "--clip-checkpoint",
+                        str(clip_checkpoint),
+                        "--clip-config",
+                        str(clip_config),
+                        "--device",
+                        "cpu",
+                        "--vocab-min-count",
+                        "1",
+                        "--no-progress",
+                    ]
+                )
+                == 0
+            )
+        yield {
+            "base": base,
+            "root": root,
+            "blip": blip,
+            "sam": sam,
+            "masks": base / "masks",
+            "entities": base / "entities",
+        }
 
 
 def _train_argv(world, run_dir, *extra):
     w = world
-    return ["--config", str(REPO / "configs" / "davir_spot_the_diff.yaml"),
-            "data.format=clevr_change", f"data.root={w['root']}", f"data.masks={w['masks']}",
-            f"data.entities={w['entities']}", f"model.pretrained={w['blip']}", f"run.output_dir={run_dir}",
-            "optim.batch_size=4", "optim.max_steps=4", "run.save_every=2", "run.eval_every=4", "run.val_max_pairs=4",
-            "run.tensorboard=false", "run.log_every=1", *extra]
+    return [
+        "--config",
+        str(REPO / "configs" / "davir_spot_the_diff.yaml"),
+        "data.format=clevr_change",
+        f"data.root={w['root']}",
+        f"data.masks={w['masks']}",
+        f"data.entities={w['entities']}",
+        f"model.pretrained={w['blip']}",
+        f"run.output_dir={run_dir}",
+        "optim.batch_size=4",
+        "optim.max_steps=4",
+        "run.save_every=2",
+        "run.eval_every=4",
+        "run.val_max_pairs=4",
+        "run.tensorboard=false",
+        "run.log_every=1",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +175,10 @@ def test_paper_path_train_resume_evaluate(paper_world, paper_run, tmp_path, caps
     # The caches say which profile made them; the paper config accepts them.
     manifest = json.loads((w["masks"] / "manifest.json").read_text())
     assert manifest["profile"] == "paper" and manifest["settings"]["segment_both"] is False
-    assert manifest["settings"]["regions"]["register"] == "none" and manifest["settings"]["segmenter"]["segmenter"] == "sam"
+    assert (
+        manifest["settings"]["regions"]["register"] == "none"
+        and manifest["settings"]["segmenter"]["segmenter"] == "sam"
+    )
     assert json.loads((w["entities"] / "entities" / "manifest.json").read_text())["profile"] == "paper"
 
     # --- train: a checkpoint at step 2, the end at step 4; the total step count is printed at the start.
@@ -147,7 +209,9 @@ def test_paper_path_train_resume_evaluate(paper_world, paper_run, tmp_path, caps
 
     # --- evaluate.py --checkpoint decodes as best/ was selected (the config's beam 5, 40 tokens).
     capsys.readouterr()
-    assert evaluate.main(["--checkpoint", str(run_dir), "--split", "test", "--no-spice", "--metrics", "BLEU,CIDEr"]) == 0
+    assert (
+        evaluate.main(["--checkpoint", str(run_dir), "--split", "test", "--no-spice", "--metrics", "BLEU,CIDEr"]) == 0
+    )
     metrics = json.loads((run_dir / "eval" / "clevr_change_test" / "metrics.json").read_text())
     assert (metrics["decoding"]["num_beams"], metrics["decoding"]["max_new_tokens"]) == (5, 40)
     assert metrics["decoding"]["source"]["num_beams"].endswith("config.yaml")
@@ -173,7 +237,9 @@ def test_paper_path_caption_py_matches_the_caches(paper_world, paper_run, tmp_pa
     shutil.copy(tests[0].before, folder / "after" / "reversed.png")
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(SAM_TYPES, TINY_SAM_TYPE, build_tiny_sam)
-        status = caption.main(["--checkpoint", str(run_dir), "--pairs", str(folder), "--out", str(tmp_path / "c.jsonl")])
+        status = caption.main(
+            ["--checkpoint", str(run_dir), "--pairs", str(folder), "--out", str(tmp_path / "c.jsonl")]
+        )
         assert status == 0
         rows = {row["id"]: row for row in read_jsonl(tmp_path / "c.jsonl")}
         assert set(rows) == {p.pair_id for p in tests} | {"reversed"}
@@ -181,7 +247,9 @@ def test_paper_path_caption_py_matches_the_caches(paper_world, paper_run, tmp_pa
         cached_entities, cached_masks = EntityCache(w["entities"]), MaskCache(w["masks"])
         online = OnlineMasks.from_cache(w["masks"])
         for pair in tests:
-            assert rows[pair.pair_id]["entities"] == [[e, round(s, 4)] for e, s in cached_entities.get(pair.pair_id)[:5]]
+            assert rows[pair.pair_id]["entities"] == [
+                [e, round(s, 4)] for e, s in cached_entities.get(pair.pair_id)[:5]
+            ]
             made, stored = online(pair), cached_masks.read(pair.pair_id)
             assert made.before is None and stored.before is None  # the paper segments the after image only
             assert np.array_equal(made.after, stored.after)

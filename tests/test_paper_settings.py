@@ -34,7 +34,12 @@ def test_paper_configs_follow_the_paper_as_written(path):
     config = load_config(TrainConfig, path, [])
     fac, model = config.model.fac, config.model
     # Eq. 7: KL(softmax(A) || softmax(M^)), one mask (the after image's) for both maps; λ = 0.1 (Table 7).
-    assert (fac.loss_type, fac.attn_norm, fac.mask_source, fac.kl_direction) == ("kl", "softmax", "after_only", "attn_mask")
+    assert (fac.loss_type, fac.attn_norm, fac.mask_source, fac.kl_direction) == (
+        "kl",
+        "softmax",
+        "after_only",
+        "attn_mask",
+    )
     assert fac.lambda_attn == 0.1 and model.epc.use_entities and model.epc.num_entities == 1
     # App. B: LoRA 4/4/8, everything else frozen; 20 epochs of batch 16 at 1e-5.
     assert (model.lora.vision_rank, model.lora.qformer_rank, model.lora.llm_rank) == (4, 4, 8)
@@ -80,15 +85,20 @@ def test_paper_fac_supervises_both_maps_with_the_one_after_mask():
     attention = torch.rand(1, 4, 4)
     paper = FacConfig(attn_norm="softmax", mask_source="after_only", blur_kernel_size=1)
     both_after = fac_attention_loss(attention, attention, after_mask, after_mask, config=paper).loss
-    assert float(fac_attention_loss(attention, attention, before_mask, after_mask, config=paper).loss) == float(both_after)
+    assert float(fac_attention_loss(attention, attention, before_mask, after_mask, config=paper).loss) == float(
+        both_after
+    )
 
 
 # ------------------------------------------------------------------------------------------ profiles (4)
 def _mask_settings(**changes):
     regions = {"register": "ecc", "photometric": "affine", "tolerance_px": 2, "cluster_stride": 2, "tau": 0.4}
     regions.update({k: v for k, v in changes.items() if k in regions})
-    return {"regions": regions, "segmenter": {"segmenter": changes.get("segmenter", "classical")},
-            "segment_both": changes.get("segment_both", True)}
+    return {
+        "regions": regions,
+        "segmenter": {"segmenter": changes.get("segmenter", "classical")},
+        "segment_both": changes.get("segment_both", True),
+    }
 
 
 def test_profiles_are_derived_from_the_recorded_settings():
@@ -97,13 +107,30 @@ def test_profiles_are_derived_from_the_recorded_settings():
     defaults = RegionSettings()
     toolkit = MASK_OPTIONS["toolkit"]
     assert (defaults.register, defaults.photometric, defaults.tolerance_px, defaults.cluster_stride) == (
-        toolkit["register"], toolkit["photometric"], toolkit["tolerance_px"], toolkit["cluster_stride"])
+        toolkit["register"],
+        toolkit["photometric"],
+        toolkit["tolerance_px"],
+        toolkit["cluster_stride"],
+    )
     assert mask_profile(_mask_settings()) == "toolkit"
-    assert mask_profile(_mask_settings(segmenter="sam", segment_both=False, register="none", photometric="none",
-                                       tolerance_px=0, cluster_stride=1)) == "paper"
+    assert (
+        mask_profile(
+            _mask_settings(
+                segmenter="sam",
+                segment_both=False,
+                register="none",
+                photometric="none",
+                tolerance_px=0,
+                cluster_stride=1,
+            )
+        )
+        == "paper"
+    )
     assert mask_profile(_mask_settings(segmenter="sam")) == "custom"
-    paper = {"retrieval": "region", **{k: ENTITY_OPTIONS["paper"][k] for k in ("retriever", "entity_gate",
-                                                                                "mask_source", "mask_weighting")}}
+    paper = {
+        "retrieval": "region",
+        **{k: ENTITY_OPTIONS["paper"][k] for k in ("retriever", "entity_gate", "mask_source", "mask_weighting")},
+    }
     assert entity_profile(paper) == "paper" and entity_profile({**paper, "entity_gate": "fitted"}) == "custom"
     assert entity_profile({**paper, "retrieval": "image"}) == "custom"
 
@@ -116,8 +143,24 @@ def toolkit_masks(tmp_path_factory):
     sys.path.insert(0, str(REPO))
     base = tmp_path_factory.mktemp("profiles")
     generate_dataset(base / "data", SynthConfig(scenes=20, seed=1, width=96, height=72), workers=1)
-    assert masks.main(["--format", "clevr_change", "--root", str(base / "data"), "--split", "train", "--out",
-                       str(base / "masks"), "--limit", "2", "--no-progress"]) == 0
+    assert (
+        masks.main(
+            [
+                "--format",
+                "clevr_change",
+                "--root",
+                str(base / "data"),
+                "--split",
+                "train",
+                "--out",
+                str(base / "masks"),
+                "--limit",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     return base
 
 
@@ -130,13 +173,25 @@ def test_mask_manifest_records_its_profile(toolkit_masks):
 def test_train_refuses_a_cache_of_another_profile(toolkit_masks, capsys):
     from davir.cli import train
 
-    argv = ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={toolkit_masks / 'data'}",
-            f"data.masks={toolkit_masks / 'masks'}", "data.entities=null", "model.epc.use_entities=false",
-            "data.preprocessing_profile=paper", f"run.output_dir={toolkit_masks / 'run'}", "run.tensorboard=false"]
+    argv = [
+        "--config",
+        str(REPO / "configs" / "demo.yaml"),
+        f"data.root={toolkit_masks / 'data'}",
+        f"data.masks={toolkit_masks / 'masks'}",
+        "data.entities=null",
+        "model.epc.use_entities=false",
+        "data.preprocessing_profile=paper",
+        f"run.output_dir={toolkit_masks / 'run'}",
+        "run.tensorboard=false",
+    ]
     assert train.main(argv) == 2
     first = capsys.readouterr().err.splitlines()[0]
-    assert first.startswith(f"error: the masks cache {toolkit_masks / 'masks'} was made with preprocessing profile "
-                            "'toolkit'") and "expects profile 'paper'" in first
+    assert (
+        first.startswith(
+            f"error: the masks cache {toolkit_masks / 'masks'} was made with preprocessing profile 'toolkit'"
+        )
+        and "expects profile 'paper'" in first
+    )
     assert "--profile paper" in first and "data.allow_profile_mismatch=true" in first
     assert not (toolkit_masks / "run").exists()  # a refused run leaves no run folder behind
     # Overridden explicitly: a warning, and the run goes on (to the next check: only 2 pairs have masks).
@@ -149,9 +204,19 @@ def test_train_refuses_a_cache_of_another_profile(toolkit_masks, capsys):
 def test_check_cache_profiles_entities(tmp_path):
     cache = tmp_path / "entities"
     (cache / "entities").mkdir(parents=True)
-    (cache / "entities" / "manifest.json").write_text(json.dumps({"settings": {
-        "retrieval": "region", "retriever": "fitted", "entity_gate": "fitted", "mask_source": "per_image",
-        "mask_weighting": "binary"}}))
+    (cache / "entities" / "manifest.json").write_text(
+        json.dumps(
+            {
+                "settings": {
+                    "retrieval": "region",
+                    "retriever": "fitted",
+                    "entity_gate": "fitted",
+                    "mask_source": "per_image",
+                    "mask_weighting": "binary",
+                }
+            }
+        )
+    )
     assert check_cache_profiles("toolkit", entities=cache) == {"entities": "toolkit"}
     with pytest.raises(DataError, match=r"entities cache .* profile 'toolkit' .* expects profile 'paper'"):
         check_cache_profiles("paper", entities=cache, where="the run R", override="--allow-profile-mismatch")
@@ -163,8 +228,9 @@ def test_a_cheer_paper_cache_is_not_a_davir_paper_cache(tmp_path):
     check, and a DAVIR run (region-level entities, Eqs. 8-9) refuses them by their level, naming it."""
     cache = tmp_path / "entities"
     (cache / "entities").mkdir(parents=True)
-    (cache / "entities" / "manifest.json").write_text(json.dumps({"settings": {
-        "retrieval": "image", "retriever": "clip", "image_score": "bef_minus_aft"}}))
+    (cache / "entities" / "manifest.json").write_text(
+        json.dumps({"settings": {"retrieval": "image", "retriever": "clip", "image_score": "bef_minus_aft"}})
+    )
     assert check_cache_profiles("paper", entities=cache, entity_level="image") == {"entities": "paper"}
     assert check_cache_profiles("paper", entities=cache) == {"entities": "paper"}  # the profile alone cannot tell
     with pytest.raises(DataError, match=r"holds image-level entities, but the run R needs region-level ones"):
@@ -191,8 +257,11 @@ def test_captions_are_truncated_at_the_end_whatever_the_tokenizer_says():
     from davir.models.vlm.instructblip import DavirModel
 
     caption = "the small red metal cube has moved to the left of the sphere"
-    config = DavirModelConfig(train_mode="full", max_caption_tokens=4,
-                              preset_overrides={"vision_layers": 1, "qformer_layers": 1, "text_layers": 1})
+    config = DavirModelConfig(
+        train_mode="full",
+        max_caption_tokens=4,
+        preset_overrides={"vision_layers": 1, "qformer_layers": 1, "text_layers": 1},
+    )
     core, processor = FAMILY.build_core(config, [caption, config.epc.prompt], torch.device("cpu"))
     processor.tokenizer.truncation_side = "left"  # as the HF InstructBLIP folders ship it
     processor.qformer_tokenizer.truncation_side = "left"

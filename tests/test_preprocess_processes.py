@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = Path(sys.executable).parent / "accelerate"
 
@@ -35,8 +34,14 @@ def free_port() -> int:
 
 
 def cpu_env(port: int) -> dict:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true",
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "MASTER_PORT": str(port)}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "ACCELERATE_USE_CPU": "true",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "MASTER_PORT": str(port),
+    }
 
 
 def recipe_script() -> str:
@@ -53,11 +58,32 @@ def mask_files(cache: Path) -> dict[str, bytes]:
 
 def kill_one_process_of_a_masks_launch(data: Path, out: Path, env: dict) -> None:
     """Start 2 processes on the test split's masks; SIGKILL the second once it works; the launch fails."""
-    command = [str(LAUNCHER), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--main_process_port", env["MASTER_PORT"], "-m", "preprocess", "masks", "--format", "clevr_change",
-               "--root", str(data), "--split", "test", "--out", str(out), "--no-progress"]
-    launch = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    command = [
+        str(LAUNCHER),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        env["MASTER_PORT"],
+        "-m",
+        "preprocess",
+        "masks",
+        "--format",
+        "clevr_change",
+        "--root",
+        str(data),
+        "--split",
+        "test",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    launch = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     lock = out.with_name(f"{out.name}.masks.shard-1-of-2.lock")
     try:
         deadline = time.monotonic() + 180
@@ -93,8 +119,10 @@ def test_cluster_recipe_on_two_processes_resumes_a_kill_and_matches_one_process(
     one = tmp_path / "one"
     common = ["--format", "clevr_change", "--root", str(data), "--split", "test", "--no-progress"]
     assert masks.main([*common, "--out", str(one / "masks")]) == 0
-    assert entities.main([*common, "--masks", str(one / "masks"), "--out", str(one / "entities"),
-                          "--fit-split", "test"]) == 0
+    assert (
+        entities.main([*common, "--masks", str(one / "masks"), "--out", str(one / "entities"), "--fit-split", "test"])
+        == 0
+    )
     weights = str(REPO / "davir" / "assets" / "tiny_resnet" / "backbone.pth")
     assert features.main([*common, "--out", str(one / "features"), "--weights", weights, "--workers", "0"]) == 0
 
@@ -104,16 +132,26 @@ def test_cluster_recipe_on_two_processes_resumes_a_kill_and_matches_one_process(
 
     script = tmp_path / "cluster.sh"
     script.write_text(recipe_script())
-    env.update({
-        "DAVIR_DIR": str(REPO), "FORMAT": "clevr_change", "DATA": str(data), "WORK": str(work), "SPLITS": "test",
-        "GPUS_PER_NODE": "2", "MASK_ARGS": "", "ENTITY_ARGS": "--fit-split test",
-        "FEATURE_ARGS": f"--weights {weights} --workers 0", "CONFIG": "configs/demo.yaml",
-        "TRAIN_ARGS": "data.train_split=test data.val_split=test data.max_train_pairs=8 optim.batch_size=2 "
-                      "optim.max_steps=2 run.eval_every=0 run.save_every=2 run.val_max_pairs=2 "
-                      "run.tensorboard=false run.log_every=1",
-        "EVAL_ARGS": "--no-spice --metrics BLEU,CIDEr --limit 4 --batch-size 2",
-        "CAPTION_PAIRS": "3", "CAPTION_ARGS": "--batch-size 2 --workers 0",
-    })
+    env.update(
+        {
+            "DAVIR_DIR": str(REPO),
+            "FORMAT": "clevr_change",
+            "DATA": str(data),
+            "WORK": str(work),
+            "SPLITS": "test",
+            "GPUS_PER_NODE": "2",
+            "MASK_ARGS": "",
+            "ENTITY_ARGS": "--fit-split test",
+            "FEATURE_ARGS": f"--weights {weights} --workers 0",
+            "CONFIG": "configs/demo.yaml",
+            "TRAIN_ARGS": "data.train_split=test data.val_split=test data.max_train_pairs=8 optim.batch_size=2 "
+            "optim.max_steps=2 run.eval_every=0 run.save_every=2 run.val_max_pairs=2 "
+            "run.tensorboard=false run.log_every=1",
+            "EVAL_ARGS": "--no-spice --metrics BLEU,CIDEr --limit 4 --batch-size 2",
+            "CAPTION_PAIRS": "3",
+            "CAPTION_ARGS": "--batch-size 2 --workers 0",
+        }
+    )
     for variable in ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"):
         env.pop(variable, None)
     result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -130,8 +168,10 @@ def test_cluster_recipe_on_two_processes_resumes_a_kill_and_matches_one_process(
     assert not list((work / "masks").glob("manifest-process-*"))
     # entities: the same table; features: the same keys and values
     assert EntityCache(work / "entities").table() == EntityCache(one / "entities").table()
-    assert json.loads((work / "entities" / "entities" / "manifest.json").read_text())["splits"]["test"]["status"] \
+    assert (
+        json.loads((work / "entities" / "entities" / "manifest.json").read_text())["splits"]["test"]["status"]
         == "complete"
+    )
     import torch
 
     two_features, one_features = (FeatureCache(c / "features", dtype=torch.float16) for c in (work, one))
@@ -154,10 +194,18 @@ def test_merged_manifest_counts_each_pair_once_and_lists_failures_in_reader_orde
     assert [[p.pair_id for p in share] for share in shares] == [["p0", "p2", "p4"], ["p1", "p3"]]
 
     def part(share, failed):
-        return {"settings": {}, "status": "incomplete" if failed else "complete", "seconds": 1.0,
-                "counts": {"pairs": len(share), "computed": len(share) - len(failed), "failed": len(failed),
-                           "reader_skipped": 3},
-                "failures": [{"record": pair_id, "reason": "corrupt"} for pair_id in failed]}
+        return {
+            "settings": {},
+            "status": "incomplete" if failed else "complete",
+            "seconds": 1.0,
+            "counts": {
+                "pairs": len(share),
+                "computed": len(share) - len(failed),
+                "failed": len(failed),
+                "reader_skipped": 3,
+            },
+            "failures": [{"record": pair_id, "reason": "corrupt"} for pair_id in failed],
+        }
 
     merged = merge_process_manifests([part(shares[0], ["p4", "p0"]), part(shares[1], ["p1"])], pairs, 2.0)
     assert merged["counts"] == {"pairs": 5, "computed": 2, "failed": 3, "reader_skipped": 3}

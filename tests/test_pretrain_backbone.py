@@ -10,13 +10,19 @@ import numpy as np
 import pytest
 import torch
 
-from davir.data.synthetic import SynthConfig, generate_dataset
-from davir.models.resnet_layout import backbone_from_state_dict, random_backbone, resnet_layout
 from davir.cli.pretrain_backbone import main
 from davir.config import ConfigError
-from davir.pretrain_backbone.train import (ATTRIBUTES, CellClassifier, PretrainSettings, ProbeSettings, cell_labels,
-                                          probe_backbone)
+from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.jobs.features import build_backbone
+from davir.models.resnet_layout import backbone_from_state_dict, random_backbone, resnet_layout
+from davir.pretrain_backbone.train import (
+    ATTRIBUTES,
+    CellClassifier,
+    PretrainSettings,
+    ProbeSettings,
+    cell_labels,
+    probe_backbone,
+)
 
 ASSET = Path(__file__).resolve().parents[1] / "davir" / "assets" / "tiny_resnet"
 
@@ -26,10 +32,22 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_cell_labels_by_hand():
     # 140×140 image → 10-pixel cells; a far box over cells (1..3, 1..3) and a near one over (2..4, 2..4)
-    far = {"box": [10, 10, 40, 40], "depth_order": 1, "color": "red", "shape": "cube", "material": "metal",
-           "size": "large"}
-    near = {"box": [20, 20, 50, 50], "depth_order": 0, "color": "blue", "shape": "sphere", "material": "rubber",
-            "size": "small"}
+    far = {
+        "box": [10, 10, 40, 40],
+        "depth_order": 1,
+        "color": "red",
+        "shape": "cube",
+        "material": "metal",
+        "size": "large",
+    }
+    near = {
+        "box": [20, 20, 50, 50],
+        "depth_order": 0,
+        "color": "blue",
+        "shape": "sphere",
+        "material": "rubber",
+        "size": "small",
+    }
     labels = cell_labels([near, far], 140, 140)
     color = labels[list(ATTRIBUTES).index("color")]
     red, blue = 1 + ATTRIBUTES["color"].index("red"), 1 + ATTRIBUTES["color"].index("blue")
@@ -37,22 +55,56 @@ def test_cell_labels_by_hand():
     assert color[2, 2] == blue and color[3, 3] == blue and color[4, 4] == blue  # the near box wins
     assert color[0, 0] == 0 and color[5, 5] == 0 and (color > 0).sum() == 9 + 9 - 4 + 0  # 3×3 + 3×3 − overlap 2×2
     shape = labels[list(ATTRIBUTES).index("shape")]
-    assert shape[1, 1] == 1 + ATTRIBUTES["shape"].index("cube") and shape[4, 4] == 1 + ATTRIBUTES["shape"].index("sphere")
+    assert shape[1, 1] == 1 + ATTRIBUTES["shape"].index("cube") and shape[4, 4] == 1 + ATTRIBUTES["shape"].index(
+        "sphere"
+    )
 
 
 def test_pretrain_command_writes_weights_that_preprocess_features_loads(tmp_path):
     data = tmp_path / "set"
     generate_dataset(data, SynthConfig(scenes=6, seed=5, width=128, height=96), workers=1)
     out = tmp_path / "bb"
-    assert main(["--data", str(data), "--out", str(out), "--max-steps", "2", "--minutes", "5", "--batch-size", "2",
-                 "--eval-every", "1", "--eval-scenes", "1"]) == 0
+    assert (
+        main(
+            [
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--max-steps",
+                "2",
+                "--minutes",
+                "5",
+                "--batch-size",
+                "2",
+                "--eval-every",
+                "1",
+                "--eval-scenes",
+                "1",
+            ]
+        )
+        == 0
+    )
     info = json.loads((out / "pretrain_info.json").read_text())
     assert [point["step"] for point in info["curve"]] == [0, 1, 2]
-    assert info["command"] == (f"python -m davir.pretrain_backbone --data {data} --out {out} --max-steps 2 --minutes 5 "
-                               "--batch-size 2 --eval-every 1 --eval-scenes 1")
-    assert info["settings"] == {"data": str(data), "out": str(out), "minutes": 5.0, "max_steps": 2, "batch_size": 2,
-                                "crop_cells": 7, "lr": 2e-3, "seed": 0, "threads": 1, "eval_every": 1,
-                                "eval_scenes": 1, "train_limit": None}
+    assert info["command"] == (
+        f"python -m davir.pretrain_backbone --data {data} --out {out} --max-steps 2 --minutes 5 "
+        "--batch-size 2 --eval-every 1 --eval-scenes 1"
+    )
+    assert info["settings"] == {
+        "data": str(data),
+        "out": str(out),
+        "minutes": 5.0,
+        "max_steps": 2,
+        "batch_size": 2,
+        "crop_cells": 7,
+        "lr": 2e-3,
+        "seed": 0,
+        "threads": 1,
+        "eval_every": 1,
+        "eval_scenes": 1,
+        "train_limit": None,
+    }
     assert info["layout"]["blocks"] == [1, 1, 1]
     state = torch.load(out / "backbone.pth", weights_only=True)
     assert not any(k.startswith(("fc.", "layer4.")) for k in state)
@@ -70,14 +122,19 @@ def test_cli_reports_a_missing_set(tmp_path, capsys):
     assert "nothing" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("eval_every", 0, "eval_every: must be ≥ 1, got 0"),
-    ("crop_cells", 15, r"crop_cells: must be in \[1, 14\], got 15"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("eval_every", 0, "eval_every: must be ≥ 1, got 0"),
+        ("crop_cells", 15, r"crop_cells: must be in \[1, 14\], got 15"),
+    ],
+)
 def test_settings_out_of_range_name_the_field(tmp_path, capsys, field, value, message):
     with pytest.raises(ConfigError, match=message):
         PretrainSettings(data=tmp_path, out=tmp_path / "o", **{field: value})
-    assert main(["--data", str(tmp_path), "--out", str(tmp_path / "o"), f"--{field.replace('_', '-')}", str(value)]) == 2
+    assert (
+        main(["--data", str(tmp_path), "--out", str(tmp_path / "o"), f"--{field.replace('_', '-')}", str(value)]) == 2
+    )
     assert capsys.readouterr().err.startswith(f"error: {field}: must be")
 
 
@@ -93,7 +150,7 @@ def test_probe_from_python_fits_every_attribute_on_the_shipped_backbone(tmp_path
 
 def test_shipped_backbone_loads_and_is_small():
     path = ASSET / "backbone.pth"
-    assert path.stat().st_size < 20 * 2 ** 20
+    assert path.stat().st_size < 20 * 2**20
     state = torch.load(path, weights_only=True)
     assert resnet_layout(state) == ([1, 1, 1], 32)
     info = json.loads((ASSET / "pretrain_info.json").read_text())

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from davir.cli.pretrain_tiny import main
 from davir.data.synthetic import (
     CHANGE_TEMPLATES,
     COLOR_WORDS,
@@ -28,7 +29,6 @@ from davir.metrics.synthetic import (
     score_synthetic,
 )
 from davir.models.tokenizer import build_word_tokenizer
-from davir.cli.pretrain_tiny import main
 from davir.models.vlm.build import build_davir_model
 from davir.models.vlm.config import DavirModelConfig
 from davir.pretrain_tiny import (
@@ -94,8 +94,11 @@ def test_wrong_captions():
 
 def test_vocabulary_covers_every_generator_word():
     tokenizer = build_word_tokenizer(vocabulary_texts())
-    texts = [CHANGE_PROMPT + " Entity: small red metal sphere, large gray rubber cube.", *NO_CHANGE_CAPTIONS,
-             "small red metal sphere , large gray rubber cube"]
+    texts = [
+        CHANGE_PROMPT + " Entity: small red metal sphere, large gray rubber cube.",
+        *NO_CHANGE_CAPTIONS,
+        "small red metal sphere , large gray rubber cube",
+    ]
     for table in (SIZE_WORDS, COLOR_WORDS, MATERIAL_WORDS, SHAPE_WORDS):
         texts.extend(word for words in table.values() for word in words)
     for templates in CHANGE_TEMPLATES.values():
@@ -145,8 +148,26 @@ def test_evaluate_prints_synthetic_accuracy(synth_root, tmp_path, capsys):
     path = tmp_path / "predictions.json"
     path.write_text(json.dumps(predictions))
     out = tmp_path / "metrics.json"
-    assert evaluate.main(["--predictions", str(path), "--format", "clevr_change", "--root", str(synth_root),
-                          "--split", "test", "--metrics", "BLEU", "--no-spice", "--out", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--predictions",
+                str(path),
+                "--format",
+                "clevr_change",
+                "--root",
+                str(synth_root),
+                "--split",
+                "test",
+                "--metrics",
+                "BLEU",
+                "--no-spice",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "| none | 0.0 | — | 0.0 |" in capsys.readouterr().out
     overall = json.loads(out.read_text())["synthetic"]["overall"]
     assert overall["type_accuracy"] == 0.5 and overall["object_accuracy"] == 1.0
@@ -159,7 +180,7 @@ def test_generator_references_score_perfectly(synth_root):
     no_change = json.loads((synth_root / "no_change_captions.json").read_text())
     predictions = {}
     for scene_id, record in scenes.items():
-        for i, caption in enumerate(record["captions"]):  # every reference, synonyms included
+        for _i, caption in enumerate(record["captions"]):  # every reference, synonyms included
             assert parse_caption(caption).attributes == truths[f"{scene_id}.png"].attributes, caption
         predictions[f"{scene_id}.png"] = record["captions"][-1]
         predictions[f"{scene_id}.png_n"] = no_change[f"CLEVR_default_{scene_id}.png"][0]
@@ -198,17 +219,36 @@ def test_saved_folder_loads_as_instructblip_with_same_logits(tmp_path):
 
 def _quick_pretrain(out, data, *args: str) -> int:
     """A few steps of the CLI at 32 px (batch 4, one thread, no CIDEr) with ``args`` added."""
-    return main(["--out", str(out), "--data", str(data), "--batch-size", "4", "--image-size", "32",
-                 "--eval-every", "2", "--threads", "1", "--no-cider", "--quiet", *args])
+    return main(
+        [
+            "--out",
+            str(out),
+            "--data",
+            str(data),
+            "--batch-size",
+            "4",
+            "--image-size",
+            "32",
+            "--eval-every",
+            "2",
+            "--threads",
+            "1",
+            "--no-cider",
+            "--quiet",
+            *args,
+        ]
+    )
 
 
 def test_cli_writes_a_loadable_checkpoint(synth_root, tmp_path):
     out = tmp_path / "tiny"
-    code = _quick_pretrain(out, synth_root, "--desc-steps", "2", "--change-steps", "2", "--eval-scenes", "1",
-                           "--seed", "5")
+    code = _quick_pretrain(
+        out, synth_root, "--desc-steps", "2", "--change-steps", "2", "--eval-scenes", "1", "--seed", "5"
+    )
     assert code == 0
     assert {"config.json", "model.safetensors", "tokenizer.json", "processor_config.json", INFO_FILE} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     info = json.loads((out / INFO_FILE).read_text())
     assert info["seed"] == 5 and "--desc-steps 2" in info["command"]
     assert [p["stage"] for p in info["curve"]] == ["describe", "change"]
@@ -223,16 +263,33 @@ def test_last_folder_holds_the_final_steps_weights_and_continues(synth_root, tmp
     from safetensors.torch import load_file
 
     out = tmp_path / "tiny"
-    assert _quick_pretrain(out, synth_root, "--desc-steps", "0", "--change-steps", "6", "--eval-every", "2",
-                           "--eval-scenes", "2") == 0
+    assert (
+        _quick_pretrain(
+            out, synth_root, "--desc-steps", "0", "--change-steps", "6", "--eval-every", "2", "--eval-scenes", "2"
+        )
+        == 0
+    )
     info, last_info = (json.loads((folder / INFO_FILE).read_text()) for folder in (out, out / LAST_FOLDER))
     assert len(info["curve"]) == 3 and last_info["curve"] == info["curve"] and "last step" in last_info["weights"]
     best, last = (load_file(folder / "model.safetensors") for folder in (out, out / LAST_FOLDER))
     assert info["best"]["step"] == 2 and best.keys() == last.keys()
     assert not all(torch.equal(best[name], last[name]) for name in best)  # four more steps moved the weights
     more = tmp_path / "more"
-    assert _quick_pretrain(more, synth_root, "--init", str(out / LAST_FOLDER), "--desc-steps", "0",
-                           "--change-steps", "2", "--eval-scenes", "1") == 0
+    assert (
+        _quick_pretrain(
+            more,
+            synth_root,
+            "--init",
+            str(out / LAST_FOLDER),
+            "--desc-steps",
+            "0",
+            "--change-steps",
+            "2",
+            "--eval-scenes",
+            "1",
+        )
+        == 0
+    )
     chain = json.loads((more / INFO_FILE).read_text())["init"]
     assert chain["folder"] == str(out / LAST_FOLDER) and chain["init"] is None  # out itself started from random weights
 
@@ -240,8 +297,9 @@ def test_last_folder_holds_the_final_steps_weights_and_continues(synth_root, tmp
 def test_cli_pretrains_a_chat_family_with_both_stages(synth_root, tmp_path):
     """Qwen2.5-VL: the description stage puts one picture in the chat turn; the folder loads as a user's."""
     out = tmp_path / "tiny_qwen"
-    code = _quick_pretrain(out, synth_root, "--family", "qwen2_5_vl", "--desc-steps", "2", "--change-steps", "2",
-                           "--eval-scenes", "1")
+    code = _quick_pretrain(
+        out, synth_root, "--family", "qwen2_5_vl", "--desc-steps", "2", "--change-steps", "2", "--eval-scenes", "1"
+    )
     assert code == 0
     info = json.loads((out / INFO_FILE).read_text())
     assert info["family"] == "qwen2_5_vl" and [p["stage"] for p in info["curve"]] == ["describe", "change"]
@@ -262,23 +320,70 @@ def test_added_llm_layers_start_as_the_identity_and_load_from_the_folder(synth_r
         after = model.core(input_ids=ids).logits
     assert torch.equal(before, after)
     new = model.core.get_decoder().layers[3]
-    assert new.self_attn.layer_idx == 3 and not new.mlp.down_proj.weight.any() and new.self_attn.q_proj.weight.std() > 0.01
+    assert (
+        new.self_attn.layer_idx == 3 and not new.mlp.down_proj.weight.any() and new.self_attn.q_proj.weight.std() > 0.01
+    )
     assert model.core.config.text_config.layer_types == ["full_attention"] * 4
     with pytest.raises(ValueError, match="add-llm-layers"):
         add_language_layers(model, -1)
 
     start, grown = tmp_path / "start", tmp_path / "grown"
-    assert _quick_pretrain(start, synth_root, "--family", "qwen2_5_vl", "--desc-steps", "1", "--change-steps", "0",
-                           "--eval-scenes", "1") == 0
-    assert _quick_pretrain(grown, synth_root, "--family", "qwen2_5_vl", "--init", str(start), "--add-llm-layers", "2",
-                           "--desc-steps", "0", "--change-steps", "2", "--eval-scenes", "1") == 0
+    assert (
+        _quick_pretrain(
+            start,
+            synth_root,
+            "--family",
+            "qwen2_5_vl",
+            "--desc-steps",
+            "1",
+            "--change-steps",
+            "0",
+            "--eval-scenes",
+            "1",
+        )
+        == 0
+    )
+    assert (
+        _quick_pretrain(
+            grown,
+            synth_root,
+            "--family",
+            "qwen2_5_vl",
+            "--init",
+            str(start),
+            "--add-llm-layers",
+            "2",
+            "--desc-steps",
+            "0",
+            "--change-steps",
+            "2",
+            "--eval-scenes",
+            "1",
+        )
+        == 0
+    )
     loaded = build_davir_model(DavirModelConfig(family="qwen2_5_vl", pretrained=str(grown), image_size=32))
     assert len(loaded.core.get_decoder().layers) == 4
     info = json.loads((grown / INFO_FILE).read_text())
     assert "--add-llm-layers 2" in info["command"] and info["init"]["folder"] == str(start)
     again = tmp_path / "again"  # a third stage keeps the whole chain: again ← grown ← start
-    assert _quick_pretrain(again, synth_root, "--family", "qwen2_5_vl", "--init", str(grown), "--desc-steps", "0",
-                           "--change-steps", "1", "--eval-scenes", "1") == 0
+    assert (
+        _quick_pretrain(
+            again,
+            synth_root,
+            "--family",
+            "qwen2_5_vl",
+            "--init",
+            str(grown),
+            "--desc-steps",
+            "0",
+            "--change-steps",
+            "1",
+            "--eval-scenes",
+            "1",
+        )
+        == 0
+    )
     chain = json.loads((again / INFO_FILE).read_text())["init"]
     assert chain["folder"] == str(grown) and chain["init"]["folder"] == str(start) and chain["init"]["init"] is None
 
@@ -289,9 +394,15 @@ def test_noisy_entities_imitate_a_retriever():
     import random
 
     objects = [["small red metal sphere", "large gray rubber cube", "small cyan metal cylinder"]] * 2
-    data = SceneTensors(ids=["0", "1"], images=torch.zeros(2, 3, 3, 4, 4, dtype=torch.uint8), descriptions=[],
-                        captions=[], no_change=[], subjects=["large gray rubber cube", "small red metal sphere"],
-                        objects=objects)
+    data = SceneTensors(
+        ids=["0", "1"],
+        images=torch.zeros(2, 3, 3, 4, 4, dtype=torch.uint8),
+        descriptions=[],
+        captions=[],
+        no_change=[],
+        subjects=["large gray rubber cube", "small red metal sphere"],
+        objects=objects,
+    )
     rows, semantic = [0, 1, 0, 1] * 50, [True, True, False, False] * 50
     clean = noisy_entities(data, rows, semantic, random.Random(0), EntityNoise(wrong=0.0, on_distractor=0.0))
     assert clean[:4] == [["large gray rubber cube"], ["small red metal sphere"], [], []]
@@ -308,8 +419,9 @@ def test_noisy_entities_imitate_a_retriever():
 
 def test_cli_with_entity_prompts_scores_both_prompts(synth_root, tmp_path):
     out = tmp_path / "tiny_epc"
-    code = _quick_pretrain(out, synth_root, "--desc-steps", "0", "--change-steps", "2", "--entity-share", "1",
-                           "--eval-scenes", "2")
+    code = _quick_pretrain(
+        out, synth_root, "--desc-steps", "0", "--change-steps", "2", "--entity-share", "1", "--eval-scenes", "2"
+    )
     assert code == 0
     info = json.loads((out / INFO_FILE).read_text())
     point = info["curve"][-1]
@@ -324,9 +436,16 @@ def test_type_weights_draw_the_changed_pairs_of_a_type_more_often(tmp_path, caps
     import random
 
     kinds = ["color", "move", "add", "drop"]
-    data = SceneTensors(ids=["0", "1", "2", "3"], images=torch.zeros(4, 3, 3, 4, 4, dtype=torch.uint8),
-                        descriptions=[], captions=[["c"]] * 4, no_change=[["n"]] * 4, subjects=[], objects=[],
-                        change_types=kinds)
+    data = SceneTensors(
+        ids=["0", "1", "2", "3"],
+        images=torch.zeros(4, 3, 3, 4, 4, dtype=torch.uint8),
+        descriptions=[],
+        captions=[["c"]] * 4,
+        no_change=[["n"]] * 4,
+        subjects=[],
+        objects=[],
+        change_types=kinds,
+    )
     assert change_type_weights(data, {}) is None
     cumulative = change_type_weights(data, {"move": 4.0})
     assert cumulative == [1.0, 5.0, 6.0, 7.0]
@@ -342,8 +461,10 @@ def test_type_weights_draw_the_changed_pairs_of_a_type_more_often(tmp_path, caps
     assert plain.rows == [reference.randrange(4) for _ in range(40)]  # the unweighted draw is unchanged
     with pytest.raises(SystemExit) as exit_info:
         main(["--out", str(tmp_path / "x"), "--scenes", "2", "--type-weights", "moved=2", "--quiet"])
-    assert exit_info.value.code == 2 and "type-weights: moved=2.0; give positive weights of color" in \
-        capsys.readouterr().err
+    assert (
+        exit_info.value.code == 2
+        and "type-weights: moved=2.0; give positive weights of color" in capsys.readouterr().err
+    )
 
 
 def test_cli_refuses_shares_outside_0_1(tmp_path, capsys):

@@ -16,28 +16,47 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from davir.data import read_dataset
-from davir.errors import DataError
 from davir.data.formats.folder import read_folder
+from davir.errors import DataError
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.floats(allow_nan=True),
-                    st.text(max_size=12), st.sampled_from(["", " ", "../x.png", "/etc/passwd", "a.png", "0", "train"]))
-JSON_VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-                           max_leaves=12)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.sampled_from(["", " ", "../x.png", "/etc/passwd", "a.png", "0", "train"]),
+)
+JSON_VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def records(keys: list[str]):
     """Objects that mostly carry the format's keys, with values of any JSON type (sometimes the right one)."""
-    return st.dictionaries(st.sampled_from(keys) | st.text(max_size=4), JSON_VALUES | st.lists(st.text(max_size=8), max_size=3),
-                           max_size=len(keys) + 1)
+    return st.dictionaries(
+        st.sampled_from(keys) | st.text(max_size=4),
+        JSON_VALUES | st.lists(st.text(max_size=8), max_size=3),
+        max_size=len(keys) + 1,
+    )
 
 
 def file_text(structured):
     """A file's text: the structured strategy as JSON, its JSON cut short, or arbitrary text."""
-    return st.one_of(structured.map(json.dumps), structured.map(json.dumps).flatmap(
-        lambda text: st.integers(0, len(text)).map(lambda n: text[:n])), st.text(max_size=40))
+    return st.one_of(
+        structured.map(json.dumps),
+        structured.map(json.dumps).flatmap(lambda text: st.integers(0, len(text)).map(lambda n: text[:n])),
+        st.text(max_size=40),
+    )
 
 
 def snapshot(root: Path) -> set[str]:
@@ -62,21 +81,45 @@ def read_only_ok(format: str, files: dict[str, str], split: str) -> None:
         assert snapshot(root) == before
 
 
-SPLIT_IDS = st.dictionaries(st.sampled_from(["train", "val", "test"]) | st.text(max_size=3),
-                            st.lists(st.integers(-2, 5) | SCALARS, max_size=4) | JSON_VALUES, max_size=3)
-CAPTIONS_BY_NAME = st.dictionaries(st.sampled_from(["CLEVR_default_000000.png", "CLEVR_default_000001.png", "000000.png", "0", "1"])
-                                   | st.text(max_size=6), st.lists(st.text(max_size=10) | SCALARS, max_size=3) | JSON_VALUES, max_size=3)
+SPLIT_IDS = st.dictionaries(
+    st.sampled_from(["train", "val", "test"]) | st.text(max_size=3),
+    st.lists(st.integers(-2, 5) | SCALARS, max_size=4) | JSON_VALUES,
+    max_size=3,
+)
+CAPTIONS_BY_NAME = st.dictionaries(
+    st.sampled_from(["CLEVR_default_000000.png", "CLEVR_default_000001.png", "000000.png", "0", "1"])
+    | st.text(max_size=6),
+    st.lists(st.text(max_size=10) | SCALARS, max_size=3) | JSON_VALUES,
+    max_size=3,
+)
 
 
 @SETTINGS
-@given(splits=file_text(SPLIT_IDS), types=file_text(st.dictionaries(
-    st.sampled_from(["color", "material", "add", "drop", "move"]) | st.text(max_size=4),
-    st.lists(st.sampled_from(["000000.png", "000001.png"]) | SCALARS, max_size=3) | JSON_VALUES, max_size=3)),
-       change=file_text(CAPTIONS_BY_NAME), no_change=file_text(CAPTIONS_BY_NAME), optional=st.sets(st.sampled_from(["types", "change", "no_change"])))
+@given(
+    splits=file_text(SPLIT_IDS),
+    types=file_text(
+        st.dictionaries(
+            st.sampled_from(["color", "material", "add", "drop", "move"]) | st.text(max_size=4),
+            st.lists(st.sampled_from(["000000.png", "000001.png"]) | SCALARS, max_size=3) | JSON_VALUES,
+            max_size=3,
+        )
+    ),
+    change=file_text(CAPTIONS_BY_NAME),
+    no_change=file_text(CAPTIONS_BY_NAME),
+    optional=st.sets(st.sampled_from(["types", "change", "no_change"])),
+)
 def test_clevr_change_reader(splits, types, change, no_change, optional):
-    files = {"splits.json": splits, "type_mapping.json": types, "change_captions.json": change,
-             "no_change_captions.json": no_change}
-    for key, name in (("types", "type_mapping.json"), ("change", "change_captions.json"), ("no_change", "no_change_captions.json")):
+    files = {
+        "splits.json": splits,
+        "type_mapping.json": types,
+        "change_captions.json": change,
+        "no_change_captions.json": no_change,
+    }
+    for key, name in (
+        ("types", "type_mapping.json"),
+        ("change", "change_captions.json"),
+        ("no_change", "no_change_captions.json"),
+    ):
         if key in optional:
             files.pop(name)
     read_only_ok("clevr_change", files, "train")
@@ -101,24 +144,46 @@ def test_spot_the_diff_reader(text):
     read_only_ok("spot_the_diff", {"annotations/train.json": text}, "train")
 
 
-LEVIR_SENTENCE = st.dictionaries(st.sampled_from(["raw", "tokens"]) | st.text(max_size=3),
-                                 st.lists(st.text(max_size=5) | SCALARS, max_size=3) | SCALARS, max_size=2)
-LEVIR_ENTRY = st.dictionaries(st.sampled_from(["filepath", "filename", "split", "sentences", "changeflag"]) | st.text(max_size=3),
-                              st.sampled_from(["train", "train_000001.png"]) | st.lists(LEVIR_SENTENCE | SCALARS, max_size=3) | JSON_VALUES,
-                              max_size=6)
+LEVIR_SENTENCE = st.dictionaries(
+    st.sampled_from(["raw", "tokens"]) | st.text(max_size=3),
+    st.lists(st.text(max_size=5) | SCALARS, max_size=3) | SCALARS,
+    max_size=2,
+)
+LEVIR_ENTRY = st.dictionaries(
+    st.sampled_from(["filepath", "filename", "split", "sentences", "changeflag"]) | st.text(max_size=3),
+    st.sampled_from(["train", "train_000001.png"]) | st.lists(LEVIR_SENTENCE | SCALARS, max_size=3) | JSON_VALUES,
+    max_size=6,
+)
 
 
 @SETTINGS
-@given(text=file_text(st.dictionaries(st.sampled_from(["images"]) | st.text(max_size=3),
-                                      st.lists(LEVIR_ENTRY, max_size=4) | JSON_VALUES, max_size=2)))
+@given(
+    text=file_text(
+        st.dictionaries(
+            st.sampled_from(["images"]) | st.text(max_size=3),
+            st.lists(LEVIR_ENTRY, max_size=4) | JSON_VALUES,
+            max_size=2,
+        )
+    )
+)
 def test_levir_cc_karpathy_reader(text):
     read_only_ok("levir_cc", {"LevirCCcaptions.json": text}, "train")
 
 
 @SETTINGS
-@given(names=st.lists(st.sampled_from(["train_000001.png", "train_000002.png", "../x.png", ""]) | st.text(max_size=8), max_size=3),
-       tokens=st.lists(file_text(st.lists(st.lists(st.sampled_from(["<START>", "<END>", "a", "road"]) | SCALARS, max_size=4)
-                                          | SCALARS, max_size=3)), max_size=3))
+@given(
+    names=st.lists(
+        st.sampled_from(["train_000001.png", "train_000002.png", "../x.png", ""]) | st.text(max_size=8), max_size=3
+    ),
+    tokens=st.lists(
+        file_text(
+            st.lists(
+                st.lists(st.sampled_from(["<START>", "<END>", "a", "road"]) | SCALARS, max_size=4) | SCALARS, max_size=3
+            )
+        ),
+        max_size=3,
+    ),
+)
 def test_levir_cc_mci_reader(names, tokens):
     files = {"train.txt": "\n".join(names) + "\n"}
     for name, text in zip(["train_000001", "train_000002", "other"], tokens):
@@ -128,17 +193,25 @@ def test_levir_cc_mci_reader(names, tokens):
 
 # --- the folder manifests: pairs.csv and pairs.jsonl ------------------------------------------------
 
-CELLS = st.sampled_from(["a.png", "b.png", "../a.png", "/abs.png", "", " ", "x,y", '"q"', "id1", "sub/c.png"]) | st.text(max_size=8)
+CELLS = st.sampled_from(
+    ["a.png", "b.png", "../a.png", "/abs.png", "", " ", "x,y", '"q"', "id1", "sub/c.png"]
+) | st.text(max_size=8)
 
 
 def csv_text():
-    header = st.sampled_from(["before,after", "before,after,id", "after,before", "left,right", "before", ""]) | st.text(max_size=12)
+    header = st.sampled_from(["before,after", "before,after,id", "after,before", "left,right", "before", ""]) | st.text(
+        max_size=12
+    )
     row = st.lists(CELLS, min_size=0, max_size=4).map(",".join)
-    return st.tuples(header, st.lists(row, max_size=5)).map(lambda hr: "\n".join([hr[0], *hr[1]]) + "\n") | st.text(max_size=60)
+    return st.tuples(header, st.lists(row, max_size=5)).map(lambda hr: "\n".join([hr[0], *hr[1]]) + "\n") | st.text(
+        max_size=60
+    )
 
 
 def jsonl_text():
-    entry = st.dictionaries(st.sampled_from(["before", "after", "id"]) | st.text(max_size=3), CELLS | JSON_VALUES, max_size=4)
+    entry = st.dictionaries(
+        st.sampled_from(["before", "after", "id"]) | st.text(max_size=3), CELLS | JSON_VALUES, max_size=4
+    )
     line = entry.map(json.dumps) | JSON_VALUES.map(json.dumps) | st.text(max_size=20)
     return st.lists(line, max_size=5).map("\n".join)
 

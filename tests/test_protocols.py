@@ -18,7 +18,11 @@ import evaluate
 from davir.data import read_dataset
 from davir.metrics import canonical_id, load_references, references_from_index, score_captions
 from davir.metrics.protocols import (
-    PROTOCOLS, lavis_pre_caption, load_reference_file, official_protocol_of, reference_fingerprint,
+    PROTOCOLS,
+    lavis_pre_caption,
+    load_reference_file,
+    official_protocol_of,
+    reference_fingerprint,
     references_for_evaluation,
 )
 
@@ -58,6 +62,7 @@ def assert_same_scores(a: dict, b: dict) -> None:
 
 # --- Spot-the-Diff val (FINER-MLLM's filtered references) ------------------------------------------
 
+
 def test_spot_the_diff_val_reader_equals_official_file(shared_datasets, tmp_path):
     root = shared_datasets / "spot_the_diff"
     official_file = root / "spot_val_change_captions_reformat.json"
@@ -73,8 +78,9 @@ def test_spot_the_diff_val_reader_equals_official_file(shared_datasets, tmp_path
     assert sum(cleaned[k] != v for k, v in chosen.references.items()) == 15
 
     predictions = root / "eval_example_val" / "ssgpa_spot_val_total_captions.json"
-    through_reader = run_evaluate(tmp_path, "reader", predictions, "--format", "spot_the_diff", "--root", str(root),
-                                  "--split", "val", *FAST)
+    through_reader = run_evaluate(
+        tmp_path, "reader", predictions, "--format", "spot_the_diff", "--root", str(root), "--split", "val", *FAST
+    )
     through_file = run_evaluate(tmp_path, "file", predictions, "--references", str(official_file), *FAST)
     assert_same_scores(through_reader, through_file)
     expected = json.loads((root / "eval_example_val" / "expected_scores.json").read_text())["computed_here"]
@@ -84,6 +90,7 @@ def test_spot_the_diff_val_reader_equals_official_file(shared_datasets, tmp_path
 
 
 # --- IER val (FINER-MLLM's references went through LAVIS pre_caption) -------------------------------
+
 
 def test_ier_val_reader_equals_official_file(shared_datasets, tmp_path):
     root = shared_datasets / "ier"
@@ -96,11 +103,15 @@ def test_ier_val_reader_equals_official_file(shared_datasets, tmp_path):
 
     # Predictions that tell the two reference sets apart: each pair's own raw sentence with the most
     # punctuation (quotes, "j. trump", "inc." as the annotator wrote them).
-    predictions = {pair.pair_id: max(pair.source_captions, key=lambda s: sum(not c.isalnum() and c != " " for c in s))
-                   for pair in index}
+    predictions = {
+        pair.pair_id: max(pair.source_captions, key=lambda s: sum(not c.isalnum() and c != " " for c in s))
+        for pair in index
+    }
     predictions_file = tmp_path / "ier_val_predictions.json"
     predictions_file.write_text(json.dumps(predictions))
-    through_reader = run_evaluate(tmp_path, "reader", predictions_file, "--format", "ier", "--root", str(root), "--split", "val", *FAST)
+    through_reader = run_evaluate(
+        tmp_path, "reader", predictions_file, "--format", "ier", "--root", str(root), "--split", "val", *FAST
+    )
     through_file = run_evaluate(tmp_path, "file", predictions_file, "--references", str(official_file), *FAST)
     assert_same_scores(through_reader, through_file)
     assert scores_of(through_reader)[1:] == (383, 1149)
@@ -110,13 +121,16 @@ def test_ier_val_reader_equals_official_file(shared_datasets, tmp_path):
 
 
 def test_lavis_pre_caption_examples():
-    assert lavis_pre_caption('Change the word "TRUMP" to "JUMP", remove "MAKE AMERICA GREAT AGAIN!"') == \
-        "change the word trump to jump , remove make america great again"
+    assert (
+        lavis_pre_caption('Change the word "TRUMP" to "JUMP", remove "MAKE AMERICA GREAT AGAIN!"')
+        == "change the word trump to jump , remove make america great again"
+    )
     assert lavis_pre_caption("Inc.  of J. Trump ") == "inc of j trump"
     assert lavis_pre_caption(" ".join(map(str, range(40))), 32) == " ".join(map(str, range(32)))
 
 
 # --- Spot-the-Diff test: empty references are part of the official protocol ------------------------
+
 
 def official_coco_file(records: list[dict], path: Path) -> Path:
     """The official reference file as FINER-MLLM's `preprocess/eval_utils.py::coco_gt_format_save`
@@ -127,7 +141,9 @@ def official_coco_file(records: list[dict], path: Path) -> Path:
         images.append({"filename": image_id, "id": image_id})
         for caption in record["sentences"]:
             annotations.append({"caption": caption, "id": len(annotations), "image_id": image_id})
-    path.write_text(json.dumps({"info": {}, "licenses": {}, "type": "captions", "images": images, "annotations": annotations}))
+    path.write_text(
+        json.dumps({"info": {}, "licenses": {}, "type": "captions", "images": images, "annotations": annotations})
+    )
     return path
 
 
@@ -146,12 +162,19 @@ def test_spot_the_diff_test_protocol_keeps_empty_references(shared_datasets, tmp
     assert chosen.source["empty_references"]["sentences"] == 6
     assert chosen.without == []
 
-    predictions = {pair_id: "the car is gone" if n % 3 else captions[-1] for n, (pair_id, captions) in enumerate(chosen.references.items())}
+    predictions = {
+        pair_id: "the car is gone" if n % 3 else captions[-1]
+        for n, (pair_id, captions) in enumerate(chosen.references.items())
+    }
     predictions_file = tmp_path / "predictions.json"
     predictions_file.write_text(json.dumps(predictions))
     # This stand-in is no published file, so keeping its empty references is asked for explicitly.
-    through_reader = run_evaluate(tmp_path, "reader", predictions_file, "--format", "spot_the_diff", "--root", str(root), "--split", "test", *FAST)
-    through_file = run_evaluate(tmp_path, "file", predictions_file, "--references", str(official_file), "--empty-references", "keep", *FAST)
+    through_reader = run_evaluate(
+        tmp_path, "reader", predictions_file, "--format", "spot_the_diff", "--root", str(root), "--split", "test", *FAST
+    )
+    through_file = run_evaluate(
+        tmp_path, "file", predictions_file, "--references", str(official_file), "--empty-references", "keep", *FAST
+    )
     assert_same_scores(through_reader, through_file)
     assert scores_of(through_reader)[1:] == (1493, 3310)
 
@@ -173,26 +196,46 @@ def test_official_files_are_recognised_by_content(shared_datasets, tmp_path):
 
 # --- 18.18: empty references in a user's references file -------------------------------------------
 
+
 def test_empty_references_in_a_users_file_are_skipped_counted_and_reported(tmp_path, capsys):
     references = tmp_path / "refs.json"
-    references.write_text(json.dumps({
-        "1": ["a red car is gone", "the red car left"],
-        "2": ["", "  "],                       # nothing to score against
-        "3": ["a man appears", ""],            # one empty sentence among real ones
-    }))
+    references.write_text(
+        json.dumps(
+            {
+                "1": ["a red car is gone", "the red car left"],
+                "2": ["", "  "],  # nothing to score against
+                "3": ["a man appears", ""],  # one empty sentence among real ones
+            }
+        )
+    )
     predictions = tmp_path / "preds.json"
     predictions.write_text(json.dumps({"1": "the red car is gone", "2": "a man appears", "3": "a man appears"}))
     out = tmp_path / "metrics.json"
-    status = evaluate.main(["--predictions", str(predictions), "--references", str(references), "--metrics", "BLEU,CIDEr",
-                            "--no-spice", "--out", str(out)])
+    status = evaluate.main(
+        [
+            "--predictions",
+            str(predictions),
+            "--references",
+            str(references),
+            "--metrics",
+            "BLEU,CIDEr",
+            "--no-spice",
+            "--out",
+            str(out),
+        ]
+    )
     assert status == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
-    assert notes[0] == (f"note: {references}: 3 empty reference sentence(s) skipped (not an official reference file); "
-                        "1 pair(s) left without references are not scored ('2')")
+    assert notes[0] == (
+        f"note: {references}: 3 empty reference sentence(s) skipped (not an official reference file); "
+        "1 pair(s) left without references are not scored ('2')"
+    )
     document = json.loads(out.read_text())
     assert document["references"]["empty_references"] == {
-        "policy": "skipped (not an official reference file)", "sentences": 3,
-        "pairs_with_only_empty": {"count": 1, "examples": ["2"]}}
+        "policy": "skipped (not an official reference file)",
+        "sentences": 3,
+        "pairs_with_only_empty": {"count": 1, "examples": ["2"]},
+    }
     total = document["rows"]["total"]
     assert (total["num_pairs"], total["num_references"]) == (2, 3)
     assert total["mismatch"]["predictions_without_reference"]["examples"] == ["2"]
@@ -209,4 +252,7 @@ def test_only_empty_references_is_an_error_naming_the_file(tmp_path, capsys):
     predictions = tmp_path / "preds.json"
     predictions.write_text(json.dumps({"1": "x", "2": "y"}))
     assert evaluate.main(["--predictions", str(predictions), "--references", str(references), "--no-spice"]) == 2
-    assert capsys.readouterr().err.splitlines()[0] == f"error: {references}: every reference sentence is empty, nothing to score"
+    assert (
+        capsys.readouterr().err.splitlines()[0]
+        == f"error: {references}: every reference sentence is empty, nothing to score"
+    )

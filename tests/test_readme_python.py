@@ -35,11 +35,30 @@ def test_the_readme_python_examples_run_as_written(synthetic_set, tmp_path, monk
     (work / "configs").symlink_to(REPO / "configs")  # the repository's configs/, as a user working in a checkout
     for i, image in enumerate(sorted((root / "images").iterdir())[:3]):
         shutil.copy(image, work / "my_pairs" / "before" / f"p{i}.png")
-        shutil.copy(root / "sc_images" / image.name.replace("default", "semantic"), work / "my_pairs" / "after" / f"p{i}.png")
+        shutil.copy(
+            root / "sc_images" / image.name.replace("default", "semantic"), work / "my_pairs" / "after" / f"p{i}.png"
+        )
     monkeypatch.chdir(work)
     for split in ("train", "val", "test"):
-        assert features_main(["--format", "clevr_change", "--root", "my_data", "--split", split, "--out", "my_features",
-                              "--random-init", "--workers", "0", "--no-progress"]) == 0
+        assert (
+            features_main(
+                [
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    "my_data",
+                    "--split",
+                    split,
+                    "--out",
+                    "my_features",
+                    "--random-init",
+                    "--workers",
+                    "0",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     namespace: dict = {}
     for block in python_blocks((REPO / "README.md").read_text(encoding="utf-8")):
         exec(compile(block, "README.md", "exec"), namespace)

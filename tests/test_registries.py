@@ -18,11 +18,11 @@ from davir.data import read_dataset
 from davir.data.caches import EntityCache, MaskCache
 from davir.data.images import load_pair
 from davir.errors import DataError
+from davir.jobs import entities, masks
 from davir.preprocessing.components import Weights, option
 from davir.preprocessing.online import OnlineEntities, OnlineMasks
 from davir.preprocessing.retrievers import RETRIEVERS
 from davir.preprocessing.segmenters import SEGMENTERS, Candidates
-from davir.jobs import entities, masks
 
 
 class ToySegmenter:
@@ -42,8 +42,13 @@ class ToySegmenter:
 
     def segment(self, requests):
         kernel = np.ones((2 * self.grow + 1, 2 * self.grow + 1), np.uint8)
-        return [[Candidates(cv2.dilate(region.astype(np.uint8), kernel).astype(bool)[None], np.ones(1, np.float32))
-                 for region in request.regions] for request in requests]
+        return [
+            [
+                Candidates(cv2.dilate(region.astype(np.uint8), kernel).astype(bool)[None], np.ones(1, np.float32))
+                for region in request.regions
+            ]
+            for request in requests
+        ]
 
 
 class ToyRetriever:
@@ -66,6 +71,7 @@ class ToyRetriever:
         def one(phrase):
             named = [np.asarray(self.table[w], float) for w in phrase.split() if w in self.table]
             return -self.sharpness * min(np.linalg.norm(colour - c) for c in named) if named else -1000.0
+
         return np.array([one(p) for p in self.phrases])
 
     def score(self, pairs):
@@ -99,18 +105,55 @@ def world(tmp_path_factory):
 def _make_world(base: Path) -> dict:
     from davir.data.synthetic import SynthConfig, generate_dataset
 
-    generate_dataset(base / "data", SynthConfig(scenes=12, seed=3, width=96, height=72, val_fraction=0.0,
-                                                test_fraction=0.5), workers=1)
+    generate_dataset(
+        base / "data",
+        SynthConfig(scenes=12, seed=3, width=96, height=72, val_fraction=0.0, test_fraction=0.5),
+        workers=1,
+    )
     table = base / "colours.json"
-    table.write_text(json.dumps({"red": [173, 35, 35], "blue": [42, 75, 215], "green": [29, 105, 20],
-                                 "yellow": [255, 238, 51], "gray": [87, 87, 87], "cyan": [41, 208, 208],
-                                 "purple": [129, 38, 192], "brown": [129, 74, 25]}))
+    table.write_text(
+        json.dumps(
+            {
+                "red": [173, 35, 35],
+                "blue": [42, 75, 215],
+                "green": [29, 105, 20],
+                "yellow": [255, 238, 51],
+                "gray": [87, 87, 87],
+                "cyan": [41, 208, 208],
+                "purple": [129, 38, 192],
+                "brown": [129, 74, 25],
+            }
+        )
+    )
     common = ["--format", "clevr_change", "--root", str(base / "data"), "--split", "test", "--no-progress"]
-    assert masks.main([*common, "--out", str(base / "masks"), "--segmenter", "toy", "--toy-grow", "2",
-                       "--workers", "2"]) == 0
-    assert entities.main([*common, "--masks", str(base / "masks"), "--out", str(base / "entities"), "--fit-split",
-                          "test", "--vocab-min-count", "1", "--retriever", "toy", "--toy-table", str(table),
-                          "--toy-sharpness", "0.5", "--entity-gate", "none"]) == 0
+    assert (
+        masks.main([*common, "--out", str(base / "masks"), "--segmenter", "toy", "--toy-grow", "2", "--workers", "2"])
+        == 0
+    )
+    assert (
+        entities.main(
+            [
+                *common,
+                "--masks",
+                str(base / "masks"),
+                "--out",
+                str(base / "entities"),
+                "--fit-split",
+                "test",
+                "--vocab-min-count",
+                "1",
+                "--retriever",
+                "toy",
+                "--toy-table",
+                str(table),
+                "--toy-sharpness",
+                "0.5",
+                "--entity-gate",
+                "none",
+            ]
+        )
+        == 0
+    )
     pairs = read_dataset("clevr_change", base / "data", "test")
     return {"base": base, "common": common, "table": table, "pairs": pairs}
 
@@ -125,10 +168,15 @@ def test_the_jobs_build_and_record_the_registered_toys(world):
     cache, square = MaskCache(base / "masks"), np.ones((5, 5), np.uint8)
     stored = [cache.read(p.pair_id).after for p in world["pairs"].pairs]
     assert sum(mask.any() for mask in stored) >= 3
-    assert all(np.array_equal(cv2.morphologyEx(m.astype(np.uint8), cv2.MORPH_OPEN, square).astype(bool), m)
-               for m in stored)
+    assert all(
+        np.array_equal(cv2.morphologyEx(m.astype(np.uint8), cv2.MORPH_OPEN, square).astype(bool), m) for m in stored
+    )
     settings = json.loads((base / "entities" / "entities" / "manifest.json").read_text())["settings"]
-    assert (settings["retriever"], settings["toy_sharpness"], settings["toy_table"]) == ("toy", 0.5, str(world["table"]))
+    assert (settings["retriever"], settings["toy_sharpness"], settings["toy_table"]) == (
+        "toy",
+        0.5,
+        str(world["table"]),
+    )
     assert not any(key.startswith(("clip_", "fitted_")) for key in settings)  # the other retrievers' options stay out
     table = EntityCache(base / "entities").table()
     named = [found for found in table.values() if found]
@@ -137,8 +185,22 @@ def test_the_jobs_build_and_record_the_registered_toys(world):
 
 def test_one_worker_gives_the_masks_of_two(world, tmp_path):
     """The toy reaches the (forked) worker processes: one in-process worker writes the same masks as two."""
-    assert masks.main([*world["common"], "--out", str(tmp_path / "one"), "--segmenter", "toy", "--toy-grow", "2",
-                       "--workers", "1"]) == 0
+    assert (
+        masks.main(
+            [
+                *world["common"],
+                "--out",
+                str(tmp_path / "one"),
+                "--segmenter",
+                "toy",
+                "--toy-grow",
+                "2",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     one, two = MaskCache(tmp_path / "one"), MaskCache(world["base"] / "masks")
     for pair in world["pairs"].pairs:
         a, b = one.read(pair.pair_id), two.read(pair.pair_id)
@@ -168,8 +230,11 @@ def test_the_online_path_names_what_is_missing(world, tmp_path, monkeypatch):
     gone = tmp_path / "gone.json"
     manifest["settings"]["toy_table"] = str(gone)
     (cache / "entities" / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(DataError, match=rf"entity cache {cache} was made with retriever 'toy' from {gone}, which is "
-                                        "not found: pass --clip-checkpoint PATH"):
+    with pytest.raises(
+        DataError,
+        match=rf"entity cache {cache} was made with retriever 'toy' from {gone}, which is "
+        "not found: pass --clip-checkpoint PATH",
+    ):
         OnlineEntities(cache)
     assert OnlineEntities(cache, clip_checkpoint=world["table"]).retriever.table["red"] == [173, 35, 35]
     monkeypatch.delitem(SEGMENTERS, "toy")
@@ -177,23 +242,43 @@ def test_the_online_path_names_what_is_missing(world, tmp_path, monkeypatch):
         OnlineMasks.from_cache(base / "masks")
 
 
-@pytest.mark.parametrize("job, argv, message", [
-    ("masks", ["--segmenter", "toy", "--classical-method", "grabcut"],
-     "--classical-method is an option of segmenter 'classical', but this run uses segmenter 'toy'"),
-    ("masks", ["--toy-grow", "3"], "--toy-grow is an option of segmenter 'toy', but this run uses segmenter 'classical'"),
-    ("masks", ["--profile", "paper", "--contrast-threshold", "0.2"],
-     "--contrast-threshold is an option of segmenter 'classical', but this run uses segmenter 'sam'"),
-    ("entities", ["--retriever", "toy", "--fitted-mode", "max"],
-     "--fitted-mode is an option of retriever 'fitted', but this run uses retriever 'toy'"),
-    ("entities", ["--clip-model", "RN50"], "--clip-model is an option of retriever 'clip', but this run uses "
-                                          "retriever 'fitted'"),
-])
+@pytest.mark.parametrize(
+    "job, argv, message",
+    [
+        (
+            "masks",
+            ["--segmenter", "toy", "--classical-method", "grabcut"],
+            "--classical-method is an option of segmenter 'classical', but this run uses segmenter 'toy'",
+        ),
+        (
+            "masks",
+            ["--toy-grow", "3"],
+            "--toy-grow is an option of segmenter 'toy', but this run uses segmenter 'classical'",
+        ),
+        (
+            "masks",
+            ["--profile", "paper", "--contrast-threshold", "0.2"],
+            "--contrast-threshold is an option of segmenter 'classical', but this run uses segmenter 'sam'",
+        ),
+        (
+            "entities",
+            ["--retriever", "toy", "--fitted-mode", "max"],
+            "--fitted-mode is an option of retriever 'fitted', but this run uses retriever 'toy'",
+        ),
+        (
+            "entities",
+            ["--clip-model", "RN50"],
+            "--clip-model is an option of retriever 'clip', but this run uses retriever 'fitted'",
+        ),
+    ],
+)
 def test_an_option_of_another_component_is_refused(world, tmp_path, capsys, job, argv, message):
     if job == "masks":
         status = masks.main([*world["common"], "--out", str(tmp_path / "c"), *argv])
     else:
-        status = entities.main([*world["common"], "--masks", str(world["base"] / "masks"), "--out", str(tmp_path / "c"),
-                                *argv])
+        status = entities.main(
+            [*world["common"], "--masks", str(world["base"] / "masks"), "--out", str(tmp_path / "c"), *argv]
+        )
     assert status == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.json"))
 
@@ -238,28 +323,54 @@ def toy_registered():
 TOY_CONFIG = {
     "method": "toy",
     "data": {"format": "clevr_change"},
-    "lightweight": {"hidden": 16, "heads": 2, "word_emb": 8, "ffn_dim": 32, "layers": 1, "encoder_layers": 1,
-                    "max_len": 16, "dropout": 0.0, "toy_gain": 3.0},
+    "lightweight": {
+        "hidden": 16,
+        "heads": 2,
+        "word_emb": 8,
+        "ffn_dim": 32,
+        "layers": 1,
+        "encoder_layers": 1,
+        "max_len": 16,
+        "dropout": 0.0,
+        "toy_gain": 3.0,
+    },
     "optim": {"batch_size": 4, "max_steps": 3, "lr": 1e-3},
     "run": {"eval_every": 3, "val_max_pairs": 4, "tensorboard": False, "log_every": 1},
 }
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_a_toy_method_registered_once_trains_scores_in_a_sweep_and_captions(toy_registered, synthetic_set, tmp_path,
-                                                                          capsys):
+def test_a_toy_method_registered_once_trains_scores_in_a_sweep_and_captions(
+    toy_registered, synthetic_set, tmp_path, capsys
+):
     import yaml
 
     from davir.config import ConfigError, load_config
     from davir.inference import ChangeCaptioner
-    from davir.sweep.grid import load_sweep, run_sweep
-    from davir.runs.config import TrainConfig
     from davir.jobs.features import main as features_main
+    from davir.runs.config import TrainConfig
+    from davir.sweep.grid import load_sweep, run_sweep
 
     root, features = synthetic_set(16, 5), tmp_path / "features"
     for split in ("train", "val", "test"):
-        assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out",
-                              str(features), "--random-init", "--workers", "0"]) == 0
+        assert (
+            features_main(
+                [
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    str(root),
+                    "--split",
+                    split,
+                    "--out",
+                    str(features),
+                    "--random-init",
+                    "--workers",
+                    "0",
+                ]
+            )
+            == 0
+        )
     config_file = tmp_path / "toy.yaml"
     config_file.write_text(yaml.safe_dump(TOY_CONFIG))
     # The method is named once; its own key is accepted, another method's is refused naming both.
@@ -268,11 +379,19 @@ def test_a_toy_method_registered_once_trains_scores_in_a_sweep_and_captions(toy_
         load_config(TrainConfig, config_file, ["lightweight.cv_weight=0.5"])
 
     sweep_file = tmp_path / "sweep.yaml"
-    sweep_file.write_text(yaml.safe_dump({
-        "title": "toy", "out": str(tmp_path / "sweep"), "seeds": [0], "split": "test",
-        "overrides": [f"data.root={root}", f"data.features={features}"],
-        "evaluate": {"metrics": ["BLEU", "CIDEr"]},  # no METEOR: a Java start the toy does not need
-        "variants": [{"name": "toy", "config": str(config_file)}]}))
+    sweep_file.write_text(
+        yaml.safe_dump(
+            {
+                "title": "toy",
+                "out": str(tmp_path / "sweep"),
+                "seeds": [0],
+                "split": "test",
+                "overrides": [f"data.root={root}", f"data.features={features}"],
+                "evaluate": {"metrics": ["BLEU", "CIDEr"]},  # no METEOR: a Java start the toy does not need
+                "variants": [{"name": "toy", "config": str(config_file)}],
+            }
+        )
+    )
     run_sweep(load_sweep(sweep_file))
     summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())
     assert "toy" in json.dumps(summary)
@@ -299,21 +418,42 @@ def test_a_toy_method_with_its_own_batch_input_trains_through_the_unchanged_task
 
     from davir.config import load_config
     from davir.data.dataset import collate_examples
+    from davir.jobs.features import main as features_main
     from davir.runs.config import TrainConfig
     from davir.training.lightweight_task import LightweightTask
     from davir.training.loop import train
-    from davir.jobs.features import main as features_main
 
     root, features = synthetic_set(16, 5), tmp_path / "features"
     for split in ("train", "val"):
-        assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out",
-                              str(features), "--random-init", "--workers", "0"]) == 0
+        assert (
+            features_main(
+                [
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    str(root),
+                    "--split",
+                    split,
+                    "--out",
+                    str(features),
+                    "--random-init",
+                    "--workers",
+                    "0",
+                ]
+            )
+            == 0
+        )
     train_pairs, val_pairs = (read_dataset("clevr_change", root, split).pairs for split in ("train", "val"))
     slots = len(train_pairs) + len(val_pairs[:4])  # the table the hook reads: train + the validated pairs
     register_toy()
     try:
-        overrides = [f"method={NAME}", f"data.root={root}", f"data.features={features}",
-                     f"run.output_dir={tmp_path / 'run'}", *(f"{k}={v}" for k, v in TOY_FLAT.items())]
+        overrides = [
+            f"method={NAME}",
+            f"data.root={root}",
+            f"data.features={features}",
+            f"run.output_dir={tmp_path / 'run'}",
+            *(f"{k}={v}" for k, v in TOY_FLAT.items()),
+        ]
         config = load_config(TrainConfig, None, overrides)
         task = LightweightTask(config, Accelerator(cpu=True))
         assert task.lightweight.slot_count == slots and task.model.slots.num_embeddings == slots
@@ -336,7 +476,20 @@ def test_a_toy_method_with_its_own_batch_input_trains_through_the_unchanged_task
         unregister_toy()
 
 
-TOY_FLAT = {"data.format": "clevr_change", "lightweight.hidden": 16, "lightweight.heads": 2, "lightweight.word_emb": 8,
-            "lightweight.ffn_dim": 32, "lightweight.layers": 1, "lightweight.max_len": 16, "lightweight.dropout": 0.0,
-            "optim.batch_size": 4, "optim.max_steps": 3, "optim.lr": 1e-3, "run.eval_every": 3, "run.val_max_pairs": 4,
-            "run.tensorboard": False, "run.log_every": 1}
+TOY_FLAT = {
+    "data.format": "clevr_change",
+    "lightweight.hidden": 16,
+    "lightweight.heads": 2,
+    "lightweight.word_emb": 8,
+    "lightweight.ffn_dim": 32,
+    "lightweight.layers": 1,
+    "lightweight.max_len": 16,
+    "lightweight.dropout": 0.0,
+    "optim.batch_size": 4,
+    "optim.max_steps": 3,
+    "optim.lr": 1e-3,
+    "run.eval_every": 3,
+    "run.val_max_pairs": 4,
+    "run.tensorboard": False,
+    "run.log_every": 1,
+}

@@ -102,8 +102,12 @@ def test_a_dataset_reader_is_one_function_and_one_registration(tmp_path):
     @register_format("toy_tsv", splits=("train", "test"))
     def read_toy_tsv(root, split):
         rows = [line.split("\t") for line in (root / f"{split}.tsv").read_text().splitlines()]
-        return DatasetIndex("toy_tsv", root, split, [ChangePair(f"{split}-{n}", root / b, root / a, (c,), split)
-                                                     for n, (b, a, c) in enumerate(rows)])
+        return DatasetIndex(
+            "toy_tsv",
+            root,
+            split,
+            [ChangePair(f"{split}-{n}", root / b, root / a, (c,), split) for n, (b, a, c) in enumerate(rows)],
+        )
 
     try:
         for name in ("a.png", "b.png"):

@@ -19,8 +19,16 @@ def test_overlays_touch_only_the_right_pixels():
 def test_report_lists_every_pair_and_failures(tmp_path):
     image = Image.new("RGB", (32, 24), (10, 120, 200))
     rows = [
-        ReportRow("p1", caption="the red <cube> moved", before=image, after=image, mask=np.ones((24, 32), bool),
-                  attention_before=np.eye(4), attention_after=np.eye(4), entities=["red cube"]),
+        ReportRow(
+            "p1",
+            caption="the red <cube> moved",
+            before=image,
+            after=image,
+            mask=np.ones((24, 32), bool),
+            attention_before=np.eye(4),
+            attention_after=np.eye(4),
+            entities=["red cube"],
+        ),
         ReportRow("p2", error="before image is corrupt: x.png"),
     ]
     path = write_report(tmp_path / "r.html", rows, summary={"checkpoint": "runs/demo/best"})

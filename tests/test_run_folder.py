@@ -31,11 +31,26 @@ class Killed(Exception):
 
 
 def _config(root, out, *extra):
-    return load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-        f"data.root={root}", "data.masks=null", "data.entities=null", "model.fac.lambda_attn=0",
-        "model.epc.use_entities=false", "optim.batch_size=4", "optim.max_steps=4", "run.log_every=1",
-        "run.save_every=2", "run.eval_every=2", "run.val_max_pairs=2", "run.tensorboard=false",
-        f"run.output_dir={out}", *extra])
+    return load_config(
+        TrainConfig,
+        REPO / "configs" / "demo.yaml",
+        [
+            f"data.root={root}",
+            "data.masks=null",
+            "data.entities=null",
+            "model.fac.lambda_attn=0",
+            "model.epc.use_entities=false",
+            "optim.batch_size=4",
+            "optim.max_steps=4",
+            "run.log_every=1",
+            "run.save_every=2",
+            "run.eval_every=2",
+            "run.val_max_pairs=2",
+            "run.tensorboard=false",
+            f"run.output_dir={out}",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +101,16 @@ def test_evaluate_notes_an_unfinished_run_and_records_the_step_it_scored(runs, c
     capsys.readouterr()
     assert evaluate_script.main(["--checkpoint", str(unfinished), *EVALUATE]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
-    assert any(f"the run {unfinished} has not finished training" in n and "best/ is from step 2 of 4" in n
-               for n in notes), notes
+    assert any(
+        f"the run {unfinished} has not finished training" in n and "best/ is from step 2 of 4" in n for n in notes
+    ), notes
     metrics = json.loads((unfinished / "eval" / "clevr_change_test-limit2" / "metrics.json").read_text())
-    assert (metrics["checkpoint_folder"], metrics["checkpoint_step"], metrics["run_finished"],
-            metrics["run_max_steps"]) == ("best", 2, False, 4)
+    assert (
+        metrics["checkpoint_folder"],
+        metrics["checkpoint_step"],
+        metrics["run_finished"],
+        metrics["run_max_steps"],
+    ) == ("best", 2, False, 4)
 
 
 def test_evaluate_of_a_finished_run_has_no_note_and_records_its_step(runs, capsys):
@@ -120,22 +140,46 @@ def _edit_yaml(path: Path, edit) -> None:
 
 
 DAMAGE = {
-    "davir_config without config": ("best/davir_config.json", lambda d: d.pop("config"),
-                                    "davir_config.json: missing key 'config'"),
-    "davir_config config not an object": ("best/davir_config.json", lambda d: d.update(config=[1]),
-                                          "davir_config.json: key 'config' must be an object"),
-    "davir_config wrong type": ("best/davir_config.json", lambda d: d["config"]["lora"].update(llm_rank="big"),
-                                "davir_config.json: config.lora.llm_rank: expected an integer, got 'big'"),
-    "config.yaml wrong type": ("config.yaml", lambda d: d["run"].update(num_beams="five"),
-                               "config.yaml.run.num_beams: expected an integer, got 'five'"),
-    "config.yaml unknown key": ("config.yaml", lambda d: d["optim"].update(lrr=1),
-                                "config.yaml.optim: unknown key(s) ['lrr']"),
-    "config.yaml run not a mapping": ("config.yaml", lambda d: d.update(run=3),
-                                      "config.yaml: key 'run' must be a mapping, got 3"),
-    "run_info cwd wrong type": ("run_info.json", lambda d: d.update(cwd=5),
-                                "run_info.json: key 'cwd' must be a string, got 5"),
-    "run_info finished wrong type": ("run_info.json", lambda d: d.update(finished="yes"),
-                                     "run_info.json: key 'finished' must be true/false, got 'yes'"),
+    "davir_config without config": (
+        "best/davir_config.json",
+        lambda d: d.pop("config"),
+        "davir_config.json: missing key 'config'",
+    ),
+    "davir_config config not an object": (
+        "best/davir_config.json",
+        lambda d: d.update(config=[1]),
+        "davir_config.json: key 'config' must be an object",
+    ),
+    "davir_config wrong type": (
+        "best/davir_config.json",
+        lambda d: d["config"]["lora"].update(llm_rank="big"),
+        "davir_config.json: config.lora.llm_rank: expected an integer, got 'big'",
+    ),
+    "config.yaml wrong type": (
+        "config.yaml",
+        lambda d: d["run"].update(num_beams="five"),
+        "config.yaml.run.num_beams: expected an integer, got 'five'",
+    ),
+    "config.yaml unknown key": (
+        "config.yaml",
+        lambda d: d["optim"].update(lrr=1),
+        "config.yaml.optim: unknown key(s) ['lrr']",
+    ),
+    "config.yaml run not a mapping": (
+        "config.yaml",
+        lambda d: d.update(run=3),
+        "config.yaml: key 'run' must be a mapping, got 3",
+    ),
+    "run_info cwd wrong type": (
+        "run_info.json",
+        lambda d: d.update(cwd=5),
+        "run_info.json: key 'cwd' must be a string, got 5",
+    ),
+    "run_info finished wrong type": (
+        "run_info.json",
+        lambda d: d.update(finished="yes"),
+        "run_info.json: key 'finished' must be true/false, got 'yes'",
+    ),
 }
 
 
@@ -148,8 +192,17 @@ def test_a_damaged_run_file_is_named_with_its_key(runs, tmp_path, capsys, case, 
     (_edit_yaml if name.endswith(".yaml") else _edit_json)(run_dir / name, edit)
     capsys.readouterr()
     if command == "caption":
-        status = caption_script.main(["--checkpoint", str(run_dir), "--pairs", str(_pairs(root, tmp_path)),
-                                      "--out", str(tmp_path / "out" / "c.jsonl"), "--quiet"])
+        status = caption_script.main(
+            [
+                "--checkpoint",
+                str(run_dir),
+                "--pairs",
+                str(_pairs(root, tmp_path)),
+                "--out",
+                str(tmp_path / "out" / "c.jsonl"),
+                "--quiet",
+            ]
+        )
     else:
         status = evaluate_script.main(["--checkpoint", str(run_dir), *EVALUATE])
     assert status == 2
@@ -166,10 +219,13 @@ def test_evaluate_names_the_missing_data_keys_of_config_yaml(runs, tmp_path, cap
     assert _error(capsys) == (f"error: {run_dir / 'config.yaml'}: missing key 'data.root'; pass --format and --root")
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda d: d.pop("step"), "selection.json: missing key 'step'"),
-    (lambda d: d.update(step="two"), "selection.json: key 'step' must be an integer, got 'two'"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda d: d.pop("step"), "selection.json: missing key 'step'"),
+        (lambda d: d.update(step="two"), "selection.json: key 'step' must be an integer, got 'two'"),
+    ],
+)
 def test_evaluate_names_a_damaged_selection_file(runs, tmp_path, capsys, edit, expected):
     _, _, finished = runs
     run_dir = _copy(finished, tmp_path)
@@ -187,7 +243,8 @@ def test_a_checkpoint_whose_trainer_state_lacks_its_step_is_not_resumed_from(run
     _edit_json(run_dir / "checkpoints" / "step_4" / "COMPLETE", lambda d: d.pop("step"))
     _edit_json(run_dir / "checkpoints" / "step_2" / "COMPLETE", lambda d: d.update(best_step="2"))
     assert checkpoint_problems(run_dir / "checkpoints" / "step_4") == [
-        f"{run_dir / 'checkpoints' / 'step_4' / 'COMPLETE'}: missing key 'step'"]
+        f"{run_dir / 'checkpoints' / 'step_4' / 'COMPLETE'}: missing key 'step'"
+    ]
     with pytest.raises(DataError, match=r"step_2/COMPLETE: key 'best_step' must be an integer or null, got '2'"):
         usable_checkpoint(run_dir)
 
@@ -200,25 +257,46 @@ def lightweight_model(tmp_path):
     from davir.text.vocab import Vocabulary
 
     vocab = Vocabulary.build(["the cube has moved left", "no change was made"])
-    config = LightweightConfig(method="subtraction", feat_dim=1026, hidden=16, heads=2, word_emb=8, ffn_dim=32,
-                               layers=1, vocab_size=len(vocab), max_len=8, dropout=0.0)
+    config = LightweightConfig(
+        method="subtraction",
+        feat_dim=1026,
+        hidden=16,
+        heads=2,
+        word_emb=8,
+        ffn_dim=32,
+        layers=1,
+        vocab_size=len(vocab),
+        max_len=8,
+        dropout=0.0,
+    )
     folder = tmp_path / "model"
     save_lightweight_model(build_lightweight_model(config), folder / "model.safetensors")
     vocab.save(folder / "vocab.json")
-    (folder / "lightweight_config.json").write_text(json.dumps({
-        "method": "subtraction", "weights": "model.safetensors", "vocabulary": "vocab.json", "entity_phrases": None,
-        "features": {"weights": "random-init(seed=0,branches=1/sqrt(blocks))", "cache": None}}))
+    (folder / "lightweight_config.json").write_text(
+        json.dumps(
+            {
+                "method": "subtraction",
+                "weights": "model.safetensors",
+                "vocabulary": "vocab.json",
+                "entity_phrases": None,
+                "features": {"weights": "random-init(seed=0,branches=1/sqrt(blocks))", "cache": None},
+            }
+        )
+    )
     return folder
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda d: d.pop("method"), "missing key 'method'"),
-    (lambda d: d.update(method="nope"), "key 'method' is 'nope', not one of"),
-    (lambda d: d.update(features="cache"), "key 'features' must be a mapping or null, got 'cache'"),
-    (lambda d: d["features"].update(weights=3), "key 'features.weights' must be a string or null, got 3"),
-    (lambda d: d.update(vocabulary="../vocab.json"), "key 'vocabulary' must name a file inside"),
-    (lambda d: d.update(entity_phrases="vocab.json"), "expected a JSON list of entity phrases"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda d: d.pop("method"), "missing key 'method'"),
+        (lambda d: d.update(method="nope"), "key 'method' is 'nope', not one of"),
+        (lambda d: d.update(features="cache"), "key 'features' must be a mapping or null, got 'cache'"),
+        (lambda d: d["features"].update(weights=3), "key 'features.weights' must be a string or null, got 3"),
+        (lambda d: d.update(vocabulary="../vocab.json"), "key 'vocabulary' must name a file inside"),
+        (lambda d: d.update(entity_phrases="vocab.json"), "expected a JSON list of entity phrases"),
+    ],
+)
 def test_a_damaged_lightweight_config_is_named_with_its_key(runs, lightweight_model, tmp_path, capsys, edit, expected):
     from davir.inference.lightweight import load_lightweight
 
@@ -226,8 +304,9 @@ def test_a_damaged_lightweight_config_is_named_with_its_key(runs, lightweight_mo
     load_lightweight(lightweight_model, device="cpu")  # intact, it loads
     _edit_json(lightweight_model / "lightweight_config.json", edit)
     capsys.readouterr()
-    status = evaluate_script.main(["--checkpoint", str(lightweight_model), "--format", "clevr_change",
-                                   "--root", str(root), *EVALUATE])
+    status = evaluate_script.main(
+        ["--checkpoint", str(lightweight_model), "--format", "clevr_change", "--root", str(root), *EVALUATE]
+    )
     assert status == 2
     line = _error(capsys)
     assert expected in line and str(lightweight_model) in line, line
@@ -239,8 +318,14 @@ def test_a_damaged_config_in_the_lightweight_weights_file_is_named(lightweight_m
     from davir.inference.lightweight import load_lightweight
 
     weights = lightweight_model / "model.safetensors"
-    save_file(load_file(str(weights)), str(weights), metadata={"davir.lightweight_config": '{"method": "subtraction", '
-                                                                                          '"hidden": "wide"}'})
-    with pytest.raises(DataError, match=r"model.safetensors: metadata 'davir.lightweight_config' is not a "
-                                        r"lightweight model config"):
+    save_file(
+        load_file(str(weights)),
+        str(weights),
+        metadata={"davir.lightweight_config": '{"method": "subtraction", "hidden": "wide"}'},
+    )
+    with pytest.raises(
+        DataError,
+        match=r"model.safetensors: metadata 'davir.lightweight_config' is not a "
+        r"lightweight model config",
+    ):
         load_lightweight(lightweight_model, device="cpu")

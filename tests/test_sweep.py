@@ -9,11 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from davir.compare.seed_spread import mean_std
 from davir.config import ConfigError
 from davir.errors import DataError
-from davir.compare.seed_spread import mean_std
-from davir.sweep.grid import (CELL_RECORD, Sweep, Variant, cell_dir, cell_recipe, load_sweep, run_cell, run_sweep, set_vars,
-                              summarise)
+from davir.sweep.grid import (
+    CELL_RECORD,
+    Sweep,
+    Variant,
+    cell_dir,
+    cell_recipe,
+    load_sweep,
+    run_cell,
+    run_sweep,
+    set_vars,
+    summarise,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,12 +51,17 @@ def test_summary_table_mean_and_std(tmp_path):
     }
     text, summary = summarise(sweep, results)
     # type accuracy 50/60/70 → 60.0 ± 10.0 (50–70); CIDEr 100/200/300 → 200.0 ± 100.0; share 0.120 ± 0.020
-    assert ("| plain | 60.0 ± 10.0 (50.0–70.0) | 80.0 ± 0.0 (80.0–80.0) | 50.0 ± 0.0 (50.0–50.0) | 50.0 ± 0.0 (50.0–50.0) "
-            "| 200.0 ± 100.0 (100.0–300.0) | 0.120 ± 0.020 (0.100–0.140) |") in text
+    assert (
+        "| plain | 60.0 ± 10.0 (50.0–70.0) | 80.0 ± 0.0 (80.0–80.0) | 50.0 ± 0.0 (50.0–50.0) | 50.0 ± 0.0 (50.0–50.0) "
+        "| 200.0 ± 100.0 (100.0–300.0) | 0.120 ± 0.020 (0.100–0.140) |"
+    ) in text
     # FAC's one run (type 90, CIDEr 400) is outside plain's ranges; object acc. 80 = 80 is inside
     assert "- object acc.: plain ≈ FAC" in text and "- type acc." not in text and "- CIDEr" not in text
     assert summary["inside_spread"]["type acc."] == [] and summary["inside_spread"]["object acc."] == [("plain", "FAC")]
-    assert summary["variants"]["plain"]["type acc."]["min"] == 0.5 and summary["variants"]["plain"]["type acc."]["max"] == 0.7
+    assert (
+        summary["variants"]["plain"]["type acc."]["min"] == 0.5
+        and summary["variants"]["plain"]["type acc."]["max"] == 0.7
+    )
     assert "| FAC | 90.0 | 80.0 | 50.0 | 50.0 | 400.0 | 0.300 |" in text
     assert "| FAC | 200.0 |" in text  # CIDEr of the colour changes
     assert "METEOR" not in text  # no run reports it: no empty column
@@ -64,8 +79,10 @@ def test_summary_counts_distinct_captions_and_the_none_type(tmp_path):
         runs.append(document)
     text, summary = summarise(sweep, {"m": runs})
     # none 90/80 → 85.0 ± 7.1; distinct 40/51 → 45.5 → "46 ± 8" (no decimals: a count, not a x100 score)
-    assert ("| m | 50.0 ± 0.0 (50.0–50.0) | 80.0 ± 0.0 (80.0–80.0) | 50.0 ± 0.0 (50.0–50.0) | 85.0 ± 7.1 (80.0–90.0) "
-            "| 50.0 ± 0.0 (50.0–50.0) | 100.0 ± 0.0 (100.0–100.0) | 46 ± 8 (40–51) |") in text
+    assert (
+        "| m | 50.0 ± 0.0 (50.0–50.0) | 80.0 ± 0.0 (80.0–80.0) | 50.0 ± 0.0 (50.0–50.0) | 85.0 ± 7.1 (80.0–90.0) "
+        "| 50.0 ± 0.0 (50.0–50.0) | 100.0 ± 0.0 (100.0–100.0) | 46 ± 8 (40–51) |"
+    ) in text
     assert "| variant | type acc. | object acc. | exact | none type acc. | BLEU-4 | CIDEr | distinct captions |" in text
     assert "except the number of distinct captions" in text
     assert summary["variants"]["m"]["distinct captions"]["values"] == [40.0, 51.0]
@@ -77,17 +94,26 @@ def test_summary_shows_faithfulness_and_compute_cost(tmp_path):
     for f1, params, wall, caption_rate in ((0.6, 1_500_000, 120.0, 40.0), (0.8, 1_500_000, 180.0, 50.0)):
         document = _metrics(0.5, 1.0)
         document["faithfulness"] = {"rows": {"total": {"objects": {"f1": f1}, "hallucination_rate": 1 - f1}}}
-        document["compute"] = {"training": {"parameters": {"total": params, "trainable": params // 3}, "pairs": 16000,
-                                            "wall_s": wall, "pairs_per_s": 16000 / wall, "peak_memory_mb": 900.0,
-                                            "device": "cpu (2 cores, 1 torch thread)"},
-                               "captioning": {"pairs_per_s": caption_rate}}
+        document["compute"] = {
+            "training": {
+                "parameters": {"total": params, "trainable": params // 3},
+                "pairs": 16000,
+                "wall_s": wall,
+                "pairs_per_s": 16000 / wall,
+                "peak_memory_mb": 900.0,
+                "device": "cpu (2 cores, 1 torch thread)",
+            },
+            "captioning": {"pairs_per_s": caption_rate},
+        }
         runs.append(document)
     text, summary = summarise(sweep, {"m": runs})
     assert "| object F1 | hallucinated |" in text
     assert "| 70.0 ± 14.1 (60.0–80.0) | 30.0 ± 14.1 (20.0–40.0) |" in text  # F1 60/80; 1 − F1 40/20
     # params 1.50 M, trainable 0.50 M; 16000 pairs; 2.0/3.0 min → 2.5 ± 0.7; 133.3/88.9 pairs/s → 111.1 ± 31.4
-    assert ("| m | 1.50 ± 0.00 (1.50–1.50) | 0.50 ± 0.00 (0.50–0.50) | 16000 ± 0 (16000–16000) | 2.5 ± 0.7 (2.0–3.0) "
-            "| 111.1 ± 31.4 (88.9–133.3) | 900 ± 0 (900–900) | 45.0 ± 7.1 (40.0–50.0) | cpu (2 cores, 1 torch thread) |") in text
+    assert (
+        "| m | 1.50 ± 0.00 (1.50–1.50) | 0.50 ± 0.00 (0.50–0.50) | 16000 ± 0 (16000–16000) | 2.5 ± 0.7 (2.0–3.0) "
+        "| 111.1 ± 31.4 (88.9–133.3) | 900 ± 0 (900–900) | 45.0 ± 7.1 (40.0–50.0) | cpu (2 cores, 1 torch thread) |"
+    ) in text
     assert summary["variants"]["m"]["train min"]["values"] == [120.0, 180.0]  # as metrics.json has them (s)
 
 
@@ -106,8 +132,14 @@ def test_cell_made_with_other_settings_is_trained_again_not_reported(tmp_path, m
     """The stale cell is retrained (here: the training function gets the config of the new recipe)."""
     from davir.training import loop
 
-    sweep = Sweep(title="t", out=tmp_path, variants=[Variant("A", "configs/demo.yaml")], seeds=[0],
-                  overrides=["data.root={demo_dir}/data"], vars={"demo_dir": "outputs/demo"})
+    sweep = Sweep(
+        title="t",
+        out=tmp_path,
+        variants=[Variant("A", "configs/demo.yaml")],
+        seeds=[0],
+        overrides=["data.root={demo_dir}/data"],
+        vars={"demo_dir": "outputs/demo"},
+    )
     run = cell_dir(sweep, sweep.variants[0], 0)
     (run / "eval" / "clevr_change_test").mkdir(parents=True)
     (run / "eval" / "clevr_change_test" / "metrics.json").write_text(json.dumps(_metrics(1.0, 1.0)))
@@ -124,7 +156,9 @@ def test_cell_made_with_other_settings_is_trained_again_not_reported(tmp_path, m
     sweep.vars["demo_dir"] = "/elsewhere"
     with pytest.raises(DataError, match=f"training A seed 0 failed \\(run folder {run}\\): no data here"):
         run_cell(sweep, sweep.variants[0], 0, [])
-    assert "made with other settings (data.root=/elsewhere/data, data.root=outputs/demo/data)" in capsys.readouterr().out
+    assert (
+        "made with other settings (data.root=/elsewhere/data, data.root=outputs/demo/data)" in capsys.readouterr().out
+    )
     assert len(calls) == 1 and calls[0].data.root == "/elsewhere/data"
     assert calls[0].run.output_dir == str(run) and calls[0].run.overwrite is True and calls[0].run.seed == 0
     assert not list(tmp_path.rglob("*.lock"))  # the run folder's lock is released on the failure
@@ -150,8 +184,12 @@ def test_run_sweep_from_python_picks_seeds_and_variants_and_writes_the_summary(t
         raise AssertionError(f"{label} should not be trained")
 
     monkeypatch.setattr(grid, "_train_cell", no_training)
-    sweep = Sweep(title="t", out=tmp_path / "default", seeds=[0, 1, 2],
-                  variants=[Variant("A", "configs/demo.yaml"), Variant("B b", "configs/demo.yaml", ["optim.lr=1e-4"])])
+    sweep = Sweep(
+        title="t",
+        out=tmp_path / "default",
+        seeds=[0, 1, 2],
+        variants=[Variant("A", "configs/demo.yaml"), Variant("B b", "configs/demo.yaml", ["optim.lr=1e-4"])],
+    )
     out = tmp_path / "picked"
     for seed, cider in ((0, 1.0), (1, 3.0)):
         picked = dataclasses.replace(sweep, out=out)
@@ -163,7 +201,11 @@ def test_run_sweep_from_python_picks_seeds_and_variants_and_writes_the_summary(t
     assert (result.markdown_path, result.json_path) == (out / "summary_val.md", out / "summary_val.json")
     assert result.markdown_path.read_text() == result.text
     assert json.loads(result.json_path.read_text()) == json.loads(json.dumps(result.summary))
-    assert result.summary["split"] == "val" and result.summary["seeds"] == [0, 1] and list(result.summary["variants"]) == ["B b"]
+    assert (
+        result.summary["split"] == "val"
+        and result.summary["seeds"] == [0, 1]
+        and list(result.summary["variants"]) == ["B b"]
+    )
     assert "| B b |" in result.text and "200.0 ± 141.4 (100.0–300.0)" in result.text  # CIDEr 100/300
     assert sweep.seeds == [0, 1, 2] and len(sweep.variants) == 2 and sweep.out == tmp_path / "default"
     with pytest.raises(ConfigError, match=r"sweep 't': no variants \['c'\]"):
@@ -172,8 +214,10 @@ def test_run_sweep_from_python_picks_seeds_and_variants_and_writes_the_summary(t
 
 def test_sweep_variables_fill_configs_and_overrides(tmp_path):
     path = tmp_path / "s.yaml"
-    path.write_text("vars: {d: outputs/demo}\noverrides: ['data.root={d}/data']\n"
-                    "variants: [{name: a, config: configs/demo.yaml, overrides: ['data.masks={d}/masks']}]\n")
+    path.write_text(
+        "vars: {d: outputs/demo}\noverrides: ['data.root={d}/data']\n"
+        "variants: [{name: a, config: configs/demo.yaml, overrides: ['data.masks={d}/masks']}]\n"
+    )
     sweep = load_sweep(path)
     set_vars(sweep, ["d=/data/x"])
     recipe = cell_recipe(sweep, sweep.variants[0], 5, [])
@@ -214,12 +258,15 @@ def test_makefile_splits_each_sweep_into_variants_it_has_and_covers_them_all():
     assert "model.seed" in ablation.seed_keys
 
 
-@pytest.mark.parametrize("text, message", [
-    ("variants: []", "no variants"),
-    ("variants: [{name: a}]", "needs a name and a config"),
-    ("variants: [{name: a, config: x}, {name: A, config: y}]", "must differ"),
-    ("colour: red\nvariants: [{name: a, config: x}]", "unknown sweep keys"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("variants: []", "no variants"),
+        ("variants: [{name: a}]", "needs a name and a config"),
+        ("variants: [{name: a, config: x}, {name: A, config: y}]", "must differ"),
+        ("colour: red\nvariants: [{name: a, config: x}]", "unknown sweep keys"),
+    ],
+)
 def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
     path = tmp_path / "s.yaml"
     path.write_text(text)

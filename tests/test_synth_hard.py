@@ -49,8 +49,11 @@ def test_hard_is_reproducible_by_seed_and_recorded(hard, tmp_path):
     again = tmp_path / "again"
     generate_dataset(again, SynthConfig(scenes=3, seed=21, difficulty="hard"), workers=1)
     first = load_synthetic_set(hard["root"])["scenes"]
-    for name in ("images/CLEVR_default_000002.png", "nsc_images/CLEVR_nonsemantic_000001.png",
-                 "gt_masks/after/000000.png"):
+    for name in (
+        "images/CLEVR_default_000002.png",
+        "nsc_images/CLEVR_nonsemantic_000001.png",
+        "gt_masks/after/000000.png",
+    ):
         assert (again / name).read_bytes() == (hard["root"] / name).read_bytes()
     assert load_synthetic_set(again)["scenes"]["000001"] == first["000001"]
     assert hard["data"]["config"]["difficulty"] == "hard"
@@ -59,8 +62,9 @@ def test_hard_is_reproducible_by_seed_and_recorded(hard, tmp_path):
         generate_dataset(hard["root"], SynthConfig(scenes=15, seed=21), workers=1)
     other = tmp_path / "other"
     generate_dataset(other, SynthConfig(scenes=1, seed=22, difficulty="hard"), workers=1)
-    assert (other / "images/CLEVR_default_000000.png").read_bytes() != \
-        (hard["root"] / "images/CLEVR_default_000000.png").read_bytes()
+    assert (other / "images/CLEVR_default_000000.png").read_bytes() != (
+        hard["root"] / "images/CLEVR_default_000000.png"
+    ).read_bytes()
 
 
 def test_hard_scenes_hold_6_to_10_objects_some_small_or_partly_hidden(hard):

@@ -12,10 +12,21 @@ from PIL import Image
 
 from davir.data import read_dataset
 from davir.data.records import CHANGE_TYPES
-from davir.errors import DataError
 from davir.data.show import draw_grid
-from davir.data.synthetic import (COLORS, MATERIAL_WORDS, MATERIALS, NO_CHANGE_CAPTIONS, SHAPE_WORDS, SHAPES,
-                                  SIZE_WORDS, SIZES, SynthConfig, generate_dataset, load_scenes)
+from davir.data.synthetic import (
+    COLORS,
+    MATERIAL_WORDS,
+    MATERIALS,
+    NO_CHANGE_CAPTIONS,
+    SHAPE_WORDS,
+    SHAPES,
+    SIZE_WORDS,
+    SIZES,
+    SynthConfig,
+    generate_dataset,
+    load_scenes,
+)
+from davir.errors import DataError
 
 SCENES = 30
 CONFIG = SynthConfig(scenes=SCENES, seed=7, width=160, height=120, semantic_distractor_rate=0.3)
@@ -138,9 +149,14 @@ def test_distractor_pairs_have_empty_masks_and_a_real_distractor(generated):
         assert ("camera" in distractor) == (distractor["kind"] in ("viewpoint", "both"))
         assert ("illumination" in distractor) == (distractor["kind"] in ("illumination", "both"))
         # the same objects, attributes unchanged
-        strip = [{k: o[k] for k in ("id", "shape", "color", "material", "size")} for o in record["images"]["before"]["objects"]]
-        assert strip == [{k: o[k] for k in ("id", "shape", "color", "material", "size")}
-                         for o in record["images"]["nonsemantic"]["objects"]]
+        strip = [
+            {k: o[k] for k in ("id", "shape", "color", "material", "size")}
+            for o in record["images"]["before"]["objects"]
+        ]
+        assert strip == [
+            {k: o[k] for k in ("id", "shape", "color", "material", "size")}
+            for o in record["images"]["nonsemantic"]["objects"]
+        ]
     assert kinds == {"illumination", "viewpoint", "both"}
 
 
@@ -169,7 +185,9 @@ def test_captions_name_the_true_attributes_of_the_changed_object(generated):
             found = _attributes(caption.split())
             assert found["size"] == [subject["size"]] and found["shape"] == [subject["shape"]], caption
             if change["type"] == "color":
-                assert found["color"] == [subject["color"], change["new"]] and change["new"] != subject["color"], caption
+                assert found["color"] == [subject["color"], change["new"]] and change["new"] != subject["color"], (
+                    caption
+                )
                 assert found["material"] == [subject["material"]]
             elif change["type"] == "material":
                 assert found["material"] == [subject["material"], change["new"]], caption
@@ -190,8 +208,10 @@ def test_scene_records_describe_each_image(generated):
             objects = image["objects"]
             assert all(o["visible"] >= 0.6 for o in objects)
             assert sorted(o["depth_order"] for o in objects) == list(range(len(objects)))
-            assert all(o["shape"] in SHAPES and o["color"] in COLORS and o["material"] in MATERIALS
-                       and o["size"] in SIZES for o in objects)
+            assert all(
+                o["shape"] in SHAPES and o["color"] in COLORS and o["material"] in MATERIALS and o["size"] in SIZES
+                for o in objects
+            )
             assert all(0 <= o["box"][0] < o["box"][2] <= 160 and 0 <= o["box"][1] < o["box"][3] <= 120 for o in objects)
             left_to_right = sorted(objects, key=lambda o: (o["box"][0] + o["box"][2]) / 2)
             phrases = image["description"].split(" , ")
@@ -237,7 +257,7 @@ def test_draw_grid_shows_before_after_and_the_mask_in_red(generated, tmp_path):
     grid = np.asarray(Image.open(out).convert("RGB")).astype(int)
     assert grid.shape[1] == 3 * tile + 4 * 4
     first = read_dataset("clevr_change", root, "test").pairs[0]  # the semantic pair of the first test scene
-    overlay = grid[4:4 + tile, 4 + 2 * (tile + 4):4 + 2 * (tile + 4) + tile]
+    overlay = grid[4 : 4 + tile, 4 + 2 * (tile + 4) : 4 + 2 * (tile + 4) + tile]
     after = np.asarray(Image.open(first.after).resize((tile, tile), Image.BICUBIC)).astype(int)
     has_mask = bool(np.asarray(Image.open(first.gt_mask_after)).any())
     # the overlay tile is the after thumbnail, reddened exactly where the (resized) mask is

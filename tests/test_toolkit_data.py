@@ -38,15 +38,35 @@ def exported(demo, tmp_path_factory):
     """Every split of the demo set exported once to each toolkit format."""
     base = tmp_path_factory.mktemp("toolkit_exports")
     for toolkit in TOOLKITS:
-        assert data_main(["export", "--to", toolkit, "--format", "clevr_change", "--root", str(demo),
-                          "--out", str(base / toolkit), "--name", "demo"]) == 0
+        assert (
+            data_main(
+                [
+                    "export",
+                    "--to",
+                    toolkit,
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    str(demo),
+                    "--out",
+                    str(base / toolkit),
+                    "--name",
+                    "demo",
+                ]
+            )
+            == 0
+        )
     return base
 
 
 @pytest.mark.parametrize("toolkit", TOOLKITS)
 def test_export_then_import_gives_the_same_pairs(demo, exported, tmp_path, toolkit, capsys):
-    assert data_main(["import", str(exported / toolkit), "--from", toolkit, "--out", str(tmp_path / "back"),
-                      "--allow-outside"]) == 0  # the export names the dataset's images by absolute paths
+    assert (
+        data_main(
+            ["import", str(exported / toolkit), "--from", toolkit, "--out", str(tmp_path / "back"), "--allow-outside"]
+        )
+        == 0
+    )  # the export names the dataset's images by absolute paths
     assert "imported" in capsys.readouterr().out
     back = {row["id"]: row for row in _rows(tmp_path / "back" / "pairs.jsonl")}
     original = {pair.pair_id: pair for split in SPLITS for pair in read_dataset("clevr_change", demo, split).pairs}
@@ -58,8 +78,9 @@ def test_export_then_import_gives_the_same_pairs(demo, exported, tmp_path, toolk
     # the imported folder reads back as a davir dataset with the same records per split
     for split in SPLITS:
         folder = read_dataset("folder", tmp_path / "back", split).pairs
-        assert [(p.pair_id, p.captions) for p in folder] == \
-            [(p.pair_id, p.captions) for p in read_dataset("clevr_change", demo, split).pairs]
+        assert [(p.pair_id, p.captions) for p in folder] == [
+            (p.pair_id, p.captions) for p in read_dataset("clevr_change", demo, split).pairs
+        ]
     # one sample per reference caption, before image first
     summary = json.loads((exported / toolkit / "davir_export.json").read_text())
     train_captions = sum(len(p.captions) for p in original.values() if p.split == "train")
@@ -73,15 +94,22 @@ def test_llamafactory_records_and_dataset_info(exported, demo):
     info = json.loads((folder / "dataset_info.json").read_text())
     assert set(info) == {f"davir_demo_{split}" for split in SPLITS}
     entry = info["davir_demo_train"]
-    assert entry == {"file_name": "train.jsonl", "formatting": "sharegpt",
-                     "columns": {"messages": "messages", "images": "images"},
-                     "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
-                              "assistant_tag": "assistant"}}
+    assert entry == {
+        "file_name": "train.jsonl",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
+    }
     pair = read_dataset("clevr_change", demo, "train").pairs[0]
     first = _rows(folder / "train.jsonl")[0]
-    assert first == {"id": pair.pair_id, "images": [str(pair.before.resolve()), str(pair.after.resolve())],
-                     "messages": [{"role": "user", "content": "<image><image>" + PROMPT},
-                                  {"role": "assistant", "content": pair.captions[0]}]}
+    assert first == {
+        "id": pair.pair_id,
+        "images": [str(pair.before.resolve()), str(pair.after.resolve())],
+        "messages": [
+            {"role": "user", "content": "<image><image>" + PROMPT},
+            {"role": "assistant", "content": pair.captions[0]},
+        ],
+    }
     for row in _rows(folder / "test.jsonl"):
         assert row["messages"][0]["content"].count("<image>") == len(row["images"]) == 2
 
@@ -90,8 +118,10 @@ def test_swift_records(exported, demo):
     """ms-swift's standard `messages` + `images` (its Custom Dataset page): `<image>` tags in the user turn."""
     pair = read_dataset("clevr_change", demo, "val").pairs[0]
     first = _rows(exported / "swift" / "val.jsonl")[0]
-    assert first["messages"] == [{"role": "user", "content": "<image><image>" + PROMPT},
-                                 {"role": "assistant", "content": pair.captions[0]}]
+    assert first["messages"] == [
+        {"role": "user", "content": "<image><image>" + PROMPT},
+        {"role": "assistant", "content": pair.captions[0]},
+    ]
     assert first["images"] == [str(pair.before.resolve()), str(pair.after.resolve())] and first["id"] == pair.pair_id
     assert not (exported / "swift" / "dataset_info.json").exists()
 
@@ -100,8 +130,21 @@ def test_epc_phrase_from_an_entity_cache(demo, tmp_path, capsys):
     pairs = read_dataset("clevr_change", demo, "test").pairs
     cache = EntityCache(tmp_path / "entities")
     cache.write_part("0", {pair.pair_id: [["small red cube", 0.9], ["large sphere", 0.5]] for pair in pairs[1:]})
-    argv = ["export", "--to", "trl", "--format", "clevr_change", "--root", str(demo), "--split", "test",
-            "--entities", str(tmp_path / "entities"), "--out", str(tmp_path / "trl")]
+    argv = [
+        "export",
+        "--to",
+        "trl",
+        "--format",
+        "clevr_change",
+        "--root",
+        str(demo),
+        "--split",
+        "test",
+        "--entities",
+        str(tmp_path / "entities"),
+        "--out",
+        str(tmp_path / "trl"),
+    ]
     # a pair the cache lacks: one line naming the command that makes the cache, nothing half-written
     assert data_main(argv) == 2
     assert "python -m preprocess entities" in capsys.readouterr().err
@@ -119,13 +162,43 @@ def test_import_names_a_broken_record(exported, tmp_path, capsys):
     rows[3]["images"] = rows[3]["images"][:1]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     # that row is skipped and named, the others imported: exit 1 (docs/errors.md, toolkit datasets)
-    assert data_main(["import", str(tmp_path / "train.jsonl"), "--from", "swift", "--out", str(tmp_path / "o"),
-                      "--allow-outside"]) == 1
-    assert f"skipped: {tmp_path / 'train.jsonl'}: line 4: 'images' must list two images, before then after " \
+    assert (
+        data_main(
+            [
+                "import",
+                str(tmp_path / "train.jsonl"),
+                "--from",
+                "swift",
+                "--out",
+                str(tmp_path / "o"),
+                "--allow-outside",
+            ]
+        )
+        == 1
+    )
+    assert (
+        f"skipped: {tmp_path / 'train.jsonl'}: line 4: 'images' must list two images, before then after "
         "(1 given)\n" in capsys.readouterr().err
+    )
     assert len(_rows(tmp_path / "o" / "pairs.jsonl")) == len({row["id"] for row in rows if row is not rows[3]})
-    assert data_main(["export", "--to", "trl", "--format", "clevr_change", "--root", str(tmp_path),
-                      "--split", "all", "--out", str(tmp_path / "x")]) == 2
+    assert (
+        data_main(
+            [
+                "export",
+                "--to",
+                "trl",
+                "--format",
+                "clevr_change",
+                "--root",
+                str(tmp_path),
+                "--split",
+                "all",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
 
 
 def test_trl_reads_its_export_with_its_own_dataset_code(exported, demo, tmp_path):

@@ -89,7 +89,8 @@ def test_export_refuses_an_entity_cache_made_for_another_dataset(demo, tmp_path,
     assert capsys.readouterr().err == (
         f"error: --entities={tmp_path / 'entities'} was built from dataset root {elsewhere} "
         f"({cache.folder / 'manifest.json'}), but --root is {demo.resolve()}: rebuild the cache for this dataset, "
-        f"or, if the dataset only moved, pass --moved-from {elsewhere}\n")
+        f"or, if the dataset only moved, pass --moved-from {elsewhere}\n"
+    )
     assert not (tmp_path / "trl").exists()
     # the same dataset, moved: accepted as train.py accepts it with data.moved_from
     assert data_main([*argv, "--moved-from", str(elsewhere)]) == 0
@@ -113,7 +114,8 @@ def test_import_refuses_two_files_of_one_split(swift_export, tmp_path, toolkit, 
     assert data_main(["import", str(folder), "--from", toolkit, "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (
         f"error: {folder}: both val.jsonl and val.json hold split 'val'; davir reads one file per split: "
-        "remove or rename one (or import one file: import FILE --from …)\n")
+        "remove or rename one (or import one file: import FILE --from …)\n"
+    )
     assert not (tmp_path / "o" / "pairs.jsonl").exists()
 
 
@@ -134,9 +136,14 @@ def _downloaded(demo: Path, folder: Path, count: int = 4) -> list[tuple[str, str
 
 
 def _swift_row(pair_id, before, after, caption) -> dict:
-    return {"id": pair_id, "images": [before, after],
-            "messages": [{"role": "user", "content": "<image><image>What changed?"},
-                         {"role": "assistant", "content": caption}]}
+    return {
+        "id": pair_id,
+        "images": [before, after],
+        "messages": [
+            {"role": "user", "content": "<image><image>What changed?"},
+            {"role": "assistant", "content": caption},
+        ],
+    }
 
 
 def test_import_skips_and_names_each_malformed_row(demo, tmp_path, capsys):
@@ -151,7 +158,9 @@ def test_import_skips_and_names_each_malformed_row(demo, tmp_path, capsys):
     answer_list["messages"][1]["content"] = ["a list", "of captions"]
     answer_number = _swift_row(good[2][0] + "z", *good[2][1:])
     answer_number["messages"][1]["content"] = 5
-    data = _write_rows(folder / "train.jsonl", [rows[0], user_string, rows[1], answer_list, answer_number, rows[2], [1]])
+    data = _write_rows(
+        folder / "train.jsonl", [rows[0], user_string, rows[1], answer_list, answer_number, rows[2], [1]]
+    )
     for toolkit in ("llamafactory", "swift"):
         out = tmp_path / f"out_{toolkit}"
         assert data_main(["import", str(data), "--from", toolkit, "--out", str(out)]) == 1
@@ -160,11 +169,13 @@ def test_import_skips_and_names_each_malformed_row(demo, tmp_path, capsys):
             f"skipped: {data}: line 2: 'messages' turn 0 must be a JSON object, got str",
             f"skipped: {data}: line 4: the assistant turn's 'content' must be text, got list",
             f"skipped: {data}: line 5: the assistant turn's 'content' must be text, got int",
-            f"skipped: {data}: line 7: expected a JSON object, got list"]
+            f"skipped: {data}: line 7: expected a JSON object, got list",
+        ]
         assert "3 pair(s)" in captured.out and "4 row(s) of" in captured.out
         imported = _rows(out / "pairs.jsonl")
-        assert [(row["id"], row["captions"], row["split"]) for row in imported] == \
-            [(pair_id, [caption], "train") for pair_id, _, _, caption in good]
+        assert [(row["id"], row["captions"], row["split"]) for row in imported] == [
+            (pair_id, [caption], "train") for pair_id, _, _, caption in good
+        ]
         report = json.loads((out / "report.json").read_text())
         assert report["toolkit_rows_skipped"] == 4 and len(report["skipped"]) == 4
 
@@ -189,22 +200,40 @@ def test_llamafactory_import_takes_the_pairs_that_are_pairs(demo, tmp_path, caps
     three["messages"][0]["content"] = "<image><image><image>What changed?"
     second_turn = _lf_row("chat", *good[2][1:])
     second_turn["messages"] += [{"role": "user", "content": "And then?"}, {"role": "assistant", "content": "no"}]
-    rows = [_lf_row(*good[0], system=True), one_image, _lf_row(*good[1]), three, second_turn,
-            _lf_row(*good[2], system=True), _lf_row(*good[3])]
+    rows = [
+        _lf_row(*good[0], system=True),
+        one_image,
+        _lf_row(*good[1]),
+        three,
+        second_turn,
+        _lf_row(*good[2], system=True),
+        _lf_row(*good[3]),
+    ]
     (folder / "pairs_demo.json").write_text(json.dumps(rows))
     (folder / "alpaca_en_demo.json").write_text(json.dumps([{"instruction": "hi", "output": "hello"}]))
-    entry = {"file_name": "pairs_demo.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
-             "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}
-    (folder / "dataset_info.json").write_text(json.dumps({
-        "alpaca_en_demo": {"file_name": "alpaca_en_demo.json"}, "open_hub": {"hf_hub_url": "someone/data"},
-        "pairs_demo": entry}))
+    entry = {
+        "file_name": "pairs_demo.json",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
+    }
+    (folder / "dataset_info.json").write_text(
+        json.dumps(
+            {
+                "alpaca_en_demo": {"file_name": "alpaca_en_demo.json"},
+                "open_hub": {"hf_hub_url": "someone/data"},
+                "pairs_demo": entry,
+            }
+        )
+    )
 
     out = tmp_path / "out"
     assert data_main(["import", str(folder), "--from", "llamafactory", "--out", str(out)]) == 2
     assert capsys.readouterr().err == (
         f"error: {folder / 'dataset_info.json'} lists 3 datasets, 2 of which davir cannot read (e.g. 'alpaca_en_demo': "
         "formatting 'alpaca'; davir reads sharegpt (multi-image conversations)); choose with --dataset NAME: "
-        "pairs_demo\n")
+        "pairs_demo\n"
+    )
     assert data_main(["import", str(folder), "--from", "llamafactory", "--dataset", "open_hub", "--out", str(out)]) == 2
     assert "dataset 'open_hub': no local file_name" in capsys.readouterr().err
 
@@ -216,10 +245,12 @@ def test_llamafactory_import_takes_the_pairs_that_are_pairs(demo, tmp_path, caps
         f"skipped: {data}: record 1: 'images' must list two images, before then after (1 given)",
         f"skipped: {data}: record 3: 'images' must list two images, before then after (3 given)",
         f"skipped: {data}: record 4: 'messages' holds the turns ['user', 'assistant', 'user', 'assistant']; davir "
-        "imports one 'user' turn then one 'assistant' turn (a pair and its caption)"]
+        "imports one 'user' turn then one 'assistant' turn (a pair and its caption)",
+    ]
     imported = _rows(out / "pairs.jsonl")
-    assert [(row["id"], row["captions"], row["split"]) for row in imported] == \
-        [(pair_id, [caption], "val") for pair_id, _, _, caption in good]
+    assert [(row["id"], row["captions"], row["split"]) for row in imported] == [
+        (pair_id, [caption], "val") for pair_id, _, _, caption in good
+    ]
     assert imported[0]["before"] == str((folder / good[0][1]).resolve())
 
     # the split the entry declares when --split is not given; the file alone, named like a dataset, likewise
@@ -230,16 +261,38 @@ def test_llamafactory_import_takes_the_pairs_that_are_pairs(demo, tmp_path, caps
     assert data_main(["import", str(data), "--from", "llamafactory", "--out", str(out)]) == 1
     assert {row["split"] for row in _rows(out / "pairs.jsonl")} == {"test"}
     (folder / "dataset_info.json").unlink()  # no split anywhere: the import's seeded split, as for a folder
-    assert data_main(["import", str(data), "--from", "llamafactory", "--out", str(out), "--val-fraction", "0.5",
-                      "--test-fraction", "0"]) == 1
+    assert (
+        data_main(
+            [
+                "import",
+                str(data),
+                "--from",
+                "llamafactory",
+                "--out",
+                str(out),
+                "--val-fraction",
+                "0.5",
+                "--test-fraction",
+                "0",
+            ]
+        )
+        == 1
+    )
     assert sorted(row["split"] for row in _rows(out / "pairs.jsonl")) == ["train", "train", "val", "val"]
 
 
 def _trl_row(pair_id, before, after, caption) -> dict:
-    return {"id": pair_id, "images": [before, after],
-            "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
-                                                      {"type": "text", "text": "What changed?"}]},
-                         {"role": "assistant", "content": [{"type": "text", "text": caption}]}]}
+    return {
+        "id": pair_id,
+        "images": [before, after],
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "What changed?"}],
+            },
+            {"role": "assistant", "content": [{"type": "text", "text": caption}]},
+        ],
+    }
 
 
 @pytest.mark.parametrize("toolkit", ["llamafactory", "swift", "trl"])
@@ -251,11 +304,13 @@ def test_a_downloaded_dataset_is_read_only_inside_its_folder(demo, tmp_path, too
     secret = _downloaded(demo, outside, 4)[2:]  # two other pairs, outside the dataset folder
     (folder / "images" / "link.png").symlink_to(outside / secret[1][2])
     make = {"llamafactory": _swift_row, "swift": _swift_row, "trl": _trl_row}[toolkit]
-    rows = [make(*good[0]),
-            make("climb", "../outside/" + secret[0][1], good[1][2], "up"),
-            make("absolute", good[1][1], str(outside / secret[0][2]), "abs"),
-            make("linked", good[1][1], "images/link.png", "link"),
-            make(*good[1])]
+    rows = [
+        make(*good[0]),
+        make("climb", "../outside/" + secret[0][1], good[1][2], "up"),
+        make("absolute", good[1][1], str(outside / secret[0][2]), "abs"),
+        make("linked", good[1][1], "images/link.png", "link"),
+        make(*good[1]),
+    ]
     data = _write_rows(folder / "train.jsonl", rows)
     out = tmp_path / "out"
     assert data_main(["import", str(folder), "--from", toolkit, "--out", str(out)]) == 1
@@ -268,7 +323,8 @@ def test_a_downloaded_dataset_is_read_only_inside_its_folder(demo, tmp_path, too
         "images outside it (davir's own export names absolute paths)",
         f"skipped: {data}: line 4: the after image {folder / 'images' / 'link.png'}{where} (through a symlink, to "
         f"{outside / secret[1][2]}); pass --allow-outside to read images outside it (davir's own export names "
-        "absolute paths)"]
+        "absolute paths)",
+    ]
     imported = _rows(out / "pairs.jsonl")
     assert [row["id"] for row in imported] == [good[0][0], good[1][0]]
     assert not any(str(outside) in line for line in (out / "pairs.jsonl").read_text().splitlines())
@@ -284,7 +340,8 @@ def test_a_downloaded_dataset_is_read_only_inside_its_folder(demo, tmp_path, too
     assert data_main(["import", str(folder), "--from", toolkit, "--out", str(out)]) == 2
     assert capsys.readouterr().err == (
         f"error: {data} leads out of the dataset folder {folder} (to {outside / 'train.jsonl'}); a downloaded "
-        "dataset is read only inside its folder: pass --allow-outside if you trust it\n")
+        "dataset is read only inside its folder: pass --allow-outside if you trust it\n"
+    )
 
 
 @pytest.mark.parametrize("file_name", ["../outside/train.jsonl", "/etc/passwd"])
@@ -292,12 +349,22 @@ def test_a_dataset_info_file_name_leading_out_is_refused(demo, tmp_path, file_na
     folder = tmp_path / "download"
     good = _downloaded(demo, folder, 1)
     _write_rows(tmp_path / "outside" / "train.jsonl", [_swift_row(*good[0])])
-    (folder / "dataset_info.json").write_text(json.dumps({"theirs": {
-        "file_name": file_name, "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}}}))
+    (folder / "dataset_info.json").write_text(
+        json.dumps(
+            {
+                "theirs": {
+                    "file_name": file_name,
+                    "formatting": "sharegpt",
+                    "columns": {"messages": "messages", "images": "images"},
+                }
+            }
+        )
+    )
     assert data_main(["import", str(folder), "--from", "llamafactory", "--out", str(tmp_path / "o")]) == 2
     real = Path(file_name) if file_name.startswith("/") else tmp_path / "outside" / "train.jsonl"
     assert capsys.readouterr().err == (
         f"error: {folder / 'dataset_info.json'}: dataset 'theirs': file_name {file_name!r} leads out of the dataset "
         f"folder {folder} (to {real}); a downloaded dataset is read only inside its folder: pass --allow-outside if "
-        "you trust it\n")
+        "you trust it\n"
+    )
     assert not (tmp_path / "o").exists()

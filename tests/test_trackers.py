@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from davir.config import ConfigError, load_config
-from davir.training import trackers
 from davir.runs.config import TrainConfig
+from davir.training import trackers
 
 REPO = Path(__file__).resolve().parents[1]
 ALL = "run.trackers=[tensorboard,wandb,trackio,mlflow]"
@@ -33,8 +33,17 @@ def offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(name, str(tmp_path / "wandb_home" / name.lower()))
-    for name in ("WANDB_DIR", "WANDB_DATA_DIR", "TRACKIO_DIR", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL",
-                 "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_ALLOW_FILE_STORE"):
+    for name in (
+        "WANDB_DIR",
+        "WANDB_DATA_DIR",
+        "TRACKIO_DIR",
+        "TRACKIO_SPACE_ID",
+        "TRACKIO_SERVER_URL",
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_EXPERIMENT_NAME",
+        "MLFLOW_RUN_ID",
+        "MLFLOW_ALLOW_FILE_STORE",
+    ):
         monkeypatch.setenv(name, "")  # recorded, so the variable set during the test is restored (removed) after it
         monkeypatch.delenv(name)
     yield
@@ -48,11 +57,28 @@ def offline(tmp_path, monkeypatch):
 
 def davir_config(root: Path, out: Path, *extra: str) -> TrainConfig:
     """The demo config on tiny weights: 3 steps, validation (and the sample table) at the last one."""
-    return load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-        f"data.root={root}", "data.masks=null", "data.entities=null", "model.fac.lambda_attn=0",
-        "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
-        "optim.batch_size=4", "optim.max_steps=3", "run.log_every=1", "run.eval_every=3", "run.save_every=0",
-        "run.val_max_pairs=2", "run.val_show=2", "run.max_new_tokens=4", f"run.output_dir={out}", *extra])
+    return load_config(
+        TrainConfig,
+        REPO / "configs" / "demo.yaml",
+        [
+            f"data.root={root}",
+            "data.masks=null",
+            "data.entities=null",
+            "model.fac.lambda_attn=0",
+            "model.epc.use_entities=false",
+            "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+            "optim.batch_size=4",
+            "optim.max_steps=3",
+            "run.log_every=1",
+            "run.eval_every=3",
+            "run.save_every=0",
+            "run.val_max_pairs=2",
+            "run.val_show=2",
+            "run.max_new_tokens=4",
+            f"run.output_dir={out}",
+            *extra,
+        ],
+    )
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
@@ -61,6 +87,7 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 
 # --- each tracker's offline record, read with its own reader -------------------------------------------------------
+
 
 def tensorboard_record(run_dir: Path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -84,8 +111,8 @@ def wandb_records(run_dir: Path) -> list:
         if left < 7:  # a block's tail too short for a chunk header is padding
             position += left
             continue
-        length, kind = int.from_bytes(data[position + 4:position + 6], "little"), data[position + 6]
-        pending += data[position + 7:position + 7 + length]
+        length, kind = int.from_bytes(data[position + 4 : position + 6], "little"), data[position + 6]
+        pending += data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -114,8 +141,9 @@ def wandb_history(run_dir: Path) -> list[dict]:
 def trackio_metrics(run_dir: Path) -> dict[int, dict]:
     """{step: logged values} of the run in trackio's local store (one SQLite file per project)."""
     with sqlite3.connect(run_dir / "logs" / "trackio" / f"{trackers.PROJECT}.db") as db:
-        rows = db.execute("SELECT step, metrics FROM metrics WHERE run_name = ? ORDER BY step",
-                          (run_dir.name,)).fetchall()
+        rows = db.execute(
+            "SELECT step, metrics FROM metrics WHERE run_name = ? ORDER BY step", (run_dir.name,)
+        ).fetchall()
     found: dict[int, dict] = {}
     for step, metrics in rows:
         found.setdefault(step, {}).update(json.loads(metrics))
@@ -132,6 +160,7 @@ def mlflow_run(run_dir: Path):
 
 
 # --- the tests -------------------------------------------------------------------------------------------------------
+
 
 def test_every_tracker_holds_the_train_loss_and_the_sample_table(synthetic_set, tmp_path, offline):
     """The issue's check: a 3-step demo training with all four trackers leaves each one's offline record holding
@@ -169,8 +198,9 @@ def test_every_tracker_holds_the_train_loss_and_the_sample_table(synthetic_set, 
     assert any(item.key == "optim.lr" for config in configs for item in config.update)
 
     metrics = trackio_metrics(run_dir)
-    assert {step: values["train/loss"] for step, values in metrics.items() if "train/loss" in values} \
-        == pytest.approx(losses, rel=1e-6)
+    assert {step: values["train/loss"] for step, values in metrics.items() if "train/loss" in values} == pytest.approx(
+        losses, rel=1e-6
+    )
     assert "val/CIDEr" in metrics[3]
     samples = metrics[3]["val/samples"]
     assert samples["_type"] == "trackio.table"
@@ -183,38 +213,80 @@ def test_every_tracker_holds_the_train_loss_and_the_sample_table(synthetic_set, 
     assert {m.step: m.value for m in history} == pytest.approx(losses, rel=1e-6)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val/CIDEr")] == [3]
     assert run.data.params["optim.max_steps"] == "3" and run.info.run_name == run_dir.name
-    table = json.loads(Path(client.download_artifacts(run.info.run_id, "val_samples/step_3.json", str(tmp_path)))
-                       .read_text())
+    table = json.loads(
+        Path(client.download_artifacts(run.info.run_id, "val_samples/step_3.json", str(tmp_path))).read_text()
+    )
     assert [row[table["columns"].index("pair")] for row in table["data"]] == shown
     assert table["data"][0][table["columns"].index("before")]["type"] == "image"
 
 
 def test_lightweight_method_logs_through_the_same_trackers(synthetic_set, tmp_path, offline):
     """A lightweight method trains through the same loop: its losses, val metrics and sample table reach MLflow."""
-    from davir.training.loop import train
     from davir.jobs.features import main as features_main
+    from davir.training.loop import train
 
     root = synthetic_set(16, 4)
     features = tmp_path / "features"
     weights = REPO / "davir" / "assets" / "tiny_resnet" / "backbone.pth"  # the demo's tiny ResNet: fast on a CPU
     for split in ("train", "val"):
-        assert features_main(["--format", "clevr_change", "--root", str(root), "--split", split, "--out",
-                              str(features), "--weights", str(weights), "--workers", "0", "--batch-size", "32",
-                              "--no-progress"]) == 0
-    config = load_config(TrainConfig, None, [
-        "method=subtraction", "data.format=clevr_change", f"data.root={root}", f"data.features={features}",
-        "lightweight.hidden=16", "lightweight.heads=2", "lightweight.word_emb=8", "lightweight.ffn_dim=32",
-        "lightweight.layers=1", "lightweight.encoder_layers=1", "lightweight.max_len=16", "optim.batch_size=4",
-        "optim.max_steps=3", "optim.lr=1e-3", "run.eval_every=3", "run.val_max_pairs=4", "run.val_show=2",
-        "run.log_every=1", "run.trackers=[mlflow]", f"run.output_dir={tmp_path / 'run'}"])
+        assert (
+            features_main(
+                [
+                    "--format",
+                    "clevr_change",
+                    "--root",
+                    str(root),
+                    "--split",
+                    split,
+                    "--out",
+                    str(features),
+                    "--weights",
+                    str(weights),
+                    "--workers",
+                    "0",
+                    "--batch-size",
+                    "32",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
+    config = load_config(
+        TrainConfig,
+        None,
+        [
+            "method=subtraction",
+            "data.format=clevr_change",
+            f"data.root={root}",
+            f"data.features={features}",
+            "lightweight.hidden=16",
+            "lightweight.heads=2",
+            "lightweight.word_emb=8",
+            "lightweight.ffn_dim=32",
+            "lightweight.layers=1",
+            "lightweight.encoder_layers=1",
+            "lightweight.max_len=16",
+            "optim.batch_size=4",
+            "optim.max_steps=3",
+            "optim.lr=1e-3",
+            "run.eval_every=3",
+            "run.val_max_pairs=4",
+            "run.val_show=2",
+            "run.log_every=1",
+            "run.trackers=[mlflow]",
+            f"run.output_dir={tmp_path / 'run'}",
+        ],
+    )
     run_dir = train(config)
     assert not (run_dir / "logs" / "train").exists()  # run.trackers=[mlflow]: no TensorBoard
     client, run = mlflow_run(run_dir)
-    assert {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")} \
-        == pytest.approx(train_losses(run_dir), rel=1e-6)
+    assert {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")} == pytest.approx(
+        train_losses(run_dir), rel=1e-6
+    )
     assert "val/loss" in run.data.metrics and run.data.params["method"] == "subtraction"
-    table = json.loads(Path(client.download_artifacts(run.info.run_id, "val_samples/step_3.json", str(tmp_path)))
-                       .read_text())
+    table = json.loads(
+        Path(client.download_artifacts(run.info.run_id, "val_samples/step_3.json", str(tmp_path))).read_text()
+    )
     assert len(table["data"]) == 2 and {"before", "after"} <= set(table["columns"])  # the pairs' images, as for DAVIR
 
 
@@ -227,8 +299,11 @@ def test_each_run_of_one_process_writes_in_its_own_folder(tmp_path, offline):
 
     names = ["trackio", "mlflow"]
     for index, run_dir in enumerate([tmp_path / "failed", tmp_path / "next"]):
-        accelerator = Accelerator(cpu=True, log_with=names, project_config=ProjectConfiguration(
-            project_dir=str(run_dir), logging_dir=str(run_dir / "logs")))
+        accelerator = Accelerator(
+            cpu=True,
+            log_with=names,
+            project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
+        )
         trackers.start(accelerator, names, run_dir, config={"index": index})
         accelerator.log({"train/loss": 10.0 * index + 1}, step=1)
     accelerator.end_training()  # the first run was left open, as an exception leaves it
@@ -240,14 +315,18 @@ def test_each_run_of_one_process_writes_in_its_own_folder(tmp_path, offline):
 
 
 def test_unknown_tracker_is_a_config_error_listing_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"run\.trackers: unknown tracker 'tensorbord'.*valid: tensorboard, wandb, "
-                                          r"trackio, mlflow"):
+    with pytest.raises(
+        ConfigError,
+        match=r"run\.trackers: unknown tracker 'tensorbord'.*valid: tensorboard, wandb, "
+        r"trackio, mlflow",
+    ):
         load_config(TrainConfig, None, ["run.trackers=[tensorbord]"])
 
 
 def test_run_tensorboard_is_a_deprecated_alias():
     """run.tensorboard=false (the configs and sweeps that set it) is no TensorBoard whatever run.trackers lists;
     true adds it; unset leaves run.trackers alone. config.yaml's values load back to the same trackers."""
+
     def trackers_of(*overrides):
         return load_config(TrainConfig, None, list(overrides)).run.trackers
 
@@ -258,8 +337,13 @@ def test_run_tensorboard_is_a_deprecated_alias():
     assert trackers_of("run.trackers=[wandb,wandb]") == ["wandb"] and trackers_of("run.trackers=[]") == []
     assert load_config(TrainConfig, REPO / "configs" / "scorer_demo.yaml").run.trackers == []  # tensorboard: false
     config = load_config(TrainConfig, None, ["run.trackers=[tensorboard,trackio]", "run.tensorboard=true"])
-    assert trackers_of(*(f"run.{key}={json.dumps(value)}" for key, value in vars(config.run).items()
-                         if key in ("trackers", "tensorboard"))) == ["tensorboard", "trackio"]
+    assert trackers_of(
+        *(
+            f"run.{key}={json.dumps(value)}"
+            for key, value in vars(config.run).items()
+            if key in ("trackers", "tensorboard")
+        )
+    ) == ["tensorboard", "trackio"]
 
 
 def test_trackers_may_change_on_resume():
@@ -277,7 +361,10 @@ def test_a_missing_tracker_package_is_an_error_naming_the_pip_install(synthetic_
     from davir.training.loop import train
 
     monkeypatch.setattr(trackers, "available", lambda name: name not in ("wandb", "mlflow"))
-    with pytest.raises(ConfigError, match=r"lists wandb, mlflow but the package is not installed: "
-                                          r"pip install 'davir\[trackers\]' \(or pip install wandb mlflow-skinny; "):
+    with pytest.raises(
+        ConfigError,
+        match=r"lists wandb, mlflow but the package is not installed: "
+        r"pip install 'davir\[trackers\]' \(or pip install wandb mlflow-skinny; ",
+    ):
         train(davir_config(synthetic_set(16, 4), tmp_path / "run", ALL))
     assert not (tmp_path / "run").exists()

@@ -26,11 +26,27 @@ def synth_root(synthetic_set):
 
 
 def _config(root, out, *extra):
-    return load_config(TrainConfig, REPO / "configs" / "demo.yaml", [
-        f"data.root={root}", "data.masks=null", "data.entities=null", "model.fac.lambda_attn=0",
-        "model.epc.use_entities=false", "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
-        "optim.batch_size=4", "optim.max_steps=4", "run.log_every=1", "run.save_every=2", "run.eval_every=0",
-        "run.val_max_pairs=4", "run.tensorboard=false", f"run.output_dir={out}", *extra])
+    return load_config(
+        TrainConfig,
+        REPO / "configs" / "demo.yaml",
+        [
+            f"data.root={root}",
+            "data.masks=null",
+            "data.entities=null",
+            "model.fac.lambda_attn=0",
+            "model.epc.use_entities=false",
+            "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+            "optim.batch_size=4",
+            "optim.max_steps=4",
+            "run.log_every=1",
+            "run.save_every=2",
+            "run.eval_every=0",
+            "run.val_max_pairs=4",
+            "run.tensorboard=false",
+            f"run.output_dir={out}",
+            *extra,
+        ],
+    )
 
 
 def test_run_folder_and_resume_reproduces_the_loss_curve(synth_root, tmp_path, losses_of):
@@ -82,22 +98,48 @@ def test_missing_mask_cache_names_the_command(synth_root, tmp_path):
         train_script.train(config)
 
 
-@pytest.mark.skipif(shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(),
-                    reason="accelerate CLI not installed")
+@pytest.mark.skipif(
+    shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(),
+    reason="accelerate CLI not installed",
+)
 @pytest.mark.slow  # accelerate launch of two fresh processes: about a minute of CPU
 def test_two_cpu_processes(synth_root, tmp_path):
     """`accelerate launch` with two gloo processes trains a few steps and leaves one run folder."""
     launcher = Path(sys.executable).parent / "accelerate"
     # accelerate launch's MULTI_CPU path starts one process without MPI; torchrun-style launch + ACCELERATE_USE_CPU
     # gives two gloo processes (the earlier `--config_file cpu.yaml --num_processes 2` ran one).
-    command = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "train.py"), f"data.root={synth_root}", "data.masks=null",
-               "data.entities=null", "model.fac.lambda_attn=0", "model.epc.use_entities=false",
-               "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}", "optim.batch_size=2",
-               # 1 epoch of 8 pairs: 2 steps per process (the count comes from the sharded loader, not 4)
-               "optim.max_steps=null", "optim.epochs=1", "data.max_train_pairs=8", "optim.warmup_ratio=0",
-               "run.log_every=1", "run.save_every=2", "run.eval_every=2", "run.val_max_pairs=3",
-               "run.tensorboard=false", f"run.output_dir={tmp_path / 'ddp'}"]
+    command = [
+        str(launcher),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(REPO / "train.py"),
+        f"data.root={synth_root}",
+        "data.masks=null",
+        "data.entities=null",
+        "model.fac.lambda_attn=0",
+        "model.epc.use_entities=false",
+        "model.preset_overrides={vision_layers: 1, qformer_layers: 1, text_layers: 1}",
+        "optim.batch_size=2",
+        # 1 epoch of 8 pairs: 2 steps per process (the count comes from the sharded loader, not 4)
+        "optim.max_steps=null",
+        "optim.epochs=1",
+        "data.max_train_pairs=8",
+        "optim.warmup_ratio=0",
+        "run.log_every=1",
+        "run.save_every=2",
+        "run.eval_every=2",
+        "run.val_max_pairs=3",
+        "run.tensorboard=false",
+        f"run.output_dir={tmp_path / 'ddp'}",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]

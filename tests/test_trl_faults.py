@@ -51,13 +51,22 @@ def _trainer(setup, masks, dataset=None):
 
     from davir.integrations.trl import DavirSFTTrainer, DavirTrlSettings
 
-    args = SFTConfig(output_dir=str(setup.base / "run"), max_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-                     max_length=None, disable_tqdm=True)
-    return DavirSFTTrainer(model=Qwen2_5_VLForConditionalGeneration.from_pretrained(str(setup.folder)), args=args,
-                           train_dataset=dataset or _dataset(setup.base / "trl" / "train.jsonl"),
-                           processing_class=AutoProcessor.from_pretrained(str(setup.folder)),
-                           davir=DavirTrlSettings(family="qwen2_5_vl", image_size=SIZE, masks=masks,
-                                                  fac=FacConfig(lambda_attn=1.0)))
+    args = SFTConfig(
+        output_dir=str(setup.base / "run"),
+        max_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        max_length=None,
+        disable_tqdm=True,
+    )
+    return DavirSFTTrainer(
+        model=Qwen2_5_VLForConditionalGeneration.from_pretrained(str(setup.folder)),
+        args=args,
+        train_dataset=dataset or _dataset(setup.base / "trl" / "train.jsonl"),
+        processing_class=AutoProcessor.from_pretrained(str(setup.folder)),
+        davir=DavirTrlSettings(family="qwen2_5_vl", image_size=SIZE, masks=masks, fac=FacConfig(lambda_attn=1.0)),
+    )
 
 
 def test_a_mask_cache_that_is_not_there_stops_the_trainer(setup, tmp_path, caplog):
@@ -110,9 +119,17 @@ def test_collator_reads_pictures_upright(tmp_path):
     seen: list[dict] = []
     collator = DavirFacCollator(lambda examples: seen.extend(examples) or {}, image_size=SIZE)
     raw = Image.open(photo)  # decoded by the user without EXIF orientation
-    collator([{"id": "a", "images": [str(photo), raw], "prompt": [], "completion": []},
-              {"id": "b", "images": [{"path": None, "bytes": photo.read_bytes()}, {"path": str(photo)}],
-               "prompt": [], "completion": []}])
+    collator(
+        [
+            {"id": "a", "images": [str(photo), raw], "prompt": [], "completion": []},
+            {
+                "id": "b",
+                "images": [{"path": None, "bytes": photo.read_bytes()}, {"path": str(photo)}],
+                "prompt": [],
+                "completion": [],
+            },
+        ]
+    )
     expected = np.asarray(load_rgb(photo).resize((SIZE, SIZE), Image.Resampling.BICUBIC))
     assert load_rgb(photo).size == (72, 96)
     for picture in [image for example in seen for image in example["images"]]:

@@ -13,8 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from davir.cli.data import main as data_main
-from davir.data.toolkits import export_toolkit
-from davir.data.toolkits import trl
+from davir.data.toolkits import export_toolkit, trl
 from davir.errors import DataError
 from davir.integrations.prompts import epc_prompt_for
 
@@ -57,24 +56,28 @@ def _broken(rows: list[dict]) -> list:
     good = rows[0]
     prompt, completion = good["prompt"], good["completion"]
     user = prompt[0]
-    return [good,
-            {**good, "prompt": ["Describe the difference"]},                             # a turn that is text
-            {"id": "m", "images": good["images"], "messages": ["a note", user, *completion]},
-            {**good, "prompt": [{**user, "content": [*user["content"][:2], "text"]}]},   # a part that is text
-            {**good, "completion": [{"role": "assistant", "content": 5}]},               # an answer of 5
-            {**good, "completion": [{"role": "assistant", "content": [{"type": "text", "text": ["a"]}]}]},
-            [prompt, completion],                                                         # a row that is a list
-            {**good, "images": good["images"] * 2},                                      # four images
-            *rows[1:]]
+    return [
+        good,
+        {**good, "prompt": ["Describe the difference"]},  # a turn that is text
+        {"id": "m", "images": good["images"], "messages": ["a note", user, *completion]},
+        {**good, "prompt": [{**user, "content": [*user["content"][:2], "text"]}]},  # a part that is text
+        {**good, "completion": [{"role": "assistant", "content": 5}]},  # an answer of 5
+        {**good, "completion": [{"role": "assistant", "content": [{"type": "text", "text": ["a"]}]}]},
+        [prompt, completion],  # a row that is a list
+        {**good, "images": good["images"] * 2},  # four images
+        *rows[1:],
+    ]
 
 
-EXPECTED = ["line 2: 'prompt'/'completion' turn 0 must be a JSON object with 'role' and 'content', got str",
-            "line 3: 'messages' turn 0 must be a JSON object with 'role' and 'content', got str",
-            "line 4: the user turn's content part 2 must be a JSON object, got str",
-            "line 5: the assistant turn's 'content' must be text or a list of parts, got int",
-            "line 6: the assistant turn's content part 0: 'text' must be a string, got list",
-            "line 7: expected a JSON object, got list",
-            "line 8: 'images' must list two images, before then after (4 given)"]
+EXPECTED = [
+    "line 2: 'prompt'/'completion' turn 0 must be a JSON object with 'role' and 'content', got str",
+    "line 3: 'messages' turn 0 must be a JSON object with 'role' and 'content', got str",
+    "line 4: the user turn's content part 2 must be a JSON object, got str",
+    "line 5: the assistant turn's 'content' must be text or a list of parts, got int",
+    "line 6: the assistant turn's content part 0: 'text' must be a string, got list",
+    "line 7: expected a JSON object, got list",
+    "line 8: 'images' must list two images, before then after (4 given)",
+]
 
 
 def test_reader_skips_and_names_rows_that_are_no_pair(dataset, tmp_path):
@@ -116,19 +119,24 @@ def test_reader_keeps_to_the_dataset_folder(dataset, tmp_path):
     shutil.copyfile(folder / dataset.rows[0]["images"][0], outside)
     (folder / "images" / "link.png").symlink_to(outside)
     good = dataset.rows[0]
-    rows = [good, {**good, "images": ["../outside.png", good["images"][1]]},
-            {**good, "images": [good["images"][0], str(outside)]},
-            {**good, "images": ["images/link.png", good["images"][1]]},
-            {**good, "images": ["images/../images/" + Path(good["images"][0]).name, good["images"][1]]}]
+    rows = [
+        good,
+        {**good, "images": ["../outside.png", good["images"][1]]},
+        {**good, "images": [good["images"][0], str(outside)]},
+        {**good, "images": ["images/link.png", good["images"][1]]},
+        {**good, "images": ["images/../images/" + Path(good["images"][0]).name, good["images"][1]]},
+    ]
     path = _write(folder / "train.jsonl", rows)
     read = list(trl.read(folder, OPTIONS))
     skipped = [talk.reason for _, talk in read if isinstance(talk, trl.Skipped)]
     where = f" lies outside the dataset folder {folder}"
     advice = "; pass --allow-outside to read images outside it (davir's own export names absolute paths)"
-    assert skipped == [f"{path}: line 2: the before image {outside}{where}{advice}",
-                       f"{path}: line 3: the after image {outside}{where}{advice}",
-                       f"{path}: line 4: the before image {folder / 'images' / 'link.png'}{where} (through a "
-                       f"symlink, to {outside}){advice}"]
+    assert skipped == [
+        f"{path}: line 2: the before image {outside}{where}{advice}",
+        f"{path}: line 3: the after image {outside}{where}{advice}",
+        f"{path}: line 4: the before image {folder / 'images' / 'link.png'}{where} (through a "
+        f"symlink, to {outside}){advice}",
+    ]
     inside = [talk for _, talk in read if not isinstance(talk, trl.Skipped)]
     assert [talk.before for talk in inside] == [str(folder / good["images"][0])] * 2
     for options in (SimpleNamespace(**{**vars(OPTIONS), "allow_outside": True}), None):
@@ -140,7 +148,9 @@ def test_reader_keeps_to_the_dataset_folder(dataset, tmp_path):
     (folder / "val.jsonl").symlink_to(elsewhere)
     with pytest.raises(DataError) as error:
         list(trl.read(folder, OPTIONS))
-    assert str(error.value) == (f"{folder / 'val.jsonl'} leads out of the dataset folder {folder} (to {elsewhere}); "
-                                "a downloaded dataset is read only inside its folder: pass --allow-outside if you "
-                                "trust it")
+    assert str(error.value) == (
+        f"{folder / 'val.jsonl'} leads out of the dataset folder {folder} (to {elsewhere}); "
+        "a downloaded dataset is read only inside its folder: pass --allow-outside if you "
+        "trust it"
+    )
     assert len(list(trl.read(folder, None))) == len(rows) + 1

@@ -63,14 +63,26 @@ def _trainer(setup, lambda_attn: float, **settings):
     torch.manual_seed(0)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(setup.folder))
     processor = AutoProcessor.from_pretrained(str(setup.folder))
-    args = SFTConfig(output_dir=str(setup.base / f"run_{lambda_attn}"), max_steps=STEPS, per_device_train_batch_size=4,
-                     learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=10, report_to=[],
-                     save_strategy="no", gradient_checkpointing=False, use_cpu=True, seed=0, max_length=None,
-                     disable_tqdm=True)
+    args = SFTConfig(
+        output_dir=str(setup.base / f"run_{lambda_attn}"),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        logging_steps=10,
+        report_to=[],
+        save_strategy="no",
+        gradient_checkpointing=False,
+        use_cpu=True,
+        seed=0,
+        max_length=None,
+        disable_tqdm=True,
+    )
     fac = FacConfig(lambda_attn=lambda_attn, attn_norm="sum", mask_source="per_image")
     davir = DavirTrlSettings(family="qwen2_5_vl", image_size=SIZE, masks=setup.base / "masks", fac=fac, **settings)
-    return DavirSFTTrainer(model=model, args=args, train_dataset=_dataset(setup), processing_class=processor,
-                           davir=davir), processor
+    return DavirSFTTrainer(
+        model=model, args=args, train_dataset=_dataset(setup), processing_class=processor, davir=davir
+    ), processor
 
 
 def attention_share(model, processor, pairs) -> dict:
@@ -81,13 +93,16 @@ def attention_share(model, processor, pairs) -> dict:
     try:
         with torch.no_grad():
             for pair in pairs:
-                pictures = [Image.open(path).convert("RGB").resize((SIZE, SIZE), Image.Resampling.BICUBIC)
-                            for path in (pair.before, pair.after)]
+                pictures = [
+                    Image.open(path).convert("RGB").resize((SIZE, SIZE), Image.Resampling.BICUBIC)
+                    for path in (pair.before, pair.after)
+                ]
                 pixels = processor.image_processor(images=pictures, return_tensors="pt")
                 model.model.get_image_features(pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
                 before, after = family.attention_maps(hook.pop(), 2, GRID).numpy()
-                results.append(SimpleNamespace(pair_id=pair.pair_id, error=None, attention_before=before,
-                                               attention_after=after))
+                results.append(
+                    SimpleNamespace(pair_id=pair.pair_id, error=None, attention_before=before, attention_after=after)
+                )
                 masks[pair.pair_id] = (load_mask(pair.gt_mask_before), load_mask(pair.gt_mask_after))
     finally:
         hook.detach()
@@ -103,8 +118,10 @@ def test_fac_in_sft_trainer_raises_the_attention_share(setup):
         trainer.train()
         logs[lambda_attn] = [row for row in trainer.state.log_history if "loss" in row]
         shares[lambda_attn] = attention_share(trainer.model, processor, changed)["attention_share_in_mask"]
-    print(f"attention share in mask after {STEPS} steps: start {start['attention_share_in_mask']:.3f} (uniform "
-          f"{start['uniform_share']:.3f}), without FAC {shares[0.0]:.3f}, with FAC {shares[1.0]:.3f}")
+    print(
+        f"attention share in mask after {STEPS} steps: start {start['attention_share_in_mask']:.3f} (uniform "
+        f"{start['uniform_share']:.3f}), without FAC {shares[0.0]:.3f}, with FAC {shares[1.0]:.3f}"
+    )
     # the attention term is logged beside TRL's own metrics, on the pairs that have a change
     assert all("attn_loss" in row and row["attn_loss"] > 0 and row["fac_pairs"] > 0 for row in logs[1.0])
     assert len(logs[1.0]) == STEPS // 10 and all("attn_loss" not in row for row in logs[0.0])
@@ -123,8 +140,9 @@ def test_collator_reads_masks_and_entities_by_pair_id(setup):
     assert row["id"] == first.pair_id
     batch = trainer.data_collator([row, dict(row, id="no-masks")])
     assert batch["davir_masks_after"].shape == (2, SIZE, SIZE) and batch["davir_mask_valid"].tolist() == [True, False]
-    expected = Image.fromarray(load_mask(first.gt_mask_after).astype("float32"), mode="F").resize((SIZE, SIZE),
-                                                                                                  Image.BOX)
+    expected = Image.fromarray(load_mask(first.gt_mask_after).astype("float32"), mode="F").resize(
+        (SIZE, SIZE), Image.BOX
+    )
     assert torch.allclose(batch["davir_masks_after"][0], torch.tensor(list(expected.getdata())).reshape(SIZE, SIZE))
     assert batch["image_grid_thw"].tolist() == [[1, 8, 8]] * 4  # S×S pictures: one patch grid for every image
     text = processor.tokenizer.decode(batch["input_ids"][0])

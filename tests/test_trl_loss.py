@@ -58,10 +58,19 @@ def _trainer(setup, family: str, dataset, cls=None, **kwargs):
     torch.manual_seed(0)
     model = get_family(family).model_class.from_pretrained(str(setup.folders[family]))
     processor = AutoProcessor.from_pretrained(str(setup.folders[family]))
-    args = SFTConfig(output_dir=str(setup.base / f"run_{family}"), max_steps=1, report_to=[], save_strategy="no",
-                     use_cpu=True, max_length=None, remove_unused_columns=False, disable_tqdm=True)
-    return (cls or SFTTrainer)(model=model, args=args, train_dataset=dataset, processing_class=processor,
-                               **kwargs), processor
+    args = SFTConfig(
+        output_dir=str(setup.base / f"run_{family}"),
+        max_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        max_length=None,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    return (cls or SFTTrainer)(
+        model=model, args=args, train_dataset=dataset, processing_class=processor, **kwargs
+    ), processor
 
 
 def _labelled(batch, row: int) -> list[int]:
@@ -94,12 +103,17 @@ def test_davir_sft_trainer_trains_on_caption_and_end_of_turn(setup, family, tmp_
 
     rows = [json.loads(line) for line in (setup.base / "trl" / "train.jsonl").read_text().splitlines()[:2]]
     messages = tmp_path / "messages.jsonl"
-    messages.write_text("".join(json.dumps({"id": r["id"], "images": r["images"],
-                                            "messages": r["prompt"] + r["completion"]}) + "\n" for r in rows))
+    messages.write_text(
+        "".join(
+            json.dumps({"id": r["id"], "images": r["images"], "messages": r["prompt"] + r["completion"]}) + "\n"
+            for r in rows
+        )
+    )
     for path in (setup.base / "trl" / "train.jsonl", messages):
         dataset = _dataset(path)
-        trainer, processor = _trainer(setup, family, dataset, DavirSFTTrainer,
-                                      davir=DavirTrlSettings(family=family, image_size=64))
+        trainer, processor = _trainer(
+            setup, family, dataset, DavirSFTTrainer, davir=DavirTrlSettings(family=family, image_size=64)
+        )
         tokenizer = processor.tokenizer
         end = tokenizer.convert_tokens_to_ids(get_family(family).end_of_turn)
         batch = trainer.data_collator([dataset[0], dataset[1]])

@@ -112,29 +112,49 @@ def test_a_chat_family_is_one_file_and_one_registration(user_modules, tmp_path):
 def test_family_names_are_read_live(user_modules, tmp_path):
     from davir.runs.config import TrainConfig
 
-    with pytest.raises(ValueError, match=r"model.family='toy_chat' is not a registered model family; choose from "
-                                         r"instructblip, qwen2_5_vl"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.family='toy_chat' is not a registered model family; choose from "
+        r"instructblip, qwen2_5_vl",
+    ):
         DavirModelConfig(family="toy_chat")
     # a config's imports: come first, so its model.for_family may name the family they register
-    (tmp_path / "toy.yaml").write_text("imports: [toy_chat_family]\nmodel:\n  family: toy_chat\n  for_family:\n"
-                                       "    toy_chat: {preset: micro, train_mode: full}\n")
+    (tmp_path / "toy.yaml").write_text(
+        "imports: [toy_chat_family]\nmodel:\n  family: toy_chat\n  for_family:\n"
+        "    toy_chat: {preset: micro, train_mode: full}\n"
+    )
     config = load_config(TrainConfig, tmp_path / "toy.yaml")
     assert (config.model.family, config.model.preset, config.model.train_mode) == ("toy_chat", "micro", "full")
     assert "toy_chat" in FAMILIES.names() and DavirModelConfig(family="toy_chat").family == "toy_chat"
 
 
-def test_imports_register_a_users_family_for_training_and_captioning(user_modules, synthetic_set, tmp_path,
-                                                                      monkeypatch, capsys):
+def test_imports_register_a_users_family_for_training_and_captioning(
+    user_modules, synthetic_set, tmp_path, monkeypatch, capsys
+):
     from davir.cli import caption, train
 
     root = synthetic_set(8, 0)
     run_dir = tmp_path / "run"
-    argv = ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={root}", "data.masks=null",
-            "data.entities=null", "imports=[toy_chat_family]",
-            "model.family=toy_chat", "model.pretrained=null", "model.preset=micro", "model.train_mode=full",
-            "model.extra_trainable=[]", "model.fac.lambda_attn=0", "model.epc.use_entities=false",
-            "optim.batch_size=4", "optim.max_steps=2", "run.val_max_pairs=2", "run.tensorboard=false",
-            f"run.output_dir={run_dir}"]
+    argv = [
+        "--config",
+        str(REPO / "configs" / "demo.yaml"),
+        f"data.root={root}",
+        "data.masks=null",
+        "data.entities=null",
+        "imports=[toy_chat_family]",
+        "model.family=toy_chat",
+        "model.pretrained=null",
+        "model.preset=micro",
+        "model.train_mode=full",
+        "model.extra_trainable=[]",
+        "model.fac.lambda_attn=0",
+        "model.epc.use_entities=false",
+        "optim.batch_size=4",
+        "optim.max_steps=2",
+        "run.val_max_pairs=2",
+        "run.tensorboard=false",
+        f"run.output_dir={run_dir}",
+    ]
     assert "toy_chat" not in FAMILIES.names()
     assert train.main(argv) == 0
     meta = json.loads((run_dir / "last" / "davir_config.json").read_text())
@@ -175,8 +195,9 @@ def test_a_saved_folder_records_no_module_path(tmp_path):
 def test_a_damaged_imports_record_is_a_data_error(tmp_path):
     from davir.models.vlm.checkpoint import read_davir_config
 
-    (tmp_path / "davir_config.json").write_text(json.dumps(
-        {"format_version": 1, "config": {}, "imports": ["no_such_family_module"]}))
+    (tmp_path / "davir_config.json").write_text(
+        json.dumps({"format_version": 1, "config": {}, "imports": ["no_such_family_module"]})
+    )
     with pytest.raises(DataError, match=r"davir_config.json: imports: cannot import 'no_such_family_module'"):
         read_davir_config(tmp_path)
     (tmp_path / "davir_config.json").write_text(json.dumps({"format_version": 1, "config": {}, "imports": "x"}))
@@ -188,8 +209,18 @@ def test_a_damaged_imports_record_is_a_data_error(tmp_path):
         load_config(TrainConfig, None, ["imports=toy"])
 
 
-@pytest.mark.parametrize("family, size", [("instructblip", 30), ("qwen2_5_vl", 30), ("llava_onevision", 4),
-                                          ("smolvlm", 30), ("qwen3_vl", 30), ("internvl", 30), ("gemma3", 30)])
+@pytest.mark.parametrize(
+    "family, size",
+    [
+        ("instructblip", 30),
+        ("qwen2_5_vl", 30),
+        ("llava_onevision", 4),
+        ("smolvlm", 30),
+        ("qwen3_vl", 30),
+        ("internvl", 30),
+        ("gemma3", 30),
+    ],
+)
 def test_a_preset_grid_the_family_cannot_make_is_a_config_error(family, size):
     """A size the family's tiny patch grid cannot take (LLaVA-OneVision's SigLIP floors S/p, so only a picture
     smaller than one patch): a ConfigError (train.py: `config error: …`, exit 2) naming the family and the size,
@@ -204,10 +235,21 @@ def test_train_says_a_bad_image_size_in_one_line(synthetic_set, tmp_path, capsys
     from davir.cli import train
 
     root = synthetic_set(8, 0)
-    argv = ["--config", str(REPO / "configs" / "demo.yaml"), f"data.root={root}", "data.masks=null",
-            "data.entities=null", "model.family=smolvlm", "model.image_size=40", "model.fac.lambda_attn=0",
-            "model.epc.use_entities=false", "optim.max_steps=1", f"run.output_dir={tmp_path / 'run'}"]
+    argv = [
+        "--config",
+        str(REPO / "configs" / "demo.yaml"),
+        f"data.root={root}",
+        "data.masks=null",
+        "data.entities=null",
+        "model.family=smolvlm",
+        "model.image_size=40",
+        "model.fac.lambda_attn=0",
+        "model.epc.use_entities=false",
+        "optim.max_steps=1",
+        f"run.output_dir={tmp_path / 'run'}",
+    ]
     assert train.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("config error: preset 'tiny' of model.family=smolvlm "
-                                               "(model.image_size=40)"), err
+    assert len(err) == 1 and err[0].startswith(
+        "config error: preset 'tiny' of model.family=smolvlm (model.image_size=40)"
+    ), err

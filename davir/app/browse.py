@@ -34,8 +34,15 @@ def _words(text: str) -> set[str]:
 
 def _row_text(row: dict) -> str:
     entities = " ".join(str(e[0]) for e in row.get("entities") or [] if e)
-    return " ".join([str(row.get("id", "")), row.get("caption") or "", entities,
-                     " ".join(row.get("references") or []), row.get("error") or ""])
+    return " ".join(
+        [
+            str(row.get("id", "")),
+            row.get("caption") or "",
+            entities,
+            " ".join(row.get("references") or []),
+            row.get("error") or "",
+        ]
+    )
 
 
 def read_captions(path: str | Path, *, failed_only: bool = False, word: str = "", limit: int = 50) -> Listing:
@@ -51,7 +58,7 @@ def read_captions(path: str | Path, *, failed_only: bool = False, word: str = ""
     listing = Listing(path)
     for number, row in iter_jsonl(path):
         if not isinstance(row, dict) or "id" not in row:
-            raise DataError(f"{path}: line {number} is not a caption.py row (no \"id\")")
+            raise DataError(f'{path}: line {number} is not a caption.py row (no "id")')
         listing.total += 1
         failed = row.get("error") is not None
         listing.failed += failed

@@ -41,8 +41,9 @@ class BrowserError(RuntimeError):
 class Chromium:
     """One headless Chromium with one page; `open`, `evaluate`, `wait_for`, `upload`, `click`, `screenshot`."""
 
-    def __init__(self, executable: str | None = None, *, width: int = 1280, height: int = 900,
-                 start_timeout: float = 30.0):
+    def __init__(
+        self, executable: str | None = None, *, width: int = 1280, height: int = 900, start_timeout: float = 30.0
+    ):
         from websockets.sync.client import connect
 
         executable = executable or chromium_path()
@@ -51,11 +52,26 @@ class Chromium:
         self.profile = Path(tempfile.mkdtemp(prefix="davir-chromium-"))
         self.log = open(self.profile / "chromium.log", "wb")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
-            [executable, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--mute-audio",
-             "--hide-scrollbars", f"--user-data-dir={self.profile}", "--remote-debugging-port=0",
-             f"--window-size={width},{height}", "about:blank"],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                executable,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--no-default-browser-check",
+                "--disable-extensions",
+                "--mute-audio",
+                "--hide-scrollbars",
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-port=0",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         self._ids = itertools.count(1)
         self._connection = contextlib.ExitStack()
         try:
@@ -64,11 +80,14 @@ class Chromium:
                 targets = json.load(response)
             page = next(t for t in targets if t.get("type") == "page")
             self.socket = self._connection.enter_context(
-                connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=start_timeout))
+                connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=start_timeout)
+            )
             self.send("Page.enable")
             self.send("Runtime.enable")
-            self.send("Emulation.setDeviceMetricsOverride",
-                      {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+            self.send(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            )
         except BaseException:
             self.close()
             raise
@@ -108,8 +127,7 @@ class Chromium:
 
     def evaluate(self, expression: str):
         """The value of a JavaScript expression in the page (awaited when it is a promise)."""
-        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                "awaitPromise": True})
+        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
         if "exceptionDetails" in result:
             raise BrowserError(f"{expression}: {result['exceptionDetails'].get('text')}")
         return result["result"].get("value")
@@ -147,8 +165,10 @@ class Chromium:
 
     def click_text(self, selector: str, text: str) -> None:
         """Click the first element matching `selector` whose text starts with `text` (a tab's button)."""
-        script = (f"(e => e ? (e.click(), true) : false)([...document.querySelectorAll({json.dumps(selector)})]"
-                  f".find(e => e.textContent.trim().startsWith({json.dumps(text)})))")
+        script = (
+            f"(e => e ? (e.click(), true) : false)([...document.querySelectorAll({json.dumps(selector)})]"
+            f".find(e => e.textContent.trim().startsWith({json.dumps(text)})))"
+        )
         if not self.evaluate(script):
             raise BrowserError(f"no {selector} reads {text!r}")
 
@@ -157,8 +177,10 @@ class Chromium:
         params: dict = {"format": "png"}
         if full_page:
             size = self.send("Page.getLayoutMetrics")["cssContentSize"]
-            params.update(captureBeyondViewport=True,
-                          clip={"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1})
+            params.update(
+                captureBeyondViewport=True,
+                clip={"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
+            )
         data = base64.b64decode(self.send("Page.captureScreenshot", params)["data"])
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +203,7 @@ class Chromium:
         self.log.close()
         shutil.rmtree(self.profile, ignore_errors=True)
 
-    def __enter__(self) -> "Chromium":
+    def __enter__(self) -> Chromium:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,8 +1,8 @@
 """One uploaded pair through a model, exactly as `caption.py` captions a pair of files.
 
-    view = caption_pair(model, "before.png", "after.png")     # a PairView, or a DataError with caption.py's message
-    view.caption, view.entities                               # str, [(entity, score), ...]
-    view.mask_overlays(), view.attention_overlays()           # (on before, on after) images, None when absent
+view = caption_pair(model, "before.png", "after.png")     # a PairView, or a DataError with caption.py's message
+view.caption, view.entities                               # str, [(entity, score), ...]
+view.mask_overlays(), view.attention_overlays()           # (on before, on after) images, None when absent
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class PairView:
     entities: list[tuple[str, float]]
     before: Image.Image
     after: Image.Image
-    mask: np.ndarray | None = None        # the union change mask, in the after image's frame (DAVIR)
+    mask: np.ndarray | None = None  # the union change mask, in the after image's frame (DAVIR)
     attention: tuple[np.ndarray, np.ndarray] | None = None  # FAC's maps over before and after (DAVIR)
     seconds: float = 0.0
 
@@ -85,5 +85,12 @@ def caption_pair(model: LoadedModel, before: str | Path | None, after: str | Pat
     attention = None
     if result.attention_before is not None and result.attention_after is not None:
         attention = (result.attention_before, result.attention_after)
-    return PairView(result.caption, list(result.entities), prepared.before, prepared.after, mask=prepared.mask,
-                    attention=attention, seconds=time.perf_counter() - started)
+    return PairView(
+        result.caption,
+        list(result.entities),
+        prepared.before,
+        prepared.after,
+        mask=prepared.mask,
+        attention=attention,
+        seconds=time.perf_counter() - started,
+    )

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from PIL import Image
 
-IMAGES_LOADED = ("[...document.querySelectorAll('{0} img')].length > 0 && "
-                 "[...document.querySelectorAll('{0} img')].every(i => i.complete && i.naturalWidth > 0)")
+IMAGES_LOADED = (
+    "[...document.querySelectorAll('{0} img')].length > 0 && "
+    "[...document.querySelectorAll('{0} img')].every(i => i.complete && i.naturalWidth > 0)"
+)
 
 
 def _free_port() -> int:
@@ -49,11 +51,14 @@ def take(url: str, out: Path, before: Path, after: Path, *, word: str = "", widt
 
         browser.click_text("button[role=tab]", "Browse captions")
         if word:
-            browser.evaluate(f"(e => {{ e.value = {json.dumps(word)}; e.dispatchEvent(new Event('input')); }})"
-                             "(document.querySelector('#word textarea, #word input'))")
+            browser.evaluate(
+                f"(e => {{ e.value = {json.dumps(word)}; e.dispatchEvent(new Event('input')); }})"
+                "(document.querySelector('#word textarea, #word input'))"
+            )
         browser.click("#browse-button")
-        browser.wait_for("(e => e && e.innerText.includes('match'))(document.querySelector('#browse-summary'))",
-                         timeout=60)
+        browser.wait_for(
+            "(e => e && e.innerText.includes('match'))(document.querySelector('#browse-summary'))", timeout=60
+        )
         browser.wait_for("document.querySelectorAll('#strips img').length > 0")
         browser.evaluate("window.scrollTo(0, document.body.scrollHeight)")  # the gallery's images load lazily
         browser.wait_for(IMAGES_LOADED.format("#strips"))
@@ -74,8 +79,16 @@ def take(url: str, out: Path, before: Path, after: Path, *, word: str = "", widt
     return shots
 
 
-def screenshots(checkpoint: str | Path, *, compare: str | Path, captions: str | Path, before: Path, after: Path,
-                out: Path, word: str = "") -> list[Path]:
+def screenshots(
+    checkpoint: str | Path,
+    *,
+    compare: str | Path,
+    captions: str | Path,
+    before: Path,
+    after: Path,
+    out: Path,
+    word: str = "",
+) -> list[Path]:
     """Start the app on a free port over `checkpoint` (B: `compare`, browse tab: `captions`), take the three
     pictures into `out`, stop the app; the paths written."""
     from davir.app.serve import start

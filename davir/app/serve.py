@@ -21,9 +21,19 @@ UPLOADS_PREFIX = "davir-app-"
 DELETE_CACHE = (3600, 86400)  # Gradio's delete_cache: every hour, files older than a day go (a long-running app)
 
 
-def start(checkpoint: str, *, compare: str | None = None, captions: str | None = None, host: str = "127.0.0.1",
-          port: int = 7860, options: CaptionerOptions | None = None, max_upload_mb: int = 100,
-          block: bool = True, quiet: bool = False, auth: tuple[str, str] | None = None):
+def start(
+    checkpoint: str,
+    *,
+    compare: str | None = None,
+    captions: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    options: CaptionerOptions | None = None,
+    max_upload_mb: int = 100,
+    block: bool = True,
+    quiet: bool = False,
+    auth: tuple[str, str] | None = None,
+):
     """(the Gradio Blocks, its local URL); with `block` serve until interrupted (Ctrl-C) first. `auth`: the
     (user, password) the page asks for (Gradio's login)."""
     started = time.perf_counter()
@@ -33,11 +43,25 @@ def start(checkpoint: str, *, compare: str | None = None, captions: str | None =
         from davir.app.models import ModelShelf
         from davir.app.ui import build_app
 
-        demo = build_app(ModelShelf(options), checkpoint=str(checkpoint), compare=compare, captions=captions,
-                         delete_cache=DELETE_CACHE)
+        demo = build_app(
+            ModelShelf(options),
+            checkpoint=str(checkpoint),
+            compare=compare,
+            captions=captions,
+            delete_cache=DELETE_CACHE,
+        )
         demo.queue(default_concurrency_limit=2)
-        demo.launch(server_name=host, server_port=port, prevent_thread_lock=True, quiet=True, show_error=True,
-                    max_file_size=f"{max_upload_mb}mb", ssr_mode=False, footer_links=["api"], auth=auth)
+        demo.launch(
+            server_name=host,
+            server_port=port,
+            prevent_thread_lock=True,
+            quiet=True,
+            show_error=True,
+            max_file_size=f"{max_upload_mb}mb",
+            ssr_mode=False,
+            footer_links=["api"],
+            auth=auth,
+        )
     except BaseException:
         _remove_upload_folder(uploads, previous)
         raise
@@ -54,8 +78,11 @@ def start(checkpoint: str, *, compare: str | None = None, captions: str | None =
     url = demo.local_url
     if not quiet:
         cpu = time.process_time()  # this process's CPU seconds since it started (imports and model load included)
-        print(f"davir-app: {url} (model {checkpoint}; ready in {time.perf_counter() - started:.1f} s, "
-              f"{cpu:.1f} s of CPU since the process started; Ctrl-C stops it)", flush=True)
+        print(
+            f"davir-app: {url} (model {checkpoint}; ready in {time.perf_counter() - started:.1f} s, "
+            f"{cpu:.1f} s of CPU since the process started; Ctrl-C stops it)",
+            flush=True,
+        )
     if block:
         try:
             demo.block_thread()
@@ -72,7 +99,7 @@ def _own_upload_folder() -> tuple[Path, str | None]:
     parent.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()  # the folder may be shared by machines: only this one's pids can be checked
     for stale in parent.glob(f"{UPLOADS_PREFIX}*@{host}-*"):
-        pid = stale.name[len(UPLOADS_PREFIX):].split("@", 1)[0]
+        pid = stale.name[len(UPLOADS_PREFIX) :].split("@", 1)[0]
         if pid.isdigit() and not _running(int(pid)) and stale.is_dir() and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix=f"{UPLOADS_PREFIX}{os.getpid()}@{host}-", dir=parent))

@@ -28,32 +28,55 @@ AUTH_VARIABLE = "DAVIR_APP_AUTH"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="davir-app", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, type=Path,
-                        help="run folder (best/, else last/) or saved model: DAVIR or subtraction/SCORER/DIRL/RDD/CHEER")
-    parser.add_argument("--compare", type=Path, help="a second run or model folder, model B of the compare tab "
-                                                     "(it can be typed on the page too)")
+    parser = argparse.ArgumentParser(
+        prog="davir-app", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        type=Path,
+        help="run folder (best/, else last/) or saved model: DAVIR or subtraction/SCORER/DIRL/RDD/CHEER",
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="a second run or model folder, model B of the compare tab (it can be typed on the page too)",
+    )
     parser.add_argument("--captions", type=Path, help="a captions.jsonl (caption.py --out) the browse tab opens")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=7860)
-    parser.add_argument("--auth", metavar="USER:PASSWORD", type=user_password,
-                        help=f"ask for this login (Gradio's auth); or set {AUTH_VARIABLE}=USER:PASSWORD, which other "
-                             "users of the machine cannot read in `ps`")
+    parser.add_argument(
+        "--auth",
+        metavar="USER:PASSWORD",
+        type=user_password,
+        help=f"ask for this login (Gradio's auth); or set {AUTH_VARIABLE}=USER:PASSWORD, which other "
+        "users of the machine cannot read in `ps`",
+    )
     parser.add_argument("--device", help="cpu, cuda, cuda:1 … (default: CUDA when there is one)")
     parser.add_argument("--max-upload-mb", type=int, default=100, help="larger uploads are refused")
     decoding = parser.add_argument_group("decoding (as caption.py)")
-    decoding.add_argument("--num-beams", type=int, default=None,
-                          help="default: the run's run.num_beams (the decoding its best/ was selected with)")
+    decoding.add_argument(
+        "--num-beams",
+        type=int,
+        default=None,
+        help="default: the run's run.num_beams (the decoding its best/ was selected with)",
+    )
     decoding.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
-    decoding.add_argument("--resize-mismatched", action="store_true",
-                          help="resize the before image to the after image's size instead of refusing the pair")
+    decoding.add_argument(
+        "--resize-mismatched",
+        action="store_true",
+        help="resize the before image to the after image's size instead of refusing the pair",
+    )
     moved = parser.add_argument_group("what the run recorded, when it moved (default: the run's own paths)")
-    moved.add_argument("--allow-profile-mismatch", action="store_true",
-                       help="accept mask/entity caches of another preprocessing profile than the run trained on")
+    moved.add_argument(
+        "--allow-profile-mismatch",
+        action="store_true",
+        help="accept mask/entity caches of another preprocessing profile than the run trained on",
+    )
     moved.add_argument("--masks-from", type=Path, help="mask cache whose settings to reuse (the run's data.masks)")
-    moved.add_argument("--entities-from", type=Path,
-                       help="entity cache holding the vocabulary and retriever (the run's data.entities)")
+    moved.add_argument(
+        "--entities-from", type=Path, help="entity cache holding the vocabulary and retriever (the run's data.entities)"
+    )
     moved.add_argument("--pretrained", type=Path, help="the base InstructBLIP folder (the model's `pretrained`)")
     moved.add_argument("--sam-checkpoint", type=Path, help="SAM weights, when the mask cache was made with SAM")
     moved.add_argument("--clip-checkpoint", type=Path, help="open_clip weights, when the entity cache used CLIP")
@@ -82,20 +105,32 @@ def network_warning(host: str, port: int, auth: bool) -> str | None:
     """What a user serving the page beyond this machine is told at start; None on a loopback address."""
     if is_loopback(host):
         return None
-    who = ("whoever logs in with --auth" if auth else
-           f"anyone who can reach port {port}; pass --auth USER:PASSWORD to ask for a login")
-    return (f"warning: --host {host} serves the page to the network, to {who}: its browse and compare tabs open "
-            "any file and folder this account can read, and every upload is captioned on this machine")
+    who = (
+        "whoever logs in with --auth"
+        if auth
+        else f"anyone who can reach port {port}; pass --auth USER:PASSWORD to ask for a login"
+    )
+    return (
+        f"warning: --host {host} serves the page to the network, to {who}: its browse and compare tabs open "
+        "any file and folder this account can read, and every upload is captioned on this machine"
+    )
 
 
 def options_of(args: argparse.Namespace) -> CaptionerOptions:
     """The captioner options of the command line: caption.py's defaults (a size mismatch is refused)."""
     return CaptionerOptions(
-        device=args.device, masks_from=args.masks_from, entities_from=args.entities_from, pretrained=args.pretrained,
-        sam_checkpoint=args.sam_checkpoint, clip_checkpoint=args.clip_checkpoint,
-        backbone_weights=args.backbone_weights, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
+        device=args.device,
+        masks_from=args.masks_from,
+        entities_from=args.entities_from,
+        pretrained=args.pretrained,
+        sam_checkpoint=args.sam_checkpoint,
+        clip_checkpoint=args.clip_checkpoint,
+        backbone_weights=args.backbone_weights,
+        num_beams=args.num_beams,
+        max_new_tokens=args.max_new_tokens,
         size_policy="resize_before_to_after" if args.resize_mismatched else "error",
-        allow_profile_mismatch=args.allow_profile_mismatch)
+        allow_profile_mismatch=args.allow_profile_mismatch,
+    )
 
 
 def main(argv: list[str] | None = None, *, block: bool = True):
@@ -117,10 +152,17 @@ def main(argv: list[str] | None = None, *, block: bool = True):
         if args.device is not None:
             check_device(args.device)  # before the model loads and the page is built
         with _sigterm_as_interrupt(block):
-            started = start(str(args.checkpoint), compare=None if args.compare is None else str(args.compare),
-                            captions=None if args.captions is None else str(args.captions), host=args.host,
-                            port=args.port, options=options_of(args), max_upload_mb=args.max_upload_mb,
-                            block=block, auth=args.auth)
+            started = start(
+                str(args.checkpoint),
+                compare=None if args.compare is None else str(args.compare),
+                captions=None if args.captions is None else str(args.captions),
+                host=args.host,
+                port=args.port,
+                options=options_of(args),
+                max_upload_mb=args.max_upload_mb,
+                block=block,
+                auth=args.auth,
+            )
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

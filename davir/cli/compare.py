@@ -21,12 +21,16 @@ from davir.io import write_text_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m davir.compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m davir.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("runs", nargs="*", type=Path, help="run folders scored by evaluate.py --checkpoint")
-    parser.add_argument("--leaderboard", metavar="BENCHMARK",
-                        help="print every reported number for BENCHMARK (spot_the_diff, clevr_change, ier, levir_cc, "
-                             "clevr_dc) with its source and protocol mark, the RUNs beside them")
+    parser.add_argument(
+        "--leaderboard",
+        metavar="BENCHMARK",
+        help="print every reported number for BENCHMARK (spot_the_diff, clevr_change, ier, levir_cc, "
+        "clevr_dc) with its source and protocol mark, the RUNs beside them",
+    )
     parser.add_argument("--dataset", help="dataset of the paper rows (default: the runs' data.format)")
     parser.add_argument("--split", help="which evaluation of each run (when a run has several)")
     parser.add_argument("--out", type=Path, help="write the Markdown table here")

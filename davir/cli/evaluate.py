@@ -27,22 +27,38 @@ from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     source = parser.add_argument_group("predictions")
-    source.add_argument("--predictions", type=Path, help="predictions file (.json COCO results / {id: caption}, or .jsonl)")
-    source.add_argument("--checkpoint", type=Path,
-                        help="generate the predictions with a trained model: a run folder (uses best/, else last/) "
-                             "or a saved model folder; --format/--root default to the run's training data")
-    source.add_argument("--entities", type=Path, help="entity cache for the split (EPC; default: the run's data.entities)")
-    source.add_argument("--allow-profile-mismatch", action="store_true",
-                        help="accept an entity cache of another preprocessing profile than the run trained on")
-    source.add_argument("--masks", type=Path,
-                        help="mask cache for the localisation score when the data has no ground-truth masks")
+    source.add_argument(
+        "--predictions", type=Path, help="predictions file (.json COCO results / {id: caption}, or .jsonl)"
+    )
+    source.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="generate the predictions with a trained model: a run folder (uses best/, else last/) "
+        "or a saved model folder; --format/--root default to the run's training data",
+    )
+    source.add_argument(
+        "--entities", type=Path, help="entity cache for the split (EPC; default: the run's data.entities)"
+    )
+    source.add_argument(
+        "--allow-profile-mismatch",
+        action="store_true",
+        help="accept an entity cache of another preprocessing profile than the run trained on",
+    )
+    source.add_argument(
+        "--masks", type=Path, help="mask cache for the localisation score when the data has no ground-truth masks"
+    )
     source.add_argument("--batch-size", type=int, default=16)
-    source.add_argument("--num-beams", type=int, default=None,
-                        help="1 = greedy, >1 = beam search (default: the run's run.num_beams, the decoding its "
-                             "best/ was selected with)")
+    source.add_argument(
+        "--num-beams",
+        type=int,
+        default=None,
+        help="1 = greedy, >1 = beam search (default: the run's run.num_beams, the decoding its "
+        "best/ was selected with)",
+    )
     source.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
     source.add_argument("--limit", type=int, help="caption only the first N pairs of the split")
     refs = parser.add_argument_group("references (a file, or a dataset split through the data layer)")
@@ -50,22 +66,38 @@ def build_parser() -> argparse.ArgumentParser:
     refs.add_argument("--format", help="dataset format name (python -m davir.data stats lists the readers)")
     refs.add_argument("--root", type=Path, help="dataset root folder (with --format)")
     refs.add_argument("--split", default="test", help="dataset split (with --format; default: test)")
-    refs.add_argument("--empty-references", choices=("auto", "keep", "skip"), default="auto",
-                      help="empty sentences of a --references file: auto (default) keeps them in an official "
-                           "reference file, as its published numbers do, and skips them (with the pairs left without "
-                           "any) in any other file; always counted and reported (docs/experiments/results.md, Protocols)")
+    refs.add_argument(
+        "--empty-references",
+        choices=("auto", "keep", "skip"),
+        default="auto",
+        help="empty sentences of a --references file: auto (default) keeps them in an official "
+        "reference file, as its published numbers do, and skips them (with the pairs left without "
+        "any) in any other file; always counted and reported (docs/experiments/results.md, Protocols)",
+    )
     scoring = parser.add_argument_group("scoring")
-    scoring.add_argument("--metrics", default=",".join(METRICS),
-                         help=f"comma-separated subset of {','.join(METRICS)} (default: all; SPICE is separate)")
-    scoring.add_argument("--spice-corenlp", type=Path, default=None,
-                         help="folder with stanford-corenlp-3.6.0.jar and -models.jar, enabling SPICE "
-                              "(default: $DAVIR_SPICE_CORENLP or jars already installed)")
+    scoring.add_argument(
+        "--metrics",
+        default=",".join(METRICS),
+        help=f"comma-separated subset of {','.join(METRICS)} (default: all; SPICE is separate)",
+    )
+    scoring.add_argument(
+        "--spice-corenlp",
+        type=Path,
+        default=None,
+        help="folder with stanford-corenlp-3.6.0.jar and -models.jar, enabling SPICE "
+        "(default: $DAVIR_SPICE_CORENLP or jars already installed)",
+    )
     scoring.add_argument("--no-spice", action="store_true", help="do not compute SPICE even if it is available")
-    scoring.add_argument("--synthetic-scenes", type=Path, default=None,
-                         help="the folder of a davir synthetic set (holding scenes.json) whose pairs these are, e.g. "
-                              "exported to the folder format with their ids kept: adds type/object accuracy")
-    scoring.add_argument("--strict", action="store_true",
-                         help="fail when predictions and references do not cover the same pairs")
+    scoring.add_argument(
+        "--synthetic-scenes",
+        type=Path,
+        default=None,
+        help="the folder of a davir synthetic set (holding scenes.json) whose pairs these are, e.g. "
+        "exported to the folder format with their ids kept: adds type/object accuracy",
+    )
+    scoring.add_argument(
+        "--strict", action="store_true", help="fail when predictions and references do not cover the same pairs"
+    )
     output = parser.add_argument_group("output")
     output.add_argument("--out", type=Path, help="write all scores (and per-pair CIDEr) to this JSON file")
     output.add_argument("--markdown", type=Path, help="write the table(s) to this Markdown file")
@@ -85,18 +117,31 @@ def check_reference_args(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 def scoring_options(args: argparse.Namespace) -> dict:
     """The scoring flags as keywords of score_predictions / EvaluationOptions."""
-    return {"metrics": [name.strip() for name in args.metrics.split(",") if name.strip()],
-            "spice": False if args.no_spice else (args.spice_corenlp if args.spice_corenlp is not None else True),
-            "strict": args.strict, "synthetic_scenes": args.synthetic_scenes, "digits": args.digits,
-            "out": args.out, "markdown": args.markdown}
+    return {
+        "metrics": [name.strip() for name in args.metrics.split(",") if name.strip()],
+        "spice": False if args.no_spice else (args.spice_corenlp if args.spice_corenlp is not None else True),
+        "strict": args.strict,
+        "synthetic_scenes": args.synthetic_scenes,
+        "digits": args.digits,
+        "out": args.out,
+        "markdown": args.markdown,
+    }
 
 
 def evaluation_options(args: argparse.Namespace) -> EvaluationOptions:
     """--checkpoint: the flags as EvaluationOptions."""
-    return EvaluationOptions(format=args.format, root=args.root, limit=args.limit, entities=args.entities,
-                             allow_profile_mismatch=args.allow_profile_mismatch, masks=args.masks,
-                             batch_size=args.batch_size, num_beams=args.num_beams,
-                             max_new_tokens=args.max_new_tokens, **scoring_options(args))
+    return EvaluationOptions(
+        format=args.format,
+        root=args.root,
+        limit=args.limit,
+        entities=args.entities,
+        allow_profile_mismatch=args.allow_profile_mismatch,
+        masks=args.masks,
+        batch_size=args.batch_size,
+        num_beams=args.num_beams,
+        max_new_tokens=args.max_new_tokens,
+        **scoring_options(args),
+    )
 
 
 @stop_on_signals(rerun=START_AGAIN)
@@ -108,16 +153,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.checkpoint is not None:
             if args.references is not None:
-                parser.error("--checkpoint scores against the dataset split (--format/--root/--split), not --references")
+                parser.error(
+                    "--checkpoint scores against the dataset split (--format/--root/--split), not --references"
+                )
             evaluate_run(args.checkpoint, args.split, evaluation_options(args))
             return 0
         check_reference_args(parser, args)
         check_outputs(args.out, args.markdown)
         predictions = load_predictions(args.predictions)
-        references = (ReferenceSource.file(args.references, empty=args.empty_references, split=args.split)
-                      if args.references is not None else ReferenceSource.dataset(args.format, args.root, args.split))
-        score_predictions(predictions, references, predictions_source=str(args.predictions), echo=True,
-                          **scoring_options(args))
+        references = (
+            ReferenceSource.file(args.references, empty=args.empty_references, split=args.split)
+            if args.references is not None
+            else ReferenceSource.dataset(args.format, args.root, args.split)
+        )
+        score_predictions(
+            predictions, references, predictions_source=str(args.predictions), echo=True, **scoring_options(args)
+        )
         return 0
     except (DataError, MetricsError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -28,44 +28,80 @@ def type_weights(text: str) -> dict[str, float]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m davir.pretrain_tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder to write the checkpoint into")
-    parser.add_argument("--family", default="instructblip",
-                        help="model family of the tiny preset (instructblip, qwen2_5_vl, llava_onevision, smolvlm)")
+    parser.add_argument(
+        "--family",
+        default="instructblip",
+        help="model family of the tiny preset (instructblip, qwen2_5_vl, llava_onevision, smolvlm)",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--data", help="an existing synthetic set (python -m davir.data synth)")
     source.add_argument("--scenes", type=int, default=2000, help="generate a set of this many scenes (no --data)")
-    parser.add_argument("--data-seed", type=int, default=1,
-                        help="generator seed of the --scenes set (default 1: not the demo's seed 0, so no demo scene is seen)")
+    parser.add_argument(
+        "--data-seed",
+        type=int,
+        default=1,
+        help="generator seed of the --scenes set (default 1: not the demo's seed 0, so no demo scene is seen)",
+    )
     parser.add_argument("--workers", type=int, default=0, help="processes for generating (0 = one per core)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init", help="continue from a folder this command wrote: its best weights (OUT) or its "
-                                       "last (OUT/last); default: random weights")
+    parser.add_argument(
+        "--init",
+        help="continue from a folder this command wrote: its best weights (OUT) or its "
+        "last (OUT/last); default: random weights",
+    )
     parser.add_argument("--desc-steps", type=int, default=3000)
     parser.add_argument("--change-steps", type=int, default=3000)
     parser.add_argument("--desc-mix", type=float, default=0.2, help="share of description batches in stage 2")
-    parser.add_argument("--entity-share", type=float, default=0.0,
-                        help="share of change batches prompted with EPC entity prompts (Eq. 10) instead of the base prompt")
-    parser.add_argument("--entity-wrong", type=float, default=EntityNoise.wrong,
-                        help="share of changed pairs whose entity is another object of the scene")
-    parser.add_argument("--entity-on-distractor", type=float, default=EntityNoise.on_distractor,
-                        help="share of distractor pairs given one of the scene's objects as entity")
-    parser.add_argument("--desc-order", choices=DESCRIPTION_ORDERS, default="left-to-right",
-                        help="object order of the description targets")
-    parser.add_argument("--type-weights", type=type_weights, default={}, metavar="TYPE=W,...",
-                        help="draw the changed pairs of these change types W times as often, e.g. move=3 "
-                        "(default: as the data holds them)")
+    parser.add_argument(
+        "--entity-share",
+        type=float,
+        default=0.0,
+        help="share of change batches prompted with EPC entity prompts (Eq. 10) instead of the base prompt",
+    )
+    parser.add_argument(
+        "--entity-wrong",
+        type=float,
+        default=EntityNoise.wrong,
+        help="share of changed pairs whose entity is another object of the scene",
+    )
+    parser.add_argument(
+        "--entity-on-distractor",
+        type=float,
+        default=EntityNoise.on_distractor,
+        help="share of distractor pairs given one of the scene's objects as entity",
+    )
+    parser.add_argument(
+        "--desc-order",
+        choices=DESCRIPTION_ORDERS,
+        default="left-to-right",
+        help="object order of the description targets",
+    )
+    parser.add_argument(
+        "--type-weights",
+        type=type_weights,
+        default={},
+        metavar="TYPE=W,...",
+        help="draw the changed pairs of these change types W times as often, e.g. move=3 "
+        "(default: as the data holds them)",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--patch-size", type=int, default=8)
     parser.add_argument("--query-tokens", type=int, default=0, help="0 = the preset's 16")
-    parser.add_argument("--add-llm-layers", type=int, default=0,
-                        help="append N LLM layers to the --init model, each starting as the identity")
+    parser.add_argument(
+        "--add-llm-layers",
+        type=int,
+        default=0,
+        help="append N LLM layers to the --init model, each starting as the identity",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--eval-scenes", type=int, default=100, help="test scenes scored (2 pairs each)")
     parser.add_argument("--train-limit", type=int, default=None, help="use only the first N train scenes")
-    parser.add_argument("--no-cider", dest="cider", action="store_false",
-                        help="skip BLEU/CIDEr in the final evaluation (needs Java)")
+    parser.add_argument(
+        "--no-cider", dest="cider", action="store_false", help="skip BLEU/CIDEr in the final evaluation (needs Java)"
+    )
     parser.add_argument("--quiet", action="store_true")
     return parser
 

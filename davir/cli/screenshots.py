@@ -16,8 +16,11 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m davir.cli.screenshots", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m davir.cli.screenshots",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--compare", required=True, help="model B of the compare tab")
     parser.add_argument("--captions", required=True, help="the captions.jsonl the browse tab shows")
@@ -28,8 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from davir.app.screenshots import screenshots
 
-    for shot in screenshots(args.checkpoint, compare=args.compare, captions=args.captions, before=args.before,
-                            after=args.after, out=args.out, word=args.word):
+    for shot in screenshots(
+        args.checkpoint,
+        compare=args.compare,
+        captions=args.captions,
+        before=args.before,
+        after=args.after,
+        out=args.out,
+        word=args.word,
+    ):
         print(f"{shot} ({shot.stat().st_size // 1024} KB)")
     return 0
 

@@ -21,19 +21,37 @@ from davir.sweep.grid import load_sweep, run_sweep, set_vars
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m davir.sweep", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m davir.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("sweep", help="sweep YAML (configs/sweeps/)")
     parser.add_argument("--seeds", type=int, nargs="+", help="override the sweep's seeds")
     parser.add_argument("--out", type=Path, help="override the sweep's output folder")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        help="key=value override applied to every run (repeatable)")
-    parser.add_argument("--split", help="score on this split instead of the sweep's (trained cells are only re-scored), "
-                                        "e.g. --split val to choose between variants without looking at test")
-    parser.add_argument("--var", dest="vars", action="append", default=[], metavar="NAME=VALUE",
-                        help="set a variable of the sweep file (its vars:), e.g. --var demo_dir=/data/demo (repeatable)")
-    parser.add_argument("--variants", nargs="+",
-                        help="run only these variants (names or folder slugs), e.g. to share a sweep between machines")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="key=value override applied to every run (repeatable)",
+    )
+    parser.add_argument(
+        "--split",
+        help="score on this split instead of the sweep's (trained cells are only re-scored), "
+        "e.g. --split val to choose between variants without looking at test",
+    )
+    parser.add_argument(
+        "--var",
+        dest="vars",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a variable of the sweep file (its vars:), e.g. --var demo_dir=/data/demo (repeatable)",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        help="run only these variants (names or folder slugs), e.g. to share a sweep between machines",
+    )
     return parser
 
 
@@ -43,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = load_sweep(args.sweep)
         set_vars(sweep, args.vars)
-        result = run_sweep(sweep, seeds=args.seeds, variants=args.variants, extra=args.overrides, split=args.split,
-                           out=args.out)
+        result = run_sweep(
+            sweep, seeds=args.seeds, variants=args.variants, extra=args.overrides, split=args.split, out=args.out
+        )
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

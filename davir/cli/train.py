@@ -13,17 +13,22 @@ import sys
 
 from davir.config import ConfigError, load_config
 from davir.errors import DataError, describe_os_error
-from davir.runtime.signals import stop_on_signals
 from davir.runs.config import DEFAULT_CONFIG, TrainConfig
+from davir.runtime.signals import stop_on_signals
 from davir.training.loop import NonFiniteLoss, train_in_folder
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in run.output_dir from its last checkpoint")
-    parser.add_argument("--wait-lock", action="store_true",
-                        help="when another train.py writes the same run folder (RUN.lock), wait for it, not stop")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in run.output_dir from its last checkpoint"
+    )
+    parser.add_argument(
+        "--wait-lock",
+        action="store_true",
+        help="when another train.py writes the same run folder (RUN.lock), wait for it, not stop",
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the YAML config")
     return parser.parse_args(argv)
 

@@ -1,4 +1,4 @@
 """Runs side by side (seeds pooled), the published numbers with their sources, the leaderboard.
 
-    python -m davir.compare runs/lightweight_demo/*/seed* [--dataset clevr_change]
+python -m davir.compare runs/lightweight_demo/*/seed* [--dataset clevr_change]
 """

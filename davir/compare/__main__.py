@@ -1,7 +1,8 @@
 """Runs side by side (seeds pooled), the published numbers with their sources, the leaderboard.
 
-    python -m davir.compare runs/lightweight_demo/*/seed* [--dataset clevr_change]
+python -m davir.compare runs/lightweight_demo/*/seed* [--dataset clevr_change]
 """
+
 import sys
 
 from davir.cli.compare import main

@@ -33,10 +33,14 @@ def _row(method: str, dataset: str, setting: str, b, m, r, c, s, source: str, **
 
 
 _SSGPA_README = "yili-19/SSGPA README (github.com/yili-19/SSGPA @04f3575d), 'Results on {}'"
-_FINER_PROTOCOL = ("pycocoevalcap on FINER-MLLM's eval_data/*_change_captions_reformat.json, the file davir's "
-                   "official protocol reproduces")
-_NOT_REPRODUCED = ("not reproduced: the public re-implementation yili-19/SSGPA reached at best {} ({} row below; "
-                   "the authors shared no code or checkpoint)")
+_FINER_PROTOCOL = (
+    "pycocoevalcap on FINER-MLLM's eval_data/*_change_captions_reformat.json, the file davir's "
+    "official protocol reproduces"
+)
+_NOT_REPRODUCED = (
+    "not reproduced: the public re-implementation yili-19/SSGPA reached at best {} ({} row below; "
+    "the authors shared no code or checkpoint)"
+)
 
 
 PAPER_RESULTS: tuple[PaperResult, ...] = (
@@ -65,43 +69,152 @@ PAPER_RESULTS: tuple[PaperResult, ...] = (
     # 2024-26 methods (LLM-based unless said). Where a method's own paper could not be read here, the number is
     # the one another paper or repository quotes, and `source` says so. M3Diff (OmniDiff, arXiv 2503.11093) and
     # ProCap (arXiv 2603.05969) are missing: their result tables were not readable here (docs/experiments/results.md).
-    _row("finer_mllm", "spot_the_diff", "all", 12.6, 13.5, 34.7, 59.9, 21.1, "DAVIR Table 1 (quoting FINER-MLLM, ACM MM'24)",
-         same_protocol=True, protocol=_FINER_PROTOCOL,
-         note="CHEER Table 3 quotes 12.9 / 14.7 / 35.5 / 61.8 / 22.1 for the same method"),
-    _row("finer_mllm", "spot_the_diff", "all", 12.9, 14.7, 35.5, 61.8, 22.1, "CHEER Table 3 (quoting FINER-MLLM)",
-         same_protocol=True, protocol=_FINER_PROTOCOL, note="DAVIR Table 1 quotes 59.9 CIDEr for the same method"),
+    _row(
+        "finer_mllm",
+        "spot_the_diff",
+        "all",
+        12.6,
+        13.5,
+        34.7,
+        59.9,
+        21.1,
+        "DAVIR Table 1 (quoting FINER-MLLM, ACM MM'24)",
+        same_protocol=True,
+        protocol=_FINER_PROTOCOL,
+        note="CHEER Table 3 quotes 12.9 / 14.7 / 35.5 / 61.8 / 22.1 for the same method",
+    ),
+    _row(
+        "finer_mllm",
+        "spot_the_diff",
+        "all",
+        12.9,
+        14.7,
+        35.5,
+        61.8,
+        22.1,
+        "CHEER Table 3 (quoting FINER-MLLM)",
+        same_protocol=True,
+        protocol=_FINER_PROTOCOL,
+        note="DAVIR Table 1 quotes 59.9 CIDEr for the same method",
+    ),
     _row("finer_mllm", "clevr_change", "total", 55.6, 36.6, 72.5, 137.2, 26.4, "CHEER Table 1 (quoting FINER-MLLM)"),
-    _row("finer_mllm", "ier", "all", 12.9, 15.1, 40.4, 52.1, 14.4, "DAVIR Table 2 (quoting FINER-MLLM)",
-         same_protocol=True, protocol=_FINER_PROTOCOL),
-    _row("onediff", "spot_the_diff", "all", 12.8, 14.6, 35.8, 56.6, None,
-         "DAVIR Table 1 and CHEER Table 3 (both quoting OneDiff, arXiv 2407.05645)",
-         note="pretrained on a non-released large-scale dataset before fine-tuning (DAVIR Table 1, †)"),
+    _row(
+        "finer_mllm",
+        "ier",
+        "all",
+        12.9,
+        15.1,
+        40.4,
+        52.1,
+        14.4,
+        "DAVIR Table 2 (quoting FINER-MLLM)",
+        same_protocol=True,
+        protocol=_FINER_PROTOCOL,
+    ),
+    _row(
+        "onediff",
+        "spot_the_diff",
+        "all",
+        12.8,
+        14.6,
+        35.8,
+        56.6,
+        None,
+        "DAVIR Table 1 and CHEER Table 3 (both quoting OneDiff, arXiv 2407.05645)",
+        note="pretrained on a non-released large-scale dataset before fine-tuning (DAVIR Table 1, †)",
+    ),
     _row("blip2idc", "spot_the_diff", "all", 11.6, 14.0, 35.3, 52.2, None, "DAVIR Table 1 (quoting BLIP2IDC, WACV'25)"),
     _row("blip2idc", "ier", "all", 13.0, 15.8, 40.7, 55.3, 13.6, "DAVIR Table 2 (quoting BLIP2IDC, WACV'25)"),
-    _row("vir_vlfm", "spot_the_diff", "all", 12.2, 15.3, 36.2, 48.9, None,
-         _SSGPA_README.format("Spot-the-diff") + " quoting VIR-VLFM (arXiv 2309.08585)"),
-    _row("vir_vlfm", "clevr_change", "unstated", 58.2, 42.6, 78.9, 153.4, None,
-         _SSGPA_README.format("CLEVR-Change") + " quoting VIR-VLFM (arXiv 2309.08585)"),
-    _row("ssgpa", "spot_the_diff", "all", 13.5, 16.0, 42.7, 63.4, None,
-         _SSGPA_README.format("Spot-the-diff") + " quoting SSGPA (AAAI'25) as reported",
-         note=_NOT_REPRODUCED.format("CIDEr 30.5", "ssgpa_reproduction")),
-    _row("ssgpa_reproduction", "spot_the_diff", "unstated", 9.6, 11.4, 30.1, 30.5, None,
-         _SSGPA_README.format("Spot-the-diff") + ", 'Reproduction - (ResNet + ViT)'",
-         same_protocol=None, protocol="FINER-MLLM code base; split not stated",
-         note="the ViT-based reproduction: 9.0 / 11.7 / 30.7 / 29.7; its shipped val predictions (exp/spot) score "
-              "CIDEr 29.5 in davir against FINER's val references"),
-    _row("ssgpa", "clevr_change", "unstated", 60.9, 44.2, 80.2, 159.1, None,
-         _SSGPA_README.format("CLEVR-Change") + " quoting SSGPA (AAAI'25) as reported",
-         note=_NOT_REPRODUCED.format("CIDEr 91.4", "ssgpa_reproduction")),
-    _row("ssgpa_reproduction", "clevr_change", "unstated", 32.4, 14.5, 48.9, 91.4, None,
-         _SSGPA_README.format("CLEVR-Change") + ", 'Reproduction - (ResNet + ViT)'",
-         protocol="FINER-MLLM code base; split not stated", note="the ViT-based reproduction: 33.5 / 17.0 / 50.3 / 65.3"),
-    _row("ccexpert", "levir_cc", "all", 65.49, 41.82, 76.55, 143.32, None,
-         "Meize0729/CCExpert README, Model Zoo, CCExpert-7b (arXiv 2411.11360)", same_protocol=False,
-         protocol="captions lower-cased with '.' removed, scored by pycocoevalcap-style scorers without the PTB "
-                  "tokenizer (llava/train/llava_trainer_eval.py get_eval_score)",
-         note="continued pretraining on CC-Foundation (200,000 pairs, 1.2 M captions); CCExpert-0.5b: 65.42 / "
-              "41.33 / 75.93 / 141.19"),
+    _row(
+        "vir_vlfm",
+        "spot_the_diff",
+        "all",
+        12.2,
+        15.3,
+        36.2,
+        48.9,
+        None,
+        _SSGPA_README.format("Spot-the-diff") + " quoting VIR-VLFM (arXiv 2309.08585)",
+    ),
+    _row(
+        "vir_vlfm",
+        "clevr_change",
+        "unstated",
+        58.2,
+        42.6,
+        78.9,
+        153.4,
+        None,
+        _SSGPA_README.format("CLEVR-Change") + " quoting VIR-VLFM (arXiv 2309.08585)",
+    ),
+    _row(
+        "ssgpa",
+        "spot_the_diff",
+        "all",
+        13.5,
+        16.0,
+        42.7,
+        63.4,
+        None,
+        _SSGPA_README.format("Spot-the-diff") + " quoting SSGPA (AAAI'25) as reported",
+        note=_NOT_REPRODUCED.format("CIDEr 30.5", "ssgpa_reproduction"),
+    ),
+    _row(
+        "ssgpa_reproduction",
+        "spot_the_diff",
+        "unstated",
+        9.6,
+        11.4,
+        30.1,
+        30.5,
+        None,
+        _SSGPA_README.format("Spot-the-diff") + ", 'Reproduction - (ResNet + ViT)'",
+        same_protocol=None,
+        protocol="FINER-MLLM code base; split not stated",
+        note="the ViT-based reproduction: 9.0 / 11.7 / 30.7 / 29.7; its shipped val predictions (exp/spot) score "
+        "CIDEr 29.5 in davir against FINER's val references",
+    ),
+    _row(
+        "ssgpa",
+        "clevr_change",
+        "unstated",
+        60.9,
+        44.2,
+        80.2,
+        159.1,
+        None,
+        _SSGPA_README.format("CLEVR-Change") + " quoting SSGPA (AAAI'25) as reported",
+        note=_NOT_REPRODUCED.format("CIDEr 91.4", "ssgpa_reproduction"),
+    ),
+    _row(
+        "ssgpa_reproduction",
+        "clevr_change",
+        "unstated",
+        32.4,
+        14.5,
+        48.9,
+        91.4,
+        None,
+        _SSGPA_README.format("CLEVR-Change") + ", 'Reproduction - (ResNet + ViT)'",
+        protocol="FINER-MLLM code base; split not stated",
+        note="the ViT-based reproduction: 33.5 / 17.0 / 50.3 / 65.3",
+    ),
+    _row(
+        "ccexpert",
+        "levir_cc",
+        "all",
+        65.49,
+        41.82,
+        76.55,
+        143.32,
+        None,
+        "Meize0729/CCExpert README, Model Zoo, CCExpert-7b (arXiv 2411.11360)",
+        same_protocol=False,
+        protocol="captions lower-cased with '.' removed, scored by pycocoevalcap-style scorers without the PTB "
+        "tokenizer (llava/train/llava_trainer_eval.py get_eval_score)",
+        note="continued pretraining on CC-Foundation (200,000 pairs, 1.2 M captions); CCExpert-0.5b: 65.42 / "
+        "41.33 / 75.93 / 141.19",
+    ),
 )
 
 

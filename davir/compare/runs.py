@@ -20,8 +20,10 @@ from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
 
 SETTINGS = ("total", "semantic", "distractor")
 # Stated-difference faithfulness of the total row (metrics.json "faithfulness", davir.metrics.faithfulness).
-FAITHFULNESS_COLUMNS = {"object F1": ("faithfulness", "rows", "total", "objects", "f1"),
-                        "hallucinated": ("faithfulness", "rows", "total", "hallucination_rate")}
+FAITHFULNESS_COLUMNS = {
+    "object F1": ("faithfulness", "rows", "total", "objects", "f1"),
+    "hallucinated": ("faithfulness", "rows", "total", "hallucination_rate"),
+}
 _SEED = re.compile(r"(?:^|[_-])seed\d+$")
 
 
@@ -58,10 +60,14 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     if split is not None:
         found = [p for p in found if p.parent.name.endswith(f"_{split}")]
     if not found:
-        raise DataError(f"{run} has no eval/*{'_' + split if split else ''}/metrics.json; run "
-                        f"`python evaluate.py --checkpoint {run} --split {split or 'test'}` first")
+        raise DataError(
+            f"{run} has no eval/*{'_' + split if split else ''}/metrics.json; run "
+            f"`python evaluate.py --checkpoint {run} --split {split or 'test'}` first"
+        )
     if len(found) > 1:
-        raise DataError(f"{run} has several evaluations ({', '.join(p.parent.name for p in found)}); pick one with --split")
+        raise DataError(
+            f"{run} has several evaluations ({', '.join(p.parent.name for p in found)}); pick one with --split"
+        )
     metrics = read_json(found[0])
     if not isinstance(metrics, dict):
         raise DataError(f"{found[0]}: expected a JSON object written by evaluate.py")
@@ -73,8 +79,17 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     if "total" not in rows:
         raise DataError(f"{found[0]}: no 'total' row; not written by evaluate.py")
     data_format = config.get("data", {}).get("format", "?")
-    return RunResult(run.name, method, data_format, found[0].parent.name.rsplit("_", 1)[-1], rows, pairs, found[0],
-                     metrics, seed_group(run))
+    return RunResult(
+        run.name,
+        method,
+        data_format,
+        found[0].parent.name.rsplit("_", 1)[-1],
+        rows,
+        pairs,
+        found[0],
+        metrics,
+        seed_group(run),
+    )
 
 
 def _cell(value) -> str:
@@ -112,7 +127,11 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
                 if setting == "total":
                     spread.setdefault(metric, {})[_label(runs)] = values
             for title, path in FAITHFULNESS_COLUMNS.items():
-                values = [v for v in (metric_at(r.document, path) for r in runs) if v is not None] if setting == "total" else []
+                values = (
+                    [v for v in (metric_at(r.document, path) for r in runs) if v is not None]
+                    if setting == "total"
+                    else []
+                )
                 cells.append(spread_text(values, 100.0) if values else "–")
                 if setting == "total":
                     spread.setdefault(title, {})[_label(runs)] = values
@@ -120,12 +139,20 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     methods = {r.method for r in results} | {"subtraction"}
     for row in paper_results(dataset, methods):
-        cells = [f"paper: {row.source}", row.method, row.setting, *(_cell(row.scores[m]) for m in METRIC_COLUMNS),
-                 *("–" for _ in FAITHFULNESS_COLUMNS), ""]
+        cells = [
+            f"paper: {row.source}",
+            row.method,
+            row.setting,
+            *(_cell(row.scores[m]) for m in METRIC_COLUMNS),
+            *("–" for _ in FAITHFULNESS_COLUMNS),
+            "",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
-    note = (f"Scores x100 (CIDEr = CIDEr-D); ours: mean ± std (min–max) over seeds; object F1 / hallucinated: "
-            f"stated-difference faithfulness. Paper rows: each method's own paper on {dataset} "
-            "(docs/methods/README.md); runs on other data are comparable in ordering, not in absolute value.")
+    note = (
+        f"Scores x100 (CIDEr = CIDEr-D); ours: mean ± std (min–max) over seeds; object F1 / hallucinated: "
+        f"stated-difference faithfulness. Paper rows: each method's own paper on {dataset} "
+        "(docs/methods/README.md); runs on other data are comparable in ordering, not in absolute value."
+    )
     text = "\n".join(lines) + "\n\n" + note + "\n"
     text += cost_table(groups)
     flags = inside_spread_lines(spread)
@@ -138,13 +165,21 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
 def cost_table(groups: dict[str, list[RunResult]]) -> str:
     """The compute cost of each run group (davir.runtime.cost; mean ± std (min–max) over seeds), or "" if no
     run recorded one."""
-    if not any(metric_at(r.document, path) is not None for runs in groups.values() for r in runs
-               for _, path, _, _ in COST_FIELDS):
+    if not any(
+        metric_at(r.document, path) is not None
+        for runs in groups.values()
+        for r in runs
+        for _, path, _, _ in COST_FIELDS
+    ):
         return ""
-    lines = ["", "Compute cost (training wall time includes validation and checkpoints; peak memory: CUDA allocator "
-             "on a GPU, process RSS on a CPU):", "",
-             "| run | " + " | ".join(title for title, *_ in COST_FIELDS) + " | device |",
-             "|---" + "|---:" * len(COST_FIELDS) + "|---|"]
+    lines = [
+        "",
+        "Compute cost (training wall time includes validation and checkpoints; peak memory: CUDA allocator "
+        "on a GPU, process RSS on a CPU):",
+        "",
+        "| run | " + " | ".join(title for title, *_ in COST_FIELDS) + " | device |",
+        "|---" + "|---:" * len(COST_FIELDS) + "|---|",
+    ]
     for runs in groups.values():
         cells = []
         for _, path, scale, digits in COST_FIELDS:
@@ -182,8 +217,11 @@ def bar_chart(results: list[RunResult], dataset: str, path: Path) -> None:
     ours = [100 * (r.rows["total"].get("CIDEr") or 0.0) for r in results]
     paper = []
     for result in results:
-        reported = [p.scores["CIDEr"] for p in paper_results(dataset, {result.method})
-                    if p.scores["CIDEr"] is not None and p.setting in ("total", "all")]
+        reported = [
+            p.scores["CIDEr"]
+            for p in paper_results(dataset, {result.method})
+            if p.scores["CIDEr"] is not None and p.setting in ("total", "all")
+        ]
         paper.append(reported[0] if reported else 0.0)
     xr = np.arange(len(results))
     right.bar(xr - 0.2, ours, 0.4, label="ours")
@@ -206,8 +244,9 @@ class Comparison:
     dataset: str | None
 
 
-def compare_runs(runs: Sequence[str | Path], *, dataset: str | None = None, split: str | None = None,
-                 leaderboard: str | None = None) -> Comparison:
+def compare_runs(
+    runs: Sequence[str | Path], *, dataset: str | None = None, split: str | None = None, leaderboard: str | None = None
+) -> Comparison:
     """The comparison table of `runs` (their `split` evaluation) beside the papers' rows for `dataset` (default: the
     first run's data format), or with `leaderboard` the leaderboard of that benchmark with the runs in it."""
     if not runs and not leaderboard:
@@ -219,7 +258,9 @@ def compare_runs(runs: Sequence[str | Path], *, dataset: str | None = None, spli
 
         known = sorted({r.dataset for r in PAPER_RESULTS})
         if leaderboard not in known:
-            raise DataError(f"--leaderboard {leaderboard}: no reported numbers for it; choose one of {', '.join(known)}")
+            raise DataError(
+                f"--leaderboard {leaderboard}: no reported numbers for it; choose one of {', '.join(known)}"
+            )
         table = leaderboard_table(leaderboard, results)
     else:
         table = comparison_table(results, dataset or results[0].dataset)

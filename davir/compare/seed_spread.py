@@ -37,7 +37,7 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def spread_text(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
-    """"mean ± std (min–max)" of the scaled values; one value alone; "—" for none."""
+    """ "mean ± std (min–max)" of the scaled values; one value alone; "—" for none."""
     if not values:
         return "—"
     scaled = [v * scale for v in values]
@@ -50,8 +50,13 @@ def spread_text(values: list[float], scale: float = 1.0, digits: int = 1) -> str
 def spread_record(values: list[float]) -> dict:
     """The JSON form of one cell: the values and their mean, std, min and max (None for no values)."""
     mean, std = mean_std(values) if values else (None, None)
-    return {"values": values, "mean": mean, "std": std, "min": min(values) if values else None,
-            "max": max(values) if values else None}
+    return {
+        "values": values,
+        "mean": mean,
+        "std": std,
+        "min": min(values) if values else None,
+        "max": max(values) if values else None,
+    }
 
 
 def inside_spread(values: dict[str, list[float]]) -> list[tuple[str, str]]:

@@ -6,6 +6,15 @@ from davir.data.records import CHANGE_TYPES, DISTRACTOR, ChangePair, DatasetInde
 from davir.errors import DataError
 
 __all__ = [
-    "CHANGE_TYPES", "DISTRACTOR", "FORMATS", "ChangePair", "DataError", "DatasetIndex", "SkippedRecord",
-    "load_mask", "load_pair", "load_rgb", "read_dataset",
+    "CHANGE_TYPES",
+    "DISTRACTOR",
+    "FORMATS",
+    "ChangePair",
+    "DataError",
+    "DatasetIndex",
+    "SkippedRecord",
+    "load_mask",
+    "load_pair",
+    "load_rgb",
+    "read_dataset",
 ]

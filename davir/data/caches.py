@@ -72,8 +72,9 @@ class MaskCache:
         for mask, path in ((before, before_path), (after, after_path)):
             if mask is not None:
                 save_png_atomic(np.asarray(mask, dtype=bool), path)
-        write_json_atomic(info_path, {**info, "pair_id": pair_id, "has_before": before is not None,
-                                      "has_after": after is not None})
+        write_json_atomic(
+            info_path, {**info, "pair_id": pair_id, "has_before": before is not None, "has_after": after is not None}
+        )
 
     def read(self, pair_id: str) -> PairMasks:
         info_path, before_path, after_path = self._paths(pair_id)
@@ -98,16 +99,23 @@ def read_entity_part(path: Path) -> dict[str, list[tuple[str, float]]]:
     """One `part-*.json`: {pair_id: [[entity, score], ...]}; any other shape is a DataError naming the file."""
     data = read_json(path)
     if not isinstance(data, dict):
-        raise DataError(f"{path}: an entity part must be a JSON object {{pair_id: [[entity, score], ...]}}, "
-                        f"got {type(data).__name__}; rerun `python -m preprocess entities` into a new --out")
+        raise DataError(
+            f"{path}: an entity part must be a JSON object {{pair_id: [[entity, score], ...]}}, "
+            f"got {type(data).__name__}; rerun `python -m preprocess entities` into a new --out"
+        )
     part: dict[str, list[tuple[str, float]]] = {}
     for pair_id, items in data.items():
         if not isinstance(items, list):
             raise DataError(f"{path}: pair {pair_id!r}: expected a list of [entity, score], got {type(items).__name__}")
         entries = []
         for number, item in enumerate(items):
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                    and isinstance(item[1], (int, float)) and not isinstance(item[1], bool)):
+            if not (
+                isinstance(item, list)
+                and len(item) == 2
+                and isinstance(item[0], str)
+                and isinstance(item[1], (int, float))
+                and not isinstance(item[1], bool)
+            ):
                 raise DataError(f"{path}: pair {pair_id!r} entry {number}: expected [entity, score], got {item!r}")
             entries.append((item[0], float(item[1])))
         part[pair_id] = entries
@@ -130,12 +138,21 @@ def recorded_roots(cache: str | Path) -> list[tuple[Path, str]]:
     if entities.is_file():
         manifest = read_json(entities)
         splits = (manifest.get("splits") if isinstance(manifest, dict) else None) or {}
-        found += [(entities, s["root"]) for s in splits.values() if isinstance(s, dict) and isinstance(s.get("root"), str)]
+        found += [
+            (entities, s["root"]) for s in splits.values() if isinstance(s, dict) and isinstance(s.get("root"), str)
+        ]
     return found
 
 
-def check_cache_root(cache: str | Path, data_root: str | Path, *, key: str, moved_from: str | Path | None = None,
-                     root_key: str = "data.root", moved_hint: str = "set data.moved_from=") -> None:
+def check_cache_root(
+    cache: str | Path,
+    data_root: str | Path,
+    *,
+    key: str,
+    moved_from: str | Path | None = None,
+    root_key: str = "data.root",
+    moved_hint: str = "set data.moved_from=",
+) -> None:
     """Refuse a cache built from another dataset: pair ids repeat across datasets (000123.png …), so a
     cache for other data would be used silently. `moved_from` accepts caches that recorded the dataset's
     old location (the data moved, the caches did not). `key` is the config key naming the cache; `root_key`
@@ -146,7 +163,8 @@ def check_cache_root(cache: str | Path, data_root: str | Path, *, key: str, move
             raise DataError(
                 f"{key}={cache} was built from dataset root {root} ({manifest}), but {root_key} is "
                 f"{Path(data_root).resolve()}: rebuild the cache for this dataset, or, if the dataset only moved, "
-                f"{moved_hint}{root}")
+                f"{moved_hint}{root}"
+            )
 
 
 def require_cached(pairs, has, *, what: str, command: str) -> None:
@@ -154,7 +172,9 @@ def require_cached(pairs, has, *, what: str, command: str) -> None:
     is not allowed."""
     missing = [p.pair_id for p in pairs if not has(p.pair_id)]
     if missing:
-        raise DataError(f"{len(missing)} of {len(pairs)} pairs have no {what}, e.g. {missing[:3]}; run `{command}` first")
+        raise DataError(
+            f"{len(missing)} of {len(pairs)} pairs have no {what}, e.g. {missing[:3]}; run `{command}` first"
+        )
 
 
 class EntityCache:
@@ -166,8 +186,10 @@ class EntityCache:
         self._table: dict[str, list[tuple[str, float]]] | None = None
 
     def write_part(self, name: str, entities: dict[str, list[tuple[str, float]]]) -> None:
-        write_json_atomic(self.folder / f"part-{name}.json",
-                          {pid: [[e, float(s)] for e, s in items] for pid, items in entities.items()})
+        write_json_atomic(
+            self.folder / f"part-{name}.json",
+            {pid: [[e, float(s)] for e, s in items] for pid, items in entities.items()},
+        )
         self._table = None
 
     def table(self) -> dict[str, list[tuple[str, float]]]:

@@ -9,8 +9,9 @@ method adds a field instead of a new dataset class.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -158,8 +159,15 @@ class ChangeCaptionDataset(torch.utils.data.Dataset):
     resumed run sees the same captions); "expand" makes one example per reference sentence.
     """
 
-    def __init__(self, pairs: Sequence[ChangePair], fields: Sequence[PairField] = (), *,
-                 caption_mode: str = "sample", seed: int = 0, require_captions: bool = False):
+    def __init__(
+        self,
+        pairs: Sequence[ChangePair],
+        fields: Sequence[PairField] = (),
+        *,
+        caption_mode: str = "sample",
+        seed: int = 0,
+        require_captions: bool = False,
+    ):
         if caption_mode not in ("sample", "expand"):
             raise ValueError(f"caption_mode must be 'sample' or 'expand', got {caption_mode!r}")
         self.pairs = list(pairs)

@@ -47,8 +47,9 @@ class _Copier:
         return target
 
 
-def write_pairs_manifest(format: str, root: str, splits: list[str] | str, out: str, *, num: int,
-                         copy_images: bool = False) -> str:
+def write_pairs_manifest(
+    format: str, root: str, splits: list[str] | str, out: str, *, num: int, copy_images: bool = False
+) -> str:
     """Write the first `num` pairs (0 = all) of each split as a pairs.csv; returns `out`."""
     splits = [splits] if isinstance(splits, str) else list(splits)
     folder = Path(out).resolve().parent
@@ -61,8 +62,11 @@ def write_pairs_manifest(format: str, root: str, splits: list[str] | str, out: s
         raise DataError(f"{format} {', '.join(splits)} at {root} has no pairs to write")
     with_captions = any(pair.captions for pair in pairs)
     with_masks = any(pair.has_gt_mask for pair in pairs)
-    columns = ["id", "before", "after", "split"] + (["caption"] if with_captions else []) + \
-        (["mask", "mask_before"] if with_masks else [])
+    columns = (
+        ["id", "before", "after", "split"]
+        + (["caption"] if with_captions else [])
+        + (["mask", "mask_before"] if with_masks else [])
+    )
 
     def place(path: Path, role: str) -> str:
         path = copier(path, role) if copier else Path(path).resolve()
@@ -73,8 +77,11 @@ def write_pairs_manifest(format: str, root: str, splits: list[str] | str, out: s
     writer.writerow(columns)
     for pair in pairs:
         row = [pair.pair_id, place(pair.before, "before"), place(pair.after, "after"), pair.split]
-        masks = [place(pair.gt_mask_after, "masks"), place(pair.gt_mask_before, "masks_before")] \
-            if with_masks and pair.has_gt_mask else ([""] * 2 if with_masks else [])
+        masks = (
+            [place(pair.gt_mask_after, "masks"), place(pair.gt_mask_before, "masks_before")]
+            if with_masks and pair.has_gt_mask
+            else ([""] * 2 if with_masks else [])
+        )
         for caption in (pair.captions or ("",)) if with_captions else (None,):
             writer.writerow(row + ([caption] if with_captions else []) + masks)
     write_text_atomic(Path(out), buffer.getvalue())

@@ -68,8 +68,9 @@ def scan_index(cache: Path) -> dict[str, tuple[str, int]]:
 def write_index(cache: Path) -> dict[str, tuple[str, int]]:
     entries = scan_index(cache)
     chunks = sorted({name for name, _ in entries.values()})
-    write_json_atomic(cache / "index.json", {"chunks": chunks, "entries": {k: list(v) for k, v in entries.items()}},
-                      indent=None)
+    write_json_atomic(
+        cache / "index.json", {"chunks": chunks, "entries": {k: list(v) for k, v in entries.items()}}, indent=None
+    )
     return entries
 
 
@@ -146,4 +147,4 @@ class FeatureCache:
                 f"`python -m preprocess features --out {self.root} …` for its dataset split"
             )
         name, row = self.entries[key]
-        return self.chunk_rows(name)[row:row + 1][0].to(self.dtype)
+        return self.chunk_rows(name)[row : row + 1][0].to(self.dtype)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from davir.data.feature_cache import FeatureCache
 from davir.data.records import ChangePair
 from davir.errors import DataError
-from davir.data.feature_cache import FeatureCache
 
 
 @dataclass

@@ -9,7 +9,7 @@ Why once, and why the model's result is unchanged: docs/preprocessing.md, "Cache
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch.nn import functional
@@ -29,7 +29,7 @@ def pooled_size(size: int, pool: int) -> int:
     return -(-size // pool)
 
 
-_last_loaded: tuple[tuple, "PooledFeatureTable"] | None = None
+_last_loaded: tuple[tuple, PooledFeatureTable] | None = None
 
 
 class PooledFeatureTable:
@@ -42,7 +42,9 @@ class PooledFeatureTable:
         self.pool = pool
 
     @classmethod
-    def load(cls, cache: FeatureCache, images: Iterable, *, pool: int = 1, rows_per_read: int = 256) -> "PooledFeatureTable":
+    def load(
+        cls, cache: FeatureCache, images: Iterable, *, pool: int = 1, rows_per_read: int = 256
+    ) -> PooledFeatureTable:
         """Read and pool the features of `images`; the last table loaded is kept and reused when the same
         images of the same chunk files are asked for again (the runs of a sweep, one process)."""
         global _last_loaded
@@ -58,7 +60,7 @@ class PooledFeatureTable:
         return table
 
     @classmethod
-    def _read(cls, cache: FeatureCache, keys: list[str], pool: int, rows_per_read: int) -> "PooledFeatureTable":
+    def _read(cls, cache: FeatureCache, keys: list[str], pool: int, rows_per_read: int) -> PooledFeatureTable:
         by_chunk: dict[str, list[tuple[int, int]]] = defaultdict(list)  # chunk → [(row in chunk, row in table)]
         for position, key in enumerate(keys):
             name, row = cache.entries[key]
@@ -68,9 +70,9 @@ class PooledFeatureTable:
             rows.sort()
             features = cache.chunk_rows(name)
             for start in range(0, len(rows), rows_per_read):
-                part = rows[start:start + rows_per_read]
+                part = rows[start : start + rows_per_read]
                 first, last = part[0][0], part[-1][0]
-                block = features[first:last + 1]  # one contiguous read; rows between are few in practice
+                block = features[first : last + 1]  # one contiguous read; rows between are few in practice
                 grids = pool_grid(block[[row - first for row, _ in part]].float(), pool)
                 if table is None:
                     table = torch.empty((len(keys), *grids.shape[1:]), dtype=torch.float32)
@@ -88,6 +90,8 @@ class PooledFeatureTable:
     def get(self, image_path) -> torch.Tensor:
         key = self.cache.key(image_path)
         if key not in self.index:
-            raise DataError(f"image {image_path} (key {key!r}) is not among the {len(self.index)} images loaded "
-                            f"from {self.cache.root}")
+            raise DataError(
+                f"image {image_path} (key {key!r}) is not among the {len(self.index)} images loaded "
+                f"from {self.cache.root}"
+            )
         return self.table[self.index[key]]

@@ -1,14 +1,14 @@
 """`datasets.Dataset` view of reader output (paths as strings; images stay on disk).
 
-    ds = to_hf_dataset(read_dataset("ier", root, "val"))
-    ds.filter(lambda row: row["split"] == "val")
-    pairs = from_hf_dataset(ds)            # back to ChangePair records
+ds = to_hf_dataset(read_dataset("ier", root, "val"))
+ds.filter(lambda row: row["split"] == "val")
+pairs = from_hf_dataset(ds)            # back to ChangePair records
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import datasets
 
@@ -16,18 +16,20 @@ from davir.data.records import ChangePair, DatasetIndex
 
 # Explicit types so that a column that is None for every row (e.g. change_type outside CLEVR)
 # stays a string column instead of failing type inference.
-FEATURES = datasets.Features({
-    "pair_id": datasets.Value("string"),
-    "before": datasets.Value("string"),
-    "after": datasets.Value("string"),
-    "captions": datasets.Sequence(datasets.Value("string")),
-    "split": datasets.Value("string"),
-    "change_type": datasets.Value("string"),
-    "distractor": datasets.Value("string"),
-    "gt_mask_before": datasets.Value("string"),
-    "gt_mask_after": datasets.Value("string"),
-    "scene_id": datasets.Value("string"),
-})
+FEATURES = datasets.Features(
+    {
+        "pair_id": datasets.Value("string"),
+        "before": datasets.Value("string"),
+        "after": datasets.Value("string"),
+        "captions": datasets.Sequence(datasets.Value("string")),
+        "split": datasets.Value("string"),
+        "change_type": datasets.Value("string"),
+        "distractor": datasets.Value("string"),
+        "gt_mask_before": datasets.Value("string"),
+        "gt_mask_after": datasets.Value("string"),
+        "scene_id": datasets.Value("string"),
+    }
+)
 
 
 def _pairs(source: DatasetIndex | Iterable[ChangePair] | Iterable[DatasetIndex]) -> Iterable[ChangePair]:
@@ -57,10 +59,16 @@ def from_hf_dataset(dataset: datasets.Dataset) -> list[ChangePair]:
     optional = lambda value: None if value is None else Path(value)  # noqa: E731
     return [
         ChangePair(
-            pair_id=row["pair_id"], before=Path(row["before"]), after=Path(row["after"]),
-            captions=tuple(row["captions"]), split=row["split"], change_type=row["change_type"],
-            distractor=optional(row["distractor"]), gt_mask_before=optional(row["gt_mask_before"]),
-            gt_mask_after=optional(row["gt_mask_after"]), scene_id=row["scene_id"],
+            pair_id=row["pair_id"],
+            before=Path(row["before"]),
+            after=Path(row["after"]),
+            captions=tuple(row["captions"]),
+            split=row["split"],
+            change_type=row["change_type"],
+            distractor=optional(row["distractor"]),
+            gt_mask_before=optional(row["gt_mask_before"]),
+            gt_mask_after=optional(row["gt_mask_after"]),
+            scene_id=row["scene_id"],
         )
         for row in dataset
     ]

@@ -28,7 +28,9 @@ def resolve_in_root(root: Path, relative: str, *, source: str, record: str) -> P
     if not isinstance(relative, str) or not relative.strip():
         raise DataError(f"{source}: record {record!r}: image path is empty or not a string: {relative!r}")
     if PurePosixPath(relative).is_absolute() or PureWindowsPath(relative).is_absolute():
-        raise DataError(f"{source}: record {record!r}: image path {relative!r} is absolute; paths must be relative to {root}")
+        raise DataError(
+            f"{source}: record {record!r}: image path {relative!r} is absolute; paths must be relative to {root}"
+        )
     normalised = os.path.normpath(relative)
     if normalised == ".." or normalised.startswith(".." + os.sep):
         raise DataError(f"{source}: record {record!r}: image path {relative!r} escapes the dataset root {root}")
@@ -37,8 +39,10 @@ def resolve_in_root(root: Path, relative: str, *, source: str, record: str) -> P
         real_root = os.path.realpath(root)
         real = os.path.realpath(joined)
         if os.path.commonpath([real_root, real]) != real_root:
-            raise DataError(f"{source}: record {record!r}: image path {relative!r} is a symlink that leads out of "
-                            f"the dataset folder {root} (to {real})")
+            raise DataError(
+                f"{source}: record {record!r}: image path {relative!r} is a symlink that leads out of "
+                f"the dataset folder {root} (to {real})"
+            )
     return joined
 
 
@@ -96,8 +100,9 @@ def array_to_rgb(array: np.ndarray, *, name: str) -> Image.Image:
     if array.ndim == 3 and shape[2] == 1:
         array = array[..., 0]
     if not (array.ndim == 2 or (array.ndim == 3 and shape[2] in (3, 4))) or 0 in shape:
-        raise DataError(f"{name}: expected an image array of shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), "
-                        f"got shape {shape}")
+        raise DataError(
+            f"{name}: expected an image array of shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), got shape {shape}"
+        )
     kind = array.dtype.kind
     if kind == "b":
         array = array.astype(np.uint8) * 255
@@ -105,22 +110,30 @@ def array_to_rgb(array: np.ndarray, *, name: str) -> Image.Image:
         array = (array.astype(np.float64) / 257.0 + 0.5).astype(np.uint8)
     elif kind == "f":
         if not np.isfinite(array).all():
-            raise DataError(f"{name}: a {array.dtype} image array holds NaN or infinite values; an image's "
-                            "values must be finite, in [0, 1] for floats")
+            raise DataError(
+                f"{name}: a {array.dtype} image array holds NaN or infinite values; an image's "
+                "values must be finite, in [0, 1] for floats"
+            )
         low, high = float(array.min()), float(array.max())
         if low < 0 or high > 1:
-            raise DataError(f"{name}: a {array.dtype} image array must hold values in [0, 1], got values from "
-                            f"{low} to {high}; for 0-255 values pass `array / 255` (or `array.astype(np.uint8)`)")
+            raise DataError(
+                f"{name}: a {array.dtype} image array must hold values in [0, 1], got values from "
+                f"{low} to {high}; for 0-255 values pass `array / 255` (or `array.astype(np.uint8)`)"
+            )
         array = (array.astype(np.float64) * 255.0 + 0.5).astype(np.uint8)
     elif kind in "iu" and array.dtype != np.uint8:
         low, high = int(array.min()), int(array.max())
         if low < 0 or high > 255:
-            raise DataError(f"{name}: a {array.dtype} image array must hold values 0-255 (or be uint16, 0-65535), "
-                            f"got values from {low} to {high}")
+            raise DataError(
+                f"{name}: a {array.dtype} image array must hold values 0-255 (or be uint16, 0-65535), "
+                f"got values from {low} to {high}"
+            )
         array = array.astype(np.uint8)
     elif array.dtype != np.uint8:
-        raise DataError(f"{name}: a {array.dtype} array is not an image; give uint8 (0-255), uint16 (0-65535), "
-                        "float in [0, 1] or bool")
+        raise DataError(
+            f"{name}: a {array.dtype} array is not an image; give uint8 (0-255), uint16 (0-65535), "
+            "float in [0, 1] or bool"
+        )
     return to_rgb(Image.fromarray(np.ascontiguousarray(array)))
 
 
@@ -187,8 +200,9 @@ def load_mask(path: Path, *, record: str = "?") -> np.ndarray:
         raise DataError(f"record {record!r}: mask file is corrupt: {path} ({error})") from error
 
 
-def load_pair(pair: ChangePair, *, size_policy: str = "resize_before_to_after", max_side: int | None = None
-              ) -> tuple[Image.Image, Image.Image]:
+def load_pair(
+    pair: ChangePair, *, size_policy: str = "resize_before_to_after", max_side: int | None = None
+) -> tuple[Image.Image, Image.Image]:
     """Load (before, after) as RGB images of one size, applying the documented size policy.
 
     `max_side` bounds the decoded size (see `load_rgb`); the size policy compares the files' own sizes.

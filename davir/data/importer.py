@@ -21,8 +21,8 @@ from PIL import Image, UnidentifiedImageError
 from davir.data.formats.folder import SplitOptions, assign_splits, folder_contents, to_change_pair
 from davir.data.formats.folder_rows import Problems
 from davir.data.images import upright_size
-from davir.errors import DataError
 from davir.data.stats import has_words
+from davir.errors import DataError
 from davir.io import atomic_path, write_json_atomic
 
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -84,8 +84,12 @@ def caption_statistics(captions: list[str]) -> dict:
         return {"captions": 0}
     return {
         "captions": len(captions),
-        "words_per_caption": {"min": min(lengths), "median": statistics.median(lengths),
-                              "mean": round(statistics.fmean(lengths), 2), "max": max(lengths)},
+        "words_per_caption": {
+            "min": min(lengths),
+            "median": statistics.median(lengths),
+            "mean": round(statistics.fmean(lengths), 2),
+            "max": max(lengths),
+        },
         "vocabulary": len(vocabulary),
         "words_seen_once": sum(1 for count in vocabulary.values() if count == 1),
         "most_common_words": vocabulary.most_common(15),
@@ -94,8 +98,14 @@ def caption_statistics(captions: list[str]) -> dict:
     }
 
 
-def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), allow_uncaptioned: bool = False,
-                allow_size_mismatch: bool = False, encoding: str | None = None) -> dict:
+def check_pairs(
+    source: str | Path,
+    *,
+    options: SplitOptions = SplitOptions(),
+    allow_uncaptioned: bool = False,
+    allow_size_mismatch: bool = False,
+    encoding: str | None = None,
+) -> dict:
     """Every problem of a folder/manifest in one pass; returns the report (see the module docstring)."""
     source = Path(source)
     problems = Problems(str(source if source.is_file() else source), strict=False)
@@ -124,21 +134,33 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
         empty_rows = pair.empty_caption_records
         if not pair.captions:
             uncaptioned += 1
-        warnings.extend(f"{problems.source}: {record}: caption {caption!r} has no words (punctuation only); it teaches "
-                        "the model nothing: fix or delete it" for caption in pair.captions if not has_words(caption))
+        warnings.extend(
+            f"{problems.source}: {record}: caption {caption!r} has no words (punctuation only); it teaches "
+            "the model nothing: fix or delete it"
+            for caption in pair.captions
+            if not has_words(caption)
+        )
         if empty_rows and (pair.captions or not allow_uncaptioned):
             for row in empty_rows:
                 problems.add(row, "empty caption")
         elif not pair.captions and pair.split in ("train", "val"):
-            problems.add(record, f"is in split {pair.split!r} but has no caption (a pair without one can only be captioned)")
+            problems.add(
+                record, f"is in split {pair.split!r} but has no caption (a pair without one can only be captioned)"
+            )
         elif not pair.captions and not allow_uncaptioned and contents.has_captions:
             problems.add(record, "has no caption (pass --allow-uncaptioned to keep it for captioning only)")
         before_size, before_hash = image(pair.first.before, record, "before")
         after_size, after_hash = image(pair.first.after, record, "after")
         if before_size and after_size and before_size != after_size and not allow_size_mismatch:
-            problems.add(record, f"before is {before_size[0]}x{before_size[1]} but after is {after_size[0]}x{after_size[1]} "
-                         "(--allow-size-mismatch resizes before to after, as for IER)")
-        for role, path, frame in (("mask", pair.first.mask, after_size), ("mask_before", pair.first.mask_before, before_size)):
+            problems.add(
+                record,
+                f"before is {before_size[0]}x{before_size[1]} but after is {after_size[0]}x{after_size[1]} "
+                "(--allow-size-mismatch resizes before to after, as for IER)",
+            )
+        for role, path, frame in (
+            ("mask", pair.first.mask, after_size),
+            ("mask_before", pair.first.mask_before, before_size),
+        ):
             if path is not None:
                 size, _ = image(path, record, role)
                 if size and frame and size != frame:
@@ -149,12 +171,14 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
                     holders[digest].setdefault(split, record)
         if len(problems.items) == bad:
             good.append(pair, split)
-    for digest, by_split in holders.items():
+    for by_split in holders.values():
         if len(by_split) > 1:
             named = sorted(by_split.items(), key=lambda item: ("train", "val", "test").index(item[0]))
             first_split, first_record = named[0]
             for split, record in named[1:]:
-                problems.add(record, f"leakage: an image of this {split} pair is also in {first_split} ({first_record})")
+                problems.add(
+                    record, f"leakage: an image of this {split} pair is also in {first_split} ({first_record})"
+                )
 
     captions = [caption for pair in contents.pairs for caption in pair.captions]
     splits = Counter(split_of[pair.pair_id] for pair in contents.pairs if pair.captions)
@@ -165,7 +189,11 @@ def check_pairs(source: str | Path, *, options: SplitOptions = SplitOptions(), a
         "pairs_by_split": {split: splits.get(split, 0) for split in ("train", "val", "test")},
         "pairs_without_captions": uncaptioned,
         "images_checked": len(facts),
-        "split_options": {"seed": options.seed, "val_fraction": options.val_fraction, "test_fraction": options.test_fraction},
+        "split_options": {
+            "seed": options.seed,
+            "val_fraction": options.val_fraction,
+            "test_fraction": options.test_fraction,
+        },
         "captions": caption_statistics(captions),
         "skipped": [f"{skip.source}: {skip.record}: {skip.reason}" for skip in contents.skipped],
         "notes": contents.notes,
@@ -197,8 +225,13 @@ def normalised_lines(pairs):
     """pairs.jsonl, one line per pair (absolute resolved paths), as a stream of lines."""
     resolve = _Resolver()
     for pair in pairs:
-        row = {"id": pair.pair_id, "before": resolve(pair.before), "after": resolve(pair.after),
-               "captions": list(pair.captions), "split": pair.split}
+        row = {
+            "id": pair.pair_id,
+            "before": resolve(pair.before),
+            "after": resolve(pair.after),
+            "captions": list(pair.captions),
+            "split": pair.split,
+        }
         if pair.gt_mask_after is not None:
             row["mask"] = resolve(pair.gt_mask_after)
             if pair.gt_mask_before != pair.gt_mask_after:
@@ -224,17 +257,30 @@ def write_summary(path: Path, report: dict, pairs) -> None:
     for pair in pairs[::step][:SAMPLE_ROWS]:
         before, after = load_pair(pair)
         mask = load_mask(pair.gt_mask_after, record=pair.pair_id) if pair.gt_mask_after is not None else None
-        rows.append(ReportRow(f"{pair.pair_id} [{pair.split}]", caption=pair.captions[0] if pair.captions else None,
-                              before=before, after=after, mask=mask, references=list(pair.captions[1:4])))
+        rows.append(
+            ReportRow(
+                f"{pair.pair_id} [{pair.split}]",
+                caption=pair.captions[0] if pair.captions else None,
+                before=before,
+                after=after,
+                mask=mask,
+                references=list(pair.captions[1:4]),
+            )
+        )
     stats = report["captions"]
     summary = {
         "source": report["source"],
         "pairs": f"{report['pairs']} ({report['rows_merged']} rows); with captions by split: "
-                 + ", ".join(f"{k} {v}" for k, v in report["pairs_by_split"].items())
-                 + f"; without captions (captionable only): {report['pairs_without_captions']}",
-        "captions": (f"{stats['captions']}, words per caption {stats['words_per_caption']}, vocabulary {stats['vocabulary']} "
-                     f"({stats['words_seen_once']} seen once)") if stats.get("captions") else "none",
-        "problems": str(len(report["problems"])) + ("" if not report["problems"] else ": " + " | ".join(report["problems"][:20])),
+        + ", ".join(f"{k} {v}" for k, v in report["pairs_by_split"].items())
+        + f"; without captions (captionable only): {report['pairs_without_captions']}",
+        "captions": (
+            f"{stats['captions']}, words per caption {stats['words_per_caption']}, vocabulary {stats['vocabulary']} "
+            f"({stats['words_seen_once']} seen once)"
+        )
+        if stats.get("captions")
+        else "none",
+        "problems": str(len(report["problems"]))
+        + ("" if not report["problems"] else ": " + " | ".join(report["problems"][:20])),
     }
     if report["notes"]:
         summary["notes"] = " | ".join(report["notes"])
@@ -245,8 +291,9 @@ def write_summary(path: Path, report: dict, pairs) -> None:
     write_report(path, rows, title=f"davir import — {Path(report['source']).name}", summary=summary)
 
 
-def import_pairs(source: str | Path, out: str | Path, *, toolkit: str | None = None, toolkit_options=None,
-                 **kwargs) -> tuple[int, dict]:
+def import_pairs(
+    source: str | Path, out: str | Path, *, toolkit: str | None = None, toolkit_options=None, **kwargs
+) -> tuple[int, dict]:
     """Check `source`, write report.json + summary.html (+ pairs.jsonl when clean) into `out`; (exit status, report).
     `toolkit` (llamafactory, swift, trl): `source` is that toolkit's dataset, turned into `out/toolkit_pairs.jsonl`
     (a folder manifest, davir/data/toolkits; `toolkit_options`: its ImportOptions) before the same checks; its rows
@@ -256,8 +303,9 @@ def import_pairs(source: str | Path, out: str | Path, *, toolkit: str | None = N
     if toolkit is not None:
         from davir.data.toolkits import ImportOptions, toolkit_manifest
 
-        source, skipped = toolkit_manifest(toolkit, source, out / "toolkit_pairs.jsonl",
-                                           toolkit_options or ImportOptions())
+        source, skipped = toolkit_manifest(
+            toolkit, source, out / "toolkit_pairs.jsonl", toolkit_options or ImportOptions()
+        )
     report = check_pairs(source, **kwargs)
     pairs = report.pop("_pairs")
     if toolkit is not None:

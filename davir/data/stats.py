@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from davir.data.formats import FORMATS, read_dataset
 from davir.data.records import DatasetIndex
@@ -41,9 +41,13 @@ def reference_counts(index: DatasetIndex) -> dict:
                 long.append(f"{pair.pair_id}: {words} words")
             if not has_words(caption):
                 wordless.append(f"{pair.pair_id}: {caption!r}")
-    return {"longest_reference_words": longest,
-            f"references_over_{LONG_REFERENCE_WORDS}_words": len(long), "long_reference_examples": long[:MAX_EXAMPLES],
-            "references_without_words": len(wordless), "wordless_reference_examples": wordless[:MAX_EXAMPLES]}
+    return {
+        "longest_reference_words": longest,
+        f"references_over_{LONG_REFERENCE_WORDS}_words": len(long),
+        "long_reference_examples": long[:MAX_EXAMPLES],
+        "references_without_words": len(wordless),
+        "wordless_reference_examples": wordless[:MAX_EXAMPLES],
+    }
 
 
 def split_stats(index: DatasetIndex, exists=os.path.isfile) -> dict:
@@ -59,7 +63,9 @@ def split_stats(index: DatasetIndex, exists=os.path.isfile) -> dict:
 
     missing_pairs, missing_examples = 0, []
     for pair in index.pairs:
-        absent = [str(path) for path in (pair.before, pair.after, pair.distractor) if path is not None and not present(path)]
+        absent = [
+            str(path) for path in (pair.before, pair.after, pair.distractor) if path is not None and not present(path)
+        ]
         if absent:
             missing_pairs += 1
             if len(missing_examples) < MAX_EXAMPLES:

@@ -41,14 +41,24 @@ class SplitCheck:
 
     @property
     def complete(self) -> bool:
-        return (self.error is None and not self.problems
-                and (self.expected_pairs is None or self.pairs == self.expected_pairs)
-                and (self.expected_images is None or self.images == self.expected_images))
+        return (
+            self.error is None
+            and not self.problems
+            and (self.expected_pairs is None or self.pairs == self.expected_pairs)
+            and (self.expected_images is None or self.images == self.expected_images)
+        )
 
     def to_dict(self) -> dict:
-        return {"split": self.split, "pairs": self.pairs, "expected_pairs": self.expected_pairs, "images": self.images,
-                "expected_images": self.expected_images, "error": self.error, "problems": self.problems,
-                "complete": self.complete}
+        return {
+            "split": self.split,
+            "pairs": self.pairs,
+            "expected_pairs": self.expected_pairs,
+            "images": self.images,
+            "expected_images": self.expected_images,
+            "error": self.error,
+            "problems": self.problems,
+            "complete": self.complete,
+        }
 
 
 def image_problem(path: Path, *, decode: bool) -> str | None:
@@ -93,7 +103,9 @@ def verify_split(format: str, root: Path, split: str, *, decode: bool = True) ->
     return check
 
 
-def verify_dataset(format: str, root: str | Path, splits: list[str] | None = None, *, decode: bool = True) -> list[SplitCheck]:
+def verify_dataset(
+    format: str, root: str | Path, splits: list[str] | None = None, *, decode: bool = True
+) -> list[SplitCheck]:
     FORMATS.check(format, key="--format")
     root = Path(root)
     if not root.is_dir():
@@ -110,7 +122,9 @@ def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], lis
             summary.append(f"{format} {check.split}: cannot be read: {check.error}")
             continue
         pairs = f"{check.pairs:,} pairs" + (f" of {check.expected_pairs:,}" if check.expected_pairs is not None else "")
-        images = f"{check.images:,} images" + (f" of {check.expected_images:,}" if check.expected_images is not None else "")
+        images = f"{check.images:,} images" + (
+            f" of {check.expected_images:,}" if check.expected_images is not None else ""
+        )
         state = "complete" if check.complete else f"INCOMPLETE: {len(check.problems):,} unusable image(s)"
         summary.append(f"{format} {check.split}: {pairs}, {images}: {state}")
         problems.extend(f"{format} {check.split}: {line}" for line in check.problems[:SHOWN])

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from davir.config import replace_fields
 from davir.errors import DataError
@@ -25,24 +25,24 @@ from davir.metrics import METRICS
 class EvaluationOptions:
     """The settings of `evaluate_run`, named as evaluate.py's flags (without the dashes)."""
 
-    format: str | None = None            # dataset format and root: default the run's data.format / data.root
+    format: str | None = None  # dataset format and root: default the run's data.format / data.root
     root: str | Path | None = None
-    limit: int | None = None             # caption only the first N pairs of the split (its own eval folder)
-    entities: str | Path | None = None   # entity cache for the split (default: the run's data.entities)
+    limit: int | None = None  # caption only the first N pairs of the split (its own eval folder)
+    entities: str | Path | None = None  # entity cache for the split (default: the run's data.entities)
     allow_profile_mismatch: bool = False
-    masks: str | Path | None = None      # mask cache for the localisation score without ground-truth masks
+    masks: str | Path | None = None  # mask cache for the localisation score without ground-truth masks
     pretrained: str | Path | None = None  # DAVIR's base InstructBLIP folder (default: the one it recorded)
-    batch_size: int = 16                 # pairs per generate call
-    num_beams: int | None = None         # default: the run's decoding (how its best/ was selected)
+    batch_size: int = 16  # pairs per generate call
+    num_beams: int | None = None  # default: the run's decoding (how its best/ was selected)
     max_new_tokens: int | None = None
     metrics: Sequence[str] = METRICS
-    spice: bool | str | Path = True      # True: when CoreNLP is installed; a folder: its jars; False: none
+    spice: bool | str | Path = True  # True: when CoreNLP is installed; a folder: its jars; False: none
     synthetic_scenes: str | Path | None = None
     strict: bool = False
-    out: str | Path | None = None        # default: the eval folder's metrics.json / metrics.md
+    out: str | Path | None = None  # default: the eval folder's metrics.json / metrics.md
     markdown: str | Path | None = None
     digits: int = 1
-    echo: bool = True                    # print the tables, notes and cost as evaluate.py does
+    echo: bool = True  # print the tables, notes and cost as evaluate.py does
     progress: bool = True
 
 
@@ -51,9 +51,9 @@ class EvaluationResult:
     """What `evaluate_run` wrote and found. In the other processes of an `accelerate launch` (`main_process`
     False) only the paths are set: the main process scores."""
 
-    metrics: dict                        # metrics.json's document
-    predictions: dict[str, str]          # {pair id: caption}
-    failed: dict[str, str]               # {pair id: why it has no caption}
+    metrics: dict  # metrics.json's document
+    predictions: dict[str, str]  # {pair id: caption}
+    failed: dict[str, str]  # {pair id: why it has no caption}
     out_dir: Path
     predictions_file: Path
     metrics_file: Path
@@ -91,8 +91,9 @@ def _options(options: EvaluationOptions | None, overrides: dict) -> EvaluationOp
     return replace_fields(EvaluationOptions, options, overrides, what="evaluation")
 
 
-def _entity_source(engine, options: EvaluationOptions, run_data: dict, run_dir, *, format: str, root, split: str,
-                   pairs):
+def _entity_source(
+    engine, options: EvaluationOptions, run_data: dict, run_dir, *, format: str, root, split: str, pairs
+):
     """The split's entity cache as the captioner's entity source (None for a model without entities)."""
     from davir.inference import CachedEntities, LightweightEngine
 
@@ -101,33 +102,53 @@ def _entity_source(engine, options: EvaluationOptions, run_data: dict, run_dir, 
     cache_dir = options.entities or run_data.get("entities")
     if isinstance(engine, LightweightEngine):  # CHEER: a pair without entities is that pair's error
         if cache_dir is None:
-            raise DataError("this CHEER model needs retrieved entities: pass --entities CACHE "
-                            "(python -m preprocess entities … --image-level --top-k 3)")
+            raise DataError(
+                "this CHEER model needs retrieved entities: pass --entities CACHE "
+                "(python -m preprocess entities … --image-level --top-k 3)"
+            )
         return CachedEntities(cache_dir)
     if cache_dir is None:
-        raise DataError("this model was trained with entity prompts: pass --entities CACHE "
-                        f"(python -m preprocess entities --format {format} --root {root} --split {split} …)")
+        raise DataError(
+            "this model was trained with entity prompts: pass --entities CACHE "
+            f"(python -m preprocess entities --format {format} --root {root} --split {split} …)"
+        )
     from davir.preprocessing.profiles import check_cache_profiles
 
     # The entities must come from the preprocessing profile the run trained on (its data.preprocessing_profile).
     same_cache = str(cache_dir) == str(run_data.get("entities"))
-    check_cache_profiles(run_data.get("preprocessing_profile"), entities=cache_dir,
-                         allow_mismatch=bool(options.allow_profile_mismatch
-                                             or (same_cache and run_data.get("allow_profile_mismatch"))),
-                         where=f"the run {run_dir} (data.preprocessing_profile)",
-                         override="--allow-profile-mismatch", warn=lambda m: print(m, file=sys.stderr),
-                         entity_level="region")
+    check_cache_profiles(
+        run_data.get("preprocessing_profile"),
+        entities=cache_dir,
+        allow_mismatch=bool(options.allow_profile_mismatch or (same_cache and run_data.get("allow_profile_mismatch"))),
+        where=f"the run {run_dir} (data.preprocessing_profile)",
+        override="--allow-profile-mismatch",
+        warn=lambda m: print(m, file=sys.stderr),
+        entity_level="region",
+    )
     source = CachedEntities(cache_dir)
     missing = source.missing([p.pair_id for p in pairs])
     if missing:
-        raise DataError(f"{len(missing)} pairs of {split} have no entities in {cache_dir} (e.g. {missing[:3]}); run "
-                        f"`python -m preprocess entities --format {format} --root {root} --split {split} "
-                        f"--out {cache_dir} …`")
+        raise DataError(
+            f"{len(missing)} pairs of {split} have no entities in {cache_dir} (e.g. {missing[:3]}); run "
+            f"`python -m preprocess entities --format {format} --root {root} --split {split} "
+            f"--out {cache_dir} …`"
+        )
     return source
 
 
-def _split_captioner(run, run_dir: Path | None, run_data: dict, options: EvaluationOptions, decoding: dict,
-                     device, *, format: str, root, split: str, pairs):
+def _split_captioner(
+    run,
+    run_dir: Path | None,
+    run_data: dict,
+    options: EvaluationOptions,
+    decoding: dict,
+    device,
+    *,
+    format: str,
+    root,
+    split: str,
+    pairs,
+):
     """The captioner of a split: the split's caches as sources, images read at full size, the run's decoding."""
     from davir.inference import ChangeCaptioner, load_engine
 
@@ -138,15 +159,24 @@ def _split_captioner(run, run_dir: Path | None, run_data: dict, options: Evaluat
 
         feature_cache = FeatureCache(run_data["features"], dataset_root=root)
     # the base InstructBLIP folder as recorded when found nowhere: evaluate.py has no flag to name
-    engine = load_engine(run, device, pretrained=options.pretrained, pretrained_flag=None, features=feature_cache,
-                         read_files=True)
+    engine = load_engine(
+        run, device, pretrained=options.pretrained, pretrained_flag=None, features=feature_cache, read_files=True
+    )
     entities = _entity_source(engine, options, run_data, run_dir, format=format, root=root, split=split, pairs=pairs)
-    return ChangeCaptioner(engine, None, entities, run=run, num_beams=decoding["num_beams"],
-                           max_new_tokens=decoding["max_new_tokens"], max_side=None)
+    return ChangeCaptioner(
+        engine,
+        None,
+        entities,
+        run=run,
+        num_beams=decoding["num_beams"],
+        max_new_tokens=decoding["max_new_tokens"],
+        max_side=None,
+    )
 
 
-def evaluate_run(checkpoint: str | Path, split: str = "test", options: EvaluationOptions | None = None,
-                 **overrides) -> EvaluationResult:
+def evaluate_run(
+    checkpoint: str | Path, split: str = "test", options: EvaluationOptions | None = None, **overrides
+) -> EvaluationResult:
     """Caption `split` with the run (or model folder) `checkpoint`, write predictions.json, score them, write
     metrics.json (scores, localisation, cost, decoding, which checkpoint) and metrics.md.
 
@@ -168,13 +198,18 @@ def evaluate_run(checkpoint: str | Path, split: str = "test", options: Evaluatio
     run_dir = run_dir_of(model_dir)
     # Test decoding = the decoding best/ was selected with, unless options say otherwise (recorded in metrics.json).
     decoding = run_decoding(run_dir, num_beams=options.num_beams, max_new_tokens=options.max_new_tokens)
-    say(f"decoding: num_beams={decoding['num_beams']}, max_new_tokens={decoding['max_new_tokens']} "
-        f"({decoding['source']})", file=sys.stderr)
+    say(
+        f"decoding: num_beams={decoding['num_beams']}, max_new_tokens={decoding['max_new_tokens']} "
+        f"({decoding['source']})",
+        file=sys.stderr,
+    )
     # no format/root given: the run's config.yaml must name them (checked: the file and key are named)
-    needed = tuple(key for key, given in (("data.format", options.format), ("data.root", options.root))
-                   if given is None)
-    run_data = (read_run_config(run_dir, required=needed, hint="pass --format and --root").get("data") or {}
-                if run_dir else {})
+    needed = tuple(
+        key for key, given in (("data.format", options.format), ("data.root", options.root)) if given is None
+    )
+    run_data = (
+        read_run_config(run_dir, required=needed, hint="pass --format and --root").get("data") or {} if run_dir else {}
+    )
     saved = saved_model_state(model_dir, run_dir)
     note = unfinished_run_note(saved, run_dir) if run_dir else None
     if note:
@@ -193,21 +228,40 @@ def evaluate_run(checkpoint: str | Path, split: str = "test", options: Evaluatio
     accelerator = Accelerator()
     index = read_dataset(format, root, split)
     pairs = index.pairs[: options.limit] if options.limit else index.pairs
-    captioner = _split_captioner(run, run_dir, run_data, options, decoding, accelerator.device, format=format,
-                                 root=root, split=split, pairs=pairs)
+    captioner = _split_captioner(
+        run,
+        run_dir,
+        run_data,
+        options,
+        decoding,
+        accelerator.device,
+        format=format,
+        root=root,
+        split=split,
+        pairs=pairs,
+    )
 
     meter = CostMeter(accelerator.device)  # captioning only: scoring (Java, CPU) is not the model's cost
     with accelerator.split_between_processes(pairs) as shard:
-        shard_results = captioner.caption_records(shard, batch_size=options.batch_size, attention=True,
-                                                  progress=options.progress and accelerator.is_local_main_process)
+        shard_results = captioner.caption_records(
+            shard,
+            batch_size=options.batch_size,
+            attention=True,
+            progress=options.progress and accelerator.is_local_main_process,
+        )
     results = gather_object(shard_results)
-    paths = dict(out_dir=out_dir, predictions_file=out_dir / "predictions.json", metrics_file=out,
-                 markdown_file=markdown)
+    paths = dict(
+        out_dir=out_dir, predictions_file=out_dir / "predictions.json", metrics_file=out, markdown_file=markdown
+    )
     if not accelerator.is_main_process:
         return EvaluationResult({}, {}, {}, decoding=decoding, main_process=False, **paths)
-    captioning_cost = meter.record(pairs=len(results), model=None if run.lightweight else captioner.engine.model,
-                                   processes=accelerator.num_processes, batch_size=options.batch_size,
-                                   num_beams=decoding["num_beams"])
+    captioning_cost = meter.record(
+        pairs=len(results),
+        model=None if run.lightweight else captioner.engine.model,
+        processes=accelerator.num_processes,
+        batch_size=options.batch_size,
+        num_beams=decoding["num_beams"],
+    )
     failed = [r for r in results if r.error]
     for result in failed[:5]:
         say(f"note: not captioned: {result.error}", file=sys.stderr)
@@ -216,10 +270,19 @@ def evaluate_run(checkpoint: str | Path, split: str = "test", options: Evaluatio
 
     masks = change_masks(pairs, options.masks)
     localisation = localisation_summary(results, masks) if masks else {"images": 0}
-    scored = score_predictions(predictions, ReferenceSource.dataset(format, root, split), metrics=options.metrics,
-                               spice=options.spice, strict=options.strict, synthetic_scenes=options.synthetic_scenes,
-                               digits=options.digits, out=out, markdown=markdown,
-                               predictions_source=str(out_dir / "predictions.json"), echo=options.echo)
+    scored = score_predictions(
+        predictions,
+        ReferenceSource.dataset(format, root, split),
+        metrics=options.metrics,
+        spice=options.spice,
+        strict=options.strict,
+        synthetic_scenes=options.synthetic_scenes,
+        digits=options.digits,
+        out=out,
+        markdown=markdown,
+        predictions_source=str(out_dir / "predictions.json"),
+        echo=options.echo,
+    )
     if localisation.get("images"):
         line = localisation_line(localisation, ground_truth=any(p.has_gt_mask for p in pairs))
         say(line)
@@ -229,14 +292,25 @@ def evaluate_run(checkpoint: str | Path, split: str = "test", options: Evaluatio
     metrics = scored.metrics
     training_cost = (read_run_info(run_dir) or {}).get("compute") if run_dir else None
     metrics["compute"] = {"captioning": captioning_cost, "training": training_cost}
-    say(f"captioning: {captioning_cost['pairs']} pairs in {captioning_cost['wall_s']:.1f} s "
+    say(
+        f"captioning: {captioning_cost['pairs']} pairs in {captioning_cost['wall_s']:.1f} s "
         f"({captioning_cost['pairs_per_s']} pairs/s) on {captioning_cost['device']}, "
-        f"peak memory {captioning_cost['peak_memory_mb']:.0f} MiB ({captioning_cost['peak_memory']})", file=sys.stderr)
+        f"peak memory {captioning_cost['peak_memory_mb']:.0f} MiB ({captioning_cost['peak_memory']})",
+        file=sys.stderr,
+    )
     # How many different sentences the model wrote: a collapsed captioner writes one for every pair.
     not_captioned = [{"pair_id": r.pair_id, "error": r.error} for r in failed]
-    metrics.update({"distinct_captions": len(set(predictions.values())), "localisation": localisation,
-                    "not_captioned": not_captioned, "checkpoint": str(model_dir), **saved, "limit": options.limit,
-                    "decoding": decoding})
+    metrics.update(
+        {
+            "distinct_captions": len(set(predictions.values())),
+            "localisation": localisation,
+            "not_captioned": not_captioned,
+            "checkpoint": str(model_dir),
+            **saved,
+            "limit": options.limit,
+            "decoding": decoding,
+        }
+    )
     write_json_atomic(out, metrics)
     say(f"predictions, metrics and table in {out_dir}", file=sys.stderr)
     return EvaluationResult(metrics, predictions, {r.pair_id: r.error for r in failed}, decoding=decoding, **paths)

@@ -1,13 +1,13 @@
 """The localisation score of `evaluate.py --checkpoint`: how much of DAVIR's attention falls on the change.
 
-    masks = change_masks(pairs, mask_cache="caches/masks")      # ground-truth masks, else preprocessed ones
-    localisation_summary(results, masks)                        # results: CaptionResult with attention maps
+masks = change_masks(pairs, mask_cache="caches/masks")      # ground-truth masks, else preprocessed ones
+localisation_summary(results, masks)                        # results: CaptionResult with attention maps
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from PIL import Image
@@ -55,20 +55,28 @@ def localisation_summary(results: Sequence, masks: dict[str, tuple[np.ndarray, n
     if not rows:
         return {"images": 0}
     mean = {key: float(np.mean([row[key] for row in rows])) for key in ("share", "pointing", "uniform")}
-    return {"images": len(rows), "attention_share_in_mask": mean["share"], "pointing_accuracy": mean["pointing"],
-            "uniform_share": mean["uniform"], "share_over_uniform": mean["share"] / max(mean["uniform"], 1e-12)}
+    return {
+        "images": len(rows),
+        "attention_share_in_mask": mean["share"],
+        "pointing_accuracy": mean["pointing"],
+        "uniform_share": mean["uniform"],
+        "share_over_uniform": mean["share"] / max(mean["uniform"], 1e-12),
+    }
 
 
 def localisation_line(summary: dict, *, ground_truth: bool) -> str:
     """The line evaluate.py prints (and appends to metrics.md) for a `localisation_summary` with images."""
-    return (f"localisation ({'ground-truth' if ground_truth else 'preprocessed'} masks, "
-            f"{summary['images']} images): attention share in mask {summary['attention_share_in_mask']:.3f} "
-            f"(uniform {summary['uniform_share']:.3f}, x{summary['share_over_uniform']:.2f}), "
-            f"pointing accuracy {summary['pointing_accuracy']:.3f}")
+    return (
+        f"localisation ({'ground-truth' if ground_truth else 'preprocessed'} masks, "
+        f"{summary['images']} images): attention share in mask {summary['attention_share_in_mask']:.3f} "
+        f"(uniform {summary['uniform_share']:.3f}, x{summary['share_over_uniform']:.2f}), "
+        f"pointing accuracy {summary['pointing_accuracy']:.3f}"
+    )
 
 
-def change_masks(pairs: Sequence[ChangePair], mask_cache: str | Path | None = None
-                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def change_masks(
+    pairs: Sequence[ChangePair], mask_cache: str | Path | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(before, after) change masks per pair id: a pair's ground-truth masks, else the mask cache's entry
     (its union for a side it lacks); pairs with neither are left out."""
     from davir.data.caches import MaskCache
@@ -78,11 +86,15 @@ def change_masks(pairs: Sequence[ChangePair], mask_cache: str | Path | None = No
     cache = MaskCache(mask_cache) if mask_cache else None
     for pair in pairs:
         if pair.has_gt_mask:
-            masks[pair.pair_id] = (load_mask(pair.gt_mask_before, record=pair.pair_id),
-                                   load_mask(pair.gt_mask_after, record=pair.pair_id))
+            masks[pair.pair_id] = (
+                load_mask(pair.gt_mask_before, record=pair.pair_id),
+                load_mask(pair.gt_mask_after, record=pair.pair_id),
+            )
         elif cache is not None and cache.has(pair.pair_id):
             entry = cache.read(pair.pair_id)
             union = entry.union
-            masks[pair.pair_id] = (entry.before if entry.before is not None else union,
-                                   entry.after if entry.after is not None else union)
+            masks[pair.pair_id] = (
+                entry.before if entry.before is not None else union,
+                entry.after if entry.after is not None else union,
+            )
     return masks

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from davir.errors import check_output_dir, check_output_file
 from davir.io import write_json_atomic, write_text_atomic
 from davir.metrics import (
-    METRICS, TOTAL, format_group_table, format_table, results_to_json, score_by_group, score_captions,
+    METRICS,
+    TOTAL,
+    format_group_table,
+    format_table,
+    results_to_json,
+    score_by_group,
+    score_captions,
 )
 
 
@@ -36,11 +42,11 @@ class ReferenceSource:
     empty: str = "auto"
 
     @classmethod
-    def file(cls, path: str | Path, *, empty: str = "auto", split: str = "test") -> "ReferenceSource":
+    def file(cls, path: str | Path, *, empty: str = "auto", split: str = "test") -> ReferenceSource:
         return cls(path=Path(path), empty=empty, split=split)
 
     @classmethod
-    def dataset(cls, format: str, root: str | Path, split: str = "test") -> "ReferenceSource":
+    def dataset(cls, format: str, root: str | Path, split: str = "test") -> ReferenceSource:
         return cls(format=format, root=Path(root), split=split)
 
     def load(self):
@@ -73,11 +79,20 @@ class ScoreResult:
         return self.rows[TOTAL]
 
 
-def score_predictions(predictions: dict[str, str], references: ReferenceSource | str | Path, *,
-                      metrics: Sequence[str] = METRICS, spice: bool | str | Path = True, strict: bool = False,
-                      synthetic_scenes: str | Path | None = None, digits: int = 1, out: str | Path | None = None,
-                      markdown: str | Path | None = None, predictions_source: str | None = None,
-                      echo: bool = False) -> ScoreResult:
+def score_predictions(
+    predictions: dict[str, str],
+    references: ReferenceSource | str | Path,
+    *,
+    metrics: Sequence[str] = METRICS,
+    spice: bool | str | Path = True,
+    strict: bool = False,
+    synthetic_scenes: str | Path | None = None,
+    digits: int = 1,
+    out: str | Path | None = None,
+    markdown: str | Path | None = None,
+    predictions_source: str | None = None,
+    echo: bool = False,
+) -> ScoreResult:
     """Score `predictions` ({pair id: caption}) against `references` (a ReferenceSource, or a reference file's
     path); write metrics.json to `out` and the tables to `markdown` when given; `echo`: print as evaluate.py.
 
@@ -88,8 +103,9 @@ def score_predictions(predictions: dict[str, str], references: ReferenceSource |
     chosen = source.load()
     metrics = list(metrics)
     if chosen.groups:
-        rows = score_by_group(predictions, chosen.references, chosen.groups, metrics=metrics, spice=spice,
-                              strict=strict)
+        rows = score_by_group(
+            predictions, chosen.references, chosen.groups, metrics=metrics, spice=spice, strict=strict
+        )
     else:
         rows = {TOTAL: score_captions(predictions, chosen.references, metrics=metrics, spice=spice, strict=strict)}
     total = rows[TOTAL]
@@ -114,37 +130,55 @@ def score_predictions(predictions: dict[str, str], references: ReferenceSource |
     from davir.metrics.faithfulness import format_faithfulness_table, score_faithfulness
 
     faithfulness = score_faithfulness(predictions, chosen.references, chosen.groups)
-    faithfulness_text = ("\nStated-difference faithfulness: are the objects and changes each caption states the ones "
-                         "its references state?\n\n" + format_faithfulness_table(faithfulness))
+    faithfulness_text = (
+        "\nStated-difference faithfulness: are the objects and changes each caption states the ones "
+        "its references state?\n\n" + format_faithfulness_table(faithfulness)
+    )
     lexicon = faithfulness["reader"].get("lexicon")
     if lexicon is not None and not lexicon["shipped"]:  # $DAVIR_WORDNET_DIR: these numbers are not the comparable ones
-        faithfulness_text += (f"\nnote: read with the lexicon of {lexicon['source']} (sha256 {lexicon['sha256'][:12]}…), "
-                              "not the one shipped with davir: these faithfulness numbers are not comparable\n")
+        faithfulness_text += (
+            f"\nnote: read with the lexicon of {lexicon['source']} (sha256 {lexicon['sha256'][:12]}…), "
+            "not the one shipped with davir: these faithfulness numbers are not comparable\n"
+        )
     say(faithfulness_text, end="")
     text += faithfulness_text
     if markdown is not None:
         write_text_atomic(markdown, text)
     # Which word lists read the captions (davir.text.lexicon): scores made with another one are not comparable.
-    extra = {"predictions": predictions_source, "references": chosen.source, "lexicon": lexicon,
-             "faithfulness": faithfulness}
+    extra = {
+        "predictions": predictions_source,
+        "references": chosen.source,
+        "lexicon": lexicon,
+        "faithfulness": faithfulness,
+    }
     if synthetic is not None:
         extra["synthetic"] = synthetic.to_dict()
     document = {**extra, **results_to_json(rows, per_image=[TOTAL])}
     if out is not None:
         write_json_atomic(Path(out), document)
         say(f"wrote {out}", file=sys.stderr)
-    return ScoreResult(rows, text, faithfulness, synthetic, notes, json.loads(json.dumps(document)),
-                       None if out is None else Path(out), None if markdown is None else Path(markdown))
+    return ScoreResult(
+        rows,
+        text,
+        faithfulness,
+        synthetic,
+        notes,
+        json.loads(json.dumps(document)),
+        None if out is None else Path(out),
+        None if markdown is None else Path(markdown),
+    )
 
 
-def synthetic_accuracy(predictions: dict[str, str], references: ReferenceSource, *,
-                       scenes: str | Path | None = None):
+def synthetic_accuracy(predictions: dict[str, str], references: ReferenceSource, *, scenes: str | Path | None = None):
     """Type/object/exact accuracy (davir.metrics.synthetic) when the references are a davir synthetic set
     (clevr_change layout with the generator's scenes.json, or `scenes`: a copy of the set in another format,
     e.g. the folder format, keeps its ids); None for every other data set."""
     if scenes is None:
-        if references.format != "clevr_change" or references.root is None or \
-                not (Path(references.root) / "scenes.json").is_file():
+        if (
+            references.format != "clevr_change"
+            or references.root is None
+            or not (Path(references.root) / "scenes.json").is_file()
+        ):
             return None
         scenes = references.root
     from davir.data.synthetic import load_scenes
@@ -154,8 +188,9 @@ def synthetic_accuracy(predictions: dict[str, str], references: ReferenceSource,
     return score_synthetic({k: v for k, v in predictions.items() if k in truths}, truths)
 
 
-def check_outputs(out: str | Path | None = None, markdown: str | Path | None = None,
-                  out_dir: Path | None = None) -> None:
+def check_outputs(
+    out: str | Path | None = None, markdown: str | Path | None = None, out_dir: Path | None = None
+) -> None:
     """Stop before scoring or captioning when an output cannot be written (docs/errors.md)."""
     if out_dir is not None:
         check_output_dir(out_dir, what="evaluation folder")

@@ -22,8 +22,8 @@ ENTITIES_DIR = "preprocessing/entities"
 METRICS_DIR = "eval"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-EXTRA_WEIGHTS = "trainable_extra.safetensors"      # LoRA mode: trained parts that are not LoRA (DavirModel names)
-DAVIR_EXTRA = "davir_extra.safetensors"            # merged: DavirModel weights outside the core (segment embeddings)
+EXTRA_WEIGHTS = "trainable_extra.safetensors"  # LoRA mode: trained parts that are not LoRA (DavirModel names)
+DAVIR_EXTRA = "davir_extra.safetensors"  # merged: DavirModel weights outside the core (segment embeddings)
 HF_WEIGHTS = "model.safetensors"
 
 WEIGHT_KINDS = ("adapter", "merged", "lightweight")
@@ -43,8 +43,9 @@ def read_export_info(folder: str | Path) -> dict:
     if info.get("format") != FORMAT:
         raise DataError(f"{path}: key 'format' is {info.get('format')!r}, not {FORMAT!r}")
     if info.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: key 'format_version' is {info.get('format_version')!r}; this version reads "
-                        f"{FORMAT_VERSION}")
+        raise DataError(
+            f"{path}: key 'format_version' is {info.get('format_version')!r}; this version reads {FORMAT_VERSION}"
+        )
     if info.get("weights") not in WEIGHT_KINDS:
         raise DataError(f"{path}: key 'weights' is {info.get('weights')!r}, not one of {list(WEIGHT_KINDS)}")
     base = info.get("base_model")

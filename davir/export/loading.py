@@ -14,18 +14,8 @@ from pathlib import Path
 import torch
 
 from davir.errors import DataError
-from davir.export.layout import (
-    ADAPTER_WEIGHTS,
-    BASE_FLAG,
-    DAVIR_EXTRA,
-    EXTRA_WEIGHTS,
-    read_export_info,
-)
-from davir.models.vlm.checkpoint import (
-    load_adapter_weights,
-    load_extra_weights,
-    trained_outside_lora,
-)
+from davir.export.layout import ADAPTER_WEIGHTS, BASE_FLAG, DAVIR_EXTRA, EXTRA_WEIGHTS, read_export_info
+from davir.models.vlm.checkpoint import load_adapter_weights, load_extra_weights, trained_outside_lora
 
 
 def base_model_folder(folder: Path, info: dict, base_model: str | Path | None) -> Path:
@@ -34,17 +24,21 @@ def base_model_folder(folder: Path, info: dict, base_model: str | Path | None) -
     if base_model is not None:
         path = Path(base_model).expanduser()
         if not path.is_dir():
-            raise DataError(f"--base-model {base_model}: no such folder (the {base['name']} model folder this "
-                            f"adapter was trained on)")
+            raise DataError(
+                f"--base-model {base_model}: no such folder (the {base['name']} model folder this "
+                f"adapter was trained on)"
+            )
         check_base(path, base)
         return path.resolve()
     recorded = base.get("path_at_export")  # relative to the export folder (absolute in earlier exports)
     if recorded and (folder / recorded).is_dir():
         return (folder / recorded).resolve()
     where = f" (it was at {recorded}, seen from the export folder, when exported)" if recorded else ""
-    raise DataError(f"{folder} is a LoRA adapter over the base model {base['name']!r}{where}, which is not found: "
-                    f"pass {BASE_FLAG}, a local folder of that model; or export the run with --merge for a folder "
-                    "that needs no base")
+    raise DataError(
+        f"{folder} is a LoRA adapter over the base model {base['name']!r}{where}, which is not found: "
+        f"pass {BASE_FLAG}, a local folder of that model; or export the run with --merge for a folder "
+        "that needs no base"
+    )
 
 
 def check_base(path: Path, base: dict) -> None:
@@ -56,18 +50,25 @@ def check_base(path: Path, base: dict) -> None:
     if base.get("model_type") and config.is_file():
         found = read_json(config).get("model_type")
         if found != base["model_type"]:
-            raise DataError(f"--base-model {path} holds a {found!r} model; this adapter was trained on "
-                            f"{base['name']!r}, a {base['model_type']!r} model")
+            raise DataError(
+                f"--base-model {path} holds a {found!r} model; this adapter was trained on "
+                f"{base['name']!r}, a {base['model_type']!r} model"
+            )
     sizes = {name: entry.get("size") for name, entry in (base.get("files") or {}).items()}
-    differing = [name for name, size in sizes.items()
-                 if not (path / name).is_file() or (path / name).stat().st_size != size]
+    differing = [
+        name for name, size in sizes.items() if not (path / name).is_file() or (path / name).stat().st_size != size
+    ]
     if differing:
-        print(f"note: --base-model {path}: {differing[:3]} differ from the files of {base['name']!r} the adapter was "
-              "exported with (sizes in davir_export.json); captions may differ", file=sys.stderr)
+        print(
+            f"note: --base-model {path}: {differing[:3]} differ from the files of {base['name']!r} the adapter was "
+            "exported with (sizes in davir_export.json); captions may differ",
+            file=sys.stderr,
+        )
 
 
-def load_exported_model(folder: str | Path, *, device: str | torch.device | None = None,
-                        base_model: str | Path | None = None):
+def load_exported_model(
+    folder: str | Path, *, device: str | torch.device | None = None, base_model: str | Path | None = None
+):
     """The DavirModel/ChatDavirModel of an exported folder on `device` (eval mode)."""
     from davir.models.families import get_family
     from davir.models.vlm.build import davir_class

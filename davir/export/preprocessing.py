@@ -15,8 +15,15 @@ from davir.io import read_json, write_json_atomic
 
 # What of a mask cache's manifest captioning (and the profile check) reads; the rest (root, command, counts,
 # failures, timings) describes the training data on the machine that made it.
-MASK_MANIFEST_KEYS = ("version", "format", "settings", "comparable_settings", "profile", "profile_requested",
-                      "profile_deviations")
+MASK_MANIFEST_KEYS = (
+    "version",
+    "format",
+    "settings",
+    "comparable_settings",
+    "profile",
+    "profile_requested",
+    "profile_deviations",
+)
 # Of an entity cache's manifest: all but the per-split counts and the command line.
 ENTITY_MANIFEST_DROP = ("splits", "command")
 ENTITY_FILES = ("vocab.json",)
@@ -44,14 +51,18 @@ def export_entity_source(cache: Path, out: Path, bases=()) -> dict:
     paths of the vocabulary made relative to `bases` (davir.export.shareable). Returns the manifest's settings."""
     manifest_path = cache / "entities" / "manifest.json"
     if not manifest_path.is_file() or not (cache / "vocab.json").is_file():
-        raise DataError(f"{cache} holds no entity vocabulary/retriever (entities/manifest.json, vocab.json); give the "
-                        "entity cache the run trained with (--entities-from)")
+        raise DataError(
+            f"{cache} holds no entity vocabulary/retriever (entities/manifest.json, vocab.json); give the "
+            "entity cache the run trained with (--entities-from)"
+        )
     manifest = read_json(manifest_path)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("settings"), dict):
         raise DataError(f"{manifest_path}: records no 'settings': not an entity cache `preprocess entities` wrote")
     (out / "entities").mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "entities" / "manifest.json",
-                      {key: value for key, value in manifest.items() if key not in ENTITY_MANIFEST_DROP})
+    write_json_atomic(
+        out / "entities" / "manifest.json",
+        {key: value for key, value in manifest.items() if key not in ENTITY_MANIFEST_DROP},
+    )
     for name in ENTITY_FILES:  # the vocabulary records the data root it was counted on: a path of this machine
         write_json_atomic(out / name, scrub(read_json(cache / name), bases))
     for name in ENTITY_FOLDERS:
@@ -65,13 +76,17 @@ def describe(mask_settings: dict | None, entity_settings: dict | None) -> dict:
     masks = None
     if mask_settings is not None:
         segmenter = mask_settings.get("segmenter") or {"segmenter": "classical"}
-        masks = {"localisation": mask_settings.get("localisation", "pixel"),
-                 "segmenter": segmenter.get("segmenter", "classical"),
-                 "segment_both": mask_settings.get("segment_both", True),
-                 "register": (mask_settings.get("regions") or {}).get("register")}
+        masks = {
+            "localisation": mask_settings.get("localisation", "pixel"),
+            "segmenter": segmenter.get("segmenter", "classical"),
+            "segment_both": mask_settings.get("segment_both", True),
+            "register": (mask_settings.get("regions") or {}).get("register"),
+        }
     entities = None
     if entity_settings is not None:
-        entities = {key: entity_settings.get(key) for key in ("retriever", "retrieval", "entity_gate", "mask_source",
-                                                              "mask_weighting", "top_k", "clip_model")
-                    if entity_settings.get(key) is not None}
+        entities = {
+            key: entity_settings.get(key)
+            for key in ("retriever", "retrieval", "entity_gate", "mask_source", "mask_weighting", "top_k", "clip_model")
+            if entity_settings.get(key) is not None
+        }
     return {"masks": masks, "entities": entities}

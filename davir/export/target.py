@@ -44,27 +44,34 @@ def check_out(out: Path, sources: list[Path], overwrite: bool) -> None:
     for folder, what in _protected(out):
         if _within(folder, resolved):
             relation = "is" if folder == resolved else "holds"
-            raise DataError(f"--out {out} {relation} {what} ({folder}): give a new folder for the export, "
-                            "e.g. exports/NAME")
+            raise DataError(
+                f"--out {out} {relation} {what} ({folder}): give a new folder for the export, e.g. exports/NAME"
+            )
     for source in sources:
         source = source.resolve()
         if _within(resolved, source) or _within(source, resolved):
-            relation = ("is" if resolved == source else "lies inside" if _within(resolved, source) else "holds")
+            relation = "is" if resolved == source else "lies inside" if _within(resolved, source) else "holds"
             raise DataError(f"--out {out} {relation} the exported folder {source}: give an --out outside it")
     if os.path.lexists(out):
         if out.is_symlink() or not out.is_dir():
             raise DataError(f"--out {out} exists and is not a folder: give another --out")
         if any(out.iterdir()):
             if not overwrite:
-                raise DataError(f"--out {out} exists and is not empty: give another --out, or --overwrite to "
-                                "replace an earlier export there")
+                raise DataError(
+                    f"--out {out} exists and is not empty: give another --out, or --overwrite to "
+                    "replace an earlier export there"
+                )
             if not (out / EXPORT_FILE).is_file():
-                raise DataError(f"--out {out} holds files davir-export did not write (no {EXPORT_FILE}); "
-                                "--overwrite replaces only an earlier export: give another --out")
+                raise DataError(
+                    f"--out {out} holds files davir-export did not write (no {EXPORT_FILE}); "
+                    "--overwrite replaces only an earlier export: give another --out"
+                )
     old = replaced_folder(out)
     if os.path.lexists(old):  # only a kill -9 mid-replacement leaves it: which of the two to keep is the user's call
-        raise OutputError(f"{old} exists (an earlier export a killed davir-export set aside, or not ours): remove "
-                          f"it, or rename it back to {out.name} if {out} is missing")
+        raise OutputError(
+            f"{old} exists (an earlier export a killed davir-export set aside, or not ours): remove "
+            f"it, or rename it back to {out.name} if {out} is missing"
+        )
     check_output_dir(out.parent, what="the folder of --out")
 
 
@@ -73,8 +80,10 @@ def partial_folder(out: Path) -> Path:
     partial = out.parent / f".{out.name}.partial"
     if os.path.lexists(partial):
         if partial.is_symlink() or not (partial / PARTIAL_MARKER).is_file():
-            raise OutputError(f"{partial} exists and was not left by davir-export (no {PARTIAL_MARKER}): move it "
-                              "away, or give another --out")
+            raise OutputError(
+                f"{partial} exists and was not left by davir-export (no {PARTIAL_MARKER}): move it "
+                "away, or give another --out"
+            )
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
     (partial / PARTIAL_MARKER).touch()

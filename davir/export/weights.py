@@ -19,18 +19,11 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from davir.errors import DataError
-from davir.export.layout import (
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
-    DAVIR_EXTRA,
-    EXTRA_WEIGHTS,
-)
+from davir.export.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, DAVIR_EXTRA, EXTRA_WEIGHTS
 from davir.io import file_sha256, read_json, write_json_atomic
 from davir.runtime.devices import check_device as runtime_check_device
 
 BASE_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-
-
 
 
 def describe_base(path: Path, name: str | None, out: Path) -> dict:
@@ -39,8 +32,12 @@ def describe_base(path: Path, name: str | None, out: Path) -> dict:
     files = sorted({*(p for p in path.glob("*.safetensors")), *(path / n for n in BASE_FILES if (path / n).is_file())})
     config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
     where = os.path.relpath(path.resolve(), Path(out).resolve())
-    return {"name": name or path.name, "path_at_export": where, "model_type": config.get("model_type"),
-            "files": {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files}}
+    return {
+        "name": name or path.name,
+        "path_at_export": where,
+        "model_type": config.get("model_type"),
+        "files": {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files},
+    }
 
 
 def write_davir_config(model_dir: Path, out: Path, pretrained: str | None) -> dict:
@@ -75,8 +72,9 @@ def write_adapter(model_dir: Path, out: Path, base_name: str) -> list[str]:
     """The run's PEFT adapter and extra trained weights, as saved; returns the files written."""
     adapter = model_dir / "adapter"
     if not (adapter / ADAPTER_WEIGHTS).is_file() or not (adapter / ADAPTER_CONFIG).is_file():
-        raise DataError(f"{model_dir}: no adapter/{ADAPTER_WEIGHTS} + {ADAPTER_CONFIG} (not a LoRA model); "
-                        "export it with --merge")
+        raise DataError(
+            f"{model_dir}: no adapter/{ADAPTER_WEIGHTS} + {ADAPTER_CONFIG} (not a LoRA model); export it with --merge"
+        )
     shutil.copy2(adapter / ADAPTER_WEIGHTS, out / ADAPTER_WEIGHTS)
     adapter_config = read_json(adapter / ADAPTER_CONFIG)
     adapter_config["base_model_name_or_path"] = base_name
@@ -93,8 +91,11 @@ def merged_core(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
 
     Merges in place: `model` is not usable afterwards."""
     inside = {id(parameter) for parameter in model.core.parameters()}
-    outside = {name: parameter.detach().contiguous().cpu().clone() for name, parameter in model.named_parameters()
-               if id(parameter) not in inside and "lora_" not in name}
+    outside = {
+        name: parameter.detach().contiguous().cpu().clone()
+        for name, parameter in model.named_parameters()
+        if id(parameter) not in inside and "lora_" not in name
+    }
     wrapped = model.wrapped()
     core = wrapped.merge_and_unload(progressbar=False, safe_merge=True) if isinstance(wrapped, PeftModel) else wrapped
     leftover = [name for name, _ in core.named_parameters() if "lora_" in name]

@@ -12,6 +12,17 @@ from davir.inference.engines import DavirEngine, LightweightEngine, load_engine
 from davir.inference.folder import CaptionSummary, caption_folder
 from davir.inference.sources import CachedEntities, CachedFeatures, OnlineFeatures
 
-__all__ = ["CachedEntities", "CachedFeatures", "CaptionResult", "CaptionSummary", "CaptionerOptions",
-           "ChangeCaptioner", "DavirEngine", "LightweightEngine", "OnlineFeatures", "PreparedPair",
-           "caption_folder", "load_engine"]
+__all__ = [
+    "CachedEntities",
+    "CachedFeatures",
+    "CaptionResult",
+    "CaptionSummary",
+    "CaptionerOptions",
+    "ChangeCaptioner",
+    "DavirEngine",
+    "LightweightEngine",
+    "OnlineFeatures",
+    "PreparedPair",
+    "caption_folder",
+    "load_engine",
+]

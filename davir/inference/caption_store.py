@@ -16,8 +16,8 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from davir.errors import DataError
 from davir.io import append_whole, atomic_path, read_json, write_json_atomic
@@ -140,15 +140,29 @@ class CaptionStore:
         if self.manifest.is_file():
             recorded = read_json(self.manifest).get("settings")
             if recorded != self.settings:
-                changed = sorted(k for k in set(recorded or {}) | set(self.settings)
-                                 if (recorded or {}).get(k) != self.settings.get(k))
-                raise DataError(f"{self.out} holds captions made with other settings ({', '.join(changed)} differ, "
-                                f"see {self.manifest}): pass --overwrite to start again, or another --out")
+                changed = sorted(
+                    k
+                    for k in set(recorded or {}) | set(self.settings)
+                    if (recorded or {}).get(k) != self.settings.get(k)
+                )
+                raise DataError(
+                    f"{self.out} holds captions made with other settings ({', '.join(changed)} differ, "
+                    f"see {self.manifest}): pass --overwrite to start again, or another --out"
+                )
         elif self.out.exists() or self.leftovers():
-            raise DataError(f"{self.out} exists but has no manifest ({self.manifest.name}) saying how it was made: "
-                            "pass --overwrite to replace it, or another --out")
-        write_json_atomic(self.manifest, {"settings": self.settings, "pairs": source, "status": "running",
-                                          "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            raise DataError(
+                f"{self.out} exists but has no manifest ({self.manifest.name}) saying how it was made: "
+                "pass --overwrite to replace it, or another --out"
+            )
+        write_json_atomic(
+            self.manifest,
+            {
+                "settings": self.settings,
+                "pairs": source,
+                "status": "running",
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            },
+        )
 
     def earlier_rows(self) -> tuple[set[str], set[str]]:
         """(ids captioned, ids that only failed) in the output and every shard file (each repaired of a cut last
@@ -171,8 +185,9 @@ class CaptionStore:
         if self.num_shards == 1:
             return True
         self.shard_path(self.shard_index).with_name(self.shard_path(self.shard_index).name + ".done").touch()
-        return all(self.shard_path(i).with_name(self.shard_path(i).name + ".done").exists()
-                   for i in range(self.num_shards))
+        return all(
+            self.shard_path(i).with_name(self.shard_path(i).name + ".done").exists() for i in range(self.num_shards)
+        )
 
     def merge(self, extra_lines: Iterable[str], counts: dict) -> None:
         """Merge the output and every shard file in `index` order into `out`, atomically: one line per id, its

@@ -10,8 +10,8 @@ for DAVIR on request, attention maps as arrays).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from PIL import Image
@@ -41,9 +41,16 @@ class DavirEngine:
         self._rows = 0
 
     @classmethod
-    def load(cls, run: RunPaths, device, *, pretrained: str | Path | None = None,
-             pretrained_flag: str | None = "--pretrained", merge_lora: bool = True,
-             static_decode: bool = False) -> "DavirEngine":
+    def load(
+        cls,
+        run: RunPaths,
+        device,
+        *,
+        pretrained: str | Path | None = None,
+        pretrained_flag: str | None = "--pretrained",
+        merge_lora: bool = True,
+        static_decode: bool = False,
+    ) -> DavirEngine:
         """The run's model on `device`; its base InstructBLIP folder is `pretrained`, else the one it recorded,
         found from any folder (`RunPaths.resolve`: found nowhere, a DataError naming `pretrained_flag`). With
         `merge_lora` the LoRA deltas are folded into the base weights in memory (faster captioning)."""
@@ -57,8 +64,9 @@ class DavirEngine:
             model = load_exported_model(run.model_dir, device=device, base_model=pretrained)
         else:
             recorded = read_davir_config(run.model_dir).pretrained
-            base = pretrained or run.resolve(recorded, what="pretrained InstructBLIP folder (model.pretrained)",
-                                             flag=pretrained_flag)
+            base = pretrained or run.resolve(
+                recorded, what="pretrained InstructBLIP folder (model.pretrained)", flag=pretrained_flag
+            )
             model = load_davir_model(run.model_dir, device=device, pretrained=base)
         if merge_lora:
             merge_lora_for_inference(model)
@@ -67,8 +75,15 @@ class DavirEngine:
     def inputs(self, pair: ChangePair, before: Image.Image, after: Image.Image, entities: list[str]) -> torch.Tensor:
         return self.model.image_processor([before, after])
 
-    def generate(self, inputs: list[torch.Tensor], entities: list[list[str]], *, num_beams: int,
-                 max_new_tokens: int, attention: bool) -> tuple[list[str], list | None]:
+    def generate(
+        self,
+        inputs: list[torch.Tensor],
+        entities: list[list[str]],
+        *,
+        num_beams: int,
+        max_new_tokens: int,
+        attention: bool,
+    ) -> tuple[list[str], list | None]:
         count, settings = len(inputs), {}
         if self.static_decode:
             self._rows = max(self._rows, count)
@@ -77,8 +92,15 @@ class DavirEngine:
             settings = self._static_settings
         pixels = torch.stack(inputs).to(self.model.device)
         prompts = self.model.build_prompts(entities if self.uses_entities else None, batch_size=len(inputs))
-        out = self.model.generate(pixels[:, 0], pixels[:, 1], prompts, max_new_tokens=max_new_tokens,
-                                  num_beams=num_beams, return_attention=attention, **settings)
+        out = self.model.generate(
+            pixels[:, 0],
+            pixels[:, 1],
+            prompts,
+            max_new_tokens=max_new_tokens,
+            num_beams=num_beams,
+            return_attention=attention,
+            **settings,
+        )
         if not attention:
             return out[:count], None
         captions, before, after = out
@@ -113,8 +135,15 @@ class LightweightEngine:
         self.num_entities = config.entities_per_pair if self.uses_entities else 0
 
     @classmethod
-    def load(cls, run: RunPaths, device, *, features=None, backbone_weights: str | Path | None = None,
-             read_files: bool = False) -> "LightweightEngine":
+    def load(
+        cls,
+        run: RunPaths,
+        device,
+        *,
+        features=None,
+        backbone_weights: str | Path | None = None,
+        read_files: bool = False,
+    ) -> LightweightEngine:
         """The run's model on `device`. `features`: a FeatureCache of the pairs to caption (checked to hold the
         backbone the model was trained on); None computes them (`OnlineFeatures`, with `backbone_weights` or the
         backbone the model recorded, and `read_files` as documented there)."""
@@ -125,8 +154,9 @@ class LightweightEngine:
         if features is not None:
             source = CachedFeatures(features, trained_with=trained_with)
         else:
-            source = OnlineFeatures(backbone_weights, trained_with=trained_with, device=bundle.device,
-                                    read_files=read_files)
+            source = OnlineFeatures(
+                backbone_weights, trained_with=trained_with, device=bundle.device, read_files=read_files
+            )
         return cls(bundle, source)
 
     @property
@@ -149,38 +179,57 @@ class LightweightEngine:
         k = self.num_entities
         unknown = [phrase for phrase in phrases if phrase not in self.bundle.entity_index]
         if len(phrases) < k or unknown:
-            raise DataError(f"pair {pair_id!r}: needs {k} entities of the model's vocabulary, got {phrases} "
-                            f"(unknown: {unknown})")
+            raise DataError(
+                f"pair {pair_id!r}: needs {k} entities of the model's vocabulary, got {phrases} (unknown: {unknown})"
+            )
         return [self.bundle.entity_index[phrase] for phrase in phrases]
 
-    def inputs(self, pair: ChangePair, before: Image.Image | None, after: Image.Image | None,
-               entities: list[str]) -> tuple:
+    def inputs(
+        self, pair: ChangePair, before: Image.Image | None, after: Image.Image | None, entities: list[str]
+    ) -> tuple:
         ids = self.entity_ids(pair.pair_id, entities) if self.uses_entities else None
         return self.features.inputs(pair, before, after), ids
 
     @torch.no_grad()
-    def generate(self, inputs: list[tuple], entities: list[list[str]], *, num_beams: int,
-                 max_new_tokens: int, attention: bool) -> tuple[list[str], None]:
+    def generate(
+        self, inputs: list[tuple], entities: list[list[str]], *, num_beams: int, max_new_tokens: int, attention: bool
+    ) -> tuple[list[str], None]:
         bundle, device = self.bundle, self.bundle.device
         before, after = self.features.batch([features for features, _ in inputs], device)
         entity_ids = None
         if self.uses_entities:
             entity_ids = torch.tensor([ids for _, ids in inputs], dtype=torch.long, device=device)
-        ids = bundle.model.generate(before, after, max_len=min(max_new_tokens, self.max_len), beam_size=num_beams,
-                                    entities=entity_ids)
+        ids = bundle.model.generate(
+            before, after, max_len=min(max_new_tokens, self.max_len), beam_size=num_beams, entities=entity_ids
+        )
         return [bundle.vocab.decode(row) for row in ids], None
 
 
-def load_engine(run: RunPaths, device=None, *, pretrained: str | Path | None = None,
-                pretrained_flag: str | None = "--pretrained", backbone_weights: str | Path | None = None,
-                features=None, read_files: bool = False, merge_lora: bool = True,
-                static_decode: bool = False) -> DavirEngine | LightweightEngine:
+def load_engine(
+    run: RunPaths,
+    device=None,
+    *,
+    pretrained: str | Path | None = None,
+    pretrained_flag: str | None = "--pretrained",
+    backbone_weights: str | Path | None = None,
+    features=None,
+    read_files: bool = False,
+    merge_lora: bool = True,
+    static_decode: bool = False,
+) -> DavirEngine | LightweightEngine:
     """The engine of a run or model folder, DAVIR or lightweight (see `DavirEngine.load`, `LightweightEngine.load`);
     `device` None: CUDA when there is one."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if run.lightweight:
-        return LightweightEngine.load(run, device, features=features, backbone_weights=backbone_weights,
-                                      read_files=read_files)
-    return DavirEngine.load(run, device, pretrained=pretrained, pretrained_flag=pretrained_flag, merge_lora=merge_lora,
-                            static_decode=static_decode)
+        return LightweightEngine.load(
+            run, device, features=features, backbone_weights=backbone_weights, read_files=read_files
+        )
+    return DavirEngine.load(
+        run,
+        device,
+        pretrained=pretrained,
+        pretrained_flag=pretrained_flag,
+        merge_lora=merge_lora,
+        static_decode=static_decode,
+    )

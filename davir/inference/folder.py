@@ -16,9 +16,9 @@ import os
 import sys
 import time
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from davir.data.formats.folder import read_folder_pairs
 from davir.data.formats.folder_table import FolderPairTable
@@ -39,11 +39,11 @@ class CaptionSummary:
     status: int
     out: Path
     html: Path
-    pairs: int = 0          # pairs of the input (with the readers' counted skips), or of this shard
+    pairs: int = 0  # pairs of the input (with the readers' counted skips), or of this shard
     captioned: int = 0
-    failed: int = 0         # not captioned, the readers' skips included
-    skipped: int = 0        # of which the readers' documented, counted skips
-    this_run: int = 0       # pairs captioned or tried by this run (the others were done before)
+    failed: int = 0  # not captioned, the readers' skips included
+    skipped: int = 0  # of which the readers' documented, counted skips
+    this_run: int = 0  # pairs captioned or tried by this run (the others were done before)
     retried: int = 0
     merged: bool = True
 
@@ -92,8 +92,10 @@ def _shard_layout(num_shards: int | None, shard_index: int | None) -> tuple[int,
         state = PartialState(cpu=not torch.cuda.is_available())  # gloo between CPU processes
         if state.num_processes > 1:
             if num_shards not in (None, 1):
-                raise DataError("--num-shards is for schedulers without accelerate: under `accelerate launch` each "
-                                "process is a shard already")
+                raise DataError(
+                    "--num-shards is for schedulers without accelerate: under `accelerate launch` each "
+                    "process is a shard already"
+                )
             return state.num_processes, state.process_index, state
     num_shards = num_shards or 1
     if not 0 <= (shard_index or 0) < num_shards:
@@ -102,19 +104,36 @@ def _shard_layout(num_shards: int | None, shard_index: int | None) -> tuple[int,
 
 
 def _line(index: int, pair, result) -> str:
-    row = {"id": pair.pair_id, "index": index, "before": str(pair.before), "after": str(pair.after),
-           "caption": result.caption, "entities": [[e, round(s, 4)] for e, s in result.entities],
-           "error": result.error}
+    row = {
+        "id": pair.pair_id,
+        "index": index,
+        "before": str(pair.before),
+        "after": str(pair.after),
+        "caption": result.caption,
+        "entities": [[e, round(s, 4)] for e, s in result.entities],
+        "error": result.error,
+    }
     if pair.captions:
         row["references"] = list(pair.captions)
     return json.dumps(row, ensure_ascii=False)
 
 
-def caption_folder(captioner: ChangeCaptioner | str | Path, pairs: str | Path | Sequence[ChangePair],
-                   out: str | Path | None = None, *, html: str | Path | None = None, report_limit: int = 1000,
-                   overwrite: bool = False, wait_lock: bool = False, batch_size: int = 32,
-                   workers: int | None = None, num_shards: int | None = None, shard_index: int = 0,
-                   progress: bool = True, options: CaptionerOptions | None = None) -> CaptionSummary:
+def caption_folder(
+    captioner: ChangeCaptioner | str | Path,
+    pairs: str | Path | Sequence[ChangePair],
+    out: str | Path | None = None,
+    *,
+    html: str | Path | None = None,
+    report_limit: int = 1000,
+    overwrite: bool = False,
+    wait_lock: bool = False,
+    batch_size: int = 32,
+    workers: int | None = None,
+    num_shards: int | None = None,
+    shard_index: int = 0,
+    progress: bool = True,
+    options: CaptionerOptions | None = None,
+) -> CaptionSummary:
     """Caption every pair into the JSONL `out` and an HTML report (`html`, default report.html beside `out`).
 
     `captioner`: a ChangeCaptioner, or a run/model folder loaded here with `options` (after the outputs are
@@ -135,8 +154,9 @@ def caption_folder(captioner: ChangeCaptioner | str | Path, pairs: str | Path | 
     num_shards, shard_index, state = _shard_layout(num_shards, shard_index)
     # A shard locks its own share; `part-` keeps the lock apart from the store's `.shard-*` files, which go.
     job = None if num_shards == 1 else f"part-{shard_index:05d}-of-{num_shards:05d}"
-    with output_lock(out, what=f"--out {out}" + (f" (shard {shard_index + 1}/{num_shards})" if job else ""),
-                     job=job, wait=wait_lock):
+    with output_lock(
+        out, what=f"--out {out}" + (f" (shard {shard_index + 1}/{num_shards})" if job else ""), job=job, wait=wait_lock
+    ):
         if listed:
             records, skipped = pairs if isinstance(pairs, FolderPairTable) else list(pairs), []
         else:  # a manifest's pairs stay a compact table: each record is made when its pair is prepared
@@ -147,15 +167,43 @@ def caption_folder(captioner: ChangeCaptioner | str | Path, pairs: str | Path | 
             captioner = ChangeCaptioner.from_pretrained(captioner, options, **({"device": device} if device else {}))
         source = f"{len(records)} records" if listed else str(pairs)
         name = "records" if listed else Path(pairs).name
-        return _caption_locked(captioner, records, skipped, source, name, out, html_path, num_shards, shard_index,
-                               state, report_limit=report_limit, overwrite=overwrite, batch_size=batch_size,
-                               workers=workers, progress=progress)
+        return _caption_locked(
+            captioner,
+            records,
+            skipped,
+            source,
+            name,
+            out,
+            html_path,
+            num_shards,
+            shard_index,
+            state,
+            report_limit=report_limit,
+            overwrite=overwrite,
+            batch_size=batch_size,
+            workers=workers,
+            progress=progress,
+        )
 
 
-def _caption_locked(captioner: ChangeCaptioner, pairs: Sequence[ChangePair], skipped_records: list[SkippedRecord],
-                    source: str, name: str, out: Path, html_path: Path, num_shards: int, shard_index: int, state, *,
-                    report_limit: int, overwrite: bool, batch_size: int, workers: int | None,
-                    progress: bool) -> CaptionSummary:
+def _caption_locked(
+    captioner: ChangeCaptioner,
+    pairs: Sequence[ChangePair],
+    skipped_records: list[SkippedRecord],
+    source: str,
+    name: str,
+    out: Path,
+    html_path: Path,
+    num_shards: int,
+    shard_index: int,
+    state,
+    *,
+    report_limit: int,
+    overwrite: bool,
+    batch_size: int,
+    workers: int | None,
+    progress: bool,
+) -> CaptionSummary:
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
@@ -187,21 +235,34 @@ def _caption_locked(captioner: ChangeCaptioner, pairs: Sequence[ChangePair], ski
         print(f"retrying {retried} pair(s) that failed in an earlier run{shard_note}", file=sys.stderr)
 
     workers = workers if workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
-    loader = DataLoader(_Pending(pending, pairs, captioner, report_limit), batch_size=batch_size,
-                        num_workers=workers, collate_fn=list, prefetch_factor=2 if workers else None,
-                        worker_init_fn=DieWithParent() if workers else None)  # a SIGKILLed run leaves no worker
+    loader = DataLoader(
+        _Pending(pending, pairs, captioner, report_limit),
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=list,
+        prefetch_factor=2 if workers else None,
+        worker_init_fn=DieWithParent() if workers else None,
+    )  # a SIGKILLed run leaves no worker
     counts = {"captioned": 0, "failed": 0}
     started = time.perf_counter()
-    with _one_opencv_thread(workers > 0), \
-            tqdm(total=len(pending), desc="caption", disable=not main_process or not progress) as bar:
+    with (
+        _one_opencv_thread(workers > 0),
+        tqdm(total=len(pending), desc="caption", disable=not main_process or not progress) as bar,
+    ):
         for batch in loader:
             kept = [p for p in batch if p.before is not None]
             results = captioner.generate(batch, attention=bool(kept))
             for p, r in zip(batch, results):  # strips before lines: a pair with a line has its strip after a kill
                 counts["failed" if r.error else "captioned"] += 1
                 if p.before is not None and r.error is None:
-                    write_strip(report_dir, p.index, p.before, p.after, mask=p.mask,
-                                attention=(r.attention_before, r.attention_after))
+                    write_strip(
+                        report_dir,
+                        p.index,
+                        p.before,
+                        p.after,
+                        mask=p.mask,
+                        attention=(r.attention_before, r.attention_after),
+                    )
             store.append(_line(p.index, p.pair, r) for p, r in zip(batch, results))
             bar.update(len(batch))
     seconds = time.perf_counter() - started
@@ -211,15 +272,29 @@ def _caption_locked(captioner: ChangeCaptioner, pairs: Sequence[ChangePair], ski
         state.wait_for_everyone()
         all_done = main_process
     if not all_done:
-        print(f"shard {shard_index + 1}/{num_shards}: {counts['captioned']} captioned, {counts['failed']} not, in "
-              f"{store.path}; " + ("the main process merges" if state is not None else
-                                       "the last shard to finish merges them") + f" into {out}", file=sys.stderr)
+        print(
+            f"shard {shard_index + 1}/{num_shards}: {counts['captioned']} captioned, {counts['failed']} not, in "
+            f"{store.path}; "
+            + ("the main process merges" if state is not None else "the last shard to finish merges them")
+            + f" into {out}",
+            file=sys.stderr,
+        )
         # docs/errors.md: 1 = done, some pairs failed (listed in the JSONL)
-        return CaptionSummary(1 if counts["failed"] else 0, out, html_path, pairs=len(mine),
-                              captioned=counts["captioned"], failed=counts["failed"], this_run=len(pending),
-                              retried=retried, merged=False)
-    skipped_lines = [json.dumps({"id": s.record, "index": None, "caption": None, "entities": [],
-                                 "error": f"skipped: {s.reason}"}) for s in skipped_records]
+        return CaptionSummary(
+            1 if counts["failed"] else 0,
+            out,
+            html_path,
+            pairs=len(mine),
+            captioned=counts["captioned"],
+            failed=counts["failed"],
+            this_run=len(pending),
+            retried=retried,
+            merged=False,
+        )
+    skipped_lines = [
+        json.dumps({"id": s.record, "index": None, "caption": None, "entities": [], "error": f"skipped: {s.reason}"})
+        for s in skipped_records
+    ]
     totals = {"pairs": len(pairs) + len(skipped_records)}
     store.merge(skipped_lines, totals)
     failed = skipped = 0
@@ -228,19 +303,34 @@ def _caption_locked(captioner: ChangeCaptioner, pairs: Sequence[ChangePair], ski
             error = json.loads(line).get("error")
             failed += error is not None
             skipped += error is not None and error.startswith("skipped: ")  # a reader's documented, counted skip
-    write_folder_report(html_path, out, report_dir, title=f"Change captions — {name}",
-                        summary={"checkpoint": str(captioner.run.model_dir), "pairs": source,
-                                 "captions": str(out)}, limit=report_limit)
+    write_folder_report(
+        html_path,
+        out,
+        report_dir,
+        title=f"Change captions — {name}",
+        summary={"checkpoint": str(captioner.run.model_dir), "pairs": source, "captions": str(out)},
+        limit=report_limit,
+    )
     rate = f" ({len(pending) / seconds:.1f} pairs/s)" if pending and seconds > 0 else ""
-    print(f"captioned {totals['pairs'] - failed} pair(s), {failed} not captioned; {len(pending)} this run"
-          f"{f' ({retried} retried)' if retried else ''}{rate}; "
-          f"{out}; report {html_path}")
+    print(
+        f"captioned {totals['pairs'] - failed} pair(s), {failed} not captioned; {len(pending)} this run"
+        f"{f' ({retried} retried)' if retried else ''}{rate}; "
+        f"{out}; report {html_path}"
+    )
     if failed:
         with open(out, encoding="utf-8") as handle:
             notes = list(itertools.islice((row for row in map(json.loads, handle) if row.get("error")), 5))
         for row in notes:
             print(f"note: {row['id']}: {row['error']}", file=sys.stderr)
     # docs/errors.md: 1 = done, but some pairs failed; they are listed
-    return CaptionSummary(1 if failed > skipped else 0, out, html_path, pairs=totals["pairs"],
-                          captioned=totals["pairs"] - failed, failed=failed, skipped=skipped,
-                          this_run=len(pending), retried=retried)
+    return CaptionSummary(
+        1 if failed > skipped else 0,
+        out,
+        html_path,
+        pairs=totals["pairs"],
+        captioned=totals["pairs"] - failed,
+        failed=failed,
+        skipped=skipped,
+        this_run=len(pending),
+        retried=retried,
+    )

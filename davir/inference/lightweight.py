@@ -53,13 +53,17 @@ def load_lightweight(model_dir: str | Path, device: str | torch.device | None = 
     model = load_lightweight_model(model_dir / info.get("weights", "model.safetensors"), device=device).eval()
     vocab = Vocabulary.load(model_dir / info.get("vocabulary", "vocab.json"))
     if len(vocab) != model.config.vocab_size:
-        raise DataError(f"{model_dir}: vocab.json has {len(vocab)} words but the model was built for {model.config.vocab_size}")
+        raise DataError(
+            f"{model_dir}: vocab.json has {len(vocab)} words but the model was built for {model.config.vocab_size}"
+        )
     bundle = LightweightBundle(model, vocab, info, model_dir)
     if info.get("entity_phrases"):
         phrases = read_json(model_dir / info["entity_phrases"])
         if not isinstance(phrases, list) or not all(isinstance(phrase, str) for phrase in phrases):
-            raise DataError(f"{model_dir / info['entity_phrases']}: expected a JSON list of entity phrases "
-                            f"(named by key 'entity_phrases' of {config_path})")
+            raise DataError(
+                f"{model_dir / info['entity_phrases']}: expected a JSON list of entity phrases "
+                f"(named by key 'entity_phrases' of {config_path})"
+            )
         bundle.entity_phrases = list(phrases)
         bundle.entity_index = {phrase: i for i, phrase in enumerate(phrases)}
     return bundle

@@ -10,8 +10,9 @@ must load the pair's images for them.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import cv2
 import numpy as np
@@ -34,8 +35,9 @@ class EntitySource(Protocol):
     needs_masks: bool
     cache_dir: Path
 
-    def __call__(self, pair_id: str, before: np.ndarray | None, after: np.ndarray | None, masks, k: int
-                 ) -> list[tuple[str, float]]: ...
+    def __call__(
+        self, pair_id: str, before: np.ndarray | None, after: np.ndarray | None, masks, k: int
+    ) -> list[tuple[str, float]]: ...
 
 
 class CachedEntities:
@@ -77,8 +79,10 @@ class CachedFeatures:
     def __init__(self, cache, *, trained_with: str | None = None):
         used = cache.manifest.get("weights")
         if trained_with and used != trained_with:
-            raise DataError(f"feature cache {cache.root} was made with backbone {used!r}, the model was trained on "
-                            f"{trained_with!r} features")
+            raise DataError(
+                f"feature cache {cache.root} was made with backbone {used!r}, the model was trained on "
+                f"{trained_with!r} features"
+            )
         self.cache = cache
 
     def inputs(self, pair: ChangePair, before=None, after=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,17 +99,30 @@ class OnlineFeatures:
     `read_files`: each image is read from the pair's files and resized alone (evaluate.py on a split without a
     feature cache) instead of taking the images the captioner loaded (caption.py: its size policy applied)."""
 
-    def __init__(self, weights: str | Path | None, *, trained_with: str | None = None,
-                 device: str | torch.device = "cpu", read_files: bool = False):
+    def __init__(
+        self,
+        weights: str | Path | None,
+        *,
+        trained_with: str | None = None,
+        device: str | torch.device = "cpu",
+        read_files: bool = False,
+    ):
         from davir.preprocessing.backbone import IMAGENET_STD, build_backbone, file_sha256, shipped_backbone_matching
 
         match = _RANDOM_INIT.match(str(trained_with or ""))
         if weights is None and match is None:
             weights = shipped_backbone_matching(trained_with)  # the demo's: found, and checked by its hash
             if weights is None:
-                raise DataError("the model was trained on features of the backbone "
-                                f"{trained_with!r}: give that weights file with --backbone-weights")
-        elif weights is not None and trained_with and not match and f"sha256:{file_sha256(Path(weights))}" != trained_with:
+                raise DataError(
+                    "the model was trained on features of the backbone "
+                    f"{trained_with!r}: give that weights file with --backbone-weights"
+                )
+        elif (
+            weights is not None
+            and trained_with
+            and not match
+            and f"sha256:{file_sha256(Path(weights))}" != trained_with
+        ):
             raise DataError(f"{weights} is not the backbone the model was trained on ({trained_with})")
         self.device = torch.device(device)
         self.std = IMAGENET_STD
@@ -123,8 +140,12 @@ class OnlineFeatures:
 
         if self.read_files:
             return np.stack([load_resized(Path(path), record=pair.pair_id) for path in (pair.before, pair.after)])
-        return np.stack([cv2.resize(np.asarray(image), (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_CUBIC)
-                         for image in (before, after)])
+        return np.stack(
+            [
+                cv2.resize(np.asarray(image), (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_CUBIC)
+                for image in (before, after)
+            ]
+        )
 
     @torch.no_grad()
     def batch(self, inputs: list[np.ndarray], device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,10 +24,14 @@ VLLM_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm")
 def check_vllm_available() -> None:
     """A DataError naming what is missing: the vllm package, or a CUDA GPU."""
     if importlib.util.find_spec("vllm") is None:
-        raise DataError("--engine vllm: vLLM is not installed here (pip install vllm, on a machine with a CUDA GPU); "
-                        "the default engine (--engine transformers) captions on any device")
+        raise DataError(
+            "--engine vllm: vLLM is not installed here (pip install vllm, on a machine with a CUDA GPU); "
+            "the default engine (--engine transformers) captions on any device"
+        )
     if not torch.cuda.is_available():
-        raise DataError("--engine vllm needs a CUDA GPU, and none is visible; use --engine transformers on this machine")
+        raise DataError(
+            "--engine vllm needs a CUDA GPU, and none is visible; use --engine transformers on this machine"
+        )
 
 
 class VllmEngine:
@@ -43,21 +47,27 @@ class VllmEngine:
         self.num_entities = config.epc.num_entities
 
     @classmethod
-    def load(cls, run: RunPaths, *, num_beams: int | None = None) -> "VllmEngine":
+    def load(cls, run: RunPaths, *, num_beams: int | None = None) -> VllmEngine:
         from davir.export.layout import is_export, read_export_info
         from davir.models.families import get_family
         from davir.models.vlm.checkpoint import read_davir_config
 
         folder = Path(run.model_dir)
         if not is_export(folder) or read_export_info(folder)["weights"] != "merged":
-            raise DataError(f"--engine vllm serves a merged export: {folder} is not one (write it with "
-                            "`davir-export --checkpoint RUN --out DIR --merge`, then caption.py --checkpoint DIR)")
+            raise DataError(
+                f"--engine vllm serves a merged export: {folder} is not one (write it with "
+                "`davir-export --checkpoint RUN --out DIR --merge`, then caption.py --checkpoint DIR)"
+            )
         config = read_davir_config(folder)
         if config.family not in VLLM_FAMILIES:
-            raise DataError(f"--engine vllm: model.family={config.family} is not served by vLLM (it serves "
-                            f"{', '.join(VLLM_FAMILIES)}); use --engine transformers")
+            raise DataError(
+                f"--engine vllm: model.family={config.family} is not served by vLLM (it serves "
+                f"{', '.join(VLLM_FAMILIES)}); use --engine transformers"
+            )
         if num_beams not in (None, 1):
-            raise DataError("--engine vllm decodes greedily: pass --num-beams 1, or use --engine transformers for beams")
+            raise DataError(
+                "--engine vllm decodes greedily: pass --num-beams 1, or use --engine transformers for beams"
+            )
         check_vllm_available()
         from vllm import LLM
 
@@ -71,11 +81,14 @@ class VllmEngine:
 
     def inputs(self, pair: ChangePair, before: Image.Image, after: Image.Image, entities: list[str]):
         side = (self.image_size, self.image_size)
-        return (before.convert("RGB").resize(side, Image.Resampling.BICUBIC),
-                after.convert("RGB").resize(side, Image.Resampling.BICUBIC))
+        return (
+            before.convert("RGB").resize(side, Image.Resampling.BICUBIC),
+            after.convert("RGB").resize(side, Image.Resampling.BICUBIC),
+        )
 
-    def generate(self, inputs: list, entities: list[list[str]], *, num_beams: int, max_new_tokens: int,
-                 attention: bool) -> tuple[list[str], list | None]:
+    def generate(
+        self, inputs: list, entities: list[list[str]], *, num_beams: int, max_new_tokens: int, attention: bool
+    ) -> tuple[list[str], list | None]:
         from vllm import SamplingParams
 
         from davir.models.vlm.epc import entity_prompts
@@ -83,8 +96,9 @@ class VllmEngine:
         prompts = entity_prompts(self.config.epc, entities if self.uses_entities else None, batch_size=len(inputs))
         requests = []
         for (before, after), prompt in zip(inputs, prompts):
-            messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
-                                                     {"type": "text", "text": prompt}]}]
+            messages = [
+                {"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": prompt}]}
+            ]
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             requests.append({"prompt": text, "multi_modal_data": {"image": [before, after]}})
         settings = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=[self.end_token_id])

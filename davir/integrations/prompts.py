@@ -14,8 +14,9 @@ from davir.data.records import ChangePair
 from davir.models.vlm.epc import EpcConfig, entity_prompts
 
 
-def epc_prompt_for(entities: str | Path | None = None, epc: EpcConfig | None = None
-                   ) -> Callable[[ChangePair | str], str]:
+def epc_prompt_for(
+    entities: str | Path | None = None, epc: EpcConfig | None = None
+) -> Callable[[ChangePair | str], str]:
     """pair (or pair id) → its prompt: the base prompt alone without a cache, else with the pair's top
     ``epc.num_entities`` entities (a pair missing from the cache is a DataError naming the command to run)."""
     epc = epc or EpcConfig()

@@ -85,8 +85,10 @@ def open_mask_cache(path: str | Path) -> MaskCache:
         raise DataError(f"masks={str(path)!r}: no such folder; FAC reads a davir mask cache (`{MASKS_COMMAND}`)")
     cache = MaskCache(path)
     if not cache.folder.is_dir() and not (path / "manifest.json").is_file():
-        raise DataError(f"masks={str(path)!r}: not a davir mask cache (no masks/ folder or manifest.json); make one "
-                        f"with `{MASKS_COMMAND}`")
+        raise DataError(
+            f"masks={str(path)!r}: not a davir mask cache (no masks/ folder or manifest.json); make one "
+            f"with `{MASKS_COMMAND}`"
+        )
     return cache
 
 
@@ -123,9 +125,17 @@ class DavirFacCollator:
     ``messages`` example is passed on as prompt + completion; with ``end_token_id`` (completion-only loss) the
     labels stop at the caption's end of turn."""
 
-    def __init__(self, collator, *, image_size: int, masks: str | Path | None = None,
-                 entities: str | Path | None = None, epc: EpcConfig | None = None, id_key: str = "id",
-                 end_token_id: int | None = None) -> None:
+    def __init__(
+        self,
+        collator,
+        *,
+        image_size: int,
+        masks: str | Path | None = None,
+        entities: str | Path | None = None,
+        epc: EpcConfig | None = None,
+        id_key: str = "id",
+        end_token_id: int | None = None,
+    ) -> None:
         self.collator = collator
         self.end_token_id = end_token_id
         self.image_size = image_size
@@ -139,9 +149,11 @@ class DavirFacCollator:
         for example in examples:
             example = dict(example)
             if self.id_key not in example:
-                raise DataError(f"a training example has no {self.id_key!r} column (the pair id FAC and EPC read): "
-                                "export the dataset with `python -m davir.data export --to trl`, and keep the "
-                                "column (SFTConfig(remove_unused_columns=False) or DavirSFTTrainer)")
+                raise DataError(
+                    f"a training example has no {self.id_key!r} column (the pair id FAC and EPC read): "
+                    "export the dataset with `python -m davir.data export --to trl`, and keep the "
+                    "column (SFTConfig(remove_unused_columns=False) or DavirSFTTrainer)"
+                )
             ids.append(str(example.pop(self.id_key)))
             images = example.get("images")
             if not isinstance(images, list) or len(images) != 2:
@@ -203,8 +215,10 @@ class DavirSFTTrainer(SFTTrainer):
         self.davir = davir or DavirTrlSettings()
         self.family = get_family(self.davir.family)
         if not isinstance(self.family, ChatFamily):
-            raise ValueError(f"model family {self.davir.family!r} is not a chat model; TRL's SFTTrainer trains the "
-                             "chat families (qwen2_5_vl, llava_onevision, smolvlm)")
+            raise ValueError(
+                f"model family {self.davir.family!r} is not a chat model; TRL's SFTTrainer trains the "
+                "chat families (qwen2_5_vl, llava_onevision, smolvlm)"
+            )
         super().__init__(*args, **kwargs)
         core = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         # the family's S for a pretrained folder (or davir.image_size), checked against the model's patch grid
@@ -212,13 +226,21 @@ class DavirSFTTrainer(SFTTrainer):
         self.image_size = self.family.input_size(probe, core.config)
         self.patch_grid = self.family.patch_grid(self.image_size, core.config)
         end = None
-        if isinstance(self.data_collator, DataCollatorForVisionLanguageModeling) \
-                and self.args.completion_only_loss is not False:
+        if (
+            isinstance(self.data_collator, DataCollatorForVisionLanguageModeling)
+            and self.args.completion_only_loss is not False
+        ):
             self.data_collator.completion_only_loss = True  # a `messages` dataset arrives as prompt + completion
             end = self.processing_class.tokenizer.convert_tokens_to_ids(self.family.end_of_turn)
-        self.data_collator = DavirFacCollator(self.data_collator, image_size=self.image_size, masks=self.davir.masks,
-                                              entities=self.davir.entities, epc=self.davir.epc,
-                                              id_key=self.davir.id_key, end_token_id=end)
+        self.data_collator = DavirFacCollator(
+            self.data_collator,
+            image_size=self.image_size,
+            masks=self.davir.masks,
+            entities=self.davir.entities,
+            epc=self.davir.epc,
+            id_key=self.davir.id_key,
+            end_token_id=end,
+        )
         self.fac_coverage = self._check_coverage()
         self._captured: list[Any] = []
         self.attention_hook = self.family.attention_hook(core).attach()  # after PEFT: sees the LoRA projections
@@ -229,19 +251,28 @@ class DavirSFTTrainer(SFTTrainer):
         dataset); some lack one: a warning with the count (they train without FAC's term)."""
         cache = self.data_collator.masks
         dataset = self.train_dataset
-        if cache is None or self.davir.fac.lambda_attn <= 0 or self.davir.id_key not in (
-                getattr(dataset, "column_names", None) or ()):
+        if (
+            cache is None
+            or self.davir.fac.lambda_attn <= 0
+            or self.davir.id_key not in (getattr(dataset, "column_names", None) or ())
+        ):
             return None
         coverage = mask_coverage(cache, dataset[self.davir.id_key])
         where = f"the mask cache {cache.root}"
         if coverage["pairs"] and not coverage["with_masks"]:
-            raise DataError(f"masks={str(cache.root)!r}: none of the {coverage['pairs']} training pairs has a change "
-                            f"mask in it (first id {coverage['missing'][0]!r}): another dataset's cache? Make it with "
-                            f"`{MASKS_COMMAND}` for this dataset")
+            raise DataError(
+                f"masks={str(cache.root)!r}: none of the {coverage['pairs']} training pairs has a change "
+                f"mask in it (first id {coverage['missing'][0]!r}): another dataset's cache? Make it with "
+                f"`{MASKS_COMMAND}` for this dataset"
+            )
         if coverage["missing"]:
-            log.warning("FAC: %d of %d training pairs have no change mask in %s and train without FAC's term "
-                        "(first: %s)", len(coverage["missing"]), coverage["pairs"], where,
-                        ", ".join(coverage["missing"][:5]))
+            log.warning(
+                "FAC: %d of %d training pairs have no change mask in %s and train without FAC's term (first: %s)",
+                len(coverage["missing"]),
+                coverage["pairs"],
+                where,
+                ", ".join(coverage["missing"][:5]),
+            )
         return coverage
 
     def _keep_attention(self, module, inputs, output) -> None:
@@ -257,8 +288,9 @@ class DavirSFTTrainer(SFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         masks = [inputs.pop(key, None) for key in MASK_KEYS]
         self._captured.clear()
-        result = super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                      num_items_in_batch=num_items_in_batch)
+        result = super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
         fac = self.davir.fac
         if masks[0] is None or fac.lambda_attn <= 0:
             return result
@@ -268,8 +300,10 @@ class DavirSFTTrainer(SFTTrainer):
         pairs = masks[0].shape[0]
         maps = self.family.attention_maps(self._captured[0], 2 * pairs, self.patch_grid)
         if torch.is_grad_enabled() and self.model.training and not maps.requires_grad:
-            raise RuntimeError("FAC's attention map has no gradient: the vision layer ran without autograd (reentrant "
-                               "gradient checkpointing?); use gradient_checkpointing_kwargs={'use_reentrant': False}")
+            raise RuntimeError(
+                "FAC's attention map has no gradient: the vision layer ran without autograd (reentrant "
+                "gradient checkpointing?); use gradient_checkpointing_kwargs={'use_reentrant': False}"
+            )
         attn = fac_attention_loss(maps[0::2], maps[1::2], masks[0], masks[1], masks[2], fac)
         attn_loss = attn.loss
         if num_items_in_batch is not None:  # TRL's loss is a share of the accumulated batch: so is this term

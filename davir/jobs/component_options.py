@@ -33,11 +33,21 @@ def add_component_arguments(registry: ComponentRegistry, parser: argparse.Argume
             kind = meta["type"] or (type(f.default) if f.default not in (None, dataclasses.MISSING) else str)
             kind = _bool if kind is bool else kind
             default = "" if f.default in (None, dataclasses.MISSING) else f" (default: {f.default})"
-            group.add_argument(meta["flag"], dest=dest, type=kind, choices=choices, default=None,
-                               help=f"{meta['help']}{default}".strip())
+            group.add_argument(
+                meta["flag"],
+                dest=dest,
+                type=kind,
+                choices=choices,
+                default=None,
+                help=f"{meta['help']}{default}".strip(),
+            )
         if entry.weights:
-            group.add_argument(entry.weights.flag, dest=entry.weights.dest, default=None,
-                               help=f"local weights file ({entry.weights.what}); never downloaded")
+            group.add_argument(
+                entry.weights.flag,
+                dest=entry.weights.dest,
+                default=None,
+                help=f"local weights file ({entry.weights.what}); never downloaded",
+            )
 
 
 def check_component_options(registry: ComponentRegistry, name: str, args: argparse.Namespace) -> None:
@@ -48,9 +58,11 @@ def check_component_options(registry: ComponentRegistry, name: str, args: argpar
             continue
         for flag, dest in registry[other].flags():
             if getattr(args, dest, None) is not None:
-                raise DataError(f"{flag} is an option of {registry.kind} {other!r}, but this run uses {registry.kind} "
-                                f"{name!r} ({registry.selector} or the profile's): drop {flag}, or pass "
-                                f"{registry.selector} {other}")
+                raise DataError(
+                    f"{flag} is an option of {registry.kind} {other!r}, but this run uses {registry.kind} "
+                    f"{name!r} ({registry.selector} or the profile's): drop {flag}, or pass "
+                    f"{registry.selector} {other}"
+                )
 
 
 def component_settings(registry: ComponentRegistry, name: str, args: argparse.Namespace) -> Any:

@@ -57,85 +57,163 @@ from davir.data import read_dataset
 from davir.data.caches import EntityCache
 from davir.data.images import load_pair
 from davir.errors import DataError, check_output_dir
-from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
-from davir.text.extractors import BACKENDS
-from davir.preprocessing.profiles import (PROFILE_NAMES, TOOLKIT, entity_options, entity_profile, image_entity_options,
-                                         profile_deviations)
-from davir.preprocessing.retrievers import (
-    IMAGE_SCORES, MASK_SOURCES, MASK_WEIGHTINGS, RETRIEVERS, EntityGate, retrieve_image_level, retrieve_top_k,
+from davir.jobs.component_options import (
+    add_component_arguments,
+    check_component_options,
+    component_checkpoint,
+    component_settings,
 )
-from davir.runtime.signals import stop_on_signals
-from davir.jobs.component_options import (add_component_arguments, check_component_options, component_checkpoint,
-                                          component_settings)
 from davir.jobs.entity_fit import (  # noqa: F401 - GroundTruthMasks, SubjectExtractor: entities.X for callers
-    FITTED_INPUT, GroundTruthMasks, SubjectExtractor, fit_shared_parts, load_or_build_vocabulary, load_pair_regions,
+    FITTED_INPUT,
+    GroundTruthMasks,
+    SubjectExtractor,
+    fit_shared_parts,
+    load_or_build_vocabulary,
+    load_pair_regions,
     open_mask_source,
 )
 from davir.jobs.processes import ProcessLayout, process_layout
+from davir.preprocessing.profiles import (
+    PROFILE_NAMES,
+    TOOLKIT,
+    entity_options,
+    entity_profile,
+    image_entity_options,
+    profile_deviations,
+)
+from davir.preprocessing.retrievers import (
+    IMAGE_SCORES,
+    MASK_SOURCES,
+    MASK_WEIGHTINGS,
+    RETRIEVERS,
+    EntityGate,
+    retrieve_image_level,
+    retrieve_top_k,
+)
+from davir.runtime.locks import output_lock, shard_job
+from davir.runtime.signals import stop_on_signals
+from davir.text.extractors import BACKENDS
 
 ENTITY_GATES = ("fitted", "none")
-REGION, IMAGE = "region", "image"  # settings["retrieval"]: DAVIR's masked regions (Eq. 9) or CHEER's whole frames (§4.8)
+REGION, IMAGE = (
+    "region",
+    "image",
+)  # settings["retrieval"]: DAVIR's masked regions (Eq. 9) or CHEER's whole frames (§4.8)
 
 
 # ---------------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m preprocess entities", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocess entities", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--format", required=True, help="dataset format (davir.data.FORMATS)")
     parser.add_argument("--root", required=True, help="dataset root folder")
     parser.add_argument("--split", required=True, help="split whose pairs get entities")
-    parser.add_argument("--masks", default=None,
-                        help="MaskCache folder, or 'gt' for the dataset's ground-truth masks (required unless --image-level)")
+    parser.add_argument(
+        "--masks",
+        default=None,
+        help="MaskCache folder, or 'gt' for the dataset's ground-truth masks (required unless --image-level)",
+    )
     parser.add_argument("--out", required=True, help="entity cache folder (vocab.json, retriever/, entities/)")
-    parser.add_argument("--fit-masks", default=None,
-                        help="masks for fitting the fitted retriever on --fit-split (default: --masks), e.g. 'gt'")
-    parser.add_argument("--fit-limit", type=int, default=None,
-                        help="fit the fitted retriever on the first N pairs of --fit-split only (the vocabulary "
-                             "still uses all its captions)")
-    parser.add_argument("--profile", choices=PROFILE_NAMES, default=TOOLKIT,
-                        help="paper: CLIP scores the crops of both images by the one after-image mask M^ (soft, "
-                             "Eq. 8), no entity gate — DAVIR as written; toolkit (default): the fitted retriever, "
-                             "each image's own binary mask, the entity gate [D]. Explicit flags override single "
-                             "settings (the cache then records profile 'custom').")
-    parser.add_argument("--retriever", choices=list(RETRIEVERS), default=None,
-                        help="default: the profile's (davir.preprocessing.retrievers.RETRIEVERS; each one's own "
-                             "options below)")
-    parser.add_argument("--fit-split", default="train", help="split whose captions (and regions) fit the vocabulary/retriever")
-    parser.add_argument("--top-k", type=int, default=5,
-                        help="entities stored per pair (DAVIR uses the first k=1; CHEER K=3: --top-k 3)")
-    parser.add_argument("--image-level", action="store_true",
-                        help="CHEER §4.8: rank entities by whole-frame similarities of the before and after image, "
-                             "no masks")
-    parser.add_argument("--image-score", choices=IMAGE_SCORES, default=None,
-                        help="with --image-level: bef_minus_aft = S_bef − S_aft (CHEER Eq. 1 as written; the default "
-                             "with --profile paper); abs = |S_bef − S_aft| ([D], the default otherwise)")
+    parser.add_argument(
+        "--fit-masks",
+        default=None,
+        help="masks for fitting the fitted retriever on --fit-split (default: --masks), e.g. 'gt'",
+    )
+    parser.add_argument(
+        "--fit-limit",
+        type=int,
+        default=None,
+        help="fit the fitted retriever on the first N pairs of --fit-split only (the vocabulary "
+        "still uses all its captions)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=PROFILE_NAMES,
+        default=TOOLKIT,
+        help="paper: CLIP scores the crops of both images by the one after-image mask M^ (soft, "
+        "Eq. 8), no entity gate — DAVIR as written; toolkit (default): the fitted retriever, "
+        "each image's own binary mask, the entity gate [D]. Explicit flags override single "
+        "settings (the cache then records profile 'custom').",
+    )
+    parser.add_argument(
+        "--retriever",
+        choices=list(RETRIEVERS),
+        default=None,
+        help="default: the profile's (davir.preprocessing.retrievers.RETRIEVERS; each one's own options below)",
+    )
+    parser.add_argument(
+        "--fit-split", default="train", help="split whose captions (and regions) fit the vocabulary/retriever"
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=5, help="entities stored per pair (DAVIR uses the first k=1; CHEER K=3: --top-k 3)"
+    )
+    parser.add_argument(
+        "--image-level",
+        action="store_true",
+        help="CHEER §4.8: rank entities by whole-frame similarities of the before and after image, no masks",
+    )
+    parser.add_argument(
+        "--image-score",
+        choices=IMAGE_SCORES,
+        default=None,
+        help="with --image-level: bef_minus_aft = S_bef − S_aft (CHEER Eq. 1 as written; the default "
+        "with --profile paper); abs = |S_bef − S_aft| ([D], the default otherwise)",
+    )
     parser.add_argument("--vocab-min-count", type=int, default=2)
-    parser.add_argument("--phrase-backend", choices=BACKENDS, default="auto",
-                        help="how captions are chunked into phrases: auto = wordnet (the WordNet lists shipped with "
-                             "davir, the same on every machine), rules (fitted on the captions), spacy (when installed)")
-    parser.add_argument("--mask-source", choices=MASK_SOURCES, default=None,
-                        help="per_image: each image's own mask (union where missing/empty); union: one mask for both")
-    parser.add_argument("--mask-weighting", choices=MASK_WEIGHTINGS, default=None,
-                        help="binary: I ⊙ M at full resolution; soft: I ⊙ upsampled M^ of Eq. 6")
+    parser.add_argument(
+        "--phrase-backend",
+        choices=BACKENDS,
+        default="auto",
+        help="how captions are chunked into phrases: auto = wordnet (the WordNet lists shipped with "
+        "davir, the same on every machine), rules (fitted on the captions), spacy (when installed)",
+    )
+    parser.add_argument(
+        "--mask-source",
+        choices=MASK_SOURCES,
+        default=None,
+        help="per_image: each image's own mask (union where missing/empty); union: one mask for both",
+    )
+    parser.add_argument(
+        "--mask-weighting",
+        choices=MASK_WEIGHTINGS,
+        default=None,
+        help="binary: I ⊙ M at full resolution; soft: I ⊙ upsampled M^ of Eq. 6",
+    )
     parser.add_argument("--pad", type=float, default=0.1, help="crop box padding, share of the mask box")
-    parser.add_argument("--entity-gate", choices=ENTITY_GATES, default=None,
-                        help="region level: 'fitted' (default [D]) withholds the entities of a pair whose change "
-                             "region names nothing, by a gate fitted on --fit-split (davir.preprocessing.retrievers."
-                             "EntityGate); 'none' retrieves for every pair with a region, as Eq. 9 does")
-    parser.add_argument("--gate-threshold", type=float, default=0.5,
-                        help="keep a pair's entities when the gate's P(it names an entity) is at least this")
-    parser.add_argument("--device", default=None,
-                        help="device of a retriever with a model, e.g. CLIP (default: cuda when available; under "
-                             "accelerate launch the process's own)")
+    parser.add_argument(
+        "--entity-gate",
+        choices=ENTITY_GATES,
+        default=None,
+        help="region level: 'fitted' (default [D]) withholds the entities of a pair whose change "
+        "region names nothing, by a gate fitted on --fit-split (davir.preprocessing.retrievers."
+        "EntityGate); 'none' retrieves for every pair with a region, as Eq. 9 does",
+    )
+    parser.add_argument(
+        "--gate-threshold",
+        type=float,
+        default=0.5,
+        help="keep a pair's entities when the gate's P(it names an entity) is at least this",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="device of a retriever with a model, e.g. CLIP (default: cuda when available; under "
+        "accelerate launch the process's own)",
+    )
     parser.add_argument("--chunk-size", type=int, default=256, help="pairs per entity part file")
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of --split")
     parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--wait-lock", action="store_true",
-                        help="when another run writes the same cache (shard), wait for it instead of stopping")
+    parser.add_argument(
+        "--wait-lock",
+        action="store_true",
+        help="when another run writes the same cache (shard), wait for it instead of stopping",
+    )
     add_component_arguments(RETRIEVERS, parser)  # an option of another retriever than the one in use is refused
     return parser
 
@@ -161,8 +239,11 @@ def apply_profile(args: argparse.Namespace) -> dict:
     if args.image_level:
         args.mask_source = args.mask_source or "per_image"
         args.mask_weighting = args.mask_weighting or "binary"
-        return {key: (image_options[key], value) for key, value in {**chosen, "retriever": args.retriever}.items()
-                if key in image_options and value != image_options[key]}
+        return {
+            key: (image_options[key], value)
+            for key, value in {**chosen, "retriever": args.retriever}.items()
+            if key in image_options and value != image_options[key]
+        }
     return profile_deviations("entities", args.profile, {**chosen, "retriever": args.retriever})
 
 
@@ -172,15 +253,20 @@ def check_mode_arguments(args: argparse.Namespace) -> None:
         raise DataError(f"--gate-threshold must lie in [0, 1], got {args.gate_threshold}")
     if args.image_level:
         if args.masks is not None or args.fit_masks is not None:
-            raise DataError("--image-level retrieves from whole frames and uses no masks; drop --masks/--fit-masks "
-                            "(or drop --image-level for DAVIR's region-level retrieval)")
+            raise DataError(
+                "--image-level retrieves from whole frames and uses no masks; drop --masks/--fit-masks "
+                "(or drop --image-level for DAVIR's region-level retrieval)"
+            )
         if args.entity_gate == "fitted":
-            raise DataError("--entity-gate gates change regions; --image-level has none (CHEER gives every pair "
-                            "its top-K entities)")
+            raise DataError(
+                "--entity-gate gates change regions; --image-level has none (CHEER gives every pair its top-K entities)"
+            )
     else:
         if args.masks is None:
-            raise DataError("--masks is required for region-level retrieval (a MaskCache folder from `python -m "
-                            "preprocess masks --out …`, or 'gt'); pass --image-level for CHEER's mask-free retrieval")
+            raise DataError(
+                "--masks is required for region-level retrieval (a MaskCache folder from `python -m "
+                "preprocess masks --out …`, or 'gt'); pass --image-level for CHEER's mask-free retrieval"
+            )
         if args.image_score is not None:
             raise DataError("--image-score applies only with --image-level")
 
@@ -197,15 +283,25 @@ def run_settings(args: argparse.Namespace) -> dict:
     settings carry the mask keys, so the two kinds never compare equal.
     """
     settings = {
-        "format": args.format, "fit_split": args.fit_split, "retriever": args.retriever, "top_k": args.top_k,
-        "vocab_min_count": args.vocab_min_count, "phrase_backend": args.phrase_backend,
+        "format": args.format,
+        "fit_split": args.fit_split,
+        "retriever": args.retriever,
+        "top_k": args.top_k,
+        "vocab_min_count": args.vocab_min_count,
+        "phrase_backend": args.phrase_backend,
     }
     if args.image_level:
         settings.update(retrieval=IMAGE, image_score=args.image_score)  # set by apply_profile
     else:
-        settings.update(retrieval=REGION, masks=args.masks, mask_source=args.mask_source,
-                        mask_weighting=args.mask_weighting, pad=args.pad, empty_masks="no_entity",
-                        entity_gate=entity_gate(args))
+        settings.update(
+            retrieval=REGION,
+            masks=args.masks,
+            mask_source=args.mask_source,
+            mask_weighting=args.mask_weighting,
+            pad=args.pad,
+            empty_masks="no_entity",
+            entity_gate=entity_gate(args),
+        )
         if settings["entity_gate"] == "fitted":
             settings["gate_threshold"] = args.gate_threshold
     entry = RETRIEVERS[args.retriever]
@@ -214,8 +310,10 @@ def run_settings(args: argparse.Namespace) -> dict:
         own[entry.weights.key] = component_checkpoint(RETRIEVERS, args.retriever, args)
     clashes = sorted(set(own) & set(settings))
     if clashes:
-        raise ValueError(f"retriever {args.retriever!r}: settings {clashes} clash with the job's; prefix them with "
-                         "the retriever's name")
+        raise ValueError(
+            f"retriever {args.retriever!r}: settings {clashes} clash with the job's; prefix them with "
+            "the retriever's name"
+        )
     settings.update(own)
     if entry.declared.get("fit") or settings.get("entity_gate") == "fitted":  # what the fitted parts see
         settings["fit_limit"] = args.fit_limit
@@ -255,15 +353,23 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     fitted_here = entry.declared.get("fit") is not None  # fitted on the fit split below, then loaded from its folder
 
     def build_retriever():
-        return entry.build(component_settings(RETRIEVERS, args.retriever, args),
-                           checkpoint=component_checkpoint(RETRIEVERS, args.retriever, args),
-                           device=args.device or layout.device, folder=retriever_folder)
+        return entry.build(
+            component_settings(RETRIEVERS, args.retriever, args),
+            checkpoint=component_checkpoint(RETRIEVERS, args.retriever, args),
+            device=args.device or layout.device,
+            folder=retriever_folder,
+        )
 
     if not fitted_here:  # first, so a missing checkpoint is reported before any fitting
         retriever = build_retriever()
     layout.main_first(lambda: fit_shared_parts(args, out, fit_index, masks, settings, manifest, region_options))
-    vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
-                                                     backend=args.phrase_backend, subjects=args.image_level)
+    vocabulary, extractor = load_or_build_vocabulary(
+        out / "vocab.json",
+        fit_index,
+        min_count=args.vocab_min_count,
+        backend=args.phrase_backend,
+        subjects=args.image_level,
+    )
     gate = EntityGate.load(gate_folder) if settings.get("entity_gate") == "fitted" else None
     if gate is not None and gate.threshold != args.gate_threshold:
         raise DataError(f"{gate_folder} holds an entity gate with threshold {gate.threshold}; use another --out")
@@ -271,8 +377,10 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
         retriever = build_retriever()
         fitted_on = getattr(retriever, "training", {}).get("input", FITTED_INPUT[False])
         if fitted_on != FITTED_INPUT[args.image_level]:
-            raise DataError(f"{retriever_folder} holds a {args.retriever} retriever fitted on {fitted_on}, not on "
-                            f"{FITTED_INPUT[args.image_level]}; use another --out")
+            raise DataError(
+                f"{retriever_folder} holds a {args.retriever} retriever fitted on {fitted_on}, not on "
+                f"{FITTED_INPUT[args.image_level]}; use another --out"
+            )
     retriever.prepare(vocabulary.phrases)
 
     cache = EntityCache(out)
@@ -287,31 +395,45 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), desc=f"entities ({args.split})" + (f" {layout.describe()}" if layout.count > 1
-                                                                      else ""), file=sys.stderr)
+        bar = tqdm(
+            total=len(todo),
+            desc=f"entities ({args.split})" + (f" {layout.describe()}" if layout.count > 1 else ""),
+            file=sys.stderr,
+        )
     for start in range(0, len(todo), args.chunk_size):
-        chunk = todo[start:start + args.chunk_size]
+        chunk = todo[start : start + args.chunk_size]
         if args.image_level:
             frames = [tuple(np.asarray(image) for image in load_pair(pair)) for pair in chunk]
-            retrieved = retrieve_image_level(retriever, frames, vocabulary.phrases, args.top_k,
-                                             settings["image_score"])
+            retrieved = retrieve_image_level(retriever, frames, vocabulary.phrases, args.top_k, settings["image_score"])
         else:
             regions = [load_pair_regions(pair, masks, **region_options) for pair in chunk]
             retrieved = retrieve_top_k(retriever, regions, vocabulary.phrases, args.top_k, gate=gate)
-            withheld += sum(1 for pair, found in zip(regions, retrieved)
-                            if not found and not (pair.before.empty and pair.after.empty))
+            withheld += sum(
+                1
+                for pair, found in zip(regions, retrieved)
+                if not found and not (pair.before.empty and pair.after.empty)
+            )
         # Part names come from the split position of the chunk's first pair, so a resumed run never
         # overwrites a part an earlier run finished, nor one process another's.
-        cache.write_part(f"{args.split}-{position[chunk[0].pair_id]:07d}",
-                         {pair.pair_id: entities for pair, entities in zip(chunk, retrieved)})
+        cache.write_part(
+            f"{args.split}-{position[chunk[0].pair_id]:07d}",
+            {pair.pair_id: entities for pair, entities in zip(chunk, retrieved)},
+        )
         if bar is not None:
             bar.update(len(chunk))
     if bar is not None:
         bar.close()
     written, withheld = (sum(values) for values in zip(*layout.gather((len(todo), withheld))))
-    summary = {"split": args.split, "pairs": len(whole), "written": written, "skipped_existing": len(whole) - written,
-               "withheld_by_gate": withheld, "vocabulary": len(vocabulary),
-               "seconds": round(time.time() - started, 1), "out": str(out)}
+    summary = {
+        "split": args.split,
+        "pairs": len(whole),
+        "written": written,
+        "skipped_existing": len(whole) - written,
+        "withheld_by_gate": withheld,
+        "vocabulary": len(vocabulary),
+        "seconds": round(time.time() - started, 1),
+        "out": str(out),
+    }
     if not layout.is_main:  # the main process writes the manifest of the whole split
         return summary
     pairs = whole
@@ -320,21 +442,29 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     table = cache.table()
     without_entity = sum(1 for pair in pairs if pair.pair_id in table and not table[pair.pair_id])
     manifest["splits"][args.split] = {
-        "root": str(Path(target.root).resolve()), "pairs": len(pairs), "with_entities": done, "written_now": written,
+        "root": str(Path(target.root).resolve()),
+        "pairs": len(pairs),
+        "with_entities": done,
+        "written_now": written,
         "without_entity": without_entity,
-        "skipped_by_reader": len(target.skipped), "status": "complete" if done == len(pairs) else "incomplete",
+        "skipped_by_reader": len(target.skipped),
+        "status": "complete" if done == len(pairs) else "incomplete",
     }
-    manifest.update({
-        "command": "python -m preprocess entities " + " ".join(argv),
-        "vocabulary": {"size": len(vocabulary), "extractor": vocabulary.extractor, "path": str(out / "vocab.json")},
-        # the word lists the phrases were read with (davir.text.lexicon; None for the rules/spaCy back-ends)
-        "lexicon": vocabulary.extractor.get("lexicon"),
-        "retriever": retriever.describe(), "entity_gate": None if gate is None else gate.describe(),
-        "mask_source": "none (image level)" if masks is None else masks.describe(),
-        # derived from the settings (davir.preprocessing.profiles), recorded for the reader
-        "profile": entity_profile(settings), "profile_requested": args.profile,
-        "profile_deviations": {k: {"profile": a, "chosen": b} for k, (a, b) in deviations.items()},
-    })
+    manifest.update(
+        {
+            "command": "python -m preprocess entities " + " ".join(argv),
+            "vocabulary": {"size": len(vocabulary), "extractor": vocabulary.extractor, "path": str(out / "vocab.json")},
+            # the word lists the phrases were read with (davir.text.lexicon; None for the rules/spaCy back-ends)
+            "lexicon": vocabulary.extractor.get("lexicon"),
+            "retriever": retriever.describe(),
+            "entity_gate": None if gate is None else gate.describe(),
+            "mask_source": "none (image level)" if masks is None else masks.describe(),
+            # derived from the settings (davir.preprocessing.profiles), recorded for the reader
+            "profile": entity_profile(settings),
+            "profile_requested": args.profile,
+            "profile_deviations": {k: {"profile": a, "chosen": b} for k, (a, b) in deviations.items()},
+        }
+    )
     write_json_atomic(manifest_path, manifest)
     return summary
 

@@ -18,8 +18,8 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from davir.data import read_dataset
 from davir.data.caches import EntityCache
@@ -38,22 +38,30 @@ def contained(phrase: str, reference: str) -> bool:
 
 def pair_hits(retrieved: Sequence[str], references: set[str], k: int) -> dict[str, bool]:
     """Exact and contained hits of the top-1 and top-k retrieved phrases."""
+
     def any_hit(candidates: Iterable[str], exact: bool) -> bool:
         return any(c in references if exact else any(contained(c, r) for r in references) for c in candidates)
 
-    return {"top1": any_hit(retrieved[:1], True), "topk": any_hit(retrieved[:k], True),
-            "top1_contained": any_hit(retrieved[:1], False), "topk_contained": any_hit(retrieved[:k], False)}
+    return {
+        "top1": any_hit(retrieved[:1], True),
+        "topk": any_hit(retrieved[:k], True),
+        "top1_contained": any_hit(retrieved[:1], False),
+        "topk_contained": any_hit(retrieved[:k], False),
+    }
 
 
-def evaluate_entities(pairs: Sequence[ChangePair], table: dict[str, list[tuple[str, float]]],
-                      extractor: PhraseExtractor, k: int = 5) -> dict:
+def evaluate_entities(
+    pairs: Sequence[ChangePair], table: dict[str, list[tuple[str, float]]], extractor: PhraseExtractor, k: int = 5
+) -> dict:
     """Top-1/top-k accuracy (exact and contained) over the pairs whose references name an entity."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     missing = [pair.pair_id for pair in pairs if pair.pair_id not in table]
     if missing:
-        raise DataError(f"{len(missing)} of {len(pairs)} pairs have no retrieved entities (first: {missing[0]!r}); "
-                        "run `python -m preprocess entities` on this split first")
+        raise DataError(
+            f"{len(missing)} of {len(pairs)} pairs have no retrieved entities (first: {missing[0]!r}); "
+            "run `python -m preprocess entities` on this split first"
+        )
     totals: dict[str, int] = defaultdict(int)
     by_type: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     skipped = {"distractor": 0, "no_reference_entity": 0}
@@ -76,13 +84,21 @@ def evaluate_entities(pairs: Sequence[ChangePair], table: dict[str, list[tuple[s
 
     def rates(counts: dict[str, int]) -> dict:
         n = counts.get("pairs", 0)
-        hit_rates = {name: (counts.get(name, 0) / n if n else None)
-                     for name in ("top1", "topk", "top1_contained", "topk_contained")}
+        hit_rates = {
+            name: (counts.get(name, 0) / n if n else None)
+            for name in ("top1", "topk", "top1_contained", "topk_contained")
+        }
         return {"pairs": n, "without_entity": counts.get("without_entity", 0), **hit_rates}
 
-    return {"k": k, "total_pairs": len(pairs), "evaluated": totals.get("pairs", 0), "skipped": skipped,
-            "distractors_with_entity": distractors_with_entity,
-            **rates(totals), "by_change_type": {name: rates(c) for name, c in sorted(by_type.items())}}
+    return {
+        "k": k,
+        "total_pairs": len(pairs),
+        "evaluated": totals.get("pairs", 0),
+        "skipped": skipped,
+        "distractors_with_entity": distractors_with_entity,
+        **rates(totals),
+        "by_change_type": {name: rates(c) for name, c in sorted(by_type.items())},
+    }
 
 
 def format_table(result: dict) -> str:
@@ -91,23 +107,30 @@ def format_table(result: dict) -> str:
     rows = [header, "-" * len(header)]
 
     def line(name: str, values: dict) -> str:
-        cells = [f"{values[m]:>8.3f}" if values[m] is not None else f"{'-':>8}"
-                 for m in ("top1", "topk", "top1_contained", "topk_contained")]
+        cells = [
+            f"{values[m]:>8.3f}" if values[m] is not None else f"{'-':>8}"
+            for m in ("top1", "topk", "top1_contained", "topk_contained")
+        ]
         return f"{name:<12}{values['pairs']:>7}" + cells[0] + cells[1] + " " + cells[2] + " " + cells[3]
 
     rows.append(line("all", result))
     if len(result["by_change_type"]) > 1:
         rows += [line(name, values) for name, values in result["by_change_type"].items()]
     rows.append(f"pairs evaluated without any entity (counted as misses): {result['without_entity']}")
-    rows.append(f"skipped: {result['skipped']['distractor']} distractor/no-change pairs "
-                f"({result['distractors_with_entity']} of them given an entity), "
-                f"{result['skipped']['no_reference_entity']} pairs whose references name no entity")
+    rows.append(
+        f"skipped: {result['skipped']['distractor']} distractor/no-change pairs "
+        f"({result['distractors_with_entity']} of them given an entity), "
+        f"{result['skipped']['no_reference_entity']} pairs whose references name no entity"
+    )
     return "\n".join(rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m preprocess entity-eval", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocess entity-eval",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--format", required=True)
     parser.add_argument("--root", required=True)
     parser.add_argument("--split", required=True)
@@ -129,8 +152,9 @@ def run(args: argparse.Namespace) -> dict:
         corpus = [caption for pair in fit for caption in pair.captions]
     extractor = get_extractor(vocabulary.extractor.get("backend", "auto"), corpus=corpus)
     result = evaluate_entities(index.pairs, EntityCache(root).table(), extractor, args.k)
-    result.update({"format": args.format, "split": args.split, "entities": str(root),
-                   "extractor": extractor.describe()})
+    result.update(
+        {"format": args.format, "split": args.split, "entities": str(root), "extractor": extractor.describe()}
+    )
     # references read with other word lists than the cache's phrases: the numbers are marked, not comparable
     result["lexicon_mismatch"] = lexicon_mismatch(vocabulary.extractor, extractor.describe())
     if result["lexicon_mismatch"]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -20,13 +21,19 @@ from davir.data.images import load_mask, load_pair
 from davir.data.records import ChangePair, DatasetIndex
 from davir.errors import DataError
 from davir.io import write_json_atomic
+from davir.jobs.component_options import component_settings
 from davir.preprocessing.components import Component
 from davir.preprocessing.retrievers import (
-    RETRIEVERS, EntityGate, PairRegions, Retriever, frame_pair_features, pair_features, pair_regions,
+    RETRIEVERS,
+    EntityGate,
+    PairRegions,
+    Retriever,
+    frame_pair_features,
+    pair_features,
+    pair_regions,
 )
 from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary, lexicon_mismatch
 from davir.text.extractors import PhraseExtractor, get_extractor
-from davir.jobs.component_options import component_settings
 
 GT_MASKS = "gt"
 FITTED_INPUT = {False: "regions", True: "whole_frame"}  # what a fitted retriever was fitted on; absent = regions
@@ -35,6 +42,7 @@ FITTED_INPUT = {False: "regions", True: "whole_frame"}  # what a fitted retrieve
 # ---------------------------------------------------------------------------------------------------
 # Mask sources: a MaskCache folder, or the dataset's own ground-truth masks
 # ---------------------------------------------------------------------------------------------------
+
 
 class MaskSource(Protocol):
     def read(self, pair: ChangePair) -> PairMasks: ...
@@ -62,10 +70,15 @@ class GroundTruthMasks:
 
     def read(self, pair: ChangePair) -> PairMasks:
         if not pair.has_gt_mask:
-            raise DataError(f"pair {pair.pair_id!r} has no ground-truth masks (only the built-in synthetic set "
-                            "ships them); pass a mask cache to --masks instead of 'gt'")
-        return PairMasks(before=load_mask(pair.gt_mask_before, record=pair.pair_id),
-                         after=load_mask(pair.gt_mask_after, record=pair.pair_id), info={"pair_id": pair.pair_id})
+            raise DataError(
+                f"pair {pair.pair_id!r} has no ground-truth masks (only the built-in synthetic set "
+                "ships them); pass a mask cache to --masks instead of 'gt'"
+            )
+        return PairMasks(
+            before=load_mask(pair.gt_mask_before, record=pair.pair_id),
+            after=load_mask(pair.gt_mask_after, record=pair.pair_id),
+            info={"pair_id": pair.pair_id},
+        )
 
     def describe(self) -> str:
         return GT_MASKS
@@ -75,17 +88,26 @@ def open_mask_source(spec: str) -> MaskSource:
     return GroundTruthMasks() if spec == GT_MASKS else CachedMasks(spec)
 
 
-def load_pair_regions(pair: ChangePair, masks: MaskSource, *, mask_source: str, pad: float,
-                      weighting: str) -> PairRegions:
+def load_pair_regions(
+    pair: ChangePair, masks: MaskSource, *, mask_source: str, pad: float, weighting: str
+) -> PairRegions:
     """Load a pair's images and masks and cut out both change regions (Eq. 8)."""
     before, after = load_pair(pair)
-    return pair_regions(pair.pair_id, np.asarray(before), np.asarray(after), masks.read(pair),
-                        mask_source=mask_source, pad=pad, weighting=weighting)
+    return pair_regions(
+        pair.pair_id,
+        np.asarray(before),
+        np.asarray(after),
+        masks.read(pair),
+        mask_source=mask_source,
+        pad=pad,
+        weighting=weighting,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
 # Vocabulary and training labels
 # ---------------------------------------------------------------------------------------------------
+
 
 def split_captions(index: DatasetIndex) -> list[str]:
     return [caption for pair in index for caption in pair.captions]
@@ -119,8 +141,9 @@ def vocabulary_extractor(backend: str, captions: list[str], subjects: bool) -> P
     return SubjectExtractor(extractor) if subjects else extractor  # type: ignore[return-value]
 
 
-def load_or_build_vocabulary(path: Path, fit_index: DatasetIndex, *, min_count: int,
-                             backend: str, subjects: bool = False) -> tuple[EntityVocabulary, PhraseExtractor]:
+def load_or_build_vocabulary(
+    path: Path, fit_index: DatasetIndex, *, min_count: int, backend: str, subjects: bool = False
+) -> tuple[EntityVocabulary, PhraseExtractor]:
     """CACHE/vocab.json if present (checked against the settings), else built from the fit split.
 
     `subjects` (CHEER's image-level entities): the vocabulary holds the captions' subject phrases only.
@@ -131,23 +154,34 @@ def load_or_build_vocabulary(path: Path, fit_index: DatasetIndex, *, min_count: 
         expected = {"format": fit_index.format, "split": fit_index.split}
         found = {key: vocabulary.source.get(key) for key in expected}
         stored_subjects = vocabulary.extractor.get("entities") == "subjects"
-        if found != expected or vocabulary.min_count != min_count or stored_subjects != subjects or (
-                backend != "auto" and vocabulary.extractor.get("backend") != backend):
-            raise DataError(f"{path} was built from {found} with min_count {vocabulary.min_count} and back-end "
-                            f"{vocabulary.extractor.get('backend')!r} (subjects only: {stored_subjects}); this run asks "
-                            f"for {expected}, {min_count}, {backend!r} (subjects only: {subjects}) (use another --out)")
+        if (
+            found != expected
+            or vocabulary.min_count != min_count
+            or stored_subjects != subjects
+            or (backend != "auto" and vocabulary.extractor.get("backend") != backend)
+        ):
+            raise DataError(
+                f"{path} was built from {found} with min_count {vocabulary.min_count} and back-end "
+                f"{vocabulary.extractor.get('backend')!r} (subjects only: {stored_subjects}); this run asks "
+                f"for {expected}, {min_count}, {backend!r} (subjects only: {subjects}) (use another --out)"
+            )
         extractor = vocabulary_extractor(vocabulary.extractor.get("backend", "auto"), captions, subjects)
         mismatch = lexicon_mismatch(vocabulary.extractor, extractor.describe())
         if mismatch:  # its phrases and the new pairs' labels would be read with two different word lists
             raise DataError(f"{path} was built with {mismatch}; use another --out for entities of this lexicon")
         return vocabulary, extractor
     if not captions:
-        raise DataError(f"split {fit_index.split!r} of {fit_index.root} has no captions to build the entity "
-                        "vocabulary from (CLEVR-style sets need change_captions.json)")
+        raise DataError(
+            f"split {fit_index.split!r} of {fit_index.root} has no captions to build the entity "
+            "vocabulary from (CLEVR-style sets need change_captions.json)"
+        )
     extractor = vocabulary_extractor(backend, captions, subjects)
-    vocabulary = build_vocabulary(captions, min_count=min_count, extractor=extractor,
-                                  source={"format": fit_index.format, "root": str(fit_index.root),
-                                          "split": fit_index.split})
+    vocabulary = build_vocabulary(
+        captions,
+        min_count=min_count,
+        extractor=extractor,
+        source={"format": fit_index.format, "root": str(fit_index.root), "split": fit_index.split},
+    )
     if not vocabulary.phrases:
         raise DataError(f"no noun phrase occurs in ≥ {min_count} captions of split {fit_index.split!r}")
     vocabulary.save(path)
@@ -167,6 +201,7 @@ def reference_labels(captions: Iterable[str], extractor: PhraseExtractor, vocabu
 # Retrievers
 # ---------------------------------------------------------------------------------------------------
 
+
 def _progress(iterable, total: int, desc: str, enabled: bool):
     if not enabled:
         return iterable
@@ -175,10 +210,18 @@ def _progress(iterable, total: int, desc: str, enabled: bool):
     return tqdm(iterable, total=total, desc=desc, file=sys.stderr)
 
 
-def fit_split_descriptors(fit_index: DatasetIndex, masks: MaskSource | None, vocabulary: EntityVocabulary,
-                          extractor: PhraseExtractor, *, region_options: dict, limit: int | None = None,
-                          progress: bool = True, image_level: bool = False, named_only: bool = True
-                          ) -> tuple[list[np.ndarray], list[dict[str, float]]]:
+def fit_split_descriptors(
+    fit_index: DatasetIndex,
+    masks: MaskSource | None,
+    vocabulary: EntityVocabulary,
+    extractor: PhraseExtractor,
+    *,
+    region_options: dict,
+    limit: int | None = None,
+    progress: bool = True,
+    image_level: bool = False,
+    named_only: bool = True,
+) -> tuple[list[np.ndarray], list[dict[str, float]]]:
     """The (2, F) descriptors and reference labels of the fit split's pairs (the first `limit`).
 
     Region level: the descriptors of the masked change regions. `image_level`: of the two whole frames
@@ -204,8 +247,16 @@ def fit_split_descriptors(fit_index: DatasetIndex, masks: MaskSource | None, voc
     return features, labels
 
 
-def fit_retriever(entry: Component, settings, features: list[np.ndarray], labels: list[dict[str, float]],
-                  vocabulary: EntityVocabulary, *, fit_split: str, image_level: bool = False) -> Retriever:
+def fit_retriever(
+    entry: Component,
+    settings,
+    features: list[np.ndarray],
+    labels: list[dict[str, float]],
+    vocabulary: EntityVocabulary,
+    *,
+    fit_split: str,
+    image_level: bool = False,
+) -> Retriever:
     """A retriever that declares `fit` (the `fitted` one), fitted on `fit_split_descriptors` (pairs naming no
     phrase are skipped by the fit); its `training` records the split and the input (regions or whole frames)."""
     retriever = entry.declared["fit"](settings, features, labels, vocabulary.phrases)
@@ -214,8 +265,9 @@ def fit_retriever(entry: Component, settings, features: list[np.ndarray], labels
     return retriever
 
 
-def fit_entity_gate(features: list[np.ndarray], labels: list[dict[str, float]], *, threshold: float,
-                    fit_split: str) -> EntityGate:
+def fit_entity_gate(
+    features: list[np.ndarray], labels: list[dict[str, float]], *, threshold: float, fit_split: str
+) -> EntityGate:
     """The entity gate, fitted on `fit_split_descriptors(…, named_only=False)`: does a pair name an entity?"""
     gate = EntityGate(threshold=threshold)
     gate.fit(features, [bool(label) for label in labels])
@@ -223,30 +275,59 @@ def fit_entity_gate(features: list[np.ndarray], labels: list[dict[str, float]], 
     return gate
 
 
-
-def fit_shared_parts(args: argparse.Namespace, out: Path, fit_index: DatasetIndex, masks: MaskSource | None,
-                     settings: dict, manifest: dict, region_options: dict) -> None:
+def fit_shared_parts(
+    args: argparse.Namespace,
+    out: Path,
+    fit_index: DatasetIndex,
+    masks: MaskSource | None,
+    settings: dict,
+    manifest: dict,
+    region_options: dict,
+) -> None:
     """What every process of a launch reads and one writes: the vocabulary, the fitted retriever and gate
     (fitted once, on the fit split), the settings pinned in the manifest, no temporaries of a killed run."""
-    vocabulary, extractor = load_or_build_vocabulary(out / "vocab.json", fit_index, min_count=args.vocab_min_count,
-                                                     backend=args.phrase_backend, subjects=args.image_level)
+    vocabulary, extractor = load_or_build_vocabulary(
+        out / "vocab.json",
+        fit_index,
+        min_count=args.vocab_min_count,
+        backend=args.phrase_backend,
+        subjects=args.image_level,
+    )
     retriever_folder, gate_folder = out / "retriever", out / "gate"
     entry = RETRIEVERS[args.retriever]
     fits_retriever = entry.declared.get("fit") is not None and not entry.declared["is_fitted"](retriever_folder)
     fit_gate = settings.get("entity_gate") == "fitted" and not EntityGate.exists(gate_folder)
     if fits_retriever or fit_gate:  # one pass over the fit split serves both
-        fit_masks = None if args.image_level else (
-            masks if args.fit_masks in (None, args.masks) else open_mask_source(args.fit_masks))
-        features, labels = fit_split_descriptors(fit_index, fit_masks, vocabulary, extractor,
-                                                 region_options=region_options, limit=args.fit_limit,
-                                                 progress=not args.no_progress, image_level=args.image_level,
-                                                 named_only=not fit_gate)
+        fit_masks = (
+            None
+            if args.image_level
+            else (masks if args.fit_masks in (None, args.masks) else open_mask_source(args.fit_masks))
+        )
+        features, labels = fit_split_descriptors(
+            fit_index,
+            fit_masks,
+            vocabulary,
+            extractor,
+            region_options=region_options,
+            limit=args.fit_limit,
+            progress=not args.no_progress,
+            image_level=args.image_level,
+            named_only=not fit_gate,
+        )
         if fits_retriever:
-            fit_retriever(entry, component_settings(RETRIEVERS, args.retriever, args), features, labels, vocabulary,
-                          fit_split=fit_index.split, image_level=args.image_level).save(retriever_folder)
+            fit_retriever(
+                entry,
+                component_settings(RETRIEVERS, args.retriever, args),
+                features,
+                labels,
+                vocabulary,
+                fit_split=fit_index.split,
+                image_level=args.image_level,
+            ).save(retriever_folder)
         if fit_gate:
-            fit_entity_gate(features, labels, threshold=args.gate_threshold,
-                            fit_split=fit_index.split).save(gate_folder)
+            fit_entity_gate(features, labels, threshold=args.gate_threshold, fit_split=fit_index.split).save(
+                gate_folder
+            )
     write_json_atomic(out / "entities" / "manifest.json", manifest)  # pin the settings before the first part
     # A killed run may leave the temporary file of the part it was writing: remove this split's (issue 18).
     folder = EntityCache(out).folder

@@ -36,26 +36,39 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from tqdm import tqdm
 
 from davir.data.feature_cache import (
-    FEATURE_SHAPE, FORMAT_VERSION, image_key, next_chunk_number, scan_index, write_chunk, write_index,
+    FEATURE_SHAPE,
+    FORMAT_VERSION,
+    image_key,
+    next_chunk_number,
+    scan_index,
+    write_chunk,
+    write_index,
 )
 from davir.data.formats import FORMATS, read_dataset
 from davir.errors import DataError, check_output_dir
-from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
+from davir.jobs.processes import ProcessLayout, process_layout
 from davir.preprocessing.backbone import (
-    AUTHORS_STD, IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD, NO_WEIGHTS, build_backbone, file_sha256, load_resized,
+    AUTHORS_STD,
+    IMAGE_SIZE,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    NO_WEIGHTS,
+    build_backbone,
+    file_sha256,
+    load_resized,
     normalize_batch,
 )
+from davir.runtime.locks import output_lock, shard_job
 from davir.runtime.signals import stop_on_signals
-from davir.jobs.processes import ProcessLayout, process_layout
 
 MISSING_EXAMPLES = 20
 
@@ -154,8 +167,7 @@ def extract_images(
     if cuda:
         backbone = backbone.to(memory_format=torch.channels_last)
     loader = torch.utils.data.DataLoader(
-        _ImageList(items), batch_size=batch_size, num_workers=workers, pin_memory=cuda,
-        persistent_workers=False,
+        _ImageList(items), batch_size=batch_size, num_workers=workers, pin_memory=cuda, persistent_workers=False
     )
     number = next_chunk_number(cache, chunk_prefix)
     pending: list[torch.Tensor] = []
@@ -244,36 +256,63 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
     if todo:
         backbone = build_backbone(args.weights, random_init=args.random_init, seed=args.seed)
         written = extract_images(
-            todo, cache, backbone, std=std, chunk_prefix=f"s{layout.index:03d}of{layout.count:03d}",
-            device=device, batch_size=args.batch_size or default_batch_size(device), workers=args.workers,
+            todo,
+            cache,
+            backbone,
+            std=std,
+            chunk_prefix=f"s{layout.index:03d}of{layout.count:03d}",
+            device=device,
+            batch_size=args.batch_size or default_batch_size(device),
+            workers=args.workers,
             chunk_size=args.chunk_size,
-            progress=not args.no_progress, description=f"features {args.split}",
+            progress=not args.no_progress,
+            description=f"features {args.split}",
         )
     entries = {} if layout.launched else write_index(cache)  # a launch: the main process, once all are done
     seconds = time.perf_counter() - started
     record = {
-        "format": args.format, "split": args.split, "shard": [layout.index, layout.count],
-        "images_in_split": len(images), "images_in_shard": len(mine), "extracted": written,
-        "already_cached": len(mine) - len(todo) - len(missing), "missing": len(missing),
+        "format": args.format,
+        "split": args.split,
+        "shard": [layout.index, layout.count],
+        "images_in_split": len(images),
+        "images_in_shard": len(mine),
+        "extracted": written,
+        "already_cached": len(mine) - len(todo) - len(missing),
+        "missing": len(missing),
         "missing_examples": [str(p) for _, p in missing[:MISSING_EXAMPLES]],
-        "cache_entries": len(entries), "device": str(device), "seconds": round(seconds, 3),
+        "cache_entries": len(entries),
+        "device": str(device),
+        "seconds": round(seconds, 3),
         "skipped_records": len(index.skipped),
     }
     write_json_atomic(cache / "runs" / f"{args.split}-s{layout.index:03d}of{layout.count:03d}.json", record)
     if not layout.launched:
         return record
-    return merge_process_records(layout.gather(record), cache, split=args.split, write=layout.is_main,
-                                 seconds=time.perf_counter() - started)
+    return merge_process_records(
+        layout.gather(record), cache, split=args.split, write=layout.is_main, seconds=time.perf_counter() - started
+    )
 
 
 def merge_process_records(records: list[dict], cache: Path, *, split: str, write: bool, seconds: float) -> dict:
     """The record of a whole `accelerate launch` (as one process's run would read) from its processes' records;
     `write` (the main process): index.json of every chunk and `runs/SPLIT-s000of001.json`."""
     counted = ("images_in_shard", "extracted", "already_cached", "missing")
-    merged = {**records[0], "shard": [0, 1], "processes": [
-        {"index": i, "images": r["images_in_shard"], "extracted": r["extracted"], "device": r["device"],
-         "seconds": r["seconds"]} for i, r in enumerate(records)],
-        **{key: sum(r[key] for r in records) for key in counted}, "seconds": round(seconds, 3)}
+    merged = {
+        **records[0],
+        "shard": [0, 1],
+        "processes": [
+            {
+                "index": i,
+                "images": r["images_in_shard"],
+                "extracted": r["extracted"],
+                "device": r["device"],
+                "seconds": r["seconds"],
+            }
+            for i, r in enumerate(records)
+        ],
+        **{key: sum(r[key] for r in records) for key in counted},
+        "seconds": round(seconds, 3),
+    }
     merged["missing_examples"] = [e for r in records for e in r["missing_examples"]][:MISSING_EXAMPLES]
     if write:
         merged["cache_entries"] = len(write_index(cache))
@@ -282,8 +321,9 @@ def merge_process_records(records: list[dict], cache: Path, *, split: str, write
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m preprocess features", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocess features", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--format", required=True, choices=sorted(FORMATS))
     parser.add_argument("--root", required=True, help="dataset root (as for `python -m davir.data stats`)")
     parser.add_argument("--split", required=True)
@@ -293,19 +333,29 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--random-init", action="store_true", help="seeded random backbone (tests/demo only)")
     parser.add_argument("--seed", type=int, default=0, help="seed of --random-init")
     parser.add_argument("--std-typo", action="store_true", help="the authors' std (0.229, 0.224, 0.224)")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="images per forward pass (default 64 on a GPU, 8 on the CPU, where a larger batch "
-                             "costs more in page faults than in convolutions)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="images per forward pass (default 64 on a GPU, 8 on the CPU, where a larger batch "
+        "costs more in page faults than in convolutions)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="decode/resize processes (0 = in the main process)")
     parser.add_argument("--chunk-size", type=int, default=256, help="images per shard file")
     parser.add_argument("--num-shards", type=int, default=1)
     parser.add_argument("--shard-index", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--skip-missing", action="store_true",
-                        help="extract the images present and count missing ones instead of failing")
+    parser.add_argument(
+        "--skip-missing",
+        action="store_true",
+        help="extract the images present and count missing ones instead of failing",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
-    parser.add_argument("--wait-lock", action="store_true",
-                        help="when another run writes the same cache (shard), wait for it instead of stopping")
+    parser.add_argument(
+        "--wait-lock",
+        action="store_true",
+        help="when another run writes the same cache (shard), wait for it instead of stopping",
+    )
     return parser
 
 
@@ -316,8 +366,12 @@ def main(argv: list[str] | None = None) -> int:
         check_output_dir(args.out, what="--out")  # before its lock file is made beside it
         layout = process_layout(args.num_shards, args.shard_index)
         # Per shard, whatever the split: chunk files are named by shard (s000of001-*), not by split.
-        with output_lock(args.out, what=f"feature cache {args.out}",
-                         job=shard_job("features", layout.count, layout.index), wait=args.wait_lock):
+        with output_lock(
+            args.out,
+            what=f"feature cache {args.out}",
+            job=shard_job("features", layout.count, layout.index),
+            wait=args.wait_lock,
+        ):
             record = run(args, layout)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)

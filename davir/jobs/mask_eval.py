@@ -45,7 +45,9 @@ def evaluate(format: str, root: str | Path, split: str, masks: str | Path, limit
     cache = MaskCache(masks)
     without_gt = [p.pair_id for p in pairs if not p.has_gt_mask]
     if len(without_gt) == len(pairs):
-        raise DataError(f"{format} split {split!r} at {root} has no ground-truth masks (pairs need gt_mask_before/after)")
+        raise DataError(
+            f"{format} split {split!r} at {root} has no ground-truth masks (pairs need gt_mask_before/after)"
+        )
 
     frame_ious: dict[str, list[float]] = {"before": [], "after": []}
     union_ious: list[float] = []
@@ -63,8 +65,10 @@ def evaluate(format: str, root: str | Path, split: str, masks: str | Path, limit
         gt_after = load_mask(pair.gt_mask_after, record=pair.pair_id)
         pred_union = predicted.union
         if pred_union.shape != gt_after.shape or gt_before.shape != gt_after.shape:
-            raise DataError(f"pair {pair.pair_id!r}: predicted mask {pred_union.shape} and ground truth "
-                            f"{gt_before.shape}/{gt_after.shape} differ in size")
+            raise DataError(
+                f"pair {pair.pair_id!r}: predicted mask {pred_union.shape} and ground truth "
+                f"{gt_before.shape}/{gt_after.shape} differ in size"
+            )
         gt_union = gt_before | gt_after
         if not gt_union.any():  # a distractor-only pair: every predicted pixel is a false positive
             fp_area.append(float(pred_union.mean()))
@@ -88,16 +92,24 @@ def evaluate(format: str, root: str | Path, split: str, masks: str | Path, limit
     for name, stats in sorted(per_type.items()):
         predicted_pixels, gt_pixels = stats["tp"] + stats["fp"], stats["tp"] + stats["fn"]
         types[name] = {
-            "pairs": stats["pairs"], "iou": mean(stats["iou"]),
+            "pairs": stats["pairs"],
+            "iou": mean(stats["iou"]),
             "precision": round(stats["tp"] / predicted_pixels, 4) if predicted_pixels else None,
             "recall": round(stats["tp"] / gt_pixels, 4) if gt_pixels else None,
         }
     return {
-        "format": format, "root": str(root), "split": split, "masks": str(masks),
-        "pairs": len(pairs), "evaluated": len(union_ious) + len(fp_area),
-        "missing_from_cache": len(missing), "missing_examples": missing[:10], "without_gt": len(without_gt),
+        "format": format,
+        "root": str(root),
+        "split": split,
+        "masks": str(masks),
+        "pairs": len(pairs),
+        "evaluated": len(union_ious) + len(fp_area),
+        "missing_from_cache": len(missing),
+        "missing_examples": missing[:10],
+        "without_gt": len(without_gt),
         "iou_union": mean(union_ious),
-        "iou_before": mean(frame_ious["before"]), "iou_after": mean(frame_ious["after"]),
+        "iou_before": mean(frame_ious["before"]),
+        "iou_after": mean(frame_ious["after"]),
         "frames": {"before": len(frame_ious["before"]), "after": len(frame_ious["after"])},
         "per_type": types,
         "distractor": {
@@ -111,6 +123,7 @@ def evaluate(format: str, root: str | Path, split: str, masks: str | Path, limit
 
 def format_table(result: dict) -> str:
     """A plain-text table of the headline numbers and the per-type breakdown."""
+
     def show(value) -> str:
         return "-" if value is None else f"{value:.3f}"
 
@@ -122,19 +135,24 @@ def format_table(result: dict) -> str:
         f"{'type':<12}{'pairs':>7}{'IoU':>8}{'prec':>8}{'recall':>8}",
     ]
     for name, stats in result["per_type"].items():
-        lines.append(f"{name:<12}{stats['pairs']:>7}{show(stats['iou']):>8}{show(stats['precision']):>8}"
-                     f"{show(stats['recall']):>8}")
+        lines.append(
+            f"{name:<12}{stats['pairs']:>7}{show(stats['iou']):>8}{show(stats['precision']):>8}"
+            f"{show(stats['recall']):>8}"
+        )
     d = result["distractor"]
     if d["pairs"]:
-        lines.append(f"{'distractor':<12}{d['pairs']:>7}  false-positive area mean {100 * d['fp_area_mean']:.2f}% "
-                     f"p95 {100 * d['fp_area_p95']:.2f}%  pairs with any FP {100 * d['any_fp_share']:.1f}%")
+        lines.append(
+            f"{'distractor':<12}{d['pairs']:>7}  false-positive area mean {100 * d['fp_area_mean']:.2f}% "
+            f"p95 {100 * d['fp_area_p95']:.2f}%  pairs with any FP {100 * d['any_fp_share']:.1f}%"
+        )
     return "\n".join(lines)
 
 
 @stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m preprocess mask-eval", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocess mask-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--format", required=True)
     parser.add_argument("--root", required=True)
     parser.add_argument("--split", required=True)

@@ -32,11 +32,21 @@ def merge_process_manifests(parts: list[dict], pairs: list[ChangePair], seconds:
     """The whole cache's manifest from the processes' own (in process order), as one process would write it."""
     merged = {key: value for key, value in parts[0].items() if key not in ("counts", "failures", "seconds")}
     merged["shard"] = {"count": 1, "index": 0}
-    merged["processes"] = [{"index": i, "pairs": p["counts"]["pairs"], "computed": p["counts"]["computed"],
-                            "failed": p["counts"]["failed"], "seconds": p.get("seconds")} for i, p in enumerate(parts)]
+    merged["processes"] = [
+        {
+            "index": i,
+            "pairs": p["counts"]["pairs"],
+            "computed": p["counts"]["computed"],
+            "failed": p["counts"]["failed"],
+            "seconds": p.get("seconds"),
+        }
+        for i, p in enumerate(parts)
+    ]
     shared = ("reader_skipped",)  # what every process counts of the whole split, not of its share
-    merged["counts"] = {key: parts[0]["counts"][key] if key in shared else sum(p["counts"][key] for p in parts)
-                        for key in parts[0]["counts"]}
+    merged["counts"] = {
+        key: parts[0]["counts"][key] if key in shared else sum(p["counts"][key] for p in parts)
+        for key in parts[0]["counts"]
+    }
     order = {p.pair_id: i for i, p in enumerate(pairs)}
     merged["failures"] = sorted((f for p in parts for f in p["failures"]), key=lambda f: order.get(f["record"], -1))
     merged["pair_list"] = pair_list(pairs)

@@ -46,20 +46,31 @@ import numpy as np
 from davir.data.caches import MaskCache, cache_key
 from davir.data.records import ChangePair
 from davir.errors import DataError, check_output_dir
-from davir.runtime.locks import output_lock, shard_job
 from davir.io import read_json, write_json_atomic
-from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, RegionSettings
-from davir.preprocessing.mask_pipeline import (
-    PairResult, Prepared, compute_pair, finish_pair, prepare_pair, segment_requests,
+from davir.jobs.component_options import component_checkpoint, component_settings
+from davir.jobs.mask_manifest import (
+    merge_process_manifests,
+    own_manifest_path,
+    pair_list,
+    remove_stale_temporaries,
+    shard_pairs,
 )
-from davir.preprocessing.object_localisation import LOCALISATIONS, ObjectSettings, object_pair
-from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT, mask_options, mask_profile, profile_deviations
-from davir.preprocessing.segmenters import SEGMENTERS
-from davir.runtime.signals import ignore_interrupts, stop_on_signals
-from davir.jobs.component_options import add_component_arguments, component_checkpoint, component_settings
-from davir.jobs.mask_manifest import (merge_process_manifests, own_manifest_path, pair_list, remove_stale_temporaries,
-                                      shard_pairs)
+from davir.jobs.mask_parser import build_parser
 from davir.jobs.processes import ProcessLayout, process_layout
+from davir.preprocessing.change_regions import RegionSettings
+from davir.preprocessing.mask_pipeline import (
+    PairResult,
+    Prepared,
+    compute_pair,
+    finish_pair,
+    prepare_pair,
+    segment_requests,
+)
+from davir.preprocessing.object_localisation import ObjectSettings, object_pair
+from davir.preprocessing.profiles import mask_options, mask_profile, profile_deviations
+from davir.preprocessing.segmenters import SEGMENTERS
+from davir.runtime.locks import output_lock, shard_job
+from davir.runtime.signals import ignore_interrupts, stop_on_signals
 
 MANIFEST_VERSION = 1
 
@@ -67,6 +78,7 @@ MANIFEST_VERSION = 1
 # ----------------------------------------------------------------------------------------------
 # Visualisation
 # ----------------------------------------------------------------------------------------------
+
 
 def draw_viz(prepared: Prepared, result: PairResult, folder: Path, caption: str | None = None) -> Path:
     """Save the five-panel picture of one pair (davir.viz.masks) as `<folder>/<key>.png`."""
@@ -78,11 +90,17 @@ def draw_viz(prepared: Prepared, result: PairResult, folder: Path, caption: str 
         labels[cluster.pixels[:, 0], cluster.pixels[:, 1]] = cluster.label
     kept = [r["kept_after"] or r.get("kept_before", False) for r in result.info["clusters"]]
     picture = draw_mask_panels(
-        prepared.before, prepared.after, regions.diff, labels,
-        boxes=[p.box for p in regions.prompts_after], points=[p.point for p in regions.prompts_after], kept=kept,
-        mask_before=result.before, mask_after=result.after,
+        prepared.before,
+        prepared.after,
+        regions.diff,
+        labels,
+        boxes=[p.box for p in regions.prompts_after],
+        points=[p.point for p in regions.prompts_after],
+        kept=kept,
+        mask_before=result.before,
+        mask_after=result.after,
         title=f"{prepared.pair_id}  clusters {len(kept)}  kept {sum(kept)}  registration "
-              f"{regions.registration.get('status', 'none')}",
+        f"{regions.registration.get('status', 'none')}",
         caption=caption,
     )
     path = Path(folder) / f"{cache_key(prepared.pair_id)}.png"
@@ -98,15 +116,26 @@ def draw_viz(prepared: Prepared, result: PairResult, folder: Path, caption: str 
 _WORKER: dict = {}
 
 
-def _init_worker(settings: RegionSettings, segmenter_build: tuple | None, segment_both: bool,
-                 cache_root: str, viz_folder: str | None, stage: str) -> None:
+def _init_worker(
+    settings: RegionSettings,
+    segmenter_build: tuple | None,
+    segment_both: bool,
+    cache_root: str,
+    viz_folder: str | None,
+    stage: str,
+) -> None:
     """`segmenter_build` = (builder, typed settings, checkpoint, device) of the registry entry: the workers get the
     builder itself, not a name, so they need no registry of their own (a spawned worker re-imports modules)."""
     import cv2
 
     cv2.setNumThreads(1)  # parallelism is across pairs; OpenCV's own threads would oversubscribe the cores
-    _WORKER.update(settings=settings, segment_both=segment_both, cache=MaskCache(cache_root),
-                   viz=None if viz_folder is None else Path(viz_folder), stage=stage)
+    _WORKER.update(
+        settings=settings,
+        segment_both=segment_both,
+        cache=MaskCache(cache_root),
+        viz=None if viz_folder is None else Path(viz_folder),
+        stage=stage,
+    )
     if stage == "object":  # --localisation object: `settings` are the ObjectSettings, no segmenter
         return
     if stage == "all":
@@ -147,9 +176,12 @@ def _summary(result: PairResult) -> dict:
 
 def _info_summary(info: dict) -> dict:
     """A pair's counts from its mask info (a result's, or the JSON the cache holds for it)."""
-    return {"clusters": len(info["clusters"]), "kept_after": info["kept_after"],
-            "kept_before": info.get("kept_before", 0),
-            "empty": not (info["kept_after"] or info.get("kept_before", 0))}
+    return {
+        "clusters": len(info["clusters"]),
+        "kept_after": info["kept_after"],
+        "kept_before": info.get("kept_before", 0),
+        "empty": not (info["kept_after"] or info.get("kept_before", 0)),
+    }
 
 
 def count_reused(cache: MaskCache, pair_ids: list[str], counts: dict) -> None:
@@ -189,80 +221,6 @@ def _iterate(jobs, workers: int, initargs: tuple, chunksize: int = 4):
 # CLI
 # ----------------------------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
-    defaults = RegionSettings()
-    parser = argparse.ArgumentParser(prog="python -m preprocess masks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    data = parser.add_argument_group("data")
-    data.add_argument("--format", required=True, help="dataset format (davir.data.FORMATS)")
-    data.add_argument("--root", required=True, help="dataset root folder")
-    data.add_argument("--split", required=True)
-    data.add_argument("--out", required=True, help="cache folder (MaskCache layout)")
-    data.add_argument("--limit", type=int, default=None, help="only the first N pairs of the split (after sharding)")
-
-    profile = parser.add_argument_group("profile (davir.preprocessing.profiles)")
-    profile.add_argument("--profile", choices=PROFILE_NAMES, default=TOOLKIT,
-                         help="paper: SAM on the after image, plain difference map (no registration, photometric "
-                              "matching or tolerance), every pixel clustered — DAVIR as written; toolkit (default): "
-                              "classical segmenter, ECC registration, photometric matching, 2-px tolerance, both "
-                              "images [D]. Explicit flags below override single settings (the cache then records "
-                              "profile 'custom').")
-
-    profile.add_argument("--localisation", choices=LOCALISATIONS, default=None,
-                         help="pixel (both profiles): Eqs. 2-3 on the (registered) difference map; object [D]: "
-                              "objects segmented in each view, matched across the views by colour and position "
-                              "after a global fit, the unmatched or changed ones are the masks — for camera moves "
-                              "with parallax (davir.preprocessing.object_localisation; docs/experiments/synthetic_hard.md has "
-                              "its measurements). The cache records it; caption.py follows the cache.")
-
-    seg = parser.add_argument_group("segmenter (davir.preprocessing.segmenters.SEGMENTERS; each one's own options below)")
-    seg.add_argument("--segmenter", choices=list(SEGMENTERS), default=None, help="default: the profile's")
-    seg.add_argument("--device", default=None,
-                     help="device of a segmenter with a model, e.g. SAM (default: cuda when available; under "
-                          "accelerate launch the process's own)")
-    both = seg.add_mutually_exclusive_group()
-    both.add_argument("--segment-both", dest="segment_both", action="store_true", default=None,
-                      help="segment the before and the after image (toolkit profile; finds removed objects)")
-    both.add_argument("--after-only", dest="segment_both", action="store_false",
-                      help="segment only the after image, as the paper does (paper profile)")
-
-    eq = parser.add_argument_group("Eqs. 2-3 (pixel sizes at the working resolution)")
-    eq.add_argument("--work-size", type=int, default=defaults.work_size, help="long side of the working resolution")
-    eq.add_argument("--blur-sigma", type=float, default=defaults.blur_sigma)
-    eq.add_argument("--threshold", type=float, default=defaults.threshold, help="δ on the [0, 1] difference map")
-    eq.add_argument("--open-px", type=int, default=defaults.open_px)
-    eq.add_argument("--eps", type=float, default=defaults.eps, help="DBSCAN eps")
-    eq.add_argument("--min-samples", type=int, default=defaults.min_samples, help="DBSCAN min_samples")
-    eq.add_argument("--min-area", type=float, default=defaults.min_area, help="drop clusters under this image share")
-    eq.add_argument("--max-points", type=int, default=defaults.max_points)
-    eq.add_argument("--cluster-stride", type=int, default=None,
-                    help="DBSCAN on s×s blocks of changed pixels (1 = every pixel; eps/min-samples count blocks)")
-    eq.add_argument("--tolerance-px", type=int, default=None,
-                    help="misalignment tolerance of the difference map (0 = plain mean-RGB |I_s − I_t|, the paper)")
-    eq.add_argument("--close-px", type=int, default=defaults.close_px)
-    hull = eq.add_mutually_exclusive_group()
-    hull.add_argument("--region-hull", dest="region_hull", action="store_true", default=defaults.region_hull,
-                      help="R_c = convex hull of the cluster (default)")
-    hull.add_argument("--region-closed", dest="region_hull", action="store_false",
-                      help="R_c = the cluster's pixels, closed and hole-filled")
-    eq.add_argument("--dilate-px", type=int, default=defaults.dilate_px, help="dilation of R_c for the IoU filter")
-    eq.add_argument("--tau", type=float, default=defaults.tau, help="τ of Eq. 3")
-    eq.add_argument("--register", choices=REGISTRATIONS, default=None, help="default: the profile's")
-    eq.add_argument("--photometric", choices=PHOTOMETRIC, default=None, help="default: the profile's")
-
-    run = parser.add_argument_group("run")
-    run.add_argument("--workers", type=int, default=1, help="processes for the CPU stages (0 = one per core)")
-    run.add_argument("--num-shards", type=int, default=1)
-    run.add_argument("--shard-index", type=int, default=0)
-    run.add_argument("--viz", default=None, help="folder for five-panel pictures of the first pairs")
-    run.add_argument("--viz-count", type=int, default=16)
-    run.add_argument("--overwrite", action="store_true", help="recompute every pair, replacing a cache made with other settings")
-    run.add_argument("--no-progress", action="store_true")
-    run.add_argument("--wait-lock", action="store_true",
-                     help="when another run writes the same cache (shard), wait for it instead of stopping")
-    add_component_arguments(SEGMENTERS, parser)  # an option of another segmenter than the one in use is refused
-    return parser
-
 
 def apply_profile(args: argparse.Namespace) -> dict:
     """Fill the options left unset from --profile; returns the explicit deviations from it."""
@@ -295,31 +253,46 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     layout = layout or process_layout(args.num_shards, args.shard_index)
     entry = SEGMENTERS[args.segmenter]
     # One device per process of a launch, unless --device names one (a segmenter without a model ignores it).
-    segmenter_build = (entry.build, component_settings(SEGMENTERS, args.segmenter, args),
-                       component_checkpoint(SEGMENTERS, args.segmenter, args), args.device or layout.device)
+    segmenter_build = (
+        entry.build,
+        component_settings(SEGMENTERS, args.segmenter, args),
+        component_checkpoint(SEGMENTERS, args.segmenter, args),
+        args.device or layout.device,
+    )
     if args.localisation == "object":
         # No segmenter and no Eq. 2: the object localiser's own settings are recorded instead.
         segmenter = None
         object_settings = ObjectSettings()
-        all_settings = {"localisation": "object", "object": object_settings.to_dict(), "segmenter": None,
-                        "segment_both": True, "size_policy": "resize_before_to_after"}
+        all_settings = {
+            "localisation": "object",
+            "object": object_settings.to_dict(),
+            "segmenter": None,
+            "segment_both": True,
+            "size_policy": "resize_before_to_after",
+        }
         comparable = dict(all_settings)
     else:
         # Build once here: a bad checkpoint or option fails before any work, and a model segmenter lives in this
         # process.
         build, segmenter_settings, checkpoint, device = segmenter_build
         segmenter = build(segmenter_settings, checkpoint=checkpoint, device=device)
-        all_settings = {"regions": settings.to_dict(), "segmenter": segmenter.settings(),
-                        "segment_both": args.segment_both, "size_policy": "resize_before_to_after"}
-        comparable = {**all_settings, "segmenter": {k: v for k, v in segmenter.settings().items()
-                                                    if k not in entry.uncompared_keys()}}
+        all_settings = {
+            "regions": settings.to_dict(),
+            "segmenter": segmenter.settings(),
+            "segment_both": args.segment_both,
+            "size_policy": "resize_before_to_after",
+        }
+        comparable = {
+            **all_settings,
+            "segmenter": {k: v for k, v in segmenter.settings().items() if k not in entry.uncompared_keys()},
+        }
 
     index = read_dataset(args.format, args.root, args.split)
     if layout.launched:  # the processes share the --limit of one run, so the cache is the same whatever N
-        whole = index.pairs[:args.limit] if args.limit is not None else index.pairs
+        whole = index.pairs[: args.limit] if args.limit is not None else index.pairs
         pairs = layout.share(whole)
     else:  # a hand-set shard: --limit counts within the shard, as it always has
-        pairs = shard_pairs(index.pairs, layout.count, layout.index)[:args.limit]
+        pairs = shard_pairs(index.pairs, layout.count, layout.index)[: args.limit]
     layout.announce(len(pairs), len(whole) if layout.launched else len(index.pairs))
     cache = MaskCache(args.out)
     path = own_manifest_path(cache.root, layout)
@@ -327,9 +300,11 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     for previous_path in [p for p in earlier if p.is_file()] if not args.overwrite else []:
         previous = read_json(previous_path)
         if previous.get("comparable_settings") != comparable:
-            raise DataError(f"{previous_path}: this cache was made with other settings; use a new --out, or "
-                            f"--overwrite to recompute every pair (before: {previous.get('comparable_settings')}, "
-                            f"now: {comparable})")
+            raise DataError(
+                f"{previous_path}: this cache was made with other settings; use a new --out, or "
+                f"--overwrite to recompute every pair (before: {previous.get('comparable_settings')}, "
+                f"now: {comparable})"
+            )
     todo = pairs if args.overwrite else [p for p in pairs if not cache.has(p.pair_id)]
     pending = {p.pair_id for p in todo}
     reused = [p.pair_id for p in pairs if p.pair_id not in pending]
@@ -339,33 +314,58 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
             stale.unlink(missing_ok=True)
             removed += 1
     manifest = {
-        "version": MANIFEST_VERSION, "command": "python -m preprocess masks " + " ".join(argv),
-        "format": args.format, "root": str(Path(args.root).resolve()), "split": args.split,
+        "version": MANIFEST_VERSION,
+        "command": "python -m preprocess masks " + " ".join(argv),
+        "format": args.format,
+        "root": str(Path(args.root).resolve()),
+        "split": args.split,
         "shard": {"count": 1, "index": 0} if layout.launched else {"count": layout.count, "index": layout.index},
-        "settings": all_settings, "comparable_settings": comparable, "status": "running",
+        "settings": all_settings,
+        "comparable_settings": comparable,
+        "status": "running",
         # derived from the settings (davir.preprocessing.profiles), recorded for the reader
-        "profile": mask_profile(all_settings), "profile_requested": args.profile,
+        "profile": mask_profile(all_settings),
+        "profile_requested": args.profile,
         "profile_deviations": {k: {"profile": a, "chosen": b} for k, (a, b) in deviations.items()},
-        "counts": {"pairs": len(pairs), "reused": len(pairs) - len(todo), "computed": 0, "failed": 0,
-                   "empty_masks": 0, "clusters": 0, "kept_after": 0, "kept_before": 0,
-                   "stale_temporaries_removed": removed, "reader_skipped": len(index.skipped)},
+        "counts": {
+            "pairs": len(pairs),
+            "reused": len(pairs) - len(todo),
+            "computed": 0,
+            "failed": 0,
+            "empty_masks": 0,
+            "clusters": 0,
+            "kept_after": 0,
+            "kept_before": 0,
+            "stale_temporaries_removed": removed,
+            "reader_skipped": len(index.skipped),
+        },
         "failures": [],
     }
     count_reused(cache, reused, manifest["counts"])  # empty_masks, clusters, kept_*: of every pair in the cache
     write_json_atomic(path, manifest)
 
     workers = (os.cpu_count() or 1) if args.workers == 0 else args.workers
-    viz_ids = {p.pair_id for p in todo[:args.viz_count]} if args.viz else set()
+    viz_ids = {p.pair_id for p in todo[: args.viz_count]} if args.viz else set()
     jobs = [(p, p.pair_id in viz_ids) for p in todo]
     stage = "all" if entry.declared.get("in_workers") else "prepare"
     if args.localisation == "object":
         stage = "object"
     # Only in-worker segmenters travel to the workers (a spawned worker unpickles the builder by reference).
-    initargs = (object_settings if stage == "object" else settings, segmenter_build if stage == "all" else None,
-                args.segment_both if stage != "object" else True, str(cache.root), args.viz, stage)
+    initargs = (
+        object_settings if stage == "object" else settings,
+        segmenter_build if stage == "all" else None,
+        args.segment_both if stage != "object" else True,
+        str(cache.root),
+        args.viz,
+        stage,
+    )
     counts = manifest["counts"]
-    progress = tqdm(total=len(jobs), desc=f"masks {args.split}" + (f" {layout.describe()}" if layout.count > 1 else ""),
-                    unit="pair", disable=args.no_progress)
+    progress = tqdm(
+        total=len(jobs),
+        desc=f"masks {args.split}" + (f" {layout.describe()}" if layout.count > 1 else ""),
+        unit="pair",
+        disable=args.no_progress,
+    )
     by_id = {p.pair_id: p for p in todo}
 
     def record(pair_id: str, summary: dict | None, error: str | None) -> None:
@@ -391,8 +391,9 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
             answers = segmenter.segment(requests)
             per_pair = 2 if args.segment_both else 1
             for k, prepared in enumerate(batch):
-                result = finish_pair(prepared, answers[k * per_pair:(k + 1) * per_pair], settings.tau,
-                                     args.segment_both)
+                result = finish_pair(
+                    prepared, answers[k * per_pair : (k + 1) * per_pair], settings.tau, args.segment_both
+                )
                 _write_result(cache, result)
                 if prepared.pair_id in viz_ids:
                     pair = by_id[prepared.pair_id]
@@ -435,8 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_output_dir(args.out, what="--out")  # before its lock file is made beside it
         layout = process_layout(args.num_shards, args.shard_index)
-        with output_lock(args.out, what=f"mask cache {args.out}", wait=args.wait_lock,
-                         job=shard_job("masks", layout.count, layout.index)):
+        with output_lock(
+            args.out,
+            what=f"mask cache {args.out}",
+            wait=args.wait_lock,
+            job=shard_job("masks", layout.count, layout.index),
+        ):
             manifest = run(args, argv, layout)
     except (DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

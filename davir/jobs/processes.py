@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 from davir.errors import DataError
 
@@ -46,7 +47,7 @@ class ProcessLayout:
         return None if self.state is None else str(self.state.device)
 
     def share(self, items: Sequence[T]) -> list[T]:
-        return list(items[self.index::self.count])
+        return list(items[self.index :: self.count])
 
     def describe(self) -> str:
         return f"process {self.index + 1}/{self.count}"
@@ -95,8 +96,10 @@ def process_layout(num_shards: int | None = 1, shard_index: int | None = 0) -> P
         state = PartialState(cpu=not torch.cuda.is_available())
         if state.num_processes > 1:
             if num_shards not in (None, 1):
-                raise DataError("--num-shards is for schedulers without accelerate: under `accelerate launch` each "
-                                "process is a shard already")
+                raise DataError(
+                    "--num-shards is for schedulers without accelerate: under `accelerate launch` each "
+                    "process is a shard already"
+                )
             return ProcessLayout(state.num_processes, state.process_index, state)
     count, index = num_shards or 1, shard_index or 0
     if count < 1 or not 0 <= index < count:

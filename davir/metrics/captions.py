@@ -11,12 +11,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib.util import find_spec
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,31 +21,31 @@ from pycocoevalcap.bleu.bleu_scorer import BleuScorer
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
-from pycocoevalcap.spice.spice import Spice
 from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
 from davir.data.records import CHANGE_TYPES, DISTRACTOR
 from davir.errors import DataError
 from davir.metrics.io import IdMismatch, align_ids, canonical_groups, canonical_id
+from davir.metrics.spice import prepare_spice, score_per_image
 
 # Metric families a caller can ask for; SPICE is controlled by the `spice` argument.
 METRICS = ("BLEU", "METEOR", "ROUGE_L", "CIDEr")
 # Score names in table order.
 SCORE_NAMES = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
 # COCOEvalCap's names for the same scores (expected_scores.json and every repo's logs use these).
-COCO_NAMES = {"Bleu_1": "BLEU-1", "Bleu_2": "BLEU-2", "Bleu_3": "BLEU-3", "Bleu_4": "BLEU-4",
-              "METEOR": "METEOR", "ROUGE_L": "ROUGE_L", "CIDEr": "CIDEr", "SPICE": "SPICE"}
+COCO_NAMES = {
+    "Bleu_1": "BLEU-1",
+    "Bleu_2": "BLEU-2",
+    "Bleu_3": "BLEU-3",
+    "Bleu_4": "BLEU-4",
+    "METEOR": "METEOR",
+    "ROUGE_L": "ROUGE_L",
+    "CIDEr": "CIDEr",
+    "SPICE": "SPICE",
+}
 # Row names score_by_group adds after the groups themselves.
 SEMANTIC, TOTAL = "semantic", "total"
 
-SPICE_ENV = "DAVIR_SPICE_CORENLP"
-CORENLP_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar")
-SPICE_HINT = (f"SPICE n/a: it needs Stanford CoreNLP 3.6.0; set {SPICE_ENV}=DIR or pass --spice-corenlp DIR "
-              f"(a folder holding {' and '.join(CORENLP_JARS)}) to enable it")
-# SPICE's LMDB cache serialises with FST 2.47, which reflects into these java.base packages; Java >= 9
-# refuses without --add-opens (pycocoevalcap issue: InaccessibleObjectException in SpiceParser).
-# JDK_JAVA_OPTIONS is read by the Java >= 9 launcher only, so Java 8 is unaffected.
-SPICE_JAVA_OPENS = ("java.lang", "java.util", "java.math", "java.net", "java.text", "java.util.concurrent", "java.io")
 JAVA_HINT = "java was not found on PATH; the PTB tokenizer and METEOR of pycocoevalcap need Java 8 or newer"
 
 # Characters Java's PTBLexer treats as line ends: inside a caption they would split its line and shift
@@ -119,14 +116,20 @@ def ptb_tokenize(captions: Mapping[Any, list[str]]) -> dict[Any, list[str]]:
     intact, so a caption is never scored against another pair's text.
     """
     _require_java()
-    payload = {key: [{"caption": _LINE_BREAKS.sub(" ", caption)} for caption in texts] for key, texts in captions.items()}
+    payload = {
+        key: [{"caption": _LINE_BREAKS.sub(" ", caption)} for caption in texts] for key, texts in captions.items()
+    }
     payload[_SENTINEL_KEY] = [{"caption": _SENTINEL}]
     try:
         tokenized = PTBTokenizer().tokenize(payload)
     except OSError as error:
         raise MetricsError(f"the PTB tokenizer (java) could not run: {error}") from error
-    if tokenized.get(_SENTINEL_KEY) != [_SENTINEL] or any(len(tokenized.get(k, ())) != len(v) for k, v in captions.items()):
-        raise MetricsError("the PTB tokenizer's output does not line up with its input (did java fail? see its messages above)")
+    if tokenized.get(_SENTINEL_KEY) != [_SENTINEL] or any(
+        len(tokenized.get(k, ())) != len(v) for k, v in captions.items()
+    ):
+        raise MetricsError(
+            "the PTB tokenizer's output does not line up with its input (did java fail? see its messages above)"
+        )
     del tokenized[_SENTINEL_KEY]
     return tokenized
 
@@ -203,71 +206,6 @@ def meteor_scorer() -> Iterator[Meteor]:
         raise
 
 
-def spice_lib_dir() -> Path:
-    """pycocoevalcap's `spice/lib`, where `get_stanford_models` looks for the CoreNLP jars."""
-    spec = find_spec("pycocoevalcap.spice")
-    return Path(list(spec.submodule_search_locations)[0]) / "lib"
-
-
-def prepare_spice(corenlp: str | os.PathLike | None = None) -> tuple[bool, str]:
-    """(ready, message): make the CoreNLP 3.6.0 jars visible to pycocoevalcap's SPICE, never downloading.
-
-    Ready when both jars already sit in `spice/lib`; otherwise `corenlp` (or $DAVIR_SPICE_CORENLP)
-    must name a folder holding them, and they are symlinked (or copied) into `spice/lib` as
-    `get_stanford_models` expects. When not ready the message is the one line to show the user.
-    """
-    lib = spice_lib_dir()
-    if all((lib / jar).is_file() for jar in CORENLP_JARS):
-        return True, f"SPICE: Stanford CoreNLP 3.6.0 found in {lib}"
-    source = corenlp if corenlp not in (None, "") else os.environ.get(SPICE_ENV, "")
-    if not source:
-        return False, SPICE_HINT
-    folder = Path(source).expanduser()
-    missing = [jar for jar in CORENLP_JARS if not (folder / jar).is_file()]
-    if missing:
-        return False, f"SPICE n/a: {folder} does not hold {' and '.join(missing)} (from stanford-corenlp-full-2015-12-09.zip)"
-    try:
-        for jar in CORENLP_JARS:
-            target = lib / jar
-            if target.is_file():
-                continue
-            if target.is_symlink():  # a dangling link from an earlier folder
-                target.unlink()
-            try:
-                target.symlink_to((folder / jar).resolve())
-            except OSError:
-                shutil.copy2(folder / jar, target)
-    except OSError as error:
-        return False, f"SPICE n/a: could not place the CoreNLP jars in {lib}: {error}"
-    return True, f"SPICE: Stanford CoreNLP 3.6.0 linked from {folder} into {lib}"
-
-
-@contextmanager
-def _spice_java_options() -> Iterator[None]:
-    """Add SPICE's --add-opens flags to JDK_JAVA_OPTIONS for the java process pycocoevalcap starts."""
-    previous = os.environ.get("JDK_JAVA_OPTIONS")
-    flags = " ".join(f"--add-opens=java.base/{package}=ALL-UNNAMED" for package in SPICE_JAVA_OPENS)
-    os.environ["JDK_JAVA_OPTIONS"] = f"{previous} {flags}" if previous else flags
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("JDK_JAVA_OPTIONS", None)
-        else:
-            os.environ["JDK_JAVA_OPTIONS"] = previous
-
-
-def _spice_per_image(gts: dict[str, list[str]], res: dict[str, list[str]]) -> tuple[dict[str, float] | None, str | None]:
-    """({id: SPICE F-score}, None) or (None, why it failed). Only called once the jars are in place."""
-    try:
-        with _spice_java_options():
-            _, scores = Spice().compute_score(gts, res)
-    except (subprocess.CalledProcessError, OSError, ValueError, KeyError) as error:
-        return None, f"SPICE n/a: the SPICE run failed ({type(error).__name__}: {error})"
-    # pycocoevalcap returns the per-image scores in sorted-id order.
-    return {pair_id: float(score["All"]["f"]) for pair_id, score in zip(sorted(gts), scores)}, None
-
-
 # ----------------------------------------------------------------------------------------------
 # Scoring
 
@@ -311,13 +249,22 @@ def _meteor(meteor: Meteor, gts: dict[str, list[str]], res: dict[str, list[str]]
             stderr = meteor.meteor_p.stderr.read()[-2000:]
         except (OSError, ValueError):
             pass
-        raise MetricsError(f"METEOR (java) failed: {error}; java said: {stderr.decode(errors='replace').strip()}") from error
+        raise MetricsError(
+            f"METEOR (java) failed: {error}; java said: {stderr.decode(errors='replace').strip()}"
+        ) from error
     return float(score), [float(s) for s in per_image]
 
 
-def _score_subset(ids: list[str], gts_all: dict[str, list[str]], res_all: dict[str, list[str]], metrics: tuple[str, ...],
-                  meteor: Meteor | None, spice_per_image: dict[str, float] | None, spice_note: str | None,
-                  empty_ids: set[str]) -> CaptionScores:
+def _score_subset(
+    ids: list[str],
+    gts_all: dict[str, list[str]],
+    res_all: dict[str, list[str]],
+    metrics: tuple[str, ...],
+    meteor: Meteor | None,
+    spice_per_image: dict[str, float] | None,
+    spice_note: str | None,
+    empty_ids: set[str],
+) -> CaptionScores:
     """Every requested scorer on the pairs `ids` of the tokenised captions."""
     gts = {pair_id: gts_all[pair_id] for pair_id in ids}
     res = {pair_id: res_all[pair_id] for pair_id in ids}
@@ -359,14 +306,21 @@ def _score_subset(ids: list[str], gts_all: dict[str, list[str]], res_all: dict[s
     )
 
 
-def _score_subsets(predictions: dict[str, str], references: dict[str, list[str]], subsets: dict[str, list[str]], *,
-                   metrics: Iterable[str], spice: bool | str | os.PathLike) -> dict[str, CaptionScores]:
+def _score_subsets(
+    predictions: dict[str, str],
+    references: dict[str, list[str]],
+    subsets: dict[str, list[str]],
+    *,
+    metrics: Iterable[str],
+    spice: bool | str | os.PathLike,
+) -> dict[str, CaptionScores]:
     """Start METEOR once, tokenise once, run SPICE once, then score every subset."""
     chosen = _normalise_metrics(metrics)
     # METEOR's java process is started first: it loads its paraphrase table while the rest runs.
-    with (meteor_scorer() if "METEOR" in chosen else _no_meteor()) as meteor:
-        tokenized = ptb_tokenize({**{("ref", k): v for k, v in references.items()},
-                                  **{("hyp", k): [v] for k, v in predictions.items()}})
+    with meteor_scorer() if "METEOR" in chosen else _no_meteor() as meteor:
+        tokenized = ptb_tokenize(
+            {**{("ref", k): v for k, v in references.items()}, **{("hyp", k): [v] for k, v in predictions.items()}}
+        )
         gts = {k: tokenized[("ref", k)] for k in references}
         res = {k: tokenized[("hyp", k)] for k in predictions}
         empty_ids = {k for k, v in res.items() if not v[0].strip()}
@@ -377,10 +331,12 @@ def _score_subsets(predictions: dict[str, str], references: dict[str, list[str]]
         else:
             ready, spice_note = prepare_spice(None if spice is True else spice)
             if ready:
-                spice_per_image, spice_note = _spice_per_image(gts, res)
+                spice_per_image, spice_note = score_per_image(gts, res)
 
-        return {name: _score_subset(ids, gts, res, chosen, meteor, spice_per_image, spice_note, empty_ids)
-                for name, ids in subsets.items()}
+        return {
+            name: _score_subset(ids, gts, res, chosen, meteor, spice_per_image, spice_note, empty_ids)
+            for name, ids in subsets.items()
+        }
 
 
 @contextmanager
@@ -388,9 +344,14 @@ def _no_meteor() -> Iterator[None]:
     yield None
 
 
-def score_captions(predictions: Mapping[Any, str], references: Mapping[Any, list[str]], *,
-                   metrics: Iterable[str] = METRICS, spice: bool | str | os.PathLike = True,
-                   strict: bool = False) -> CaptionScores:
+def score_captions(
+    predictions: Mapping[Any, str],
+    references: Mapping[Any, list[str]],
+    *,
+    metrics: Iterable[str] = METRICS,
+    spice: bool | str | os.PathLike = True,
+    strict: bool = False,
+) -> CaptionScores:
     """Score predictions ({id: caption}) against references ({id: [captions]}) on the ids both have.
 
     metrics: any of METRICS. spice: True = use SPICE if CoreNLP 3.6.0 is installed or named by
@@ -411,9 +372,15 @@ def group_order(names: Iterable[str]) -> list[str]:
     return known + sorted(names - set(known))
 
 
-def score_by_group(predictions: Mapping[Any, str], references: Mapping[Any, list[str]], groups: Mapping[Any, str], *,
-                   metrics: Iterable[str] = METRICS, spice: bool | str | os.PathLike = True,
-                   strict: bool = False) -> dict[str, CaptionScores]:
+def score_by_group(
+    predictions: Mapping[Any, str],
+    references: Mapping[Any, list[str]],
+    groups: Mapping[Any, str],
+    *,
+    metrics: Iterable[str] = METRICS,
+    spice: bool | str | os.PathLike = True,
+    strict: bool = False,
+) -> dict[str, CaptionScores]:
     """Per-group scores plus "semantic" (every grouped pair not in "distractor") and "total" (all pairs).
 
     groups: {pair id: group name}, e.g. CLEVR-Change's change types (color, material, add, drop, move,
@@ -442,7 +409,9 @@ def score_by_group(predictions: Mapping[Any, str], references: Mapping[Any, list
     results[TOTAL].mismatch = aligned.mismatch
     if ungrouped:
         examples = ", ".join(map(repr, ungrouped[:5]))
-        results[TOTAL].notes.append(f"{len(ungrouped)} scored pair(s) have no group and count in {TOTAL!r} only (e.g. {examples})")
+        results[TOTAL].notes.append(
+            f"{len(ungrouped)} scored pair(s) have no group and count in {TOTAL!r} only (e.g. {examples})"
+        )
     return results
 
 

@@ -63,19 +63,23 @@ def _check_caption(value: Any, *, source: str, record: str) -> str:
 def _prediction_row(row: Any, *, source: str, record: str) -> tuple[str, str]:
     """(id, caption) of one `{"image_id"|"pair_id"|"id": ..., "caption": ...}` row."""
     if not isinstance(row, dict):
-        raise DataError(f"{source}: {record}: expected an object with an id and a \"caption\", got {type(row).__name__}")
+        raise DataError(f'{source}: {record}: expected an object with an id and a "caption", got {type(row).__name__}')
     id_key = next((key for key in PREDICTION_ID_KEYS if key in row), None)
     if id_key is None:
-        raise DataError(f"{source}: {record}: has no id (expected one of {', '.join(PREDICTION_ID_KEYS)}); keys: {sorted(row)}")
+        raise DataError(
+            f"{source}: {record}: has no id (expected one of {', '.join(PREDICTION_ID_KEYS)}); keys: {sorted(row)}"
+        )
     pair_id = _check_id(row[id_key], source=source, record=record)
     if "caption" not in row:
-        raise DataError(f"{source}: {record} (id {pair_id!r}): has no \"caption\"")
+        raise DataError(f'{source}: {record} (id {pair_id!r}): has no "caption"')
     return pair_id, _check_caption(row["caption"], source=source, record=f"{record} (id {pair_id!r})")
 
 
 def _add_prediction(predictions: dict[str, str], pair_id: str, caption: str, *, source: str, record: str) -> None:
     if pair_id in predictions:
-        raise DataError(f"{source}: {record}: id {pair_id!r} has more than one prediction (one caption per pair is scored)")
+        raise DataError(
+            f"{source}: {record}: id {pair_id!r} has more than one prediction (one caption per pair is scored)"
+        )
     predictions[pair_id] = caption
 
 
@@ -106,10 +110,14 @@ def load_predictions(path: str | Path) -> dict[str, str]:
                 # {id: ["caption"]} is how some repositories store the "res" side.
                 if isinstance(caption, list) and len(caption) == 1:
                     caption = caption[0]
-                predictions[_check_id(pair_id, source=source, record=record)] = _check_caption(caption, source=source, record=record)
+                predictions[_check_id(pair_id, source=source, record=record)] = _check_caption(
+                    caption, source=source, record=record
+                )
         else:
-            raise DataError(f"{source}: expected a list of {{\"image_id\", \"caption\"}} objects or an {{id: caption}} object, "
-                            f"got {type(data).__name__}")
+            raise DataError(
+                f'{source}: expected a list of {{"image_id", "caption"}} objects or an {{id: caption}} object, '
+                f"got {type(data).__name__}"
+            )
     if not predictions:
         raise DataError(f"{source}: holds no predictions")
     return predictions
@@ -132,36 +140,49 @@ def load_references(path: str | Path) -> dict[str, list[str]]:
     if isinstance(data, dict) and "annotations" in data:
         annotations = data["annotations"]
         if not isinstance(annotations, list):
-            raise DataError(f"{source}: \"annotations\" must be a list, got {type(annotations).__name__}")
+            raise DataError(f'{source}: "annotations" must be a list, got {type(annotations).__name__}')
         for number, annotation in enumerate(annotations):
             record = f"annotation {number}"
             if not isinstance(annotation, dict) or "image_id" not in annotation or "caption" not in annotation:
-                raise DataError(f"{source}: {record}: expected an object with \"image_id\" and \"caption\", got {annotation!r:.200}")
+                raise DataError(
+                    f'{source}: {record}: expected an object with "image_id" and "caption", got {annotation!r:.200}'
+                )
             pair_id = _check_id(annotation["image_id"], source=source, record=record)
-            _add_reference(references, pair_id, _check_caption(annotation["caption"], source=source, record=f"{record} (image_id {pair_id!r})"))
+            _add_reference(
+                references,
+                pair_id,
+                _check_caption(annotation["caption"], source=source, record=f"{record} (image_id {pair_id!r})"),
+            )
         images = data.get("images", [])
         if not isinstance(images, list):
-            raise DataError(f"{source}: \"images\" must be a list, got {type(images).__name__}")
+            raise DataError(f'{source}: "images" must be a list, got {type(images).__name__}')
         for number, image in enumerate(images):
             if not isinstance(image, dict) or "id" not in image:
-                raise DataError(f"{source}: images entry {number}: expected an object with an \"id\", got {image!r:.200}")
+                raise DataError(f'{source}: images entry {number}: expected an object with an "id", got {image!r:.200}')
             image_id = _check_id(image["id"], source=source, record=f"images entry {number}")
             if image_id not in references:
-                raise DataError(f"{source}: image id {image_id!r} has no annotation (an empty reference list cannot be scored)")
+                raise DataError(
+                    f"{source}: image id {image_id!r} has no annotation (an empty reference list cannot be scored)"
+                )
     elif isinstance(data, dict):
         for pair_id, captions in data.items():
             record = f"id {pair_id!r}"
             if not isinstance(captions, list):
-                raise DataError(f"{source}: {record}: expected a list of reference captions, got {type(captions).__name__} "
-                                "(an {id: caption} object is a predictions file)")
+                raise DataError(
+                    f"{source}: {record}: expected a list of reference captions, got {type(captions).__name__} "
+                    "(an {id: caption} object is a predictions file)"
+                )
             if not captions:
                 raise DataError(f"{source}: {record}: has an empty reference list (it cannot be scored)")
             references[_check_id(pair_id, source=source, record=record)] = [
-                _check_caption(caption, source=source, record=f"{record} reference {k}") for k, caption in enumerate(captions)
+                _check_caption(caption, source=source, record=f"{record} reference {k}")
+                for k, caption in enumerate(captions)
             ]
     else:
-        raise DataError(f"{source}: expected a COCO captions file (with \"annotations\") or an {{id: [captions]}} object, "
-                        f"got {type(data).__name__}")
+        raise DataError(
+            f'{source}: expected a COCO captions file (with "annotations") or an {{id: [captions]}} object, '
+            f"got {type(data).__name__}"
+        )
     if not references:
         raise DataError(f"{source}: holds no references")
     return references
@@ -184,8 +205,10 @@ def references_from_index(index: DatasetIndex) -> tuple[dict[str, list[str]], li
         else:
             without.append(pair.pair_id)
     if not references:
-        raise DataError(f"{index.format} {index.split} at {index.root}: no pair has reference captions, nothing to score "
-                        f"(are the caption files in place?)")
+        raise DataError(
+            f"{index.format} {index.split} at {index.root}: no pair has reference captions, nothing to score "
+            f"(are the caption files in place?)"
+        )
     return references, without
 
 
@@ -208,8 +231,10 @@ class IdMismatch:
     def lines(self) -> list[str]:
         """One line per non-empty side: count and up to MAX_EXAMPLES example ids."""
         out = []
-        for ids, what in ((self.predictions_without_reference, "prediction id(s) have no reference and are not scored"),
-                          (self.references_without_prediction, "reference id(s) have no prediction and are not scored")):
+        for ids, what in (
+            (self.predictions_without_reference, "prediction id(s) have no reference and are not scored"),
+            (self.references_without_prediction, "reference id(s) have no prediction and are not scored"),
+        ):
             if ids:
                 examples = ", ".join(repr(i) for i in ids[:MAX_EXAMPLES])
                 more = ", ..." if len(ids) > MAX_EXAMPLES else ""
@@ -218,10 +243,14 @@ class IdMismatch:
 
     def to_dict(self) -> dict:
         return {
-            "predictions_without_reference": {"count": len(self.predictions_without_reference),
-                                              "examples": self.predictions_without_reference[:MAX_EXAMPLES]},
-            "references_without_prediction": {"count": len(self.references_without_prediction),
-                                              "examples": self.references_without_prediction[:MAX_EXAMPLES]},
+            "predictions_without_reference": {
+                "count": len(self.predictions_without_reference),
+                "examples": self.predictions_without_reference[:MAX_EXAMPLES],
+            },
+            "references_without_prediction": {
+                "count": len(self.references_without_prediction),
+                "examples": self.references_without_prediction[:MAX_EXAMPLES],
+            },
         }
 
 
@@ -246,7 +275,9 @@ def _canonical_map(ids, *, what: str) -> dict[str, list[str]]:
     return spellings
 
 
-def align_ids(predictions: Mapping[Any, str], references: Mapping[Any, list[str]], *, strict: bool = False) -> AlignedCaptions:
+def align_ids(
+    predictions: Mapping[Any, str], references: Mapping[Any, list[str]], *, strict: bool = False
+) -> AlignedCaptions:
     """Match prediction ids to reference ids through `canonical_id`.
 
     Only ids on both sides are kept (the official flow scores the predicted ids only). Ids on one
@@ -255,9 +286,11 @@ def align_ids(predictions: Mapping[Any, str], references: Mapping[Any, list[str]
     have their captions merged, as COCO merges annotations of one image.
     """
     prediction_spellings = _canonical_map(predictions, what="predictions")
-    for key, spellings in prediction_spellings.items():
+    for spellings in prediction_spellings.values():
         if len(spellings) > 1:
-            raise DataError(f"predictions: ids {', '.join(map(repr, spellings))} name the same pair; keep one prediction per pair")
+            raise DataError(
+                f"predictions: ids {', '.join(map(repr, spellings))} name the same pair; keep one prediction per pair"
+            )
     reference_spellings = _canonical_map(references, what="references")
 
     aligned_predictions: dict[str, str] = {}
@@ -274,7 +307,9 @@ def align_ids(predictions: Mapping[Any, str], references: Mapping[Any, list[str]
         for spelling in reference_spellings[key]:
             captions.extend(references[spelling])
         if not captions:
-            raise DataError(f"references: id {reference_spellings[key][0]!r} has an empty reference list (it cannot be scored)")
+            raise DataError(
+                f"references: id {reference_spellings[key][0]!r} has an empty reference list (it cannot be scored)"
+            )
         if not all(isinstance(c, str) for c in captions):
             raise DataError(f"references: id {reference_spellings[key][0]!r}: every reference must be a string")
         aligned_predictions[str(pair_id)] = caption
@@ -284,7 +319,9 @@ def align_ids(predictions: Mapping[Any, str], references: Mapping[Any, list[str]
             mismatch.references_without_prediction.append(str(spellings[0]))
 
     if strict and not mismatch.ok:
-        raise DataError("predictions and references do not cover the same pairs (strict mode): " + "; ".join(mismatch.lines()))
+        raise DataError(
+            "predictions and references do not cover the same pairs (strict mode): " + "; ".join(mismatch.lines())
+        )
     if not aligned_predictions:
         raise DataError("no prediction id matches a reference id; " + "; ".join(mismatch.lines()))
     return AlignedCaptions(aligned_predictions, aligned_references, mismatch)
@@ -309,7 +346,11 @@ def write_predictions(path: str | Path, predictions: Mapping[str, str]) -> None:
     """
     path = Path(path)
     if path.suffix.lower() == ".jsonl":
-        write_text_atomic(path, "".join(json.dumps({"pair_id": k, "caption": v}, ensure_ascii=False) + "\n"
-                                        for k, v in predictions.items()))
+        write_text_atomic(
+            path,
+            "".join(
+                json.dumps({"pair_id": k, "caption": v}, ensure_ascii=False) + "\n" for k, v in predictions.items()
+            ),
+        )
     else:
         write_json_atomic(path, [{"image_id": k, "caption": v} for k, v in predictions.items()])

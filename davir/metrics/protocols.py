@@ -35,8 +35,10 @@ def lavis_pre_caption(caption: str, max_words: int = 50) -> str:
 
 def _source(pair: ChangePair) -> list[str]:
     if pair.source_captions is None:
-        raise DataError(f"pair {pair.pair_id!r}: the reader kept no raw sentences, so the official references "
-                        "cannot be rebuilt (was the index read by davir.data.formats.read_dataset?)")
+        raise DataError(
+            f"pair {pair.pair_id!r}: the reader kept no raw sentences, so the official references "
+            "cannot be rebuilt (was the index read by davir.data.formats.read_dataset?)"
+        )
     return list(pair.source_captions)
 
 
@@ -78,30 +80,66 @@ class Protocol:
         return f"{self.format} {self.split}"
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "official_file": self.official_file, "rule": self.rule, "tokenizer": TOKENIZER,
-                "pairs": self.pairs, "sentences": self.sentences, "empty_sentences": self.empty_sentences}
+        return {
+            "name": self.name,
+            "official_file": self.official_file,
+            "rule": self.rule,
+            "tokenizer": TOKENIZER,
+            "pairs": self.pairs,
+            "sentences": self.sentences,
+            "empty_sentences": self.empty_sentences,
+        }
 
 
 PROTOCOLS: dict[tuple[str, str], Protocol] = {
-    (p.format, p.split): p for p in (
-        Protocol("spot_the_diff", "test", verbatim,
-                 "FINER-MLLM@17178f3b eval_data/spot_test_change_captions_reformat.json = CLIP4IDC@ca494613 "
-                 "gt/spot_total_change_captions_reformat.json = harsh19/spot-the-diff@d26bdcd4 code/predictions/ddla_rerun_gtfile.json",
-                 "every pair; every raw sentence, the 7 empty ones included", 1270, 2107, 7,
-                 "9f6e4bff2b7307c3bbeee43cf1d5cd785eab41246732bad34978728cc6539b66"),
-        Protocol("spot_the_diff", "val", finer_spot_val,
-                 "FINER-MLLM@17178f3b eval_data/spot_val_change_captions_reformat.json",
-                 "pairs with a non-empty sentence (1,489 of 1,493); empty and number-only sentences dropped, "
-                 "LAVIS pre_caption with 32 words", 1489, 3293, 0,
-                 "f335cf35acff2c9d100e7b67fc5d864de6496acc2517aaaee16326058f15c32b"),
-        Protocol("ier", "val", finer_ier_val,
-                 "FINER-MLLM@17178f3b eval_data/IER_val_change_captions_reformat.json",
-                 "every pair; every sentence through LAVIS pre_caption (lower-case, . ! \" ( ) * # : ; ~ removed)",
-                 383, 1149, 0, "9e576b427d6718b36ef148531e4cc4e8125b70d3c9ac1d7b4492eb8eafa99210"),
-        Protocol("ier", "test", verbatim,
-                 "FINER-MLLM@17178f3b eval_data/IER_test_change_captions_reformat.json",
-                 "every pair; every raw sentence", 495, 1485, 0,
-                 "2741db864cb082dfa855d2f7098d05599d5078778d562be4e94aa1bfcb3f475b"),
+    (p.format, p.split): p
+    for p in (
+        Protocol(
+            "spot_the_diff",
+            "test",
+            verbatim,
+            "FINER-MLLM@17178f3b eval_data/spot_test_change_captions_reformat.json = CLIP4IDC@ca494613 "
+            "gt/spot_total_change_captions_reformat.json = harsh19/spot-the-diff@d26bdcd4 code/predictions/ddla_rerun_gtfile.json",
+            "every pair; every raw sentence, the 7 empty ones included",
+            1270,
+            2107,
+            7,
+            "9f6e4bff2b7307c3bbeee43cf1d5cd785eab41246732bad34978728cc6539b66",
+        ),
+        Protocol(
+            "spot_the_diff",
+            "val",
+            finer_spot_val,
+            "FINER-MLLM@17178f3b eval_data/spot_val_change_captions_reformat.json",
+            "pairs with a non-empty sentence (1,489 of 1,493); empty and number-only sentences dropped, "
+            "LAVIS pre_caption with 32 words",
+            1489,
+            3293,
+            0,
+            "f335cf35acff2c9d100e7b67fc5d864de6496acc2517aaaee16326058f15c32b",
+        ),
+        Protocol(
+            "ier",
+            "val",
+            finer_ier_val,
+            "FINER-MLLM@17178f3b eval_data/IER_val_change_captions_reformat.json",
+            'every pair; every sentence through LAVIS pre_caption (lower-case, . ! " ( ) * # : ; ~ removed)',
+            383,
+            1149,
+            0,
+            "9e576b427d6718b36ef148531e4cc4e8125b70d3c9ac1d7b4492eb8eafa99210",
+        ),
+        Protocol(
+            "ier",
+            "test",
+            verbatim,
+            "FINER-MLLM@17178f3b eval_data/IER_test_change_captions_reformat.json",
+            "every pair; every raw sentence",
+            495,
+            1485,
+            0,
+            "2741db864cb082dfa855d2f7098d05599d5078778d562be4e94aa1bfcb3f475b",
+        ),
     )
 }
 
@@ -159,30 +197,47 @@ def references_for_evaluation(index: DatasetIndex) -> ReferenceSet:
         else:
             without.append(pair.pair_id)
     if not references:
-        raise DataError(f"{index.format} {index.split} at {index.root}: no pair has reference captions, nothing to score "
-                        f"(are the caption files in place?)")
+        raise DataError(
+            f"{index.format} {index.split} at {index.root}: no pair has reference captions, nothing to score "
+            f"(are the caption files in place?)"
+        )
     where = f"{index.format} {index.split}"
-    source = {"format": index.format, "root": str(index.root), "split": index.split,
-              "pairs_without_references": _examples(without)}
+    source = {
+        "format": index.format,
+        "root": str(index.root),
+        "split": index.split,
+        "pairs_without_references": _examples(without),
+    }
     notes = []
     empty = [pair_id for pair_id, captions in references.items() if any(map(_is_empty, captions))]
     if protocol is not None:
         source["protocol"] = protocol.to_dict()
-        source["empty_references"] = {"policy": "kept (official protocol)",
-                                      "sentences": sum(map(_is_empty, (c for v in references.values() for c in v))),
-                                      "pairs_with_only_empty": _examples([k for k in empty if not any(map(str.strip, references[k]))])}
-        notes.append(f"{where}: official protocol, {len(references)} pairs and {sum(map(len, references.values()))} "
-                     f"reference sentences as in {protocol.official_file.split(' = ')[0]}")
+        source["empty_references"] = {
+            "policy": "kept (official protocol)",
+            "sentences": sum(map(_is_empty, (c for v in references.values() for c in v))),
+            "pairs_with_only_empty": _examples([k for k in empty if not any(map(str.strip, references[k]))]),
+        }
+        notes.append(
+            f"{where}: official protocol, {len(references)} pairs and {sum(map(len, references.values()))} "
+            f"reference sentences as in {protocol.official_file.split(' = ')[0]}"
+        )
         if empty:
-            notes.append(f"{where}: {source['empty_references']['sentences']} empty reference sentence(s) kept, as the "
-                         f"official file has them (pairs {_listed(empty)}; a pair whose only reference is empty scores 0)")
+            notes.append(
+                f"{where}: {source['empty_references']['sentences']} empty reference sentence(s) kept, as the "
+                f"official file has them (pairs {_listed(empty)}; a pair whose only reference is empty scores 0)"
+            )
     else:
         skipped = [s for s in index.skipped if "empty" in s.reason]
-        source["protocol"] = {"name": None, "rule": "the reader's captions: empty sentences skipped and counted",
-                              "tokenizer": TOKENIZER}
+        source["protocol"] = {
+            "name": None,
+            "rule": "the reader's captions: empty sentences skipped and counted",
+            "tokenizer": TOKENIZER,
+        }
         source["empty_references"] = {"policy": "skipped", "sentences": len(skipped)}
         if skipped:
-            notes.append(f"{where}: {len(skipped)} empty reference sentence(s) skipped (no official protocol for this split)")
+            notes.append(
+                f"{where}: {len(skipped)} empty reference sentence(s) skipped (no official protocol for this split)"
+            )
     if without:
         why = "are not in the official references" if protocol else "have no reference caption"
         notes.append(f"{len(without)} pair(s) of {where} {why} and are not scored (e.g. {_listed(without)})")
@@ -204,28 +259,46 @@ def load_reference_file(path: str | Path, *, empty: str = "auto") -> ReferenceSe
     empty_ids = [pair_id for pair_id, captions in references.items() if any(map(_is_empty, captions))]
     count = sum(map(_is_empty, (c for v in references.values() for c in v)))
     only_empty = [pair_id for pair_id in empty_ids if not any(map(str.strip, references[pair_id]))]
-    why = ("official reference file" if protocol is not None and empty == "auto" else f"--empty-references {empty}"
-           if empty != "auto" else "not an official reference file")
-    source: dict = {"file": str(path), "official_protocol": protocol.to_dict() if protocol else None,
-                    "empty_references": {"policy": f"{'kept' if keep else 'skipped'} ({why})", "sentences": count,
-                                         "pairs_with_only_empty": _examples(only_empty)}}
+    why = (
+        "official reference file"
+        if protocol is not None and empty == "auto"
+        else f"--empty-references {empty}"
+        if empty != "auto"
+        else "not an official reference file"
+    )
+    source: dict = {
+        "file": str(path),
+        "official_protocol": protocol.to_dict() if protocol else None,
+        "empty_references": {
+            "policy": f"{'kept' if keep else 'skipped'} ({why})",
+            "sentences": count,
+            "pairs_with_only_empty": _examples(only_empty),
+        },
+    }
     notes = []
     if protocol is not None:
         notes.append(f"{path}: the official references of {protocol.name} ({protocol.rule})")
     if count:
         if keep:
-            notes.append(f"{path}: {count} empty reference sentence(s) kept ({why}); {len(only_empty)} pair(s) have only "
-                         f"empty references and score 0 whatever the prediction" + (f" ({_listed(only_empty)})" if only_empty else ""))
+            notes.append(
+                f"{path}: {count} empty reference sentence(s) kept ({why}); {len(only_empty)} pair(s) have only "
+                f"empty references and score 0 whatever the prediction"
+                + (f" ({_listed(only_empty)})" if only_empty else "")
+            )
         else:
-            notes.append(f"{path}: {count} empty reference sentence(s) skipped ({why}); {len(only_empty)} pair(s) left "
-                         "without references are not scored" + (f" ({_listed(only_empty)})" if only_empty else ""))
+            notes.append(
+                f"{path}: {count} empty reference sentence(s) skipped ({why}); {len(only_empty)} pair(s) left "
+                "without references are not scored" + (f" ({_listed(only_empty)})" if only_empty else "")
+            )
             references = {k: [c for c in v if not _is_empty(c)] for k, v in references.items() if k not in only_empty}
             if not references:
                 raise DataError(f"{path}: every reference sentence is empty, nothing to score")
     return ReferenceSet(references, {}, only_empty if not keep else [], source, notes)
 
 
-def load_references_from_dataset(format: str, root: str | Path, split: str) -> tuple[dict[str, list[str]], dict[str, str], list[str]]:
+def load_references_from_dataset(
+    format: str, root: str | Path, split: str
+) -> tuple[dict[str, list[str]], dict[str, str], list[str]]:
     """(references, groups, ids not scored) of one split through the data layer's reader, under the
     split's official protocol where it has one (`references_for_evaluation`)."""
     from davir.data.formats import read_dataset  # the readers import a lot; only load them when asked

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from davir.data.formats.clevr_change import DISTRACTOR_SUFFIX
-from davir.errors import DataError
 from davir.data.synthetic import (
     CHANGE_TEMPLATES,
     COLOR_WORDS,
@@ -24,6 +23,7 @@ from davir.data.synthetic import (
     SHAPE_WORDS,
     SIZE_WORDS,
 )
+from davir.errors import DataError
 
 NO_CHANGE = "none"
 TYPES = ("color", "material", "add", "drop", "move", NO_CHANGE)
@@ -32,8 +32,12 @@ ATTRIBUTES = ("size", "color", "material", "shape")
 # word -> (attribute, canonical value), from the generator's own synonym tables.
 WORD_ATTRIBUTE: dict[str, tuple[str, str]] = {
     word: (attribute, value)
-    for attribute, table in (("size", SIZE_WORDS), ("color", COLOR_WORDS), ("material", MATERIAL_WORDS),
-                             ("shape", SHAPE_WORDS))
+    for attribute, table in (
+        ("size", SIZE_WORDS),
+        ("color", COLOR_WORDS),
+        ("material", MATERIAL_WORDS),
+        ("shape", SHAPE_WORDS),
+    )
     for value, words in table.items()
     for word in words
 }
@@ -138,8 +142,10 @@ def pair_truths(scenes: Mapping[str, Any], *, split: str | None = None) -> dict[
             raise DataError(f"scenes.json scene {scene_id}: no change record with a known type ({TYPES[:-1]})")
         attributes = parse_object_phrase(str(change.get("subject", "")))
         if attributes is None or set(attributes) != set(ATTRIBUTES):
-            raise DataError(f"scenes.json scene {scene_id}: change subject {change.get('subject')!r} is not a "
-                            "full attribute phrase (size colour material shape)")
+            raise DataError(
+                f"scenes.json scene {scene_id}: change subject {change.get('subject')!r} is not a "
+                "full attribute phrase (size colour material shape)"
+            )
         name = f"{scene_id}.png"
         truths[name] = PairTruth(change["type"], attributes, change.get("new"))
         truths[name + DISTRACTOR_SUFFIX] = PairTruth(NO_CHANGE)
@@ -223,15 +229,27 @@ def format_synthetic_table(scores: SyntheticScores) -> str:
     rows = [(t, scores.per_type[t]) for t in TYPES if t in scores.per_type] + [("total", scores.overall)]
     for name, bucket in rows:
         values = bucket.to_dict()
-        cells = ["—" if values[k] is None else f"{100 * values[k]:.1f}"
-                 for k in ("type_accuracy", "object_accuracy", "exact_accuracy")]
+        cells = [
+            "—" if values[k] is None else f"{100 * values[k]:.1f}"
+            for k in ("type_accuracy", "object_accuracy", "exact_accuracy")
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {bucket.pairs} |")
     lines.append(f"\nScale: x100. Captions matching no template (counted wrong): {scores.unparsed}.")
     return "\n".join(lines) + "\n"
 
 
 __all__ = [
-    "ATTRIBUTES", "NO_CHANGE", "TYPES", "PairTruth", "ParsedCaption", "SyntheticScores", "TypeScores",
-    "format_synthetic_table", "normalise_caption", "pair_truths", "parse_caption", "parse_object_phrase",
+    "ATTRIBUTES",
+    "NO_CHANGE",
+    "TYPES",
+    "PairTruth",
+    "ParsedCaption",
+    "SyntheticScores",
+    "TypeScores",
+    "format_synthetic_table",
+    "normalise_caption",
+    "pair_truths",
+    "parse_caption",
+    "parse_object_phrase",
     "score_synthetic",
 ]

@@ -21,8 +21,9 @@ def _cell(value: float | None, digits: int) -> str:
     return "n/a" if value is None else f"{100.0 * value:.{digits}f}"
 
 
-def format_table(rows: Mapping[str, CaptionScores], *, row_label: str = "", digits: int = 1,
-                 columns: Iterable[str] | None = None) -> str:
+def format_table(
+    rows: Mapping[str, CaptionScores], *, row_label: str = "", digits: int = 1, columns: Iterable[str] | None = None
+) -> str:
     """A Markdown table: one row per entry of `rows`, one column per metric (x100) and the pair count.
 
     Below it: the scale note and, once each, the notes of the rows (e.g. how to enable SPICE).
@@ -32,10 +33,7 @@ def format_table(rows: Mapping[str, CaptionScores], *, row_label: str = "", digi
     present = {name for result in rows.values() for name in result.metrics}
     names = [name for name in (columns if columns is not None else SCORE_NAMES) if name in present]
     header = [row_label or " ", *names, "pairs"]
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
-    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     for label, result in rows.items():
         cells = [label, *(_cell(result.metrics.get(name), digits) for name in names), str(result.num_pairs)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -61,8 +59,9 @@ def results_to_json(rows: Mapping[str, CaptionScores], *, per_image: Iterable[st
     }
 
 
-def write_results_json(path: str | Path, rows: Mapping[str, CaptionScores], *, per_image: Iterable[str] = (),
-                       extra: Mapping | None = None) -> None:
+def write_results_json(
+    path: str | Path, rows: Mapping[str, CaptionScores], *, per_image: Iterable[str] = (), extra: Mapping | None = None
+) -> None:
     """Write `results_to_json(rows)` (plus the `extra` keys, e.g. the input files) atomically."""
     document = dict(extra or {})
     document.update(results_to_json(rows, per_image=per_image))

@@ -136,7 +136,12 @@ def _safe_log(p: torch.Tensor) -> torch.Tensor:
 
 
 def attention_kl(
-    attention: torch.Tensor, target: torch.Tensor, *, norm: str = "softmax", direction: str = "attn_mask", eps: float = 1e-6
+    attention: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    norm: str = "softmax",
+    direction: str = "attn_mask",
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """One term of Eq. 7, per sample: KL(σ(A) ‖ σ(M^)) (``direction='attn_mask'``, as written) or
     KL(σ(M^) ‖ σ(A)) (``'mask_attn'``). σ = ``spatial_distribution`` with ``norm``; the ``sum`` norm divides
@@ -268,9 +273,7 @@ def fac_attention_loss(
         (attention_after, target_after, valid_after),
     ):
         if keep.any():
-            soft = change_mask_target(
-                target[keep], grid, kernel_size=config.blur_kernel_size, sigma=config.blur_sigma
-            )
+            soft = change_mask_target(target[keep], grid, kernel_size=config.blur_kernel_size, sigma=config.blur_sigma)
             total = total + _attention_term(attention[keep], soft, config).sum()
     return FacLoss(loss=total / num_pairs, num_pairs=num_pairs)
 

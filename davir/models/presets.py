@@ -155,10 +155,7 @@ def vicuna7b_config(
     return InstructBlipConfig(vision_config=vision, qformer_config=qformer, text_config=text, num_query_tokens=32)
 
 
-preset_registry: dict[str, Callable[..., InstructBlipConfig]] = {
-    "tiny": tiny_config,
-    "vicuna7b": vicuna7b_config,
-}
+preset_registry: dict[str, Callable[..., InstructBlipConfig]] = {"tiny": tiny_config, "vicuna7b": vicuna7b_config}
 
 
 def build_preset_config(name: str, **kwargs) -> InstructBlipConfig:

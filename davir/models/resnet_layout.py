@@ -32,7 +32,9 @@ def resnet_layout(state: dict[str, torch.Tensor]) -> tuple[list[int], int]:
         if match and match.group(1) in blocks:
             blocks[match.group(1)] = max(blocks[match.group(1)], int(match.group(2)) + 1)
     if not all(blocks.values()):
-        raise LayoutError(f"no blocks for {[s for s, n in blocks.items() if not n]} (keys like 'layer1.0.conv1.weight')")
+        raise LayoutError(
+            f"no blocks for {[s for s, n in blocks.items() if not n]} (keys like 'layer1.0.conv1.weight')"
+        )
     conv = state.get("layer1.0.conv1.weight")
     if conv is None or "layer1.0.conv3.weight" not in state:
         raise LayoutError("layer1.0 has no conv1/conv3: not bottleneck blocks")
@@ -75,5 +77,5 @@ def random_backbone(seed: int, blocks: list[int] | None = None, width_per_group:
     net = build_resnet(blocks, width_per_group)
     for stage, count in zip(STAGES, blocks):
         for block in getattr(net, stage):
-            nn.init.constant_(block.bn3.weight, count ** -0.5)
+            nn.init.constant_(block.bn3.weight, count**-0.5)
     return truncate_at_layer3(net)

@@ -10,8 +10,8 @@ ImageNet mean/std (`AUTHORS_STD` is the reference script's typo for the last cha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import cv2
 import numpy as np
@@ -85,5 +85,3 @@ def shipped_backbone_matching(fingerprint: str | None) -> Path | None:
     if not fingerprint or not SHIPPED_BACKBONE.is_file():
         return None
     return SHIPPED_BACKBONE if fingerprint == f"sha256:{file_sha256(SHIPPED_BACKBONE)}" else None
-
-

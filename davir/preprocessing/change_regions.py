@@ -17,7 +17,12 @@ import numpy as np
 from sklearn.cluster import DBSCAN
 
 from davir.preprocessing.registration import (
-    PHOTOMETRIC, REGISTRATIONS, estimate_registration, map_points, match_illumination, scale_homography,
+    PHOTOMETRIC,
+    REGISTRATIONS,
+    estimate_registration,
+    map_points,
+    match_illumination,
+    scale_homography,
     warp_to_after_frame,
 )
 
@@ -26,22 +31,22 @@ from davir.preprocessing.registration import (
 class RegionSettings:
     """Settings of Eq. 2 and of the IoU filter of Eq. 3 (pixel sizes are in working-resolution pixels)."""
 
-    work_size: int = 224          # long side of the working resolution (smaller images are not upscaled)
-    blur_sigma: float = 1.0       # Gaussian pre-blur before differencing
-    threshold: float = 0.05       # δ of Eq. 2, on the [0, 1] difference map
-    open_px: int = 1              # radius of a morphological opening of the thresholded map (0 = off)
-    eps: float = 1.5              # DBSCAN neighbourhood radius (in clustering-grid units, see cluster_stride)
-    min_samples: int = 4          # DBSCAN core-point count (points of the clustering grid)
-    min_area: float = 0.001       # clusters under this share of the working image are dropped
-    max_points: int = 5000        # points fed to DBSCAN at most (beyond: a subsample; only when most of the image changed)
-    tolerance_px: int = 2         # misalignment tolerance of the difference map (0 = plain |I_s − I_t|)
-    cluster_stride: int = 2       # DBSCAN on s×s blocks of changed pixels (1 = on every pixel); eps counts blocks
-    close_px: int = 2             # closing radius that turns a cluster's pixels into its region
-    region_hull: bool = True      # R_c = convex hull of the cluster instead of its closed pixels
-    dilate_px: int = 1            # dilation of R_c for the IoU filter
-    tau: float = 0.4              # τ of Eq. 3
-    register: str = "ecc"         # none | ecc | orb
-    photometric: str = "affine"   # none | affine: per-channel gain/offset of before fitted to after
+    work_size: int = 224  # long side of the working resolution (smaller images are not upscaled)
+    blur_sigma: float = 1.0  # Gaussian pre-blur before differencing
+    threshold: float = 0.05  # δ of Eq. 2, on the [0, 1] difference map
+    open_px: int = 1  # radius of a morphological opening of the thresholded map (0 = off)
+    eps: float = 1.5  # DBSCAN neighbourhood radius (in clustering-grid units, see cluster_stride)
+    min_samples: int = 4  # DBSCAN core-point count (points of the clustering grid)
+    min_area: float = 0.001  # clusters under this share of the working image are dropped
+    max_points: int = 5000  # points fed to DBSCAN at most (beyond: a subsample; only when most of the image changed)
+    tolerance_px: int = 2  # misalignment tolerance of the difference map (0 = plain |I_s − I_t|)
+    cluster_stride: int = 2  # DBSCAN on s×s blocks of changed pixels (1 = on every pixel); eps counts blocks
+    close_px: int = 2  # closing radius that turns a cluster's pixels into its region
+    region_hull: bool = True  # R_c = convex hull of the cluster instead of its closed pixels
+    dilate_px: int = 1  # dilation of R_c for the IoU filter
+    tau: float = 0.4  # τ of Eq. 3
+    register: str = "ecc"  # none | ecc | orb
+    photometric: str = "affine"  # none | affine: per-channel gain/offset of before fitted to after
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -63,9 +68,9 @@ class Cluster:
     """One DBSCAN cluster of changed pixels, in working-resolution (row, col) coordinates."""
 
     label: int
-    pixels: np.ndarray            # (n, 2) int rows/cols of the cluster's changed pixels
+    pixels: np.ndarray  # (n, 2) int rows/cols of the cluster's changed pixels
     box: tuple[int, int, int, int]  # (x0, y0, x1, y1): x0/y0 inclusive, x1/y1 exclusive (pixel edges)
-    centre: tuple[float, float]   # (x, y) continuous coordinates of a pixel centre on the cluster
+    centre: tuple[float, float]  # (x, y) continuous coordinates of a pixel centre on the cluster
 
     @property
     def size(self) -> int:
@@ -81,30 +86,34 @@ class Prompt:
     cluster: int
 
     def to_dict(self) -> dict:
-        return {"cluster": self.cluster, "box": [round(v, 2) for v in self.box],
-                "point": [round(v, 2) for v in self.point]}
+        return {
+            "cluster": self.cluster,
+            "box": [round(v, 2) for v in self.box],
+            "point": [round(v, 2) for v in self.point],
+        }
 
 
 @dataclass
 class ChangeRegions:
     """Everything Eq. 2 yields for one pair, in both image frames."""
 
-    image_size: tuple[int, int]            # (H, W) of the images
-    work_size: tuple[int, int]             # (h, w) of the working resolution
-    diff: np.ndarray                       # (h, w) float32 difference map in the after frame
-    changed: np.ndarray                    # (h, w) bool thresholded map
+    image_size: tuple[int, int]  # (H, W) of the images
+    work_size: tuple[int, int]  # (h, w) of the working resolution
+    diff: np.ndarray  # (h, w) float32 difference map in the after frame
+    changed: np.ndarray  # (h, w) bool thresholded map
     clusters: list[Cluster]
     prompts_after: list[Prompt]
     prompts_before: list[Prompt]
-    regions_after: list[np.ndarray]        # R_c (dilated) per cluster, image resolution, after frame
-    regions_before: list[np.ndarray]       # the same regions mapped into the before frame
-    after_to_before: np.ndarray | None     # 3x3 homography in image pixels, None = identity
+    regions_after: list[np.ndarray]  # R_c (dilated) per cluster, image resolution, after frame
+    regions_before: list[np.ndarray]  # the same regions mapped into the before frame
+    after_to_before: np.ndarray | None  # 3x3 homography in image pixels, None = identity
     registration: dict = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------
 # Working resolution
 # ----------------------------------------------------------------------------------------------
+
 
 def working_shape(height: int, width: int, work_size: int) -> tuple[int, int]:
     """(h, w) with the long side at `work_size`; images already smaller keep their size."""
@@ -144,6 +153,7 @@ def fill_holes(mask: np.ndarray) -> np.ndarray:
 # Eq. 2: C = DBSCAN(Diff(I_s, I_t) > δ)
 # ----------------------------------------------------------------------------------------------
 
+
 def difference_map(before: np.ndarray, after: np.ndarray, blur_sigma: float = 1.0) -> np.ndarray:
     """Diff(I_s, I_t) of Eq. 2: mean over RGB of |I_s − I_t| in [0, 1], after a Gaussian pre-blur.
 
@@ -160,8 +170,9 @@ def difference_map(before: np.ndarray, after: np.ndarray, blur_sigma: float = 1.
     return total.astype(np.float32) * np.float32(1.0 / (3 * 255))
 
 
-def tolerant_difference_map(before: np.ndarray, after: np.ndarray, blur_sigma: float = 1.0,
-                            tolerance_px: int = 1) -> np.ndarray:
+def tolerant_difference_map(
+    before: np.ndarray, after: np.ndarray, blur_sigma: float = 1.0, tolerance_px: int = 1
+) -> np.ndarray:
     """Diff(I_s, I_t) of Eq. 2 made tolerant to misalignment of up to `tolerance_px` pixels.
 
     For each pixel and channel, the distance of one image's value to the [min, max] range of the
@@ -189,8 +200,9 @@ def tolerant_difference_map(before: np.ndarray, after: np.ndarray, blur_sigma: f
     return total.astype(np.float32) * np.float32(1.0 / (3 * 255))
 
 
-def threshold_difference(diff: np.ndarray, threshold: float, open_px: int = 0,
-                         valid: np.ndarray | None = None) -> np.ndarray:
+def threshold_difference(
+    diff: np.ndarray, threshold: float, open_px: int = 0, valid: np.ndarray | None = None
+) -> np.ndarray:
     """The `Diff > δ` of Eq. 2: a bool map of changed pixels.
 
     An optional opening of radius `open_px` removes specks thinner than the disk; `valid` (bool)
@@ -204,8 +216,15 @@ def threshold_difference(diff: np.ndarray, threshold: float, open_px: int = 0,
     return changed
 
 
-def cluster_changed_pixels(changed: np.ndarray, eps: float, min_samples: int, min_area: float = 0.0,
-                           max_points: int = 20000, seed: int = 0, stride: int = 1) -> list[Cluster]:
+def cluster_changed_pixels(
+    changed: np.ndarray,
+    eps: float,
+    min_samples: int,
+    min_area: float = 0.0,
+    max_points: int = 20000,
+    seed: int = 0,
+    stride: int = 1,
+) -> list[Cluster]:
     """The DBSCAN of Eq. 2: spatially coherent clusters C of the changed pixels, largest first.
 
     DBSCAN (scikit-learn) runs on the (row, col) coordinates of the True pixels of `changed`; noise
@@ -263,8 +282,9 @@ def cluster_from_pixels(label: int, pixels: np.ndarray) -> Cluster:
     return Cluster(label=label, pixels=pixels, box=box, centre=(float(col) + 0.5, float(row) + 0.5))
 
 
-def cluster_region(cluster: Cluster, shape: tuple[int, int], close_px: int = 2, dilate_px: int = 0,
-                   hull: bool = False) -> np.ndarray:
+def cluster_region(
+    cluster: Cluster, shape: tuple[int, int], close_px: int = 2, dilate_px: int = 0, hull: bool = False
+) -> np.ndarray:
     """R_c: the cluster's pixels as a (h, w) bool region, dilated by `dilate_px`.
 
     Either closed (radius `close_px`) and hole-filled, or (`hull=True`) the convex hull of the
@@ -289,6 +309,7 @@ def cluster_region(cluster: Cluster, shape: tuple[int, int], close_px: int = 2, 
 # ----------------------------------------------------------------------------------------------
 # Eq. 3: M = ∪_{i: IoU_i ≥ τ} S(I, p_i)
 # ----------------------------------------------------------------------------------------------
+
 
 def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
     """Intersection over union of two bool masks of one shape (0 when both are empty)."""
@@ -324,8 +345,9 @@ def union_of_masks(masks: list[np.ndarray], keep: list[bool], shape: tuple[int, 
     return union
 
 
-def change_mask_union(candidates: list[np.ndarray], regions: list[np.ndarray], tau: float,
-                      shape: tuple[int, int]) -> tuple[np.ndarray, list[bool], list[float], list[int]]:
+def change_mask_union(
+    candidates: list[np.ndarray], regions: list[np.ndarray], tau: float, shape: tuple[int, int]
+) -> tuple[np.ndarray, list[bool], list[float], list[int]]:
     """Eq. 3 for one image: pick each prompt's best candidate, keep those with IoU ≥ τ, take the union.
 
     `candidates[i]` is (K, H, W) bool, the segmenter's masks for prompt i. Returns the final mask,
@@ -344,6 +366,7 @@ def change_mask_union(candidates: list[np.ndarray], regions: list[np.ndarray], t
 # One pair
 # ----------------------------------------------------------------------------------------------
 
+
 def _resize_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     if mask.shape == shape:
         return mask
@@ -360,9 +383,13 @@ def _prompt_in_image(cluster: Cluster, scale_x: float, scale_y: float, width: in
 def _prompt_in_before(prompt: Prompt, after_to_before: np.ndarray, width: int, height: int) -> Prompt:
     x0, y0, x1, y1 = prompt.box
     corners = map_points(np.array([[x0, y0], [x1, y0], [x0, y1], [x1, y1]]), after_to_before)
-    (px, py), = map_points(np.array([prompt.point]), after_to_before)
-    box = (float(np.clip(corners[:, 0].min(), 0, width)), float(np.clip(corners[:, 1].min(), 0, height)),
-           float(np.clip(corners[:, 0].max(), 0, width)), float(np.clip(corners[:, 1].max(), 0, height)))
+    ((px, py),) = map_points(np.array([prompt.point]), after_to_before)
+    box = (
+        float(np.clip(corners[:, 0].min(), 0, width)),
+        float(np.clip(corners[:, 1].min(), 0, height)),
+        float(np.clip(corners[:, 0].max(), 0, width)),
+        float(np.clip(corners[:, 1].max(), 0, height)),
+    )
     point = (float(np.clip(px, 0, width - 1e-3)), float(np.clip(py, 0, height - 1e-3)))
     return Prompt(box=box, point=point, cluster=prompt.cluster)
 
@@ -374,7 +401,9 @@ def find_change_regions(before: np.ndarray, after: np.ndarray, settings: RegionS
     image frames (identical without registration).
     """
     if before.shape != after.shape or before.ndim != 3:
-        raise ValueError(f"before and after must be (H, W, 3) arrays of one shape, got {before.shape} and {after.shape}")
+        raise ValueError(
+            f"before and after must be (H, W, 3) arrays of one shape, got {before.shape} and {after.shape}"
+        )
     height, width = after.shape[:2]
     shape = working_shape(height, width, settings.work_size)
     small_b, small_a = to_working(before, shape), to_working(after, shape)
@@ -400,8 +429,15 @@ def find_change_regions(before: np.ndarray, after: np.ndarray, settings: RegionS
         small_b = match_illumination(small_b, small_a, valid)
     diff = tolerant_difference_map(small_b, small_a, settings.blur_sigma, settings.tolerance_px)
     changed = threshold_difference(diff, settings.threshold, settings.open_px, valid)
-    clusters = cluster_changed_pixels(changed, settings.eps, settings.min_samples, settings.min_area,
-                                      settings.max_points, settings.seed, settings.cluster_stride)
+    clusters = cluster_changed_pixels(
+        changed,
+        settings.eps,
+        settings.min_samples,
+        settings.min_area,
+        settings.max_points,
+        settings.seed,
+        settings.cluster_stride,
+    )
 
     prompts_after, prompts_before, regions_after, regions_before = [], [], [], []
     for cluster in clusters:
@@ -415,11 +451,20 @@ def find_change_regions(before: np.ndarray, after: np.ndarray, settings: RegionS
         else:
             prompts_before.append(_prompt_in_before(prompt, after_to_before, width, height))
             # Forward map after → before: the region lands where the change sits in the before image.
-            small_region = cv2.warpPerspective(region.astype(np.uint8), work_after_to_before,
-                                               (shape[1], shape[0]), flags=cv2.INTER_NEAREST)
+            small_region = cv2.warpPerspective(
+                region.astype(np.uint8), work_after_to_before, (shape[1], shape[0]), flags=cv2.INTER_NEAREST
+            )
             regions_before.append(_resize_mask(small_region.astype(bool), (height, width)))
     return ChangeRegions(
-        image_size=(height, width), work_size=shape, diff=diff, changed=changed, clusters=clusters,
-        prompts_after=prompts_after, prompts_before=prompts_before, regions_after=regions_after,
-        regions_before=regions_before, after_to_before=after_to_before, registration=registration,
+        image_size=(height, width),
+        work_size=shape,
+        diff=diff,
+        changed=changed,
+        clusters=clusters,
+        prompts_after=prompts_after,
+        prompts_before=prompts_before,
+        regions_after=regions_after,
+        regions_before=regions_before,
+        after_to_before=after_to_before,
+        registration=registration,
     )

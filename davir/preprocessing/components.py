@@ -10,9 +10,10 @@ What a component declares (settings, `option`, `compared`, weights): docs/prepro
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from davir.errors import DataError
 from davir.registry import Registry
@@ -21,8 +22,14 @@ T = TypeVar("T")
 DEVICE_KEY = "device"  # recorded by components that run on a device; never compared, never restored
 
 
-def option(flag: str, help: str = "", *, choices: tuple | Callable[[], Any] | None = None,
-           compared: bool = True, type: Callable | None = None) -> dict:
+def option(
+    flag: str,
+    help: str = "",
+    *,
+    choices: tuple | Callable[[], Any] | None = None,
+    compared: bool = True,
+    type: Callable | None = None,
+) -> dict:
     """Field metadata of a settings dataclass: the job CLI flag that sets this field.
 
     `choices` may be a callable, evaluated when the parser is built (registries filled late, e.g. SAM types).
@@ -79,12 +86,17 @@ class Component(Generic[T]):
 
     def settings_from_record(self, recorded: dict) -> Any:
         """Typed settings from a recorded dict: the fields it holds (not null), defaults for the others."""
-        values = {f.name: recorded[f.name] for f in dataclasses.fields(self.settings)
-                  if f.name != DEVICE_KEY and recorded.get(f.name) is not None}
+        values = {
+            f.name: recorded[f.name]
+            for f in dataclasses.fields(self.settings)
+            if f.name != DEVICE_KEY and recorded.get(f.name) is not None
+        }
         try:
             return self.settings(**values)
         except (TypeError, ValueError) as error:
-            raise DataError(f"{self.kind} {self.name!r}: the recorded settings {recorded} do not fit: {error}") from error
+            raise DataError(
+                f"{self.kind} {self.name!r}: the recorded settings {recorded} do not fit: {error}"
+            ) from error
 
 
 class ComponentRegistry(Registry[Component[T]]):
@@ -94,8 +106,9 @@ class ComponentRegistry(Registry[Component[T]]):
         super().__init__(kind)
         self.selector = selector
 
-    def register(self, name: str, settings: type, build: Callable[..., T], *, weights: Weights | None = None,
-                 **declared) -> Component[T]:
+    def register(
+        self, name: str, settings: type, build: Callable[..., T], *, weights: Weights | None = None, **declared
+    ) -> Component[T]:
         """Add a component (or replace one of that name). Its flags must not be another component's."""
         if not dataclasses.is_dataclass(settings):
             raise TypeError(f"{self.kind} {name!r}: settings must be a dataclass, got {settings!r}")
@@ -109,8 +122,15 @@ class ComponentRegistry(Registry[Component[T]]):
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(super().names()))
 
-    def build(self, name: str, settings: Any = None, *, checkpoint: str | Path | None = None,
-              device: str | None = None, **fields_and_context) -> T:
+    def build(
+        self,
+        name: str,
+        settings: Any = None,
+        *,
+        checkpoint: str | Path | None = None,
+        device: str | None = None,
+        **fields_and_context,
+    ) -> T:
         """The component `name` from its typed settings (default: the dataclass defaults; keyword fields
         of the settings may be given instead, e.g. `build("sam", sam_type="vit_b", checkpoint=…)`)."""
         entry = self[name]
@@ -123,20 +143,33 @@ class ComponentRegistry(Registry[Component[T]]):
         return entry.build(settings, checkpoint=checkpoint, device=device, **fields_and_context)
 
     # -- rebuilding what a cache recorded ----------------------------------------------------------
-    def rebuild(self, name: str, recorded: dict, *, where: str, checkpoint: str | Path | None = None,
-                override_flag: str | None = None, device: str | None = None, **context) -> T:
+    def rebuild(
+        self,
+        name: str,
+        recorded: dict,
+        *,
+        where: str,
+        checkpoint: str | Path | None = None,
+        override_flag: str | None = None,
+        device: str | None = None,
+        **context,
+    ) -> T:
         """The component a cache recorded (`recorded`: its settings), with a local weights file from the record
         unless `checkpoint` replaces it (a run moved to another machine); a missing file is a DataError naming
         `where`, the path and the flag that gives `checkpoint` (`override_flag`, default the job's flag)."""
         if name not in self:
-            raise DataError(f"{where}: unknown {self.kind} {name!r} in its manifest; registered: "
-                            f"{', '.join(self)} (register it before building from this cache)")
+            raise DataError(
+                f"{where}: unknown {self.kind} {name!r} in its manifest; registered: "
+                f"{', '.join(self)} (register it before building from this cache)"
+            )
         entry = self[name]
         path = None
         if entry.weights:
             path = Path(checkpoint or recorded.get(entry.weights.key) or "")
             if not path.is_file():
-                raise DataError(f"{where} was made with {self.kind} {name!r} from {recorded.get(entry.weights.key)}, "
-                                f"which is not found: pass {override_flag or entry.weights.flag} PATH "
-                                f"({entry.weights.what})")
+                raise DataError(
+                    f"{where} was made with {self.kind} {name!r} from {recorded.get(entry.weights.key)}, "
+                    f"which is not found: pass {override_flag or entry.weights.flag} PATH "
+                    f"({entry.weights.what})"
+                )
         return entry.build(entry.settings_from_record(recorded), checkpoint=path, device=device, **context)

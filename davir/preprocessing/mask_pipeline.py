@@ -64,11 +64,13 @@ def finish_pair(prepared: Prepared, candidates: list[list[Candidates]], tau: flo
     regions = prepared.regions
     shape = regions.image_size
     after_mask, kept_a, ious_a, choice_a = change_mask_union(
-        [c.masks for c in candidates[0]], regions.regions_after, tau, shape)
+        [c.masks for c in candidates[0]], regions.regions_after, tau, shape
+    )
     before_mask = None
     if segment_both:
         before_mask, kept_b, ious_b, choice_b = change_mask_union(
-            [c.masks for c in candidates[1]], regions.regions_before, tau, shape)
+            [c.masks for c in candidates[1]], regions.regions_before, tau, shape
+        )
     records = []
     for i, cluster in enumerate(regions.clusters):
         record = {
@@ -81,13 +83,15 @@ def finish_pair(prepared: Prepared, candidates: list[list[Candidates]], tau: flo
             "score_after": round(float(candidates[0][i].scores[choice_a[i]]), 4),
         }
         if segment_both:
-            record.update({
-                "box_before": regions.prompts_before[i].to_dict()["box"],
-                "point_before": regions.prompts_before[i].to_dict()["point"],
-                "iou_before": round(ious_b[i], 4),
-                "kept_before": kept_b[i],
-                "score_before": round(float(candidates[1][i].scores[choice_b[i]]), 4),
-            })
+            record.update(
+                {
+                    "box_before": regions.prompts_before[i].to_dict()["box"],
+                    "point_before": regions.prompts_before[i].to_dict()["point"],
+                    "iou_before": round(ious_b[i], 4),
+                    "kept_before": kept_b[i],
+                    "score_before": round(float(candidates[1][i].scores[choice_b[i]]), 4),
+                }
+            )
         records.append(record)
     area = shape[0] * shape[1]
     info = {
@@ -103,8 +107,9 @@ def finish_pair(prepared: Prepared, candidates: list[list[Candidates]], tau: flo
     return PairResult(prepared.pair_id, before_mask, after_mask, info)
 
 
-def compute_pair(pair: ChangePair, settings: RegionSettings, segmenter, segment_both: bool = True
-                 ) -> tuple[Prepared, PairResult]:
+def compute_pair(
+    pair: ChangePair, settings: RegionSettings, segmenter, segment_both: bool = True
+) -> tuple[Prepared, PairResult]:
     """All stages of one pair in this process (the classical path; SAM batches across pairs)."""
     prepared = prepare_pair(pair, settings)
     candidates = segmenter.segment(segment_requests(prepared, segment_both))
@@ -131,6 +136,9 @@ def read_manifest(root: str | Path) -> dict:
     merged["num_shards"] = parts[0]["shard"]["count"]
     merged["counts"] = {key: sum(p["counts"].get(key, 0) for p in parts) for key in parts[0]["counts"]}
     merged["failures"] = [f for p in parts for f in p.get("failures", [])]
-    merged["status"] = "complete" if all(p.get("status") == "complete" for p in parts) and \
-        len(parts) == merged["num_shards"] else "incomplete"
+    merged["status"] = (
+        "complete"
+        if all(p.get("status") == "complete" for p in parts) and len(parts) == merged["num_shards"]
+        else "incomplete"
+    )
     return merged

@@ -27,17 +27,17 @@ FLOOR = -1
 class ObjectSettings:
     """Settings of the object-level localiser (pixel sizes at the image resolution)."""
 
-    chroma: float = 0.16            # min chroma (max-min over the white-balanced channels / max) of a coloured pixel
-    dark: float = 0.5               # achromatic pixels under this share of the floor level are foreground
-    bright: float = 1.25            # ... and over this share of it (specular highlights)
-    mode_px: int = 2                # radius of the mode filter on the class map
-    min_segment_px: int = 12        # segments smaller than this are dropped (noise, anti-aliased edges)
-    search_px: int = 14             # parallax left after the global fit that a present object may still have
-    present: float = 0.45           # share of a segment's pixels that must land on its class in the other view
-    metal_cv: float = 0.4           # brightness spread (std / median) above which a segment looks metal
-    material_gap: float = 0.15      # ... and the spread difference a material change needs besides
-    min_area: float = 0.0008        # changed segments under this share of the image are dropped
-    dilate_px: int = 1              # the masks are grown by this many pixels (anti-aliased object edges)
+    chroma: float = 0.16  # min chroma (max-min over the white-balanced channels / max) of a coloured pixel
+    dark: float = 0.5  # achromatic pixels under this share of the floor level are foreground
+    bright: float = 1.25  # ... and over this share of it (specular highlights)
+    mode_px: int = 2  # radius of the mode filter on the class map
+    min_segment_px: int = 12  # segments smaller than this are dropped (noise, anti-aliased edges)
+    search_px: int = 14  # parallax left after the global fit that a present object may still have
+    present: float = 0.45  # share of a segment's pixels that must land on its class in the other view
+    metal_cv: float = 0.4  # brightness spread (std / median) above which a segment looks metal
+    material_gap: float = 0.15  # ... and the spread difference a material change needs besides
+    min_area: float = 0.0008  # changed segments under this share of the image are dropped
+    dilate_px: int = 1  # the masks are grown by this many pixels (anti-aliased object edges)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,10 +52,10 @@ class ObjectMasks:
 
 @dataclass
 class _View:
-    classes: np.ndarray            # (H, W) int8: FLOOR, a hue index or ACHROMATIC
-    labels: np.ndarray             # (H, W) int32 segment labels (0 = none)
-    segments: list[dict]           # label, class, area, centroid, highlight share
-    value: np.ndarray              # (H, W) float32 white-balanced brightness (1 = floor)
+    classes: np.ndarray  # (H, W) int8: FLOOR, a hue index or ACHROMATIC
+    labels: np.ndarray  # (H, W) int32 segment labels (0 = none)
+    segments: list[dict]  # label, class, area, centroid, highlight share
+    value: np.ndarray  # (H, W) float32 white-balanced brightness (1 = floor)
 
 
 def _white_balance(image: np.ndarray) -> np.ndarray:
@@ -129,8 +129,15 @@ def describe_view(image: np.ndarray, settings: ObjectSettings) -> _View:
             pixels = component == c
             label = len(segments) + 1
             labels[pixels] = label
-            segments.append({"label": label, "class": k, "area": area, "centroid": centroids[c].astype(np.float64),
-                             "highlight": float(highlight[pixels].mean())})
+            segments.append(
+                {
+                    "label": label,
+                    "class": k,
+                    "area": area,
+                    "centroid": centroids[c].astype(np.float64),
+                    "highlight": float(highlight[pixels].mean()),
+                }
+            )
     return _View(classes, labels, segments, relative.astype(np.float32))
 
 
@@ -174,15 +181,19 @@ def _spread(values: np.ndarray) -> float | None:
     return float(np.std(values) / max(float(np.median(values)), 1e-3))
 
 
-def _presence(view: _View, other: _View, matrix: np.ndarray, settings: ObjectSettings
-              ) -> list[tuple[float, float | None, float | None]]:
+def _presence(
+    view: _View, other: _View, matrix: np.ndarray, settings: ObjectSettings
+) -> list[tuple[float, float | None, float | None]]:
     """Per segment of `view`: (share of its pixels on its class in `other` at the best shift, its brightness
     spread here, the spread of its (hole-filled) region there at that shift)."""
     height, width = view.classes.shape
     results = []
     step = 2
-    shifts = [(dx, dy) for dy in range(-settings.search_px, settings.search_px + 1, step)
-              for dx in range(-settings.search_px, settings.search_px + 1, step)]
+    shifts = [
+        (dx, dy)
+        for dy in range(-settings.search_px, settings.search_px + 1, step)
+        for dx in range(-settings.search_px, settings.search_px + 1, step)
+    ]
     for segment in view.segments:
         ys, xs = np.nonzero(view.labels == segment["label"])
         mapped = _apply(matrix, np.stack([xs, ys], axis=1).astype(np.float64))
@@ -236,8 +247,12 @@ def localise_objects(before: np.ndarray, after: np.ndarray, settings: ObjectSett
             reason = None
             if share < settings.present:
                 reason = "absent"
-            elif here is not None and there is not None and abs(here - there) > settings.material_gap \
-                    and (here - settings.metal_cv) * (there - settings.metal_cv) < 0:
+            elif (
+                here is not None
+                and there is not None
+                and abs(here - there) > settings.material_gap
+                and (here - settings.metal_cv) * (there - settings.metal_cv) < 0
+            ):
                 reason = "material"
             if reason is None:
                 continue
@@ -245,18 +260,29 @@ def localise_objects(before: np.ndarray, after: np.ndarray, settings: ObjectSett
             if pixels.sum() < settings.min_area * area:
                 continue
             mask |= pixels
-            changed.append({"class": int(segment["class"]), "area_px": int(pixels.sum()), "reason": reason,
-                            "present": round(share, 3),
-                            "centroid": [round(float(v), 1) for v in segment["centroid"]]})
+            changed.append(
+                {
+                    "class": int(segment["class"]),
+                    "area_px": int(pixels.sum()),
+                    "reason": reason,
+                    "present": round(share, 3),
+                    "centroid": [round(float(v), 1) for v in segment["centroid"]],
+                }
+            )
         if settings.dilate_px > 0 and mask.any():
             kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * settings.dilate_px + 1,) * 2)
             mask = cv2.dilate(mask.astype(np.uint8), kernel).astype(bool)
         masks[name] = mask
         records[name] = {"segments": len(view.segments), "changed": changed}
-    info = {"localisation": "object", "fit": [round(float(v), 5) for v in fit[:2].reshape(-1)],
-            "fit_matches": matched, "segments_before": records["before"]["segments"],
-            "segments_after": records["after"]["segments"], "changed_before": records["before"]["changed"],
-            "changed_after": records["after"]["changed"]}
+    info = {
+        "localisation": "object",
+        "fit": [round(float(v), 5) for v in fit[:2].reshape(-1)],
+        "fit_matches": matched,
+        "segments_before": records["before"]["segments"],
+        "segments_after": records["after"]["segments"],
+        "changed_before": records["before"]["changed"],
+        "changed_after": records["after"]["changed"],
+    }
     return ObjectMasks(masks["before"], masks["after"], info)
 
 
@@ -271,15 +297,21 @@ def object_pair(pair, settings: ObjectSettings):
     return PairResult(pair.pair_id, *object_result(before_array, after_array, settings))
 
 
-def object_result(before: np.ndarray, after: np.ndarray, settings: ObjectSettings
-                  ) -> tuple[np.ndarray, np.ndarray, dict]:
+def object_result(
+    before: np.ndarray, after: np.ndarray, settings: ObjectSettings
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """(before mask, after mask, the cache's JSON record) of one loaded pair."""
     masks = localise_objects(before, after, settings)
     area = before.shape[0] * before.shape[1]
-    info = {"image_size": list(after.shape[:2]), **masks.info, "clusters": [],
-            "kept_after": len(masks.info["changed_after"]), "kept_before": len(masks.info["changed_before"]),
-            "area_after": round(float(masks.after.sum()) / area, 6),
-            "area_before": round(float(masks.before.sum()) / area, 6)}
+    info = {
+        "image_size": list(after.shape[:2]),
+        **masks.info,
+        "clusters": [],
+        "kept_after": len(masks.info["changed_after"]),
+        "kept_before": len(masks.info["changed_before"]),
+        "area_after": round(float(masks.after.sum()) / area, 6),
+        "area_before": round(float(masks.before.sum()) / area, 6),
+    }
     return masks.before, masks.after, info
 
 
@@ -291,7 +323,7 @@ class OnlineObjectMasks:
         self.settings = settings
 
     @classmethod
-    def from_recorded(cls, recorded: dict) -> "OnlineObjectMasks":
+    def from_recorded(cls, recorded: dict) -> OnlineObjectMasks:
         """From a mask cache's manifest settings ({"localisation": "object", "object": {...}})."""
         return cls(ObjectSettings(**(recorded.get("object") or {})))
 

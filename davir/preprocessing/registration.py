@@ -20,8 +20,9 @@ def _disk(radius: int) -> np.ndarray:
     return cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1, 2 * radius + 1))
 
 
-def match_illumination(before: np.ndarray, after: np.ndarray, valid: np.ndarray | None = None,
-                       keep: float = 0.8, stride: int = 3) -> np.ndarray:
+def match_illumination(
+    before: np.ndarray, after: np.ndarray, valid: np.ndarray | None = None, keep: float = 0.8, stride: int = 3
+) -> np.ndarray:
     """The before image with per-channel gain and offset fitted to the after image (uint8 out).
 
     Least squares of after_c ≈ g_c · before_c + o_c over the `valid` pixels (every `stride`-th row
@@ -109,8 +110,14 @@ def warp_to_after_frame(before: np.ndarray, after_to_before: np.ndarray) -> tupl
     h, w = before.shape[:2]
     flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
     warped = cv2.warpPerspective(before, after_to_before, (w, h), flags=flags, borderMode=cv2.BORDER_REPLICATE)
-    covered = cv2.warpPerspective(np.ones((h, w), np.uint8), after_to_before, (w, h), flags=cv2.INTER_NEAREST
-                                  | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    covered = cv2.warpPerspective(
+        np.ones((h, w), np.uint8),
+        after_to_before,
+        (w, h),
+        flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
+        borderMode=cv2.BORDER_CONSTANT,
+        borderValue=0,
+    )
     # Two pixels of margin: the border row is interpolated half from outside the image.
     covered = cv2.erode(covered, _disk(2)).astype(bool)
     return warped, covered

@@ -39,7 +39,10 @@ BLOCKS = [1, 1, 1]
 WIDTH_PER_GROUP = 32
 # Attribute → class names; class 0 of every head is "background" (no object box holds the cell centre).
 ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "color": tuple(COLORS), "shape": SHAPES, "material": MATERIALS, "size": tuple(SIZES),
+    "color": tuple(COLORS),
+    "shape": SHAPES,
+    "material": MATERIALS,
+    "size": tuple(SIZES),
 }
 IMAGE_KEYS = ("before", "after", "nonsemantic")
 
@@ -80,8 +83,7 @@ def load_cells(root: Path, split: str, *, limit: int | None = None) -> tuple[tor
             labels.append(cell_labels(image["objects"], config["width"], config["height"]))
     if not images:
         raise DataError(f"{root}: split {split!r} has no scenes")
-    return (torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(),
-            torch.from_numpy(np.stack(labels)))
+    return (torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(np.stack(labels)))
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
@@ -122,14 +124,16 @@ def cell_loss(logits: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def cell_accuracy(model: CellClassifier, images: torch.Tensor, labels: torch.Tensor, batch: int = 32) -> dict[str, float]:
+def cell_accuracy(
+    model: CellClassifier, images: torch.Tensor, labels: torch.Tensor, batch: int = 32
+) -> dict[str, float]:
     """Per attribute, accuracy on cells that hold an object (the class, not "background"), plus object/floor."""
     model.eval()
     hits = np.zeros(len(ATTRIBUTES))
     objects = floor_hits = floor = presence_hits = 0
     for start in range(0, len(images), batch):
-        logits = model(normalize(images[start:start + batch]))
-        target = labels[start:start + batch]
+        logits = model(normalize(images[start : start + batch]))
+        target = labels[start : start + batch]
         occupied = target[:, 0] > 0
         objects += int(occupied.sum())
         floor += int((~occupied).sum())
@@ -144,14 +148,15 @@ def cell_accuracy(model: CellClassifier, images: torch.Tensor, labels: torch.Ten
     return result
 
 
-def random_crops(images: torch.Tensor, labels: torch.Tensor, cells: int, generator: torch.Generator
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def random_crops(
+    images: torch.Tensor, labels: torch.Tensor, cells: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A `cells`×`cells` cell window (16-pixel aligned) of each image, random position and horizontal flip."""
     out_images, out_labels = [], []
     for image, label in zip(images, labels):
         r, c = (int(v) for v in torch.randint(0, GRID - cells + 1, (2,), generator=generator))
-        crop = image[:, r * CELL:(r + cells) * CELL, c * CELL:(c + cells) * CELL]
-        cell = label[:, r:r + cells, c:c + cells]
+        crop = image[:, r * CELL : (r + cells) * CELL, c * CELL : (c + cells) * CELL]
+        cell = label[:, r : r + cells, c : c + cells]
         if bool(torch.rand((), generator=generator) < 0.5):
             crop, cell = crop.flip(-1), cell.flip(-1)
         out_images.append(crop)
@@ -232,21 +237,33 @@ def pretrain_backbone(settings: PretrainSettings, *, command: str | None = None)
     started = time.perf_counter()
     train_images, train_labels = load_cells(root, "train", limit=settings.train_limit)
     eval_images, eval_labels = load_cells(root, "test", limit=settings.eval_scenes)
-    print(f"loaded {len(train_images)} train / {len(eval_images)} held-out images in "
-          f"{time.perf_counter() - started:.0f} s", flush=True)
+    print(
+        f"loaded {len(train_images)} train / {len(eval_images)} held-out images in "
+        f"{time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
     model = CellClassifier(settings.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=1e-4)
     generator = torch.Generator().manual_seed(settings.seed)
     budget = settings.minutes * 60.0
     info: dict[str, Any] = {
         "command": command,
-        "data": {"root": str(root), "config": config, "train_images": len(train_images),
-                 "eval_images": len(eval_images)},
-        "layout": {"class": "torchvision.models.resnet.ResNet(Bottleneck)", "blocks": BLOCKS,
-                   "width_per_group": WIDTH_PER_GROUP, "output": "layer3, 1024 x 14 x 14"},
+        "data": {
+            "root": str(root),
+            "config": config,
+            "train_images": len(train_images),
+            "eval_images": len(eval_images),
+        },
+        "layout": {
+            "class": "torchvision.models.resnet.ResNet(Bottleneck)",
+            "blocks": BLOCKS,
+            "width_per_group": WIDTH_PER_GROUP,
+            "output": "layer3, 1024 x 14 x 14",
+        },
         "attributes": {name: ["background", *classes] for name, classes in ATTRIBUTES.items()},
         "settings": settings.record(),
-        "versions": package_versions(), "curve": [],
+        "versions": package_versions(),
+        "curve": [],
     }
     step, loop_start, running = 0, time.perf_counter(), []
     # Cosine schedule over the wall-clock budget (steps are not known in advance on a shared machine).
@@ -294,16 +311,17 @@ def load_backbone(weights: str | None, seed: int = 0) -> nn.Module:
 
 
 @torch.no_grad()
-def probe_cells(backbone: nn.Module, root: Path, split: str, scenes: int, rng: np.random.Generator
-                ) -> tuple[np.ndarray, np.ndarray]:
+def probe_cells(
+    backbone: nn.Module, root: Path, split: str, scenes: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Layer3 features (n, 1024) and labels (n, 4) of the object cells of `scenes` before images, plus as
     many floor cells (at most 8 per image)."""
     images, labels = load_cells(root, split, limit=scenes)
-    images, labels = images[::len(IMAGE_KEYS)], labels[::len(IMAGE_KEYS)]  # the before images
+    images, labels = images[:: len(IMAGE_KEYS)], labels[:: len(IMAGE_KEYS)]  # the before images
     features, kept = [], []
     for start in range(0, len(images), 16):
-        grid = backbone(normalize(images[start:start + 16])).flatten(2).transpose(1, 2)  # (b, 196, 1024)
-        for cells, label in zip(grid.numpy(), labels[start:start + 16].flatten(2).transpose(1, 2).numpy()):
+        grid = backbone(normalize(images[start : start + 16])).flatten(2).transpose(1, 2)  # (b, 196, 1024)
+        for cells, label in zip(grid.numpy(), labels[start : start + 16].flatten(2).transpose(1, 2).numpy()):
             occupied = np.flatnonzero(label[:, 0] > 0)
             floor = np.flatnonzero(label[:, 0] == 0)
             keep = np.concatenate([occupied, rng.choice(floor, size=min(len(occupied), 8, len(floor)), replace=False)])
@@ -327,8 +345,12 @@ def probe_backbone(settings: ProbeSettings) -> dict[str, Any]:
     x_test, y_test = probe_cells(backbone, root, "test", settings.scenes, rng)
     scaler = StandardScaler().fit(x_train)
     x_train, x_test = scaler.transform(x_train), scaler.transform(x_test)
-    result: dict[str, Any] = {"weights": weights or f"random-init ResNet-101 (seed {settings.seed})",
-                              "data": str(root), "train_cells": len(x_train), "test_cells": len(x_test)}
+    result: dict[str, Any] = {
+        "weights": weights or f"random-init ResNet-101 (seed {settings.seed})",
+        "data": str(root),
+        "train_cells": len(x_train),
+        "test_cells": len(x_test),
+    }
     occupied_train, occupied_test = y_train[:, 0] > 0, y_test[:, 0] > 0
     presence = LogisticRegression(max_iter=500, C=0.1).fit(x_train, occupied_train)
     result["object_vs_floor"] = round(float(presence.score(x_test, occupied_test)), 4)

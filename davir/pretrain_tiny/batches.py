@@ -14,8 +14,9 @@ from davir.pretrain_tiny.data import Normaliser, SceneTensors
 from davir.pretrain_tiny.model import DESCRIBE_PROMPT
 
 
-def description_loss(model: DavirModel, pixels: torch.Tensor, captions: list[str], prompt: str = DESCRIBE_PROMPT
-                     ) -> torch.Tensor:
+def description_loss(
+    model: DavirModel, pixels: torch.Tensor, captions: list[str], prompt: str = DESCRIBE_PROMPT
+) -> torch.Tensor:
     """Single-image captioning: [one image's Q visual tokens | prompt | caption], token CE on the caption.
 
     Same layout as ``DavirModel.forward`` with one image instead of two (the before/after pair); a chat
@@ -27,7 +28,9 @@ def description_loss(model: DavirModel, pixels: torch.Tensor, captions: list[str
         return caption_cross_entropy(logits, labels)
     qformer = model.qformer_tokenizer([prompt] * batch, padding=True, return_tensors="pt")
     features = model.core.get_image_features(
-        pixels, qformer_input_ids=qformer["input_ids"], qformer_attention_mask=qformer["attention_mask"],
+        pixels,
+        qformer_input_ids=qformer["input_ids"],
+        qformer_attention_mask=qformer["attention_mask"],
         return_dict=True,
     )
     model.attention_hook.pop()  # the FAC hook recorded this pass; not used here
@@ -35,8 +38,9 @@ def description_loss(model: DavirModel, pixels: torch.Tensor, captions: list[str
     return caption_cross_entropy(logits, labels)
 
 
-def sample_description_batch(data: SceneTensors, batch: int, rng: random.Random, norm: Normaliser
-                             ) -> tuple[torch.Tensor, list[str]]:
+def sample_description_batch(
+    data: SceneTensors, batch: int, rng: random.Random, norm: Normaliser
+) -> tuple[torch.Tensor, list[str]]:
     rows = [rng.randrange(len(data.ids)) for _ in range(batch)]
     views = [rng.randrange(3) for _ in range(batch)]
     pixels = norm(data.images[rows, views])
@@ -54,8 +58,9 @@ class ChangeBatch:
     semantic: list[bool]
 
 
-def sample_change_batch(data: SceneTensors, batch: int, rng: random.Random, norm: Normaliser,
-                        changed_weights: list[float] | None = None) -> ChangeBatch:
+def sample_change_batch(
+    data: SceneTensors, batch: int, rng: random.Random, norm: Normaliser, changed_weights: list[float] | None = None
+) -> ChangeBatch:
     """Half semantic pairs, half distractor pairs (as in the data), one reference drawn per pair.
     ``changed_weights``: cumulative weights of the scenes (:func:`change_type_weights`) by which the changed
     pairs are drawn instead of uniformly."""
@@ -95,8 +100,9 @@ class EntityNoise:
                 raise ValueError(f"entity noise {name} must be a share in [0, 1], got {getattr(self, name)}")
 
 
-def noisy_entities(data: SceneTensors, rows: list[int], semantic: list[bool], rng: random.Random,
-                   noise: EntityNoise) -> list[list[str]]:
+def noisy_entities(
+    data: SceneTensors, rows: list[int], semantic: list[bool], rng: random.Random, noise: EntityNoise
+) -> list[list[str]]:
     """One entity per pair (or none): the changed object's phrase, or with the ``noise`` shares another
     object of the scene (changed pairs) or one of its objects (distractor pairs), as retrieval errs."""
     entities = []

@@ -12,7 +12,6 @@ from PIL import Image
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 from davir.data.images import load_rgb
-from davir.errors import DataError
 from davir.data.synthetic import (
     COLOR_WORDS,
     MATERIAL_WORDS,
@@ -23,6 +22,7 @@ from davir.data.synthetic import (
     load_scenes,
     object_phrase,
 )
+from davir.errors import DataError
 from davir.io import read_json
 
 
@@ -52,8 +52,9 @@ def _load_image(path: Path, size: int) -> np.ndarray:
     return np.asarray(resized).transpose(2, 0, 1)
 
 
-def load_split(root: Path, split: str, size: int, *, limit: int | None = None,
-               scenes: dict[str, Any] | None = None) -> SceneTensors:
+def load_split(
+    root: Path, split: str, size: int, *, limit: int | None = None, scenes: dict[str, Any] | None = None
+) -> SceneTensors:
     """Decode the scenes of ``split`` once (all three views at ``size`` px) with their texts; ``scenes``:
     the set's records when the caller has read them already."""
     scenes = load_scenes(root) if scenes is None else scenes
@@ -74,14 +75,17 @@ def load_split(root: Path, split: str, size: int, *, limit: int | None = None,
         subjects.append(str(record["change"]["subject"]))
         objects.append([object_phrase(o) for o in record["images"]["before"]["objects"]])
         change_types.append(str(record["change"]["type"]))
-    return SceneTensors(ids, torch.from_numpy(images), descriptions, captions, no_change, subjects, objects,
-                        change_types)
+    return SceneTensors(
+        ids, torch.from_numpy(images), descriptions, captions, no_change, subjects, objects, change_types
+    )
 
 
 DESCRIPTION_ORDERS = ("left-to-right", "canonical")
 _ATTRIBUTE_RANK = {
-    **{value: i for i, value in enumerate(COLOR_WORDS)}, **{value: i for i, value in enumerate(SHAPE_WORDS)},
-    **{value: i for i, value in enumerate(MATERIAL_WORDS)}, **{value: i for i, value in enumerate(SIZE_WORDS)},
+    **{value: i for i, value in enumerate(COLOR_WORDS)},
+    **{value: i for i, value in enumerate(SHAPE_WORDS)},
+    **{value: i for i, value in enumerate(MATERIAL_WORDS)},
+    **{value: i for i, value in enumerate(SIZE_WORDS)},
 }
 
 

@@ -22,8 +22,16 @@ def evaluation_entities(data: SceneTensors, rows: list[int], *, changed: bool) -
 
 
 @torch.no_grad()
-def evaluate(model: DavirModel, data: SceneTensors, truths: dict[str, Any], norm: Normaliser, *,
-             cider: bool = False, batch: int = 50, entities: bool = False) -> dict[str, Any]:
+def evaluate(
+    model: DavirModel,
+    data: SceneTensors,
+    truths: dict[str, Any],
+    norm: Normaliser,
+    *,
+    cider: bool = False,
+    batch: int = 50,
+    entities: bool = False,
+) -> dict[str, Any]:
     """Greedy captions of both pairs of every scene in ``data``; type/object accuracy (and CIDEr).
 
     ``entities``: prompt with EPC entity prompts, fixed per scene so that runs compare
@@ -57,8 +65,9 @@ def evaluate(model: DavirModel, data: SceneTensors, truths: dict[str, Any], norm
         from davir.metrics import score_captions
 
         text = score_captions(predictions, references, metrics=("BLEU", "CIDEr"), spice=False)
-        result["caption_scores"] = {name: round(float(value), 4) for name, value in text.metrics.items()
-                                    if value is not None}
+        result["caption_scores"] = {
+            name: round(float(value), 4) for name, value in text.metrics.items() if value is not None
+        }
     return result
 
 
@@ -83,14 +92,20 @@ def _describe(model: DavirModel, pixels: torch.Tensor) -> list[str]:
         return model.generate_turns([pixels], [DESCRIBE_PROMPT] * batch, max_new_tokens=40)
     qformer = model.qformer_tokenizer([DESCRIBE_PROMPT] * batch, padding=True, return_tensors="pt")
     visual = model.core.get_image_features(
-        pixels, qformer_input_ids=qformer["input_ids"], qformer_attention_mask=qformer["attention_mask"],
+        pixels,
+        qformer_input_ids=qformer["input_ids"],
+        qformer_attention_mask=qformer["attention_mask"],
         return_dict=True,
     ).pooler_output
     model.attention_hook.pop()
     prompt = torch.tensor(model._prompt_ids([DESCRIBE_PROMPT])[0]).repeat(batch, 1)
     embeds = torch.cat([visual, model._embed(prompt)], dim=1)
     output = model.core.language_model.generate(
-        inputs_embeds=embeds, attention_mask=torch.ones(embeds.shape[:2], dtype=torch.long), max_new_tokens=40,
-        do_sample=False, pad_token_id=model.tokenizer.pad_token_id, eos_token_id=model.tokenizer.eos_token_id,
+        inputs_embeds=embeds,
+        attention_mask=torch.ones(embeds.shape[:2], dtype=torch.long),
+        max_new_tokens=40,
+        do_sample=False,
+        pad_token_id=model.tokenizer.pad_token_id,
+        eos_token_id=model.tokenizer.eos_token_id,
     )
     return [t.strip() for t in model.tokenizer.batch_decode(output, skip_special_tokens=True)]

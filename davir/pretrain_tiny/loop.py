@@ -15,11 +15,7 @@ from typing import Any
 import torch
 
 from davir.data.records import CHANGE_TYPES
-from davir.data.synthetic import (
-    SynthConfig,
-    generate_dataset,
-    load_synthetic_set,
-)
+from davir.data.synthetic import SynthConfig, generate_dataset, load_synthetic_set
 from davir.io import read_json, write_json_atomic
 from davir.metrics.synthetic import pair_truths
 from davir.models.losses import FacConfig
@@ -34,12 +30,7 @@ from davir.pretrain_tiny.batches import (
     sample_change_batch,
     sample_description_batch,
 )
-from davir.pretrain_tiny.checkpoint import (
-    INFO_FILE,
-    LAST_FOLDER,
-    package_versions,
-    save_checkpoint,
-)
+from davir.pretrain_tiny.checkpoint import INFO_FILE, LAST_FOLDER, package_versions, save_checkpoint
 from davir.pretrain_tiny.data import ModelPixels, canonical_description, load_split
 from davir.pretrain_tiny.evaluation import description_accuracy, evaluate
 from davir.pretrain_tiny.model import (
@@ -64,19 +55,18 @@ def _schedule(optimizer: torch.optim.Optimizer, steps: int, warmup: float = 0.05
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-
 @dataclass(frozen=True)
 class TinyPretrainSettings:
     """What `python -m davir.pretrain_tiny` takes (davir/cli/pretrain_tiny.py documents each option)."""
 
     out: str | Path
-    family: str = "instructblip"          # the model family of the tiny preset (davir.models.families)
-    data: str | Path | None = None        # an existing synthetic set; None: generate `scenes` scenes
+    family: str = "instructblip"  # the model family of the tiny preset (davir.models.families)
+    data: str | Path | None = None  # an existing synthetic set; None: generate `scenes` scenes
     scenes: int = 2000
-    data_seed: int = 1                    # not the demo's seed 0, so no demo scene is seen
+    data_seed: int = 1  # not the demo's seed 0, so no demo scene is seen
     workers: int = 0
     seed: int = 0
-    init: str | Path | None = None        # continue from a folder this command wrote
+    init: str | Path | None = None  # continue from a folder this command wrote
     desc_steps: int = 3000
     change_steps: int = 3000
     desc_mix: float = 0.2
@@ -90,7 +80,7 @@ class TinyPretrainSettings:
     image_size: int = 64
     patch_size: int = 8
     query_tokens: int = 0
-    add_llm_layers: int = 0               # identity-initialised LLM layers appended to the --init model
+    add_llm_layers: int = 0  # identity-initialised LLM layers appended to the --init model
     threads: int = 2
     eval_every: int = 500
     eval_scenes: int = 100
@@ -124,7 +114,9 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
 
     if settings.data is None:
         data_root = Path(tempfile.mkdtemp(prefix="davir_pretrain_")) / "synth"
-        generate_dataset(data_root, SynthConfig(scenes=settings.scenes, seed=settings.data_seed), workers=settings.workers)
+        generate_dataset(
+            data_root, SynthConfig(scenes=settings.scenes, seed=settings.data_seed), workers=settings.workers
+        )
     else:
         data_root = Path(settings.data)
     synthetic_set = load_synthetic_set(data_root)  # scenes.json is read once: it is large
@@ -133,20 +125,33 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
     test = load_split(data_root, "test", settings.image_size, limit=settings.eval_scenes, scenes=scenes)
     if settings.desc_order == "canonical":
         for split_data in (train, test):
-            split_data.descriptions = [tuple(canonical_description(d) for d in views)
-                                       for views in split_data.descriptions]
+            split_data.descriptions = [
+                tuple(canonical_description(d) for d in views) for views in split_data.descriptions
+            ]
     truths = pair_truths(scenes, split="test")
     log(f"loaded {len(train.ids)} train / {len(test.ids)} test scenes in {time.time() - started:.0f}s", flush=True)
 
     if settings.init is not None:  # continue from an earlier checkpoint of this command (its curve is kept)
-        model = build_davir_model(DavirModelConfig(
-            family=settings.family, pretrained=str(settings.init), image_size=settings.image_size,
-            patch_size=settings.patch_size if settings.family == "instructblip" else None, train_mode="full",
-            fac=FacConfig(lambda_attn=0.0), epc=EpcConfig(use_entities=False), seed=settings.seed,
-        ))
+        model = build_davir_model(
+            DavirModelConfig(
+                family=settings.family,
+                pretrained=str(settings.init),
+                image_size=settings.image_size,
+                patch_size=settings.patch_size if settings.family == "instructblip" else None,
+                train_mode="full",
+                fac=FacConfig(lambda_attn=0.0),
+                epc=EpcConfig(use_entities=False),
+                seed=settings.seed,
+            )
+        )
     else:
-        model = build_tiny_model(image_size=settings.image_size, patch_size=settings.patch_size, seed=settings.seed,
-                                 query_tokens=settings.query_tokens, family=settings.family)
+        model = build_tiny_model(
+            image_size=settings.image_size,
+            patch_size=settings.patch_size,
+            seed=settings.seed,
+            query_tokens=settings.query_tokens,
+            family=settings.family,
+        )
     if settings.add_llm_layers:
         depth = add_language_layers(model, settings.add_llm_layers)
         log(f"LLM grown to {depth} layers (+{settings.add_llm_layers}, starting as the identity)", flush=True)
@@ -157,17 +162,31 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
 
     info: dict[str, Any] = {
         "command": "python -m davir.pretrain_tiny " + " ".join(shlex.quote(a) for a in settings.argv),
-        "family": settings.family, "seed": settings.seed, "data": str(data_root), "train_scenes": len(train.ids), "eval_scenes": len(test.ids),
+        "family": settings.family,
+        "seed": settings.seed,
+        "data": str(data_root),
+        "train_scenes": len(train.ids),
+        "eval_scenes": len(test.ids),
         # the generator settings of the data (its seed must differ from the demo's seed 0: other scenes)
-        "data_seed": data_config.get("seed"), "data_config": data_config,
-        "versions": package_versions(), "parameters": params, "describe_prompt": DESCRIBE_PROMPT,
-        "change_prompt": CHANGE_PROMPT, "curve": [], "best": None,
+        "data_seed": data_config.get("seed"),
+        "data_config": data_config,
+        "versions": package_versions(),
+        "parameters": params,
+        "describe_prompt": DESCRIBE_PROMPT,
+        "change_prompt": CHANGE_PROMPT,
+        "curve": [],
+        "best": None,
     }
     if settings.init is not None:
         earlier = read_json(Path(settings.init) / INFO_FILE)
         # the whole chain of stages, newest first: a checkpoint made in several stages can be made again
-        info["init"] = {"folder": str(settings.init), "command": earlier.get("command"), "seed": earlier.get("seed"),
-                        "curve": earlier.get("curve", []), "init": earlier.get("init")}
+        info["init"] = {
+            "folder": str(settings.init),
+            "command": earlier.get("command"),
+            "seed": earlier.get("seed"),
+            "curve": earlier.get("curve", []),
+            "init": earlier.get("init"),
+        }
     noise = EntityNoise(wrong=settings.entity_wrong, on_distractor=settings.entity_on_distractor)
     changed_weights = change_type_weights(train, settings.type_weights)
     best_score = -1.0
@@ -185,7 +204,9 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
             else:
                 pairs = sample_change_batch(train, settings.batch_size, rng, norm, changed_weights)
                 if rng.random() < settings.entity_share:  # EPC-style prompts with retriever-like entities
-                    prompts = entity_prompts(ENTITY_PROMPTS, noisy_entities(train, pairs.rows, pairs.semantic, rng, noise))
+                    prompts = entity_prompts(
+                        ENTITY_PROMPTS, noisy_entities(train, pairs.rows, pairs.semantic, rng, noise)
+                    )
                 else:
                     prompts = [CHANGE_PROMPT] * len(pairs.captions)
                 loss = model(pairs.before, pairs.after, prompts, pairs.captions).loss
@@ -198,7 +219,9 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
             step_total += 1
             if step % settings.eval_every == 0 or step == steps:
                 point: dict[str, Any] = {
-                    "stage": stage, "step": step, "total_step": step_total,
+                    "stage": stage,
+                    "step": step,
+                    "total_step": step_total,
                     "minutes": round((time.time() - started) / 60, 2),
                     "loss": round(sum(running) / len(running), 4),
                 }
@@ -211,12 +234,16 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
                     point["examples"] = result["examples"]
                     if settings.entity_share > 0:  # what the EPC fine-tune starts from
                         with_entities = evaluate(model, test, truths, norm, entities=True)
-                        point["with_entities"] = {k: with_entities[k] for k in
-                                                  ("type_accuracy", "object_accuracy", "exact_accuracy", "per_type")}
+                        point["with_entities"] = {
+                            k: with_entities[k]
+                            for k in ("type_accuracy", "object_accuracy", "exact_accuracy", "per_type")
+                        }
                 info["curve"].append(point)
                 log(json.dumps(point), flush=True)
                 scored = point.get("with_entities", point)
-                score = scored.get("type_accuracy", 0.0) + scored.get("object_accuracy", 0.0) if stage == "change" else -0.5
+                score = (
+                    scored.get("type_accuracy", 0.0) + scored.get("object_accuracy", 0.0) if stage == "change" else -0.5
+                )
                 if stage == "describe" and step == steps or stage == "change" and score > best_score:
                     best_score = max(best_score, score)
                     info["best"] = point
@@ -227,9 +254,14 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
     info["minutes"] = round((time.time() - started) / 60, 2)
     save_checkpoint(model, out / LAST_FOLDER, {**info, "weights": "the last step's; the folder above holds the best"})
     # The saved folder holds the best model; re-evaluate it with CIDEr for the record.
-    best = build_davir_model(DavirModelConfig(
-        family=settings.family, pretrained=str(out), epc=EpcConfig(use_entities=False),
-        image_size=None if settings.family == "instructblip" else settings.image_size))
+    best = build_davir_model(
+        DavirModelConfig(
+            family=settings.family,
+            pretrained=str(out),
+            epc=EpcConfig(use_entities=False),
+            image_size=None if settings.family == "instructblip" else settings.image_size,
+        )
+    )
     norm = ModelPixels(best)
     info["final_eval"] = evaluate(best, test, truths, norm, cider=settings.cider)
     if settings.entity_share > 0:

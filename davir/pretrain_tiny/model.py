@@ -35,13 +35,20 @@ def vocabulary_texts() -> list[str]:
     return texts
 
 
-def build_tiny_model(*, image_size: int = 64, patch_size: int = 8, seed: int = 0, query_tokens: int = 0,
-                     family: str = "instructblip") -> DavirModel:
+def build_tiny_model(
+    *, image_size: int = 64, patch_size: int = 8, seed: int = 0, query_tokens: int = 0, family: str = "instructblip"
+) -> DavirModel:
     """The random-weight tiny preset of ``family`` in full-training mode (no FAC, no entity prompt), with the
     word-level tokenizer of :func:`vocabulary_texts` (InstructBLIP: for both the LLM and the Q-Former)."""
     config = DavirModelConfig(
-        family=family, preset="tiny", image_size=image_size, patch_size=patch_size, train_mode="full",
-        fac=FacConfig(lambda_attn=0.0), epc=EpcConfig(use_entities=False), seed=seed,
+        family=family,
+        preset="tiny",
+        image_size=image_size,
+        patch_size=patch_size,
+        train_mode="full",
+        fac=FacConfig(lambda_attn=0.0),
+        epc=EpcConfig(use_entities=False),
+        seed=seed,
         preset_overrides=({"num_query_tokens": query_tokens} if query_tokens else {}),
     )
     return build_davir_model(config, captions_for_tokenizer=vocabulary_texts())

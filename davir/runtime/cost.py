@@ -30,7 +30,7 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
 
 
 def device_description(device: torch.device | str) -> str:
-    """"NVIDIA H100 80GB HBM3" on a GPU; "cpu (16 cores, 1 torch thread)" on a CPU."""
+    """ "NVIDIA H100 80GB HBM3" on a GPU; "cpu (16 cores, 1 torch thread)" on a CPU."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
@@ -92,9 +92,14 @@ class CostMeter:
         """The stage's cost so far: wall seconds, pairs and pairs/s, device, peak memory, parameters if given."""
         wall = time.perf_counter() - self.started
         peak, measured = peak_memory_mb(self.device, since_reset=self.reset)
-        record = {"device": device_description(self.device), "wall_s": round(wall, 3), "pairs": int(pairs),
-                  "pairs_per_s": round(pairs / wall, 3) if wall > 0 else None,
-                  "peak_memory_mb": round(peak, 1), "peak_memory": measured}
+        record = {
+            "device": device_description(self.device),
+            "wall_s": round(wall, 3),
+            "pairs": int(pairs),
+            "pairs_per_s": round(pairs / wall, 3) if wall > 0 else None,
+            "peak_memory_mb": round(peak, 1),
+            "peak_memory": measured,
+        }
         if model is not None:
             record["parameters"] = parameter_counts(model)
         return {**record, **extra}
@@ -113,5 +118,12 @@ COST_FIELDS: tuple[tuple[str, tuple[str, ...], float, int], ...] = (
 )
 DEVICE_PATH = ("compute", "training", "device")
 
-__all__ = ["COST_FIELDS", "DEVICE_PATH", "CostMeter", "device_description", "parameter_counts", "peak_memory_mb",
-           "reset_peak_memory"]
+__all__ = [
+    "COST_FIELDS",
+    "DEVICE_PATH",
+    "CostMeter",
+    "device_description",
+    "parameter_counts",
+    "peak_memory_mb",
+    "reset_peak_memory",
+]

@@ -21,8 +21,8 @@ import secrets
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from davir.errors import DataError
 
@@ -136,8 +136,14 @@ def acquire(path: Path, *, what: str, wait: bool = False, poll: float | None = N
     returns our record."""
     path.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300]
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "started": _process_start(os.getpid()), "command": command, "token": secrets.token_hex(8)}
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "started": _process_start(os.getpid()),
+        "command": command,
+        "token": secrets.token_hex(8),
+    }
     told = False
     while True:
         if _create(path, record):
@@ -147,14 +153,18 @@ def acquire(path: Path, *, what: str, wait: bool = False, poll: float | None = N
             continue  # released between our try and the read
         if holder and holder.get("host") == record["host"] and not _running(holder):
             if _take_over(path, holder, record):
-                print(f"note: {what}: took over the lock file {path} of {_describe(holder)}, which no longer runs",
-                      file=sys.stderr)
+                print(
+                    f"note: {what}: took over the lock file {path} of {_describe(holder)}, which no longer runs",
+                    file=sys.stderr,
+                )
                 return record
             time.sleep(0.05)  # another process is taking it over: see who got it
             continue
         if not wait:
-            raise LockHeld(f"{what} is in use by another run ({_describe(holder)}; lock file {path}): wait for it "
-                           "to finish, pass --wait-lock to wait for it, or delete the lock file if that run is gone")
+            raise LockHeld(
+                f"{what} is in use by another run ({_describe(holder)}; lock file {path}): wait for it "
+                "to finish, pass --wait-lock to wait for it, or delete the lock file if that run is gone"
+            )
         if not told:
             print(f"waiting for {what}: locked by {_describe(holder)} ({path})", file=sys.stderr, flush=True)
             told = True
@@ -169,8 +179,15 @@ def release(path: Path, record: dict) -> None:
 
 
 @contextlib.contextmanager
-def output_lock(target: str | Path, *, what: str, job: str | None = None, wait: bool = False,
-                poll: float | None = None, enabled: bool = True) -> Iterator[Path | None]:
+def output_lock(
+    target: str | Path,
+    *,
+    what: str,
+    job: str | None = None,
+    wait: bool = False,
+    poll: float | None = None,
+    enabled: bool = True,
+) -> Iterator[Path | None]:
     """Hold the lock of `target` (see the module docstring) for the block; `enabled=False` holds nothing (the
     other processes of one accelerate job, whose main process holds it)."""
     if not enabled:

@@ -19,7 +19,14 @@ from typing import Any
 
 import yaml
 
-from davir.compare.seed_spread import inside_spread, inside_spread_lines, metric_at, spread_record, spread_text, value_at
+from davir.compare.seed_spread import (
+    inside_spread,
+    inside_spread_lines,
+    metric_at,
+    spread_record,
+    spread_text,
+    value_at,
+)
 from davir.config import ConfigError, load_config
 from davir.errors import DataError, describe_os_error
 from davir.io import read_json, write_json_atomic, write_text_atomic
@@ -47,17 +54,29 @@ COLUMNS: tuple[Column, ...] = (
     Column("METEOR", ("rows", "total", "metrics", "METEOR")),
     Column("ROUGE-L", ("rows", "total", "metrics", "ROUGE_L")),
     Column("CIDEr", ("rows", "total", "metrics", "CIDEr")),
-    Column("attn. in mask", ("localisation", "attention_share_in_mask"), scale=1.0, digits=3,
-           note="the attention share (share of the patch map FAC supervises inside the ground-truth change mask: "
-                "InstructBLIP's last-layer CLS attention, a chat family's map of docs/families.md)"),
-    Column("pointing", ("localisation", "pointing_accuracy"), scale=1.0, digits=3,
-           note="pointing (share of images whose attention peak lies in the ground-truth change mask)"),
+    Column(
+        "attn. in mask",
+        ("localisation", "attention_share_in_mask"),
+        scale=1.0,
+        digits=3,
+        note="the attention share (share of the patch map FAC supervises inside the ground-truth change mask: "
+        "InstructBLIP's last-layer CLS attention, a chat family's map of docs/families.md)",
+    ),
+    Column(
+        "pointing",
+        ("localisation", "pointing_accuracy"),
+        scale=1.0,
+        digits=3,
+        note="pointing (share of images whose attention peak lies in the ground-truth change mask)",
+    ),
     Column("distinct captions", ("distinct_captions",), scale=1.0, digits=0, note="the number of distinct captions"),
     Column("object F1", ("faithfulness", "rows", "total", "objects", "f1")),
     Column("hallucinated", ("faithfulness", "rows", "total", "hallucination_rate")),
 )
 # Compute cost (metrics.json "compute", davir.runtime.cost): units in the titles.
-COST_COLUMNS: tuple[Column, ...] = tuple(Column(title, path, scale, digits) for title, path, scale, digits in COST_FIELDS)
+COST_COLUMNS: tuple[Column, ...] = tuple(
+    Column(title, path, scale, digits) for title, path, scale, digits in COST_FIELDS
+)
 TYPE_ROWS = ("color", "material", "add", "drop", "move", "distractor")
 
 
@@ -92,12 +111,16 @@ class Sweep:
 
     def fill(self, text: str) -> str:
         """`text` with each ``{name}`` replaced by the sweep's variable of that name (an unknown one is an error)."""
+
         def value(match: re.Match) -> str:
             name = match.group(1)
             if name not in self.vars:
-                raise ConfigError(f"sweep {self.title!r}: {text!r} uses {{{name}}} but the sweep has no such variable "
-                                  f"(vars: {sorted(self.vars)}; set one with --var {name}=VALUE)")
+                raise ConfigError(
+                    f"sweep {self.title!r}: {text!r} uses {{{name}}} but the sweep has no such variable "
+                    f"(vars: {sorted(self.vars)}; set one with --var {name}=VALUE)"
+                )
             return self.vars[name]
+
         return _VARIABLE.sub(value, text)
 
 
@@ -125,9 +148,14 @@ def load_sweep(path: str | Path) -> Sweep:
     slugs = [v.slug for v in parsed]
     if len(set(slugs)) != len(slugs):
         raise ConfigError(f"{path}: variant names must differ after slugging ({slugs})")
-    sweep = Sweep(title=str(raw.get("title", path.stem)), out=Path(raw.get("out", f"runs/{path.stem}")),
-                  variants=parsed, seeds=[int(s) for s in raw.get("seeds", [0])], split=str(raw.get("split", "test")),
-                  path=path)
+    sweep = Sweep(
+        title=str(raw.get("title", path.stem)),
+        out=Path(raw.get("out", f"runs/{path.stem}")),
+        variants=parsed,
+        seeds=[int(s) for s in raw.get("seeds", [0])],
+        split=str(raw.get("split", "test")),
+        path=path,
+    )
     for key in ("seed_keys", "overrides"):
         if key in raw:
             setattr(sweep, key, [str(v) for v in raw[key]])
@@ -169,10 +197,15 @@ def cell_recipe(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> 
     try:
         digest = hashlib.sha256(Path(config).read_bytes()).hexdigest()
     except OSError as error:
-        raise ConfigError(f"sweep variant {variant.name!r}: cannot read its config {config} ({error.strerror})") from error
+        raise ConfigError(
+            f"sweep variant {variant.name!r}: cannot read its config {config} ({error.strerror})"
+        ) from error
     overrides = [sweep.fill(o) for o in (*variant.overrides, *sweep.overrides, *extra)]
-    return {"config": config, "config_sha256": digest,
-            "overrides": [*overrides, *(f"{k}={seed}" for k in sweep.seed_keys)]}
+    return {
+        "config": config,
+        "config_sha256": digest,
+        "overrides": [*overrides, *(f"{k}={seed}" for k in sweep.seed_keys)],
+    }
 
 
 def _stale_reason(run: Path, recipe: dict[str, Any]) -> str | None:
@@ -238,8 +271,9 @@ def _evaluation_settings(raw: Any, path: Path) -> dict[str, Any]:
     from davir.evaluation import EvaluationOptions
 
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: evaluate must be a mapping of evaluation options (e.g. spice: false), "
-                          f"got {type(raw).__name__}")
+        raise ConfigError(
+            f"{path}: evaluate must be a mapping of evaluation options (e.g. spice: false), got {type(raw).__name__}"
+        )
     known = {f.name for f in fields(EvaluationOptions)} - {"out", "markdown", "echo", "progress"}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -266,6 +300,7 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
     """Markdown tables (scores; CIDEr per change type; compute cost) and their JSON, from each variant's
     metrics.json files: every cell mean ± std (min–max) over seeds, then the score differences between
     variants that the seed spread cannot settle (davir.compare.seed_spread)."""
+
     def present(column: Column) -> bool:
         return any(metric_at(m, column.path) is not None for runs in results.values() for m in runs)
 
@@ -275,8 +310,14 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
     unscaled = [c.note or c.title for c in columns if c.scale == 1.0]
     listed = ", ".join(unscaled[:-1]) + " and " + unscaled[-1] if len(unscaled) > 1 else "".join(unscaled)
     scale_note = "x100" + (" except " + listed if unscaled else "")
-    lines = [f"## {sweep.title}", "", f"{sweep.split} split; mean ± std (min–max) over seeds {seeds}; {scale_note}.", "",
-             "| variant | " + " | ".join(c.title for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    lines = [
+        f"## {sweep.title}",
+        "",
+        f"{sweep.split} split; mean ± std (min–max) over seeds {seeds}; {scale_note}.",
+        "",
+        "| variant | " + " | ".join(c.title for c in columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
+    ]
     summary: dict[str, Any] = {"title": sweep.title, "split": sweep.split, "seeds": sweep.seeds, "variants": {}}
     spread_columns: dict[str, dict[str, list[float]]] = {}
     for name, runs in results.items():
@@ -290,8 +331,13 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
         summary["variants"][name] = record
     types = [t for t in TYPE_ROWS if any(t in m.get("rows", {}) for runs in results.values() for m in runs)]
     if types:
-        lines += ["", "CIDEr per change type (x100, mean ± std (min–max)):", "",
-                  "| variant | " + " | ".join(types) + " |", "|---" * (len(types) + 1) + "|"]
+        lines += [
+            "",
+            "CIDEr per change type (x100, mean ± std (min–max)):",
+            "",
+            "| variant | " + " | ".join(types) + " |",
+            "|---" * (len(types) + 1) + "|",
+        ]
         for name, runs in results.items():
             cells = []
             for change_type in types:
@@ -300,10 +346,14 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
                 summary["variants"][name][f"CIDEr {change_type}"] = values
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if cost_columns:
-        lines += ["", "Compute cost per run (mean ± std (min–max); training wall time includes validation and "
-                  "checkpoints; peak memory: CUDA allocator on a GPU, process RSS on a CPU):", "",
-                  "| variant | " + " | ".join(c.title for c in cost_columns) + " | device |",
-                  "|---" * (len(cost_columns) + 2) + "|"]
+        lines += [
+            "",
+            "Compute cost per run (mean ± std (min–max); training wall time includes validation and "
+            "checkpoints; peak memory: CUDA allocator on a GPU, process RSS on a CPU):",
+            "",
+            "| variant | " + " | ".join(c.title for c in cost_columns) + " | device |",
+            "|---" * (len(cost_columns) + 2) + "|",
+        ]
         for name, runs in results.items():
             cells = []
             for column in cost_columns:
@@ -315,7 +365,12 @@ def summarise(sweep: Sweep, results: dict[str, list[dict[str, Any]]]) -> tuple[s
     flags = inside_spread_lines(spread_columns)
     summary["inside_spread"] = {title: inside_spread(values) for title, values in spread_columns.items()}
     if flags and len(results) > 1:
-        lines += ["", "Inside the seed spread (min–max ranges overlap; these seeds do not settle the order):", "", *flags]
+        lines += [
+            "",
+            "Inside the seed spread (min–max ranges overlap; these seeds do not settle the order):",
+            "",
+            *flags,
+        ]
     return "\n".join(lines) + "\n", summary
 
 
@@ -338,15 +393,26 @@ def select_variants(sweep: Sweep, names: Sequence[str]) -> list[Variant]:
     return [v for v in sweep.variants if v.slug in wanted]
 
 
-def run_sweep(sweep: Sweep, *, seeds: Sequence[int] | None = None, variants: Sequence[str] | None = None,
-              extra: Sequence[str] = (), split: str | None = None, out: str | Path | None = None) -> SweepResult:
+def run_sweep(
+    sweep: Sweep,
+    *,
+    seeds: Sequence[int] | None = None,
+    variants: Sequence[str] | None = None,
+    extra: Sequence[str] = (),
+    split: str | None = None,
+    out: str | Path | None = None,
+) -> SweepResult:
     """Every cell, then the summary (OUT/summary.md and OUT/summary.json; ``summary_SPLIT.*`` off the test split).
 
     `seeds`, `split` and `out` replace the sweep's own, `variants` (names or slugs) picks some of its variants,
     and `extra` are key=value overrides applied to every cell. `sweep` itself is not changed."""
-    sweep = dataclasses.replace(sweep, seeds=list(seeds or sweep.seeds), split=split or sweep.split,
-                                out=Path(out) if out else sweep.out,
-                                variants=select_variants(sweep, variants) if variants else sweep.variants)
+    sweep = dataclasses.replace(
+        sweep,
+        seeds=list(seeds or sweep.seeds),
+        split=split or sweep.split,
+        out=Path(out) if out else sweep.out,
+        variants=select_variants(sweep, variants) if variants else sweep.variants,
+    )
     results: dict[str, list[dict[str, Any]]] = {}
     started = time.time()
     with shared_meteor():  # one METEOR java process for all the cells' evaluations

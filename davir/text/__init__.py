@@ -3,10 +3,21 @@
 
 from davir.text.entity_vocabulary import EntityVocabulary, build_vocabulary
 from davir.text.extractors import (
-    BACKENDS, PhraseExtractor, extract_attributes, extract_phrases, get_extractor, subject_phrase,
+    BACKENDS,
+    PhraseExtractor,
+    extract_attributes,
+    extract_phrases,
+    get_extractor,
+    subject_phrase,
 )
 
 __all__ = [
-    "BACKENDS", "EntityVocabulary", "PhraseExtractor", "build_vocabulary", "extract_attributes",
-    "extract_phrases", "get_extractor", "subject_phrase",
+    "BACKENDS",
+    "EntityVocabulary",
+    "PhraseExtractor",
+    "build_vocabulary",
+    "extract_attributes",
+    "extract_phrases",
+    "get_extractor",
+    "subject_phrase",
 ]

@@ -28,8 +28,11 @@ def lexicon_bytes(lexicon: WordNetLexicon) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m davir.text.build_lexicon", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m davir.text.build_lexicon",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--wordnet", type=Path, required=True, help="a WordNet 3.0 dict folder (index.noun, …)")
     parser.add_argument("--out", type=Path, default=SHIPPED_FILE, help=f"default: {SHIPPED_FILE}")
     args = parser.parse_args(argv)

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
-from davir.text.words import (ADJ, ADV_CLOSED, ADVERB, AUX, CAPITAL, CONJ, DET, DETERMINERS, NOUN, PREP, PUNCT, VERB,
-                              Token, closed_tag, is_word)
+from davir.text.words import (
+    ADJ,
+    ADV_CLOSED,
+    ADVERB,
+    AUX,
+    CAPITAL,
+    CONJ,
+    DET,
+    DETERMINERS,
+    NOUN,
+    PREP,
+    PUNCT,
+    VERB,
+    Token,
+    closed_tag,
+    is_word,
+)
 
 # After these a word that can be nominal is nominal ("the parked car", "at stop sign"); after a noun
 # the word's own frequencies decide ("parking lot" vs "people standing").
@@ -63,8 +78,13 @@ def tag_words(words: list[str], lexicon) -> list[Token]:
                 tag = _choose(options, (VERB, ADJ)) or _choose(options, (NOUN, ADVERB))
             else:
                 tag = _choose(options, (NOUN, ADJ, VERB, ADVERB))
-                if (tag == VERB and previous == NOUN and tokens[-1].lemma == tokens[-1].text
-                        and lexicon.is_base_verb(word) and 4 * options.get(NOUN, 0.0) >= options[VERB]):
+                if (
+                    tag == VERB
+                    and previous == NOUN
+                    and tokens[-1].lemma == tokens[-1].text
+                    and lexicon.is_base_verb(word)
+                    and 4 * options.get(NOUN, 0.0) >= options[VERB]
+                ):
                     # A singular noun followed by an uninflected verb form that is also a common noun
                     # is a compound ("stop sign"): a present-tense verb would agree ("the man signs").
                     tag = NOUN

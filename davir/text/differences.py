@@ -21,13 +21,31 @@ KINDS = (ADDED, REMOVED, MOVED, ATTRIBUTE)
 # One spelling per synonym group: sizes, materials and shapes of CLEVR-style captions, colour spellings,
 # and people (Spot-the-Diff writes "man", "guy", "person" for one pedestrian).
 SYNONYMS: dict[str, str] = {
-    "tiny": "small", "little": "small", "big": "large", "huge": "large",
-    "metallic": "metal", "shiny": "metal", "matte": "rubber",
-    "ball": "sphere", "block": "cube",
-    "grey": "gray", "colour": "color",
-    "man": "person", "woman": "person", "guy": "person", "lady": "person", "boy": "person", "girl": "person",
-    "people": "person", "pedestrian": "person", "men": "person", "women": "person",
-    "kid": "person", "child": "person", "children": "person", "kids": "person",
+    "tiny": "small",
+    "little": "small",
+    "big": "large",
+    "huge": "large",
+    "metallic": "metal",
+    "shiny": "metal",
+    "matte": "rubber",
+    "ball": "sphere",
+    "block": "cube",
+    "grey": "gray",
+    "colour": "color",
+    "man": "person",
+    "woman": "person",
+    "guy": "person",
+    "lady": "person",
+    "boy": "person",
+    "girl": "person",
+    "people": "person",
+    "pedestrian": "person",
+    "men": "person",
+    "women": "person",
+    "kid": "person",
+    "child": "person",
+    "children": "person",
+    "kids": "person",
 }
 # "a group of people": the thing that changed is the people, the phrase after "of".
 COLLECTIVE_HEADS = frozenset("group crowd couple number pair row bunch cluster line".split())
@@ -36,26 +54,71 @@ PERSON_PRONOUNS = frozenset("someone somebody anyone anybody everyone everybody"
 
 # Two-word cues are tried before one-word cues (so "changed its location" is a move, not an attribute change).
 _PHRASE_CUES: tuple[tuple[tuple[str, str], str], ...] = tuple(
-    (tuple(cue.split()), kind) for kind, cues in (
-        (MOVED, ("different location", "different position", "different place", "different spot", "new location",
-                 "new position", "its location", "its position", "changed location", "changed position",
-                 "changed place")),
-        (REMOVED, ("no longer", "not there", "not present", "not visible", "taken away", "walked away",
-                   "drove away", "drove off", "walked off", "has left", "have left", "had left")),
+    (tuple(cue.split()), kind)
+    for kind, cues in (
+        (
+            MOVED,
+            (
+                "different location",
+                "different position",
+                "different place",
+                "different spot",
+                "new location",
+                "new position",
+                "its location",
+                "its position",
+                "changed location",
+                "changed position",
+                "changed place",
+            ),
+        ),
+        (
+            REMOVED,
+            (
+                "no longer",
+                "not there",
+                "not present",
+                "not visible",
+                "taken away",
+                "walked away",
+                "drove away",
+                "drove off",
+                "walked off",
+                "has left",
+                "have left",
+                "had left",
+            ),
+        ),
         (ADDED, ("showed up", "shows up", "pulled in", "pulled up")),
-        (ATTRIBUTE, ("changed to", "changed into", "changes to", "change to", "turned into", "changed color",
-                     "changed colour")),
-    ) for cue in cues)
+        (
+            ATTRIBUTE,
+            ("changed to", "changed into", "changes to", "change to", "turned into", "changed color", "changed colour"),
+        ),
+    )
+    for cue in cues
+)
 _WORD_CUES: tuple[tuple[frozenset[str], str], ...] = (
-    (frozenset("gone removed remove removes missing disappeared disappear disappears vanished absent fewer less "
-               "exited departed".split()), REMOVED),
+    (
+        frozenset(
+            "gone removed remove removes missing disappeared disappear disappears vanished absent fewer less "
+            "exited departed".split()
+        ),
+        REMOVED,
+    ),
     (frozenset("moved move moves moving shifted relocated repositioned closer farther".split()), MOVED),
-    (frozenset("added add adds appeared appear appears appearing new newly arrived arrives additional more "
-               "emerged placed introduced inserted entered enters".split()), ADDED),
+    (
+        frozenset(
+            "added add adds appeared appear appears appearing new newly arrived arrives additional more "
+            "emerged placed introduced inserted entered enters".split()
+        ),
+        ADDED,
+    ),
     (frozenset("became become becomes turned turns painted recolored recoloured changed".split()), ATTRIBUTE),
 )
-_NO_CHANGE_PHRASES = tuple(tuple(cue.split()) for cue in (
-    "no change", "no changes", "no difference", "no differences", "not changed", "no visible"))
+_NO_CHANGE_PHRASES = tuple(
+    tuple(cue.split())
+    for cue in ("no change", "no changes", "no difference", "no differences", "not changed", "no visible")
+)
 _NO_CHANGE_WORDS = frozenset("nothing same identical unchanged".split())
 _CLAUSE_BREAKS = frozenset(", ; . ! ? and but while whereas also".split())
 
@@ -68,7 +131,7 @@ class ChangeObject:
     modifiers: frozenset[str] = frozenset()
 
     @classmethod
-    def from_phrase(cls, phrase: str) -> "ChangeObject":
+    def from_phrase(cls, phrase: str) -> ChangeObject:
         words = [SYNONYMS.get(word, word) for word in phrase.split()]
         return cls(words[-1], frozenset(words[:-1]))
 
@@ -101,7 +164,7 @@ class Statement:
 
 def _contains(words: list[str], cue: tuple[str, ...]) -> bool:
     n = len(cue)
-    return any(tuple(words[i:i + n]) == cue for i in range(len(words) - n + 1))
+    return any(tuple(words[i : i + n]) == cue for i in range(len(words) - n + 1))
 
 
 def change_kind(words: list[str]) -> str | None:
@@ -179,6 +242,20 @@ class DifferenceReader:
 
 
 __all__ = [
-    "ADDED", "ATTRIBUTE", "COLLECTIVE_HEADS", "KINDS", "MOVED", "PERSON_PRONOUNS", "REMOVED", "SYNONYMS", "ChangeObject",
-    "Difference", "DifferenceReader", "Statement", "change_kind", "says_no_change", "split_clauses", "stated_object",
+    "ADDED",
+    "ATTRIBUTE",
+    "COLLECTIVE_HEADS",
+    "KINDS",
+    "MOVED",
+    "PERSON_PRONOUNS",
+    "REMOVED",
+    "SYNONYMS",
+    "ChangeObject",
+    "Difference",
+    "DifferenceReader",
+    "Statement",
+    "change_kind",
+    "says_no_change",
+    "split_clauses",
+    "stated_object",
 ]

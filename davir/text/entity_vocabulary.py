@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from davir.errors import DataError
 from davir.io import read_json, write_json_atomic
@@ -29,22 +29,31 @@ class EntityVocabulary:
         return {phrase: position for position, phrase in enumerate(self.phrases)}
 
     def to_dict(self) -> dict:
-        return {"phrases": self.phrases, "counts": self.counts, "min_count": self.min_count,
-                "extractor": self.extractor, "source": self.source}
+        return {
+            "phrases": self.phrases,
+            "counts": self.counts,
+            "min_count": self.min_count,
+            "extractor": self.extractor,
+            "source": self.source,
+        }
 
     def save(self, path: str | Path) -> None:
         write_json_atomic(Path(path), self.to_dict())
 
     @classmethod
-    def load(cls, path: str | Path) -> "EntityVocabulary":
+    def load(cls, path: str | Path) -> EntityVocabulary:
         data = read_json(Path(path))
         if not isinstance(data, dict) or not isinstance(data.get("phrases"), list):
             raise DataError(f"{path}: not an entity vocabulary (expected an object with a 'phrases' list)")
         if not all(isinstance(p, str) and p for p in data["phrases"]):
             raise DataError(f"{path}: 'phrases' must be non-empty strings")
-        return cls(phrases=list(data["phrases"]), counts={str(k): int(v) for k, v in data.get("counts", {}).items()},
-                   min_count=int(data.get("min_count", 1)), extractor=dict(data.get("extractor", {})),
-                   source=dict(data.get("source", {})))
+        return cls(
+            phrases=list(data["phrases"]),
+            counts={str(k): int(v) for k, v in data.get("counts", {}).items()},
+            min_count=int(data.get("min_count", 1)),
+            extractor=dict(data.get("extractor", {})),
+            source=dict(data.get("source", {})),
+        )
 
 
 def bare_attributes(counts: Counter[str]) -> set[str]:
@@ -65,8 +74,7 @@ def bare_attributes(counts: Counter[str]) -> set[str]:
 
 
 def build_vocabulary(
-    captions: Iterable[str], *, min_count: int = 2, extractor: PhraseExtractor | None = None,
-    source: dict | None = None,
+    captions: Iterable[str], *, min_count: int = 2, extractor: PhraseExtractor | None = None, source: dict | None = None
 ) -> EntityVocabulary:
     """Count each caption's distinct entity phrases; keep those named by ≥ min_count captions.
 
@@ -81,12 +89,21 @@ def build_vocabulary(
     for caption in captions:
         counts.update(set(extractor.phrases(caption)))
     attributes = bare_attributes(counts)
-    kept = sorted((p for p, c in counts.items() if c >= min_count and p not in attributes),
-                  key=lambda p: (-counts[p], p))
-    return EntityVocabulary(phrases=kept, counts={p: counts[p] for p in kept}, min_count=min_count,
-                            extractor=extractor.describe(),
-                            source={**(source or {}), "captions": len(captions), "distinct_phrases": len(counts),
-                                    "bare_attributes_dropped": sorted(p for p in attributes if counts[p] >= min_count)})
+    kept = sorted(
+        (p for p, c in counts.items() if c >= min_count and p not in attributes), key=lambda p: (-counts[p], p)
+    )
+    return EntityVocabulary(
+        phrases=kept,
+        counts={p: counts[p] for p in kept},
+        min_count=min_count,
+        extractor=extractor.describe(),
+        source={
+            **(source or {}),
+            "captions": len(captions),
+            "distinct_phrases": len(counts),
+            "bare_attributes_dropped": sorted(p for p in attributes if counts[p] >= min_count),
+        },
+    )
 
 
 def lexicon_mismatch(recorded: dict, current: dict) -> str | None:
@@ -100,8 +117,11 @@ def lexicon_mismatch(recorded: dict, current: dict) -> str | None:
     wanted = (current.get("lexicon") or {}).get("sha256")
     if made == wanted:
         return None
-    made_text = (f"the lexicon with sha256 {made[:12]}…" if made else
-                 "an unrecorded WordNet (before davir shipped its own word lists)")
+    made_text = (
+        f"the lexicon with sha256 {made[:12]}…"
+        if made
+        else "an unrecorded WordNet (before davir shipped its own word lists)"
+    )
     return f"{made_text}, not this davir's lexicon (sha256 {str(wanted)[:12]}…)"
 
 

@@ -9,8 +9,8 @@ phrase rules: docs/metrics.md, "Noun-phrase extraction".
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Iterable
 
 from davir.errors import DataError
 from davir.text.chunker import chunk_tokens, phrase_text, tag_words, unique, verb_segments
@@ -43,8 +43,10 @@ class PhraseExtractor:
     def attributes(self, caption: str) -> dict[str, list[str]]:
         """RDD §3.8 noun and verb segments of one caption (noun phrases with generic heads kept)."""
         tokens = self.tag(caption)
-        return {"nouns": unique(phrase_text(chunk) for chunk in chunk_tokens(tokens)),
-                "verbs": unique(verb_segments(tokens))}
+        return {
+            "nouns": unique(phrase_text(chunk) for chunk in chunk_tokens(tokens)),
+            "verbs": unique(verb_segments(tokens)),
+        }
 
     def subject(self, caption: str) -> str | None:
         """CHEER §4.8's subject entity: the first entity phrase (pronoun/expletive subjects never chunk)."""
@@ -82,8 +84,17 @@ class SpacyExtractor(PhraseExtractor):
             raise DataError(f"spaCy model {model!r} is not installed (`python -m spacy download {model}`)") from error
         self.model = model
         self.matcher = Matcher(self.nlp.vocab)
-        self.matcher.add("VERB_SEGMENT", [[{"POS": "VERB", "OP": "?"}, {"POS": "ADV", "OP": "*"},
-                                           {"POS": "AUX", "OP": "*"}, {"POS": "VERB", "OP": "+"}]])
+        self.matcher.add(
+            "VERB_SEGMENT",
+            [
+                [
+                    {"POS": "VERB", "OP": "?"},
+                    {"POS": "ADV", "OP": "*"},
+                    {"POS": "AUX", "OP": "*"},
+                    {"POS": "VERB", "OP": "+"},
+                ]
+            ],
+        )
         super().__init__(CorpusLexicon())
 
     def _chunk_text(self, chunk) -> str | None:

@@ -8,13 +8,26 @@ import gzip
 import hashlib
 import os
 from collections import Counter
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 from davir.errors import DataError
-from davir.text.words import (ADJ, ADVERB, AUX, CAPITAL, DET, NOUN, PREP, PRON, PUNCT, VERB, closed_tag, is_word,
-                              tokenize)
+from davir.text.words import (
+    ADJ,
+    ADVERB,
+    AUX,
+    CAPITAL,
+    DET,
+    NOUN,
+    PREP,
+    PRON,
+    PUNCT,
+    VERB,
+    closed_tag,
+    is_word,
+    tokenize,
+)
 
 # The lexicon every machine uses: the part of WordNet 3.0 the chunker reads (lemmas, morphy exceptions, SemCor
 # counts), shipped with the package (davir/text/data/README.md; regenerate with `python -m davir.text.build_lexicon`).
@@ -35,18 +48,31 @@ class WordNetLexicon:
 
     # WordNet's morphy detachment rules (wn `morph.c`).
     _RULES = {
-        "n": (("s", ""), ("ses", "s"), ("xes", "x"), ("zes", "z"), ("ches", "ch"), ("shes", "sh"),
-              ("men", "man"), ("ies", "y")),
-        "v": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"),
-              ("ing", "")),
+        "n": (
+            ("s", ""),
+            ("ses", "s"),
+            ("xes", "x"),
+            ("zes", "z"),
+            ("ches", "ch"),
+            ("shes", "sh"),
+            ("men", "man"),
+            ("ies", "y"),
+        ),
+        "v": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", "")),
         "a": (("er", ""), ("est", ""), ("er", "e"), ("est", "e")),
         "r": (),
     }
     _FILES = {"n": "noun", "v": "verb", "a": "adj", "r": "adv"}
     _TAGS = {"n": NOUN, "a": ADJ, "v": VERB, "r": ADVERB}
 
-    def __init__(self, index: dict[str, frozenset[str]], exceptions: dict[str, dict[str, tuple[str, ...]]],
-                 counts: Counter[tuple[str, str]], *, source: str = "shipped"):
+    def __init__(
+        self,
+        index: dict[str, frozenset[str]],
+        exceptions: dict[str, dict[str, tuple[str, ...]]],
+        counts: Counter[tuple[str, str]],
+        *,
+        source: str = "shipped",
+    ):
         self.index, self.exceptions, self.counts = index, exceptions, counts
         self.source = source
         self.text = canonical_text(index, exceptions, counts)
@@ -55,11 +81,15 @@ class WordNetLexicon:
     def describe(self) -> dict:
         """What records carry: the lexicon's name, the sha256 of its content, and where it came from."""
         shipped = self.sha256 == SHIPPED_SHA256
-        return {"name": SHIPPED_NAME if shipped else "wordnet-custom", "sha256": self.sha256, "source": self.source,
-                "shipped": shipped}
+        return {
+            "name": SHIPPED_NAME if shipped else "wordnet-custom",
+            "sha256": self.sha256,
+            "source": self.source,
+            "shipped": shipped,
+        }
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "WordNetLexicon":
+    def from_folder(cls, folder: str | Path) -> WordNetLexicon:
         """Read `index.*`, `*.exc` and `cntlist.rev` of a WordNet 3.0 dict folder (Debian's /usr/share/wordnet)."""
         folder = Path(folder)
         index: dict[str, frozenset[str]] = {}
@@ -67,8 +97,10 @@ class WordNetLexicon:
         for pos, name in cls._FILES.items():
             path = folder / f"index.{name}"
             if not path.is_file():
-                raise DataError(f"WordNet index file is missing: {path} (a WordNet 3.0 dict folder holds "
-                                "index.noun, index.verb, index.adj, index.adv)")
+                raise DataError(
+                    f"WordNet index file is missing: {path} (a WordNet 3.0 dict folder holds "
+                    "index.noun, index.verb, index.adj, index.adv)"
+                )
             with open(path, encoding="utf-8", errors="replace") as handle:
                 # Data lines start with the lemma; the license header lines start with spaces.
                 index[pos] = frozenset(line.split(" ", 1)[0] for line in handle if not line.startswith(" "))
@@ -98,7 +130,7 @@ class WordNetLexicon:
         return cls(index, exceptions, counts, source=str(folder))
 
     @classmethod
-    def from_text(cls, text: str, *, source: str) -> "WordNetLexicon":
+    def from_text(cls, text: str, *, source: str) -> WordNetLexicon:
         """Parse `canonical_text`'s format (the shipped file)."""
         lines = text.split("\n")
         if not lines or lines[0] != FORMAT_LINE:
@@ -229,8 +261,11 @@ def _plural_to_singular(word: str) -> str:
     return word
 
 
-def canonical_text(index: dict[str, frozenset[str]], exceptions: dict[str, dict[str, tuple[str, ...]]],
-                   counts: Counter[tuple[str, str]]) -> str:
+def canonical_text(
+    index: dict[str, frozenset[str]],
+    exceptions: dict[str, dict[str, tuple[str, ...]]],
+    counts: Counter[tuple[str, str]],
+) -> str:
     """The lexicon as text, one way only: what the chunker can reach of it, sorted; its sha256 names the lexicon.
 
     A count or an exception base that names no lemma of the index can never be looked up (`lemmas` keeps only
@@ -264,8 +299,10 @@ def shipped_lexicon() -> WordNetLexicon:
         raise DataError(f"the shipped lexicon {SHIPPED_FILE} cannot be read ({error}); reinstall davir") from error
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if digest != SHIPPED_SHA256:
-        raise DataError(f"the shipped lexicon {SHIPPED_FILE} has sha256 {digest}, not the {SHIPPED_SHA256} this davir "
-                        "was made with; reinstall davir (or regenerate it: python -m davir.text.build_lexicon)")
+        raise DataError(
+            f"the shipped lexicon {SHIPPED_FILE} has sha256 {digest}, not the {SHIPPED_SHA256} this davir "
+            "was made with; reinstall davir (or regenerate it: python -m davir.text.build_lexicon)"
+        )
     return WordNetLexicon.from_text(text, source="shipped")
 
 

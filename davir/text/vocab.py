@@ -10,8 +10,8 @@ The tokenisation and its one departure from the reference: docs/metrics.md, "The
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 
@@ -51,7 +51,7 @@ class Vocabulary:
         self.id_to_word = {index: word for word, index in word_to_id.items()}
 
     @classmethod
-    def build(cls, sentences: Iterable[str], min_count: int = 1) -> "Vocabulary":
+    def build(cls, sentences: Iterable[str], min_count: int = 1) -> Vocabulary:
         """Vocabulary of every token seen at least `min_count` times, ids in sorted token order (from 4)."""
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}")
@@ -63,7 +63,7 @@ class Vocabulary:
         return cls(word_to_id)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Vocabulary":
+    def load(cls, path: str | Path) -> Vocabulary:
         """Load a ``{"word": id}`` JSON file (ours or the reference code's `transformer_vocab.json`)."""
         table = read_json(Path(path))
         if not isinstance(table, dict) or not all(
@@ -88,7 +88,9 @@ class Vocabulary:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Vocabulary) and self.word_to_id == other.word_to_id
 
-    def encode(self, sentence: str, *, add_start: bool = True, add_end: bool = True, allow_unk: bool = True) -> list[int]:
+    def encode(
+        self, sentence: str, *, add_start: bool = True, add_end: bool = True, allow_unk: bool = True
+    ) -> list[int]:
         """Token ids of one sentence; unknown words become <UNK> (or a DataError with `allow_unk=False`)."""
         ids = [START_ID] if add_start else []
         for token in tokenize(sentence):

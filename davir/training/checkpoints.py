@@ -34,8 +34,12 @@ MODEL_FILE = "model.safetensors"  # accelerate's name for the (first) model's we
 RNG_FILE = "random_states_{index}.pkl"
 SHARDED_TYPES = (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
 # COMPLETE: the trainer state beside the file manifest (the loop and Validator.restore read these keys)
-TRAINER_STATE_KEYS = {"step": (int,), "best_score": (int, float, type(None)), "best_step": (int, type(None)),
-                      "files": (dict,)}
+TRAINER_STATE_KEYS = {
+    "step": (int,),
+    "best_score": (int, float, type(None)),
+    "best_step": (int, type(None)),
+    "files": (dict,),
+}
 
 
 def trainable_state_keys(model: torch.nn.Module) -> set[str]:
@@ -68,8 +72,9 @@ def install_trainable_state_hooks(accelerator: Accelerator) -> bool:
             model = models[i]
             if not has_frozen_parameters(model):
                 continue
-            load_trainable_state(model, Path(input_dir) / (MODEL_FILE if i == 0 else f"model_{i}.safetensors"),
-                                 device=accelerator.device)
+            load_trainable_state(
+                model, Path(input_dir) / (MODEL_FILE if i == 0 else f"model_{i}.safetensors"), device=accelerator.device
+            )
             models.pop(i)  # loaded here; accelerate would load it strictly and miss the frozen weights
 
     accelerator.register_save_state_pre_hook(save_hook)
@@ -86,8 +91,10 @@ def load_trainable_state(model: torch.nn.Module, path: Path, *, device) -> None:
     expected = trainable_state_keys(model) & set(model.state_dict().keys())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
-        raise DataError(f"{path}: the checkpoint does not fit this model's trainable parameters "
-                        f"(missing {missing[:3]}, unexpected {unexpected[:3]}); was the config changed?")
+        raise DataError(
+            f"{path}: the checkpoint does not fit this model's trainable parameters "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}); was the config changed?"
+        )
     try:
         model.load_state_dict(state, strict=False)
     except RuntimeError as error:
@@ -104,8 +111,11 @@ def file_digest(path: Path, chunk: int = 1 << 22) -> str:
 
 def file_manifest(checkpoint: Path) -> dict[str, dict]:
     """{relative path: {"bytes", "sha256"}} of every file in a checkpoint folder (COMPLETE excluded)."""
-    return {str(path.relative_to(checkpoint)): {"bytes": path.stat().st_size, "sha256": file_digest(path)}
-            for path in sorted(checkpoint.rglob("*")) if path.is_file() and path.name != "COMPLETE"}
+    return {
+        str(path.relative_to(checkpoint)): {"bytes": path.stat().st_size, "sha256": file_digest(path)}
+        for path in sorted(checkpoint.rglob("*"))
+        if path.is_file() and path.name != "COMPLETE"
+    }
 
 
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, step: int, state: dict) -> Path:
@@ -181,12 +191,17 @@ def usable_checkpoint(run_dir: Path, *, process_index: int = 0, warn=print) -> P
         problems = checkpoint_problems(path, process_index=process_index)
         if not problems:
             if rejected:
-                warn(f"warning: --resume falls back to {path}: the newer checkpoint(s) are damaged: "
-                     + "; ".join(rejected))
+                warn(
+                    f"warning: --resume falls back to {path}: the newer checkpoint(s) are damaged: "
+                    + "; ".join(rejected)
+                )
             return path
         rejected.append("; ".join(problems))
-    raise DataError(f"--resume: every complete checkpoint under {Path(run_dir) / 'checkpoints'} is damaged: "
-                    + "; ".join(rejected) + " (delete them to start from scratch)")
+    raise DataError(
+        f"--resume: every complete checkpoint under {Path(run_dir) / 'checkpoints'} is damaged: "
+        + "; ".join(rejected)
+        + " (delete them to start from scratch)"
+    )
 
 
 def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> dict:
@@ -198,8 +213,10 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> dict:
     try:
         load(rng_file, map_location="cpu")
     except Exception as error:  # noqa: BLE001 - accelerate would silently keep the current RNG state
-        raise DataError(f"{rng_file}: cannot restore the RNG state ({type(error).__name__}: {error}); a resume "
-                        "with other RNG state would not reproduce the run") from error
+        raise DataError(
+            f"{rng_file}: cannot restore the RNG state ({type(error).__name__}: {error}); a resume "
+            "with other RNG state would not reproduce the run"
+        ) from error
     try:
         accelerator.load_state(str(checkpoint))
     except DataError:

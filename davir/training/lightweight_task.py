@@ -22,8 +22,9 @@ lightweight_config.json) says so — its features only separate strings, they ca
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -38,7 +39,12 @@ from davir.data.records import DISTRACTOR, ChangePair
 from davir.errors import DataError
 from davir.io import write_json_atomic
 from davir.models.lightweight import (
-    LightweightCaptioner, LightweightConfig, build_lightweight_model, clevr_pair_loss, get_method, method_names,
+    LightweightCaptioner,
+    LightweightConfig,
+    build_lightweight_model,
+    clevr_pair_loss,
+    get_method,
+    method_names,
     save_lightweight_model,
 )
 from davir.models.lightweight.inputs import InputContext
@@ -73,7 +79,7 @@ class TextEncoder:
         """Token ids (B, L), trimmed after the longest <EOT> (later positions never reach the pooled output)."""
         ids = self.tokenizer(list(texts))
         length = int((ids != 0).sum(dim=1).max())
-        return ids[:, :max(length, 1)]
+        return ids[:, : max(length, 1)]
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
@@ -87,8 +93,10 @@ class TextEncoder:
 
         adapter = TextTowerAdapter(self.module)  # shares the tower's (frozen) weights
         empty = torch.zeros(0, adapter.width)
-        chunks = [adapter(self.token_ids(texts[start:start + batch_size]), empty).float()
-                  for start in range(0, len(texts), batch_size)]
+        chunks = [
+            adapter(self.token_ids(texts[start : start + batch_size]), empty).float()
+            for start in range(0, len(texts), batch_size)
+        ]
         return torch.cat(chunks) if chunks else torch.zeros(0)
 
 
@@ -102,8 +110,9 @@ def text_tower_dims(module: nn.Module) -> tuple[int, int]:
     return width, projection.out_features if isinstance(projection, nn.Linear) else projection.shape[1]
 
 
-def load_text_encoder(model_name: str, checkpoint: str | None, *, config: str | None = None,
-                      seed: int = TEXT_SEED) -> TextEncoder:
+def load_text_encoder(
+    model_name: str, checkpoint: str | None, *, config: str | None = None, seed: int = TEXT_SEED
+) -> TextEncoder:
     """The open_clip text tower of `model_name`: from a local checkpoint, else a seeded random init (no download)."""
     try:
         import open_clip
@@ -121,15 +130,18 @@ def load_text_encoder(model_name: str, checkpoint: str | None, *, config: str | 
         open_clip.add_model_config(Path(config))
     model_config = open_clip.get_model_config(model_name)
     if model_config is None:
-        raise DataError(f"unknown open_clip model {model_name!r} (set lightweight.text_encoder_config to its JSON config)")
+        raise DataError(
+            f"unknown open_clip model {model_name!r} (set lightweight.text_encoder_config to its JSON config)"
+        )
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
         tower = _build_text_tower(model_config["embed_dim"], model_config["text_cfg"])
     finally:
         torch.random.set_rng_state(generator_state)  # do not disturb the run's seeded RNG stream
-    return TextEncoder(tower.requires_grad_(False).eval(), open_clip.get_tokenizer(model_name), model_name,
-                       f"random-init(seed={seed})")
+    return TextEncoder(
+        tower.requires_grad_(False).eval(), open_clip.get_tokenizer(model_name), model_name, f"random-init(seed={seed})"
+    )
 
 
 # --- datasets -------------------------------------------------------------------------------------------
@@ -140,8 +152,9 @@ class SceneCaptionDataset(ChangeCaptionDataset):
     sampled the same deterministic way (from another seed), so a resumed run sees the same batches.
     """
 
-    def __init__(self, semantic_pairs: Sequence[ChangePair], no_change: dict[str, tuple[str, ...]], fields, *,
-                 seed: int = 0):
+    def __init__(
+        self, semantic_pairs: Sequence[ChangePair], no_change: dict[str, tuple[str, ...]], fields, *, seed: int = 0
+    ):
         super().__init__(semantic_pairs, fields, caption_mode="sample", seed=seed, require_captions=True)
         self.no_change = no_change
 
@@ -152,7 +165,9 @@ class SceneCaptionDataset(ChangeCaptionDataset):
         return example
 
 
-def pair_scenes(pairs: Sequence[ChangePair], source: str) -> tuple[list[ChangePair], dict[str, tuple[str, ...]], dict[str, str]]:
+def pair_scenes(
+    pairs: Sequence[ChangePair], source: str
+) -> tuple[list[ChangePair], dict[str, tuple[str, ...]], dict[str, str]]:
     """(semantic pairs, scene_id -> no-change captions, scene_id -> distractor pair id), paired by `scene_id`."""
     semantic: dict[str, ChangePair] = {}
     distractor: dict[str, ChangePair] = {}
@@ -161,11 +176,15 @@ def pair_scenes(pairs: Sequence[ChangePair], source: str) -> tuple[list[ChangePa
             raise DataError(f"{source}: pair {pair.pair_id!r} has no scene_id; scene batches need one per record")
         table = distractor if pair.change_type == DISTRACTOR else semantic
         if pair.scene_id in table:
-            raise DataError(f"{source}: scene {pair.scene_id!r} has two {'distractor' if table is distractor else 'semantic'} pairs")
+            raise DataError(
+                f"{source}: scene {pair.scene_id!r} has two {'distractor' if table is distractor else 'semantic'} pairs"
+            )
         table[pair.scene_id] = pair
     unpaired = sorted(set(semantic) ^ set(distractor))
     if unpaired:
-        raise DataError(f"{source}: {len(unpaired)} scene(s) lack their semantic or distractor pair, e.g. {unpaired[:3]}")
+        raise DataError(
+            f"{source}: {len(unpaired)} scene(s) lack their semantic or distractor pair, e.g. {unpaired[:3]}"
+        )
     empty = [scene for scene, pair in distractor.items() if not pair.captions]
     if empty:
         raise DataError(f"{source}: {len(empty)} distractor pair(s) have no no-change caption, e.g. {empty[:3]}")
@@ -174,8 +193,9 @@ def pair_scenes(pairs: Sequence[ChangePair], source: str) -> tuple[list[ChangePa
 
 
 # --- the task --------------------------------------------------------------------------------------------
-def feature_statistics(cache, pairs: Sequence[ChangePair], limit: int = 256, pool: int = 1
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_statistics(
+    cache, pairs: Sequence[ChangePair], limit: int = 256, pool: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and std of the cached grid features of (up to `limit`, evenly spread) train images,
     average-pooled by `pool` as the front-end will see them.
 
@@ -208,13 +228,17 @@ class LightweightTask:
         data = config.data
         method = config.method
         if data.features is None:
-            raise DataError(f"{method} trains on cached ResNet-101 features but data.features is not set: run "
-                            f"`python -m preprocess features --format {data.format} --root {data.root} --split "
-                            f"{data.train_split} --out CACHE --weights resnet101.pth` (and for {data.val_split}), "
-                            "then set data.features=CACHE")
+            raise DataError(
+                f"{method} trains on cached ResNet-101 features but data.features is not set: run "
+                f"`python -m preprocess features --format {data.format} --root {data.root} --split "
+                f"{data.train_split} --out CACHE --weights resnet101.pth` (and for {data.val_split}), "
+                "then set data.features=CACHE"
+            )
         if not (Path(data.features) / "manifest.json").is_file():
-            raise DataError(f"data.features={data.features} is not a feature cache; run `python -m preprocess features "
-                            f"--format {data.format} --root {data.root} --split {data.train_split} --out {data.features} …`")
+            raise DataError(
+                f"data.features={data.features} is not a feature cache; run `python -m preprocess features "
+                f"--format {data.format} --root {data.root} --split {data.train_split} --out {data.features} …`"
+            )
         check_cache_root(data.features, data.root, key="data.features", moved_from=data.moved_from)
         self.features = FeatureCache(data.features, dataset_root=data.root)
         train_index = read_dataset(data.format, data.root, data.train_split)
@@ -225,28 +249,42 @@ class LightweightTask:
         # Vocabulary from the training captions (change and no-change, §0.5); the decoder's size follows it.
         captions = [c for p in train_pairs for c in p.captions]
         if not captions:
-            raise DataError(f"{data.format} {data.train_split} at {data.root} has no captions to build the vocabulary from")
+            raise DataError(
+                f"{data.format} {data.train_split} at {data.root} has no captions to build the vocabulary from"
+            )
         self.vocab = Vocabulary.build(captions)
         longest = max(len(tokenize(c)) for c in captions) + 2
         lw: LightweightConfig = config.lightweight  # the settings of `method` (TrainConfig built them)
         if longest > lw.max_len:
-            raise DataError(f"the longest training caption has {longest} tokens with <START>/<END>, more than "
-                            f"lightweight.max_len={lw.max_len}; raise it")
+            raise DataError(
+                f"the longest training caption has {longest} tokens with <START>/<END>, more than "
+                f"lightweight.max_len={lw.max_len}; raise it"
+            )
         if lw.vocab_size != len(self.vocab):
-            self.note(f"vocabulary of the training captions has {len(self.vocab)} words (config said "
-                      f"{lw.vocab_size}); the decoder uses {len(self.vocab)}")
+            self.note(
+                f"vocabulary of the training captions has {len(self.vocab)} words (config said "
+                f"{lw.vocab_size}); the decoder uses {len(self.vocab)}"
+            )
             lw = dataclasses.replace(lw, vocab_size=len(self.vocab))
 
         fields: list = []
-        source = f"python -m preprocess {{cmd}} --format {data.format} --root {data.root} --split {{split}} --out {{out}}"
+        source = (
+            f"python -m preprocess {{cmd}} --format {data.format} --root {data.root} --split {{split}} --out {{out}}"
+        )
         check_features = [(data.train_split, train_pairs), (data.val_split, val_pairs)]
         for split, pairs in check_features:
-            images = {p for pair in pairs for p in (pair.before, pair.after, pair.distractor if self.scene_mode else None)
-                      if p is not None}
+            images = {
+                p
+                for pair in pairs
+                for p in (pair.before, pair.after, pair.distractor if self.scene_mode else None)
+                if p is not None
+            }
             missing = [str(p) for p in images if p not in self.features]
             if missing:
-                raise DataError(f"{len(missing)} of {len(images)} images of {split} have no features in {data.features}, "
-                                f"e.g. {missing[:2]}; run `{source.format(cmd='features', split=split, out=data.features)} …`")
+                raise DataError(
+                    f"{len(missing)} of {len(images)} images of {split} have no features in {data.features}, "
+                    f"e.g. {missing[:2]}; run `{source.format(cmd='features', split=split, out=data.features)} …`"
+                )
 
         # Text tower (CHEER entity bank, RDD attribute tokens).
         self.text_encoder: TextEncoder | None = None
@@ -254,21 +292,25 @@ class LightweightTask:
             model_name = lw.text_model
             self.text_encoder = load_text_encoder(model_name, lw.text_encoder, config=lw.text_encoder_config)
             if self.text_encoder.random_init:
-                self.note(f"no open_clip weights (lightweight.text_encoder unset): using a RANDOM-INIT {model_name} text "
-                          f"tower ({self.text_encoder.weights}); its features separate strings but carry no CLIP semantics")
+                self.note(
+                    f"no open_clip weights (lightweight.text_encoder unset): using a RANDOM-INIT {model_name} text "
+                    f"tower ({self.text_encoder.weights}); its features separate strings but carry no CLIP semantics"
+                )
             width, out_dim = text_tower_dims(self.text_encoder.module)
             wanted = lw.text_tower_sizes(width, out_dim)
             changed = {k: v for k, v in wanted.items() if getattr(lw, k) != v}
             if changed:
-                self.note(f"text tower {model_name} sets {changed} (config had "
-                          f"{ {k: getattr(lw, k) for k in changed} })")
+                self.note(
+                    f"text tower {model_name} sets {changed} (config had { {k: getattr(lw, k) for k in changed} })"
+                )
                 lw = dataclasses.replace(lw, **changed)
 
         # What the method's batches carry beside features and captions (CHEER's entities, RDD's caption segments).
         from davir.preprocessing.profiles import check_cache_profiles
 
-        self.inputs = get_method(method).captioner.inputs(InputContext(
-            data, train_pairs, val_pairs, source, self.note, self.text_encoder, check_cache_profiles))
+        self.inputs = get_method(method).captioner.inputs(
+            InputContext(data, train_pairs, val_pairs, source, self.note, self.text_encoder, check_cache_profiles)
+        )
         lw = self.inputs.prepare(lw)
 
         self.lightweight = lw
@@ -285,16 +327,21 @@ class LightweightTask:
         val_fields = [FeatureField(self.feature_source), *self.inputs.fields()]
         if self.scene_mode:
             if data.caption_mode != "sample":
-                raise DataError("CLEVR-Change scene batches sample one change and one no-change caption per scene; "
-                                "set data.caption_mode=sample")
+                raise DataError(
+                    "CLEVR-Change scene batches sample one change and one no-change caption per scene; "
+                    "set data.caption_mode=sample"
+                )
             scenes, no_change, distractor_ids = pair_scenes(train_pairs, f"{data.format} {data.train_split}")
-            fields = [FeatureField(self.feature_source, distractor=True),
-                      *self.inputs.fields(distractor_ids=distractor_ids)]
+            fields = [
+                FeatureField(self.feature_source, distractor=True),
+                *self.inputs.fields(distractor_ids=distractor_ids),
+            ]
             self.train_dataset = SceneCaptionDataset(scenes, no_change, fields, seed=config.run.seed)
         else:
             fields = [FeatureField(self.feature_source), *self.inputs.fields()]
-            self.train_dataset = ChangeCaptionDataset(train_pairs, fields, caption_mode=data.caption_mode,
-                                                      seed=config.run.seed, require_captions=True)
+            self.train_dataset = ChangeCaptionDataset(
+                train_pairs, fields, caption_mode=data.caption_mode, seed=config.run.seed, require_captions=True
+            )
         self.val_dataset = ChangeCaptionDataset(val_pairs, val_fields, seed=config.run.seed)
         for line in self.notes:
             accelerator.print(f"[{method}] note: {line}")
@@ -306,7 +353,9 @@ class LightweightTask:
 
     def _preloaded_features(self, pairs: Sequence[ChangePair], lw: LightweightConfig):
         """The run's features in memory, pooled once (`PooledFeatureTable`), when they fit `data.preload_features_gb`."""
-        images = list(dict.fromkeys(p for pair in pairs for p in (pair.before, pair.after, pair.distractor) if p is not None))
+        images = list(
+            dict.fromkeys(p for pair in pairs for p in (pair.before, pair.after, pair.distractor) if p is not None)
+        )
         tokens = pooled_size(lw.grid_size, lw.feature_pool)
         size_gb = len(images) * lw.backbone_channels * tokens * tokens * 4 / 1e9  # float32
         if not size_gb or size_gb > self.config.data.preload_features_gb:
@@ -332,12 +381,18 @@ class LightweightTask:
         captions_in, captions_target = (t.to(device) for t in self.vocab.caption_tensors(batch["caption"], max_len))
         extras = self.inputs.model_inputs(batch, device)
         if "no_change_caption" in batch:  # a CLEVR-Change scene batch (§0.6)
-            no_change_in, no_change_target = (t.to(device) for t in
-                                              self.vocab.caption_tensors(batch["no_change_caption"], max_len))
-            scene = {"feat_before": batch["feat_before"], "feat_after": batch["feat_after"],
-                     "feat_distractor": batch["feat_distractor"], "captions_in": captions_in,
-                     "captions_target": captions_target, "no_change_in": no_change_in,
-                     "no_change_target": no_change_target}
+            no_change_in, no_change_target = (
+                t.to(device) for t in self.vocab.caption_tensors(batch["no_change_caption"], max_len)
+            )
+            scene = {
+                "feat_before": batch["feat_before"],
+                "feat_after": batch["feat_after"],
+                "feat_distractor": batch["feat_distractor"],
+                "captions_in": captions_in,
+                "captions_target": captions_target,
+                "no_change_in": no_change_in,
+                "no_change_target": no_change_target,
+            }
             if extras:  # the method's own inputs, of each pair
                 distractor = self.inputs.model_inputs(batch, device, pair="distractor")
                 scene.update({**extras, **{f"{key}_distractor": distractor.get(key) for key in extras}})
@@ -349,8 +404,13 @@ class LightweightTask:
         model = self.unwrapped()
         device = batch["feat_before"].device
         inputs = self.inputs.model_inputs(batch, device, pair="generate")
-        ids = model.generate(batch["feat_before"], batch["feat_after"], max_len=min(max_new_tokens, model.config.max_len),
-                             beam_size=num_beams, **inputs)
+        ids = model.generate(
+            batch["feat_before"],
+            batch["feat_after"],
+            max_len=min(max_new_tokens, model.config.max_len),
+            beam_size=num_beams,
+            **inputs,
+        )
         return [self.vocab.decode(row) for row in ids]
 
     def save_pretrained(self, directory) -> None:
@@ -361,19 +421,22 @@ class LightweightTask:
         save_lightweight_model(model, directory / WEIGHTS_FILE)
         self.vocab.save(directory / VOCAB_FILE)
         saved = self.inputs.save(directory)  # the method's own files (CHEER: entity_phrases.json)
-        write_json_atomic(directory / LIGHTWEIGHT_CONFIG, {
-            "method": self.config.method,
-            "config": model.config.to_dict(),
-            "weights": WEIGHTS_FILE,
-            "vocabulary": VOCAB_FILE,
-            "entity_phrases": None,  # a key of every lightweight_config.json (davir.runs.files)
-            **saved,
-            "features": {"weights": self.feature_weights, "cache": str(self.config.data.features)},
-            "text_encoder": self.text_encoder.describe() if self.text_encoder else None,
-            "acr_prompts": getattr(model.config, "acr_prompts", None),  # RDD's setting; null for the others
-            "data_format": self.config.data.format,
-            "notes": self.notes,
-        })
+        write_json_atomic(
+            directory / LIGHTWEIGHT_CONFIG,
+            {
+                "method": self.config.method,
+                "config": model.config.to_dict(),
+                "weights": WEIGHTS_FILE,
+                "vocabulary": VOCAB_FILE,
+                "entity_phrases": None,  # a key of every lightweight_config.json (davir.runs.files)
+                **saved,
+                "features": {"weights": self.feature_weights, "cache": str(self.config.data.features)},
+                "text_encoder": self.text_encoder.describe() if self.text_encoder else None,
+                "acr_prompts": getattr(model.config, "acr_prompts", None),  # RDD's setting; null for the others
+                "data_format": self.config.data.format,
+                "notes": self.notes,
+            },
+        )
 
     def tracker_config(self) -> dict:
         return flat_scalars(self.config)

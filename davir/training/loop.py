@@ -21,17 +21,21 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
 
-from davir.runtime.cost import CostMeter
 from davir.config import ConfigError, save_config
 from davir.data.dataset import collate_examples
 from davir.errors import DataError, check_output_dir
 from davir.io import append_jsonl
+from davir.runs.config import TrainConfig
+from davir.runtime.cost import CostMeter
 from davir.runtime.locks import output_lock
 from davir.runtime.orphans import DieWithParent
 from davir.training import trackers
-from davir.runs.config import TrainConfig
-from davir.training.checkpoints import (install_trainable_state_hooks, load_checkpoint, save_checkpoint,
-                                        usable_checkpoint)
+from davir.training.checkpoints import (
+    install_trainable_state_hooks,
+    load_checkpoint,
+    save_checkpoint,
+    usable_checkpoint,
+)
 from davir.training.resume import apply_to_optimizer, describe_changes, plan_resume
 from davir.training.run import latest_checkpoint, mark_run_finished, prune_checkpoints, write_run_info
 from davir.training.tasks import build_task
@@ -68,8 +72,9 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
     set_seed(config.run.seed)
-    checkpoint = usable_checkpoint(run_dir, process_index=accelerator.process_index,
-                                   warn=accelerator.print) if resume else None
+    checkpoint = (
+        usable_checkpoint(run_dir, process_index=accelerator.process_index, warn=accelerator.print) if resume else None
+    )
     if resume and checkpoint is None:
         accelerator.print(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; starting from scratch")
     if (run_dir / "config.yaml").exists() and not resume and not config.run.overwrite:
@@ -79,20 +84,28 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
 
     task = build_task(config, accelerator)
     train_loader = torch.utils.data.DataLoader(
-        task.train_dataset, batch_size=config.optim.batch_size, shuffle=True, drop_last=True,
-        collate_fn=collate_examples, num_workers=(workers := data_workers(config.data.num_workers, accelerator.device)),
+        task.train_dataset,
+        batch_size=config.optim.batch_size,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=collate_examples,
+        num_workers=(workers := data_workers(config.data.num_workers, accelerator.device)),
         worker_init_fn=DieWithParent() if workers else None,  # a SIGKILLed run leaves no worker behind
         generator=torch.Generator().manual_seed(config.run.seed),
     )
     if len(train_loader) == 0:
-        raise DataError(f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
-                        f"of {config.optim.batch_size}")
+        raise DataError(
+            f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
+            f"of {config.optim.batch_size}"
+        )
     # The step count comes from the loader as each process sees it (sharded by prepare), not the whole split.
     train_loader = accelerator.prepare(train_loader)
     steps_per_epoch = math.ceil(len(train_loader) / config.optim.gradient_accumulation_steps)
     if steps_per_epoch == 0:
-        raise DataError(f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
-                        f"of {config.optim.batch_size} on each of {accelerator.num_processes} processes")
+        raise DataError(
+            f"the training split has {len(task.train_dataset)} examples, fewer than one batch "
+            f"of {config.optim.batch_size} on each of {accelerator.num_processes} processes"
+        )
     max_steps = config.optim.max_steps or config.optim.epochs * steps_per_epoch
     plan.check_length(max_steps)
     # The run folder is claimed only once start-up succeeded: a run that fails before (missing cache, bad
@@ -102,9 +115,16 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
             shutil.rmtree(run_dir)  # run.overwrite: no stale checkpoints, logs or best/ from the old run
         run_dir.mkdir(parents=True, exist_ok=True)
         # run_info.json first: a kill between the two leaves a recorded change that the next resume finds again
-        write_run_info(run_dir, seed=config.run.seed, extra={
-            "resumed_from": str(checkpoint) if checkpoint else None, "resume_changes": plan.history,
-            "max_steps": max_steps, "finished": False})  # `finished` is set once last/ is saved
+        write_run_info(
+            run_dir,
+            seed=config.run.seed,
+            extra={
+                "resumed_from": str(checkpoint) if checkpoint else None,
+                "resume_changes": plan.history,
+                "max_steps": max_steps,
+                "finished": False,
+            },
+        )  # `finished` is set once last/ is saved
         save_config(config, run_dir / "config.yaml")
     accelerator.wait_for_everyone()
     epochs = math.ceil(max_steps / steps_per_epoch)
@@ -114,18 +134,30 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
         + (f" ({describe()})" if describe else "")
         + f"; batch {config.optim.batch_size} x {accelerator.num_processes} process(es) x "
         f"{config.optim.gradient_accumulation_steps} accumulation -> {steps_per_epoch} steps per epoch; "
-        + (f"max_steps {max_steps} (= {max_steps / steps_per_epoch:.2f} epochs)" if config.optim.max_steps
-           else f"{config.optim.epochs} epochs") + f" = {max_steps} optimizer steps in total")
+        + (
+            f"max_steps {max_steps} (= {max_steps / steps_per_epoch:.2f} epochs)"
+            if config.optim.max_steps
+            else f"{config.optim.epochs} epochs"
+        )
+        + f" = {max_steps} optimizer steps in total"
+    )
 
-    optimizer = torch.optim.AdamW(task.trainable_parameters(), lr=config.optim.lr,
-                                  weight_decay=config.optim.weight_decay, betas=tuple(config.optim.betas))
+    optimizer = torch.optim.AdamW(
+        task.trainable_parameters(),
+        lr=config.optim.lr,
+        weight_decay=config.optim.weight_decay,
+        betas=tuple(config.optim.betas),
+    )
     # accelerate steps a prepared scheduler once per process at every optimizer step (split_batches=False),
     # as HF's no_trainer examples count it: the schedule spans max_steps x num_processes scheduler steps.
     from transformers import get_scheduler  # here: it imports transformers' trainer and peft (~4 s)
 
-    scheduler = get_scheduler(config.optim.schedule, optimizer,
-                              num_warmup_steps=round(config.optim.warmup_ratio * max_steps) * accelerator.num_processes,
-                              num_training_steps=max_steps * accelerator.num_processes)
+    scheduler = get_scheduler(
+        config.optim.schedule,
+        optimizer,
+        num_warmup_steps=round(config.optim.warmup_ratio * max_steps) * accelerator.num_processes,
+        num_training_steps=max_steps * accelerator.num_processes,
+    )
     model, optimizer, scheduler = accelerator.prepare(task.model, optimizer, scheduler)
     task.model = model
     install_trainable_state_hooks(accelerator)
@@ -140,8 +172,9 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
             rates = apply_to_optimizer(plan.changes, config, optimizer, scheduler)
             accelerator.print(f"note: {describe_changes(plan.changes, rates)}")
 
-    trackers.start(accelerator, config.run.trackers, run_dir, config=task.tracker_config(),
-                   resume=checkpoint is not None)
+    trackers.start(
+        accelerator, config.run.trackers, run_dir, config=task.tracker_config(), resume=checkpoint is not None
+    )
     validator = Validator(config, task, accelerator, run_dir)
     validator.restore(checkpoint)
     progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
@@ -154,7 +187,11 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
         model.train()
         task.train_dataset.set_epoch(epoch)  # which reference caption each pair gets this epoch
         train_loader.set_epoch(epoch)
-        loader = accelerator.skip_first_batches(train_loader, skip_batches) if epoch == start_epoch and skip_batches else train_loader
+        loader = (
+            accelerator.skip_first_batches(train_loader, skip_batches)
+            if epoch == start_epoch and skip_batches
+            else train_loader
+        )
         for batch in loader:
             with accelerator.accumulate(model):
                 losses = task.training_losses(batch)
@@ -164,7 +201,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
                     raise NonFiniteLoss(
                         f"loss became {loss.item()} at step {step + 1} (terms: "
                         f"{ {k: float(v.detach()) for k, v in losses.items()} }); the last good checkpoint "
-                        f"is {last or 'none (no checkpoint saved yet)'}. Lower optim.lr or check the inputs.")
+                        f"is {last or 'none (no checkpoint saved yet)'}. Lower optim.lr or check the inputs."
+                    )
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and config.optim.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(task.trainable_parameters(), config.optim.max_grad_norm)
@@ -181,8 +219,13 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
             if step % config.run.log_every == 0 or step == max_steps:
                 elapsed = time.perf_counter() - window_start
                 logs = {f"train/{k}": float(accelerator.reduce(v.detach(), "mean")) for k, v in losses.items()}
-                logs.update({"train/lr": scheduler.get_last_lr()[0], "train/pairs_per_s": window_pairs / max(elapsed, 1e-9),
-                             "train/epoch": epoch})
+                logs.update(
+                    {
+                        "train/lr": scheduler.get_last_lr()[0],
+                        "train/pairs_per_s": window_pairs / max(elapsed, 1e-9),
+                        "train/epoch": epoch,
+                    }
+                )
                 accelerator.log(logs, step=step)
                 if accelerator.is_main_process:
                     append_jsonl(run_dir / "train_log.jsonl", {"step": step, **logs})
@@ -203,8 +246,13 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     validator.save_last(step)
     if accelerator.is_main_process:
         # wall time includes validation and checkpoint saving: what the run took, not the bare step rate
-        cost = meter.record(pairs=pairs_seen, model=accelerator.unwrap_model(model), optimizer_steps=step - first_step,
-                            processes=accelerator.num_processes, resumed_at_step=first_step or None)
+        cost = meter.record(
+            pairs=pairs_seen,
+            model=accelerator.unwrap_model(model),
+            optimizer_steps=step - first_step,
+            processes=accelerator.num_processes,
+            resumed_at_step=first_step or None,
+        )
         mark_run_finished(run_dir, step, compute=cost)
     accelerator.wait_for_everyone()
     accelerator.end_training()
@@ -216,7 +264,7 @@ def train_in_folder(config: TrainConfig, *, resume: bool = False, wait_lock: boo
     not after the work) and held by its lock while training (docs/errors.md, "Locks"); under `accelerate launch`
     the main process (RANK 0) holds it for them all. `wait_lock`: wait for another writer instead of stopping."""
     run_folder = check_output_dir(config.run.output_dir, what="run folder (run.output_dir)")
-    with output_lock(run_folder, what=f"run folder {run_folder}", wait=wait_lock,
-                     enabled=int(os.environ.get("RANK", "0")) == 0):
+    with output_lock(
+        run_folder, what=f"run folder {run_folder}", wait=wait_lock, enabled=int(os.environ.get("RANK", "0")) == 0
+    ):
         return train(config, resume=resume)
-

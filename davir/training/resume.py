@@ -23,16 +23,35 @@ from pathlib import Path
 from typing import Any
 
 from davir.config import ConfigError, from_dict, load_yaml_text
-from davir.runs.files import read_run_config, read_run_info
 from davir.runs.config import TrainConfig
+from davir.runs.files import read_run_config, read_run_info
 from davir.training.run import read_checkpoint_state
 
-UNRECORDED = {"run.output_dir", "run.overwrite"}  # where the run folder is now (a moved or copied run), not how it trains
-BOOKKEEPING = {"run.log_every", "run.eval_every", "run.save_every", "run.keep_checkpoints",
-               "run.trackers", "run.tensorboard", "run.val_show", "data.num_workers",
-               "data.preload_features_gb", "data.moved_from"}
-OPTIMISATION = {"optim.lr", "optim.weight_decay", "optim.max_grad_norm", "optim.max_steps", "optim.epochs",
-                "optim.schedule", "optim.warmup_ratio"}
+UNRECORDED = {
+    "run.output_dir",
+    "run.overwrite",
+}  # where the run folder is now (a moved or copied run), not how it trains
+BOOKKEEPING = {
+    "run.log_every",
+    "run.eval_every",
+    "run.save_every",
+    "run.keep_checkpoints",
+    "run.trackers",
+    "run.tensorboard",
+    "run.val_show",
+    "data.num_workers",
+    "data.preload_features_gb",
+    "data.moved_from",
+}
+OPTIMISATION = {
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.max_grad_norm",
+    "optim.max_steps",
+    "optim.epochs",
+    "optim.schedule",
+    "optim.warmup_ratio",
+}
 SCHEDULE = {"optim.lr", "optim.max_steps", "optim.epochs", "optim.schedule", "optim.warmup_ratio"}
 
 
@@ -57,36 +76,45 @@ def run_config(run_dir: Path) -> TrainConfig | None:
 
 def _moved_root(key: str, old: dict, new: dict) -> bool:
     """data.root may change when data.moved_from names the run's root: the same dataset, moved (docs/errors.md)."""
-    return key == "data.root" and new.get("data.moved_from") not in (None, "") and \
-        Path(str(new["data.moved_from"])).expanduser().resolve() == Path(str(old["data.root"])).expanduser().resolve()
+    return (
+        key == "data.root"
+        and new.get("data.moved_from") not in (None, "")
+        and Path(str(new["data.moved_from"])).expanduser().resolve()
+        == Path(str(old["data.root"])).expanduser().resolve()
+    )
 
 
 def resume_changes(old: TrainConfig, new: TrainConfig, *, run_dir: Path, step: int) -> list[dict]:
     """The changed keys a resume at checkpoint `step` may apply, as run_info.json records them; a ConfigError
     naming every key that cannot change on resume."""
     before, after = flatten(dataclasses.asdict(old)), flatten(dataclasses.asdict(new))
-    changed = sorted(key for key in before.keys() | after.keys()
-                     if before.get(key) != after.get(key) and key not in UNRECORDED)
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key) and key not in UNRECORDED
+    )
     refused = [key for key in changed if key not in BOOKKEEPING | OPTIMISATION and not _moved_root(key, before, after)]
     if refused:
         listed = ", ".join(f"{key} ({before.get(key)!r} -> {after.get(key)!r})" for key in refused)
-        raise ConfigError(f"--resume: {Path(run_dir) / 'config.yaml'} was trained with other values of setting(s) that "
-                          f"cannot change mid-run: {listed}. Resume with the run's values, or start a new run "
-                          "(another run.output_dir)")
+        raise ConfigError(
+            f"--resume: {Path(run_dir) / 'config.yaml'} was trained with other values of setting(s) that "
+            f"cannot change mid-run: {listed}. Resume with the run's values, or start a new run "
+            "(another run.output_dir)"
+        )
     return [{"step": step + 1, "key": key, "from": before.get(key), "to": after.get(key)} for key in changed]
 
 
 @dataclasses.dataclass
 class ResumePlan:
-    step: int = 0                                                 # the checkpoint's step (0: a fresh start)
+    step: int = 0  # the checkpoint's step (0: a fresh start)
     changes: list[dict] = dataclasses.field(default_factory=list)  # applied by this resume
     history: list[dict] = dataclasses.field(default_factory=list)  # run_info.json's resume_changes after it
 
     def check_length(self, max_steps: int) -> None:
         """A run made shorter than the step its checkpoint reached cannot be resumed to that length."""
         if max_steps < self.step:
-            raise ConfigError(f"--resume: the new length of the run, {max_steps} optimizer steps (optim.max_steps / "
-                              f"optim.epochs), is below step {self.step} that its checkpoint reached")
+            raise ConfigError(
+                f"--resume: the new length of the run, {max_steps} optimizer steps (optim.max_steps / "
+                f"optim.epochs), is below step {self.step} that its checkpoint reached"
+            )
 
 
 def plan_resume(run_dir: Path, checkpoint: Path | None, config: TrainConfig) -> ResumePlan:
@@ -134,10 +162,14 @@ def merged_history(earlier: list[dict], changes: list[dict], *, step: int) -> li
     """run_info.json's resume_changes after a resume at `step`: an earlier change recorded after this step
     (its checkpoint was lost or damaged) now takes effect from here, as config.yaml already holds it; one
     found again (a kill before config.yaml was rewritten) is recorded once."""
+
     def same(change: dict) -> tuple:
         return change["key"], repr(change.get("from")), repr(change.get("to"))
 
     again = {same(change) for change in changes}
-    kept = [{**change, "step": min(change["step"], step + 1)} for change in earlier
-            if not (change["step"] >= step + 1 and same(change) in again)]
+    kept = [
+        {**change, "step": min(change["step"], step + 1)}
+        for change in earlier
+        if not (change["step"] >= step + 1 and same(change) in again)
+    ]
     return kept + changes

@@ -1,10 +1,10 @@
 """The run folder: what a result needs to be reproduced, and the best/last model checkpoints.
 
-    RUN/config.yaml          the exact TrainConfig the run used
-    RUN/run_info.json        seed, command line, package versions, git commit (dirty flag)
-    RUN/checkpoints/step_N/  `accelerator.save_state` (model, optimizer, scheduler, RNG, train state)
-    RUN/last/, RUN/best/     `save_pretrained` of the model, loadable by evaluate.py/caption.py
-    RUN/logs/                TensorBoard
+RUN/config.yaml          the exact TrainConfig the run used
+RUN/run_info.json        seed, command line, package versions, git commit (dirty flag)
+RUN/checkpoints/step_N/  `accelerator.save_state` (model, optimizer, scheduler, RNG, train state)
+RUN/last/, RUN/best/     `save_pretrained` of the model, loadable by evaluate.py/caption.py
+RUN/logs/                TensorBoard
 """
 
 from __future__ import annotations
@@ -21,8 +21,20 @@ from pathlib import Path
 from davir.io import read_json, write_json_atomic
 from davir.text.lexicon import lexicon_record
 
-PACKAGES = ("torch", "torchvision", "transformers", "peft", "accelerate", "datasets", "numpy",
-            "scikit-learn", "opencv-python-headless", "pycocoevalcap", "segment-anything", "open_clip_torch")
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "transformers",
+    "peft",
+    "accelerate",
+    "datasets",
+    "numpy",
+    "scikit-learn",
+    "opencv-python-headless",
+    "pycocoevalcap",
+    "segment-anything",
+    "open_clip_torch",
+)
 
 
 def package_versions() -> dict[str, str | None]:
@@ -46,8 +58,9 @@ def git_state(package: Path | None = None) -> dict[str, str | bool | None]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=package, env=env, capture_output=True, text=True, check=True,
-                              timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=package, env=env, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
 
     try:
         if Path(git("rev-parse", "--show-toplevel")).resolve() / package.name != package.resolve():
@@ -59,18 +72,21 @@ def git_state(package: Path | None = None) -> dict[str, str | bool | None]:
 
 
 def write_run_info(run_dir: Path, *, seed: int, extra: dict | None = None) -> None:
-    write_json_atomic(run_dir / "run_info.json", {
-        "command": sys.argv,
-        "cwd": str(Path.cwd()),  # what the config's relative paths are relative to (davir.runs.paths)
-        "seed": seed,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "packages": package_versions(),
-        "git": git_state(),
-        # the word lists that read its captions and entities (davir.text.lexicon): another one, other prompts
-        "lexicon": lexicon_record(strict=False),
-        **(extra or {}),
-    })
+    write_json_atomic(
+        run_dir / "run_info.json",
+        {
+            "command": sys.argv,
+            "cwd": str(Path.cwd()),  # what the config's relative paths are relative to (davir.runs.paths)
+            "seed": seed,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "packages": package_versions(),
+            "git": git_state(),
+            # the word lists that read its captions and entities (davir.text.lexicon): another one, other prompts
+            "lexicon": lexicon_record(strict=False),
+            **(extra or {}),
+        },
+    )
 
 
 def mark_run_finished(run_dir: Path, step: int, *, compute: dict | None = None) -> None:
@@ -90,7 +106,9 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     folder = Path(run_dir) / "checkpoints"
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.match(p.name)) and (p / "COMPLETE").is_file()]
+    found = [
+        (int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.match(p.name)) and (p / "COMPLETE").is_file()
+    ]
     return sorted(found)
 
 
@@ -124,4 +142,3 @@ def replace_dir_atomic(source: Path, target: Path) -> None:
     Path(source).rename(target)
     if old.exists():
         shutil.rmtree(old)
-

@@ -17,7 +17,8 @@ task's module is named in the lazy table below, so it is imported on demand.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -31,7 +32,8 @@ TASKS: Registry[Callable[..., Any]] = Registry("method", error=DataError, lazy={
 # A task serving a family of methods that grows after it is imported (LightweightTask: every method registered
 # with davir.models.lightweight.registry.register_method, a user's own included): family → (its names now, task).
 TASK_FAMILIES: Registry[tuple[Callable[[], Iterable[str]], Callable[..., Any]]] = Registry(
-    "task family", error=DataError, lazy={"lightweight": "davir.training.lightweight_task"})
+    "task family", error=DataError, lazy={"lightweight": "davir.training.lightweight_task"}
+)
 # Where the built-in tasks live (the lazy entries above).
 TASK_MODULES = ("davir.training.davir_task", "davir.training.lightweight_task")
 

@@ -33,8 +33,9 @@ import dataclasses
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from davir.config import ConfigError
 from davir.errors import install_hint
@@ -52,11 +53,14 @@ _our_mlflow_uri: str | None = None  # the file store last chosen here (MLflow pu
 def available(name: str) -> bool:
     """Whether `name`'s package is installed, by the test Accelerate itself makes (which silently drops a tracker
     whose package is missing: `check_installed` turns that into an error)."""
-    from accelerate.utils import (is_mlflow_available, is_tensorboard_available, is_trackio_available,
-                                  is_wandb_available)
+    from accelerate.utils import is_mlflow_available, is_tensorboard_available, is_trackio_available, is_wandb_available
 
-    checks = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available,
-              "trackio": is_trackio_available, "mlflow": is_mlflow_available}
+    checks = {
+        "tensorboard": is_tensorboard_available,
+        "wandb": is_wandb_available,
+        "trackio": is_trackio_available,
+        "mlflow": is_mlflow_available,
+    }
     return checks[name]()
 
 
@@ -68,9 +72,11 @@ def check_installed(names: Sequence[str]) -> None:
         installed = ", ".join(name for name in TRACKERS if available(name)) or "none"
         hint = install_hint(*missing)  # davir[trackers], and the packages themselves as the other way
         alternative = "" if hint == f"pip install {packages}" else f"or pip install {packages}; "
-        raise ConfigError(f"run.trackers lists {', '.join(missing)} but the package is not installed: {hint} "
-                          f"({alternative}or remove {'it' if len(missing) == 1 else 'them'} from run.trackers; "
-                          f"installed trackers: {installed})")
+        raise ConfigError(
+            f"run.trackers lists {', '.join(missing)} but the package is not installed: {hint} "
+            f"({alternative}or remove {'it' if len(missing) == 1 else 'them'} from run.trackers; "
+            f"installed trackers: {installed})"
+        )
 
 
 def wandb_kwargs(run_dir: Path) -> dict[str, Any]:
@@ -113,8 +119,12 @@ def trackio_kwargs(run_dir: Path, *, resume: bool) -> dict[str, Any]:
         trackio.context_vars.current_run.set(None)
     if not os.environ.get("TRACKIO_DIR"):
         point_trackio_at(run_dir / "logs" / "trackio")
-    return {"name": run_dir.name, "resume": "allow" if resume else "never", "auto_log_cpu": False,
-            "auto_log_gpu": False}
+    return {
+        "name": run_dir.name,
+        "resume": "allow" if resume else "never",
+        "auto_log_cpu": False,
+        "auto_log_gpu": False,
+    }
 
 
 def mlflow_kwargs(run_dir: Path) -> dict[str, Any]:
@@ -166,12 +176,13 @@ def start(accelerator, names: Sequence[str], run_dir: Path, *, config: dict, res
 
 # --- the sample table of each validation --------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class SampleRow:
     pair_id: str
-    caption: str             # the model's
+    caption: str  # the model's
     references: list[str]
-    before: Any = None       # PIL images, at most SAMPLE_IMAGE_SIDE px; None where the pair's images could not be read
+    before: Any = None  # PIL images, at most SAMPLE_IMAGE_SIDE px; None where the pair's images could not be read
     after: Any = None
 
     @property
@@ -179,8 +190,14 @@ class SampleRow:
         return " / ".join(self.references)
 
 
-def sample_rows(dataset, shown: Sequence[tuple[str, str]], references: dict[str, list[str]], *,
-                size_policy: str = "resize_before_to_after", side: int = SAMPLE_IMAGE_SIDE) -> list[SampleRow]:
+def sample_rows(
+    dataset,
+    shown: Sequence[tuple[str, str]],
+    references: dict[str, list[str]],
+    *,
+    size_policy: str = "resize_before_to_after",
+    side: int = SAMPLE_IMAGE_SIDE,
+) -> list[SampleRow]:
     """The rows of the sample table: (pair id, caption) of `shown`, the references, and the pair's images from
     `dataset.pairs` (a ChangeCaptionDataset), reduced to `side` px. A pair whose images cannot be read (moved
     since the features were cached) keeps its text; the table is a view, it never stops training."""
@@ -263,8 +280,9 @@ def wandb_samples(tracker, rows: Sequence[SampleRow], step: int) -> None:
     def image(value):
         return wandb.Image(value) if value is not None else None
 
-    table = wandb.Table(columns=COLUMNS, data=[[r.pair_id, image(r.before), image(r.after), r.caption, r.reference]
-                                               for r in rows])
+    table = wandb.Table(
+        columns=COLUMNS, data=[[r.pair_id, image(r.before), image(r.after), r.caption, r.reference] for r in rows]
+    )
     staging = {} if os.environ.get("WANDB_DATA_DIR") else {"WANDB_DATA_DIR": str(Path(tracker.run.dir).parent / "data")}
     with _environ(staging):
         tracker.run.log({"val/samples": table}, step=step)
@@ -277,8 +295,9 @@ def trackio_samples(tracker, rows: Sequence[SampleRow], step: int) -> None:
     def image(value):
         return trackio.Image(value) if value is not None else None
 
-    table = trackio.Table(columns=COLUMNS, data=[[r.pair_id, image(r.before), image(r.after), r.caption, r.reference]
-                                                 for r in rows])
+    table = trackio.Table(
+        columns=COLUMNS, data=[[r.pair_id, image(r.before), image(r.after), r.caption, r.reference] for r in rows]
+    )
     tracker.run.log({"val/samples": table}, step=step)
 
 
@@ -287,19 +306,28 @@ def mlflow_samples(tracker, rows: Sequence[SampleRow], step: int) -> None:
     beside it under table_images/), shown in the run's Artifacts and the Evaluation view."""
     import mlflow
 
-    data: dict[str, list] = {"pair": [r.pair_id for r in rows], "caption": [r.caption for r in rows],
-                             "reference": [r.reference for r in rows], "step": [step] * len(rows)}
+    data: dict[str, list] = {
+        "pair": [r.pair_id for r in rows],
+        "caption": [r.caption for r in rows],
+        "reference": [r.reference for r in rows],
+        "step": [step] * len(rows),
+    }
     if rows and all(r.before is not None for r in rows):  # a column may not mix images and empty cells
         data["before"] = [r.before for r in rows]
         data["after"] = [r.after for r in rows]
     with warnings.catch_warnings():  # MLflow's own use of pandas' select_dtypes, deprecated in pandas 3
         warnings.filterwarnings("ignore", message=".*select_dtypes.*")
-        mlflow.MlflowClient().log_table(tracker.active_run.info.run_id, data=data,
-                                        artifact_file=f"val_samples/step_{step}.json")
+        mlflow.MlflowClient().log_table(
+            tracker.active_run.info.run_id, data=data, artifact_file=f"val_samples/step_{step}.json"
+        )
 
 
-SAMPLE_LOGGERS = {"tensorboard": tensorboard_samples, "wandb": wandb_samples, "trackio": trackio_samples,
-                  "mlflow": mlflow_samples}
+SAMPLE_LOGGERS = {
+    "tensorboard": tensorboard_samples,
+    "wandb": wandb_samples,
+    "trackio": trackio_samples,
+    "mlflow": mlflow_samples,
+}
 
 
 def wants_samples(accelerator) -> bool:

@@ -43,7 +43,7 @@ class Validator:
         dataset = self.task.val_dataset
         size = self.config.optim.batch_size
         for start in range(0, len(indices), size):
-            yield collate_examples([dataset[i] for i in indices[start:start + size]])
+            yield collate_examples([dataset[i] for i in indices[start : start + size]])
 
     def generate_kwargs(self) -> dict:
         """FSDP shards the weights: every rank must take part in every forward, so generation keeps all
@@ -76,8 +76,12 @@ class Validator:
                 batch = self.task.to_device(batch, self.accelerator.device)
                 with self.accelerator.autocast():
                     local_losses.append((float(self.task.training_losses(batch)["loss"]), len(batch["pair_id"])))
-                    captions = self.task.generate(batch, max_new_tokens=self.config.run.max_new_tokens,
-                                                  num_beams=self.config.run.num_beams, **self.generate_kwargs())
+                    captions = self.task.generate(
+                        batch,
+                        max_new_tokens=self.config.run.max_new_tokens,
+                        num_beams=self.config.run.num_beams,
+                        **self.generate_kwargs(),
+                    )
                 local_rows += list(zip(batch["pair_id"], captions, batch["captions"]))
         all_losses, all_rows = gather_object(local_losses), gather_object(local_rows)
         result = None
@@ -94,18 +98,24 @@ class Validator:
             logs = {"val/loss": val_loss, **{f"val/{k}": v for k, v in scores.items() if v is not None}}
             self.accelerator.log(logs, step=step)
             shown = list(predictions.items())[: self.config.run.val_show]
-            self.accelerator.print(f"[step {step}] val loss {val_loss:.4f} " +
-                                   " ".join(f"{k} {v:.3f}" for k, v in scores.items() if v is not None))
+            self.accelerator.print(
+                f"[step {step}] val loss {val_loss:.4f} "
+                + " ".join(f"{k} {v:.3f}" for k, v in scores.items() if v is not None)
+            )
             for pair_id, caption in shown:
                 self.accelerator.print(f"    {pair_id}: {caption!r}  (ref: {references[pair_id][0]!r})")
             self._log_samples(shown, references, step)
-            write_json_atomic(self.run_dir / "val" / f"step_{step}.json",
-                              {"step": step, "loss": val_loss, "metrics": scores, "predictions": predictions})
+            write_json_atomic(
+                self.run_dir / "val" / f"step_{step}.json",
+                {"step": step, "loss": val_loss, "metrics": scores, "predictions": predictions},
+            )
             score = scores.get(self.config.run.best_metric)
             if score is not None and score > self.best_score:
                 self.best_score, self.best_step = score, step
-                self._save_model(self.run_dir / "best", {"step": step, "metric": self.config.run.best_metric,
-                                                         "score": score, "val_loss": val_loss})
+                self._save_model(
+                    self.run_dir / "best",
+                    {"step": step, "metric": self.config.run.best_metric, "score": score, "val_loss": val_loss},
+                )
             result = logs
         self.accelerator.wait_for_everyone()
         return result
@@ -113,8 +123,9 @@ class Validator:
     def _log_samples(self, shown: list[tuple[str, str]], references: dict[str, list[str]], step: int) -> None:
         """The shown captions, with their references and images, as a table in every tracker (run.trackers)."""
         if shown and trackers.wants_samples(self.accelerator):
-            rows = trackers.sample_rows(self.task.val_dataset, shown, references,
-                                        size_policy=self.config.data.size_policy)
+            rows = trackers.sample_rows(
+                self.task.val_dataset, shown, references, size_policy=self.config.data.size_policy
+            )
             trackers.log_samples(self.accelerator, rows, step=step)
 
     def save_last(self, step: int) -> None:

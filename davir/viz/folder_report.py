@@ -33,8 +33,14 @@ def strip_name(index: int) -> str:
     return f"{index:07d}.jpg"
 
 
-def compose_strip(before: Image.Image, after: Image.Image, *, mask: np.ndarray | None = None,
-                  attention: tuple | None = None, height: int = STRIP_HEIGHT) -> tuple[Image.Image, list[str]]:
+def compose_strip(
+    before: Image.Image,
+    after: Image.Image,
+    *,
+    mask: np.ndarray | None = None,
+    attention: tuple | None = None,
+    height: int = STRIP_HEIGHT,
+) -> tuple[Image.Image, list[str]]:
     """(strip, its column labels): before | after | mask on after | attention on before | attention on after,
     `height` px high, tiles of one width `STRIP_GAP` px apart; the mask and attention tiles only when given."""
     scale = height / after.height
@@ -55,8 +61,15 @@ def compose_strip(before: Image.Image, after: Image.Image, *, mask: np.ndarray |
     return strip, labels
 
 
-def write_strip(report_dir: Path, index: int, before: Image.Image, after: Image.Image, *,
-                mask: np.ndarray | None = None, attention: tuple | None = None) -> Path:
+def write_strip(
+    report_dir: Path,
+    index: int,
+    before: Image.Image,
+    after: Image.Image,
+    *,
+    mask: np.ndarray | None = None,
+    attention: tuple | None = None,
+) -> Path:
     """The pair's `compose_strip`, STRIP_HEIGHT px high, as report_dir/strips/NNNNNNN.jpg; its JPEG comment
     names the columns (`strip_labels`)."""
     strip, labels = compose_strip(before, after, mask=mask, attention=attention)
@@ -91,21 +104,28 @@ def _strip_html(src: str, path: Path | None) -> str:
     """The strip and, under it, its columns' labels on a grid of the tiles' widths (gaps as wide as the strip's)."""
     found = strip_labels(path) if path is not None else None
     labels = found[0] if found else list(TILE_LABELS)
-    parts = [f'<figure class="strip"><img class="strip" loading="lazy" src="{html.escape(src)}" '
-             f'alt="{html.escape(", ".join(labels))}">']
+    parts = [
+        f'<figure class="strip"><img class="strip" loading="lazy" src="{html.escape(src)}" '
+        f'alt="{html.escape(", ".join(labels))}">'
+    ]
     if found:
         width = found[1]
         gap = 100.0 * STRIP_GAP / width if width else 0.0
-        parts.append(f'<figcaption class="strip-labels" style="max-width:{width}px;column-gap:{gap:.3f}%;'
-                     f'grid-template-columns:repeat({len(labels)},1fr)">' +
-                     "".join(f"<span>{html.escape(label)}</span>" for label in labels) + "</figcaption>")
+        parts.append(
+            f'<figcaption class="strip-labels" style="max-width:{width}px;column-gap:{gap:.3f}%;'
+            f'grid-template-columns:repeat({len(labels)},1fr)">'
+            + "".join(f"<span>{html.escape(label)}</span>" for label in labels)
+            + "</figcaption>"
+        )
     parts.append("</figure>")
     return "".join(parts)
 
 
 def _pair_html(row: dict, strip: str | None, strip_path: Path | None = None) -> str:
-    parts = [f'<section class="pair{" failed" if row.get("error") else ""}" id="{html.escape(str(row["id"]))}">',
-             f"<h2>{html.escape(str(row['id']))}</h2>"]
+    parts = [
+        f'<section class="pair{" failed" if row.get("error") else ""}" id="{html.escape(str(row["id"]))}">',
+        f"<h2>{html.escape(str(row['id']))}</h2>",
+    ]
     if row.get("caption") is not None:
         parts.append(f'<p class="caption">{html.escape(row["caption"])}</p>')
     if row.get("error"):
@@ -113,25 +133,36 @@ def _pair_html(row: dict, strip: str | None, strip_path: Path | None = None) -> 
     if strip:
         parts.append(_strip_html(strip, strip_path))
     if row.get("entities"):
-        parts.append('<p class="entities">Entities: ' + ", ".join(
-            f"<span>{html.escape(e)} {s:.2f}</span>" for e, s in row["entities"]) + "</p>")
+        parts.append(
+            '<p class="entities">Entities: '
+            + ", ".join(f"<span>{html.escape(e)} {s:.2f}</span>" for e, s in row["entities"])
+            + "</p>"
+        )
     if row.get("references"):
-        parts.append("<details open><summary>references</summary><ul>" +
-                     "".join(f"<li>{html.escape(r)}</li>" for r in row["references"]) + "</ul></details>")
+        parts.append(
+            "<details open><summary>references</summary><ul>"
+            + "".join(f"<li>{html.escape(r)}</li>" for r in row["references"])
+            + "</ul></details>"
+        )
     parts.append("</section>")
     return "\n".join(parts)
 
 
 def _page(title: str, header: str, body: str) -> str:
-    style = STYLE + ("figure.strip{text-align:left;margin:0 0 4px}"
-                     "img.strip{display:block;height:auto;max-width:100%;border-radius:6px}nav a{margin-right:8px}")
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body><header><h1>{html.escape(title)}</h1>{header}</header>"
-            f"<main>{body}</main></body></html>")
+    style = STYLE + (
+        "figure.strip{text-align:left;margin:0 0 4px}"
+        "img.strip{display:block;height:auto;max-width:100%;border-radius:6px}nav a{margin-right:8px}"
+    )
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body><header><h1>{html.escape(title)}</h1>{header}</header>"
+        f"<main>{body}</main></body></html>"
+    )
 
 
-def write_folder_report(html_path: Path, jsonl: Path, report_dir: Path, *, title: str, summary: dict,
-                        limit: int) -> Path:
+def write_folder_report(
+    html_path: Path, jsonl: Path, report_dir: Path, *, title: str, summary: dict, limit: int
+) -> Path:
     """Index page (+ pages of `PAGE_SIZE` pairs when more are shown), streamed from the JSONL (memory independent
     of its length). At most `PAGE_SIZE` captioned pairs are shown on the index page itself."""
     html_path, report_dir = Path(html_path), Path(report_dir)
@@ -143,7 +174,7 @@ def write_folder_report(html_path: Path, jsonl: Path, report_dir: Path, *, title
         if row.get("error"):
             failed += 1
             if len(failed_html) < FAILED_LISTED:
-                failed_html.append(f'<li><b>{html.escape(str(row["id"]))}</b>: {html.escape(row["error"])}</li>')
+                failed_html.append(f"<li><b>{html.escape(str(row['id']))}</b>: {html.escape(row['error'])}</li>")
     inline = min(total - failed, limit) <= PAGE_SIZE  # one page's worth: on the index, no click through
     pages, page_rows = [], []
 
@@ -174,16 +205,23 @@ def write_folder_report(html_path: Path, jsonl: Path, report_dir: Path, *, title
         if stale.name not in pages:
             stale.unlink(missing_ok=True)
     subtitle = f"<p>{total} pairs · {total - failed} captioned · {failed} not captioned · {shown} shown</p>"
-    table = '<table class="summary">' + "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items()) + "</table>"
+    table = (
+        '<table class="summary">'
+        + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
+        + "</table>"
+    )
     body = []
     if failed:
         more = f"<p>… and {failed - len(failed_html)} more (see the JSONL)</p>" if failed > len(failed_html) else ""
-        body.append(f'<section class="pair failed"><h2>Not captioned ({failed})</h2><ul>{"".join(failed_html)}</ul>'
-                    f"{more}</section>")
+        body.append(
+            f'<section class="pair failed"><h2>Not captioned ({failed})</h2><ul>{"".join(failed_html)}</ul>'
+            f"{more}</section>"
+        )
     if pages:
-        links = " ".join(f'<a href="{relative}/{p}">{i * PAGE_SIZE + 1}–{min((i + 1) * PAGE_SIZE, shown)}</a>'
-                         for i, p in enumerate(pages))
+        links = " ".join(
+            f'<a href="{relative}/{p}">{i * PAGE_SIZE + 1}–{min((i + 1) * PAGE_SIZE, shown)}</a>'
+            for i, p in enumerate(pages)
+        )
         body.append(f'<section class="pair"><h2>Captioned pairs</h2><nav>{links}</nav></section>')
     else:
         body.extend(page_rows)

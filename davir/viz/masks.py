@@ -8,16 +8,29 @@ with a title bar and an optional line of text under it (a caption or the retriev
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import cv2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-PALETTE = np.array([
-    (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
-    (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (220, 190, 255),
-], dtype=np.uint8)
+PALETTE = np.array(
+    [
+        (230, 25, 75),
+        (60, 180, 75),
+        (255, 225, 25),
+        (0, 130, 200),
+        (245, 130, 48),
+        (145, 30, 180),
+        (70, 240, 240),
+        (240, 50, 230),
+        (210, 245, 60),
+        (250, 190, 212),
+        (0, 128, 128),
+        (220, 190, 255),
+    ],
+    dtype=np.uint8,
+)
 KEPT, DROPPED = (40, 220, 60), (235, 40, 40)
 
 
@@ -72,8 +85,11 @@ def draw_mask_panels(
     small_before = _resize(before, size)
     small_after = _resize(after, size)
     p_before, p_after = panel_mask(mask_before), panel_mask(mask_after)
-    panels = [_outline(small_before, p_before, (0, 255, 255)), _outline(small_after, p_after, (255, 255, 0)),
-              difference_panel(diff, size)]
+    panels = [
+        _outline(small_before, p_before, (0, 255, 255)),
+        _outline(small_after, p_after, (255, 255, 0)),
+        difference_panel(diff, size),
+    ]
 
     cluster_panel = (small_after * 0.35).astype(np.uint8)
     label_map = _resize(labels.astype(np.int32).astype(np.float32), size, nearest=True).astype(np.int32)

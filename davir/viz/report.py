@@ -76,8 +76,10 @@ def overlay_mask(image: Image.Image, mask: np.ndarray, color=(255, 40, 40), alph
 def _figure(image: Image.Image | None, label: str) -> str:
     if image is None:
         return f'<figure class="empty"><div class="none">—</div><figcaption>{html.escape(label)}</figcaption></figure>'
-    return (f'<figure><img src="{_png_data_uri(_thumbnail(image))}" alt="{html.escape(label)}">'
-            f"<figcaption>{html.escape(label)}</figcaption></figure>")
+    return (
+        f'<figure><img src="{_png_data_uri(_thumbnail(image))}" alt="{html.escape(label)}">'
+        f"<figcaption>{html.escape(label)}</figcaption></figure>"
+    )
 
 
 # The columns of a pair's picture, in order, in every report and in the app: the images, the change mask on the
@@ -93,20 +95,31 @@ def _row_html(row: ReportRow) -> str:
         tiles.append(_figure(overlay_heatmap(row.before, row.attention_before), TILE_LABELS[3]))
     if row.after is not None and row.attention_after is not None:
         tiles.append(_figure(overlay_heatmap(row.after, row.attention_after), TILE_LABELS[4]))
-    parts = [f'<section class="pair{" failed" if row.error else ""}" id="{html.escape(row.pair_id)}">',
-             f"<h2>{html.escape(row.pair_id)}</h2>"]
+    parts = [
+        f'<section class="pair{" failed" if row.error else ""}" id="{html.escape(row.pair_id)}">',
+        f"<h2>{html.escape(row.pair_id)}</h2>",
+    ]
     if row.caption is not None:  # the caption first: it is what the reader came for
         parts.append(f'<p class="caption">{html.escape(row.caption)}</p>')
     if row.error:
         parts.append(f'<p class="error">Not captioned: {html.escape(row.error)}</p>')
     parts += ['<div class="tiles">', *tiles, "</div>"]
     if row.entities:
-        parts.append('<p class="entities">Entities: ' + ", ".join(f"<span>{html.escape(e)}</span>" for e in row.entities) + "</p>")
+        parts.append(
+            '<p class="entities">Entities: '
+            + ", ".join(f"<span>{html.escape(e)}</span>" for e in row.entities)
+            + "</p>"
+        )
     if row.references:
-        parts.append("<details><summary>references</summary><ul>" +
-                     "".join(f"<li>{html.escape(r)}</li>" for r in row.references) + "</ul></details>")
+        parts.append(
+            "<details><summary>references</summary><ul>"
+            + "".join(f"<li>{html.escape(r)}</li>" for r in row.references)
+            + "</ul></details>"
+        )
     if row.scores:
-        parts.append('<p class="scores">' + " · ".join(f"{html.escape(k)} {v:.3f}" for k, v in row.scores.items()) + "</p>")
+        parts.append(
+            '<p class="scores">' + " · ".join(f"{html.escape(k)} {v:.3f}" for k, v in row.scores.items()) + "</p>"
+        )
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -131,17 +144,24 @@ table.summary{border-collapse:collapse;margin-top:8px}table.summary td,table.sum
 """
 
 
-def render_report(rows: list[ReportRow], *, title: str = "Change captions", summary: dict[str, str] | None = None) -> str:
+def render_report(
+    rows: list[ReportRow], *, title: str = "Change captions", summary: dict[str, str] | None = None
+) -> str:
     failed = sum(1 for row in rows if row.error)
     subtitle = f"{len(rows)} pairs · {len(rows) - failed} captioned · {failed} not captioned"
     summary_html = ""
     if summary:
-        summary_html = '<table class="summary">' + "".join(
-            f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items()) + "</table>"
+        summary_html = (
+            '<table class="summary">'
+            + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
+            + "</table>"
+        )
     body = "\n".join(_row_html(row) for row in rows)
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body><header><h1>{html.escape(title)}</h1><p>{subtitle}</p>{summary_html}"
-            f"</header><main>{body}</main></body></html>")
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><header><h1>{html.escape(title)}</h1><p>{subtitle}</p>{summary_html}"
+        f"</header><main>{body}</main></body></html>"
+    )
 
 
 def write_report(path: str | Path, rows: list[ReportRow], **kwargs) -> Path:

@@ -29,7 +29,7 @@ def read_dataset(format: str, root: str | Path, split: str) -> DatasetIndex:
 
 
 # Importing the modules registers the readers.
-from davir.data.formats._common import refuse_links_leaving  # noqa: E402
 from davir.data.formats import clevr_change, clevr_dc, folder, ier, levir_cc, spot_the_diff  # noqa: E402,F401
+from davir.data.formats._common import refuse_links_leaving  # noqa: E402
 
 __all__ = ["FORMATS", "DatasetFormat", "Reader", "read_dataset", "register_format"]

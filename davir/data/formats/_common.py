@@ -97,11 +97,12 @@ class PairMerger:
         source = None
         if previous.source_captions is not None and pair.source_captions is not None:
             source = previous.source_captions + pair.source_captions
-        self._pairs[pair.pair_id] = replace(previous, captions=previous.captions + pair.captions, source_captions=source)
+        self._pairs[pair.pair_id] = replace(
+            previous, captions=previous.captions + pair.captions, source_captions=source
+        )
 
     def pairs(self) -> list[ChangePair]:
         return list(self._pairs.values())
-
 
 
 def plain_file_name(name: str, *, source: str, record: str) -> str:
@@ -111,8 +112,12 @@ def plain_file_name(name: str, *, source: str, record: str) -> str:
     10,077 pairs) and just as safe for ids that are only ever file names: "../x" or "/x" are errors.
     """
     if (
-        not name or name.strip() != name or name in (".", "..")
-        or "/" in name or "\\" in name or (len(name) > 1 and name[1] == ":")
+        not name
+        or name.strip() != name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or (len(name) > 1 and name[1] == ":")
     ):
         raise DataError(f"{source}: {record}: {name!r} is not a plain file name (no folders, no '..', not absolute)")
     return name
@@ -163,7 +168,9 @@ def refuse_links_leaving(index: DatasetIndex) -> DatasetIndex:
         for pair in index.pairs:
             for path in (pair.before, pair.after, pair.distractor, pair.gt_mask_before, pair.gt_mask_after):
                 if path is not None and str(path) in found:
-                    raise DataError(f"{index.format} split {index.split!r} at {index.root}: pair {pair.pair_id!r}: "
-                                    f"{path} is a symlink that leads out of its dataset folder {Path(path).parent} "
-                                    f"(to {found[str(path)]})")
+                    raise DataError(
+                        f"{index.format} split {index.split!r} at {index.root}: pair {pair.pair_id!r}: "
+                        f"{path} is a symlink that leads out of its dataset folder {Path(path).parent} "
+                        f"(to {found[str(path)]})"
+                    )
     return index

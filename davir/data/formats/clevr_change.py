@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from davir.data.formats.registry import register_format
 from davir.data.formats._common import clean_captions
+from davir.data.formats.registry import register_format
 from davir.data.records import DISTRACTOR, ChangePair, DatasetIndex, SkippedRecord
 from davir.errors import DataError
 from davir.io import read_json
@@ -46,7 +46,7 @@ def read_type_mapping(path: Path) -> dict[str, str]:
     by_id: dict[str, str] = {}
     for change_type, ids in mapping.items():
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise DataError(f"{path}: change type {change_type!r} must map to a list of \"%06d.png\" strings")
+            raise DataError(f'{path}: change type {change_type!r} must map to a list of "%06d.png" strings')
         for image_id in ids:
             if image_id in by_id and by_id[image_id] != change_type:
                 raise DataError(f"{path}: id {image_id!r} is listed under both {by_id[image_id]!r} and {change_type!r}")
@@ -60,7 +60,9 @@ def read_caption_file(path: Path) -> dict[str, Any] | None:
         return None
     captions = read_json(path)
     if not isinstance(captions, dict):
-        raise DataError(f"{path}: expected an object mapping image names to caption lists, got {type(captions).__name__}")
+        raise DataError(
+            f"{path}: expected an object mapping image names to caption lists, got {type(captions).__name__}"
+        )
     return captions
 
 
@@ -110,28 +112,32 @@ def read_clevr_change(root: Path, split: str) -> DatasetIndex:
         before = before_dir / caption_key
         semantic = semantic_dir / f"CLEVR_semantic_{index:06d}.png"
         nonsemantic = nonsemantic_dir / f"CLEVR_nonsemantic_{index:06d}.png"
-        pairs.append(ChangePair(
-            pair_id=name,
-            before=before,
-            after=semantic,
-            captions=scene_captions(change_captions, change_path, caption_key, skipped),
-            split=split,
-            change_type=types.get(name),
-            distractor=nonsemantic,
-            gt_mask_before=mask_dirs["before"] / name if has_masks else None,
-            gt_mask_after=mask_dirs["after"] / name if has_masks else None,
-            scene_id=f"{index:06d}",
-        ))
-        pairs.append(ChangePair(
-            pair_id=name + DISTRACTOR_SUFFIX,
-            before=before,
-            after=nonsemantic,
-            captions=scene_captions(no_change_captions, no_change_path, caption_key, skipped),
-            split=split,
-            change_type=DISTRACTOR,
-            distractor=nonsemantic,
-            gt_mask_before=mask_dirs["before_n"] / name if has_masks else None,
-            gt_mask_after=mask_dirs["after_n"] / name if has_masks else None,
-            scene_id=f"{index:06d}",
-        ))
+        pairs.append(
+            ChangePair(
+                pair_id=name,
+                before=before,
+                after=semantic,
+                captions=scene_captions(change_captions, change_path, caption_key, skipped),
+                split=split,
+                change_type=types.get(name),
+                distractor=nonsemantic,
+                gt_mask_before=mask_dirs["before"] / name if has_masks else None,
+                gt_mask_after=mask_dirs["after"] / name if has_masks else None,
+                scene_id=f"{index:06d}",
+            )
+        )
+        pairs.append(
+            ChangePair(
+                pair_id=name + DISTRACTOR_SUFFIX,
+                before=before,
+                after=nonsemantic,
+                captions=scene_captions(no_change_captions, no_change_path, caption_key, skipped),
+                split=split,
+                change_type=DISTRACTOR,
+                distractor=nonsemantic,
+                gt_mask_before=mask_dirs["before_n"] / name if has_masks else None,
+                gt_mask_after=mask_dirs["after_n"] / name if has_masks else None,
+                scene_id=f"{index:06d}",
+            )
+        )
     return DatasetIndex("clevr_change", root, split, pairs, skipped)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from davir.data.formats.registry import register_format
 from davir.data.formats._common import clean_captions
 from davir.data.formats.clevr_change import ABSENT_CAPTIONS, read_caption_file, read_split_ids
+from davir.data.formats.registry import register_format
 from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
 from davir.errors import DataError
 
@@ -19,7 +19,7 @@ SPLITS = ("train", "val", "test")
 
 
 def detect_layout(root: Path) -> str:
-    """"dirl" (renamed, zero-padded) or "raw" (hsgkim split.json + bef/aft)."""
+    """ "dirl" (renamed, zero-padded) or "raw" (hsgkim split.json + bef/aft)."""
     if (root / "splits.json").is_file() or (root / "change_captions.json").is_file() or (root / "sc_images").is_dir():
         return "dirl"
     if (root / "split.json").is_file() or (root / "bef").is_dir():
@@ -43,9 +43,9 @@ def read_clevr_dc(root: Path, split: str) -> DatasetIndex:
     captions = read_caption_file(caption_path)
 
     pairs: list[ChangePair] = []
-    skipped: list[SkippedRecord] = [] if captions is not None else [
-        SkippedRecord(str(caption_path), "(every pair)", ABSENT_CAPTIONS)
-    ]
+    skipped: list[SkippedRecord] = (
+        [] if captions is not None else [SkippedRecord(str(caption_path), "(every pair)", ABSENT_CAPTIONS)]
+    )
     seen: set[int] = set()
     for index in ids:
         if index in seen:
@@ -59,12 +59,23 @@ def read_clevr_dc(root: Path, split: str) -> DatasetIndex:
         kept: tuple[str, ...] = ()
         if captions is not None:
             if key in captions:
-                kept, empty = clean_captions(captions[key], source=str(caption_path), record=f"key {key!r}", field="captions")
+                kept, empty = clean_captions(
+                    captions[key], source=str(caption_path), record=f"key {key!r}", field="captions"
+                )
                 skipped.extend(empty)
             else:
-                skipped.append(SkippedRecord(str(caption_path), key, "no captions for this pair; pair kept without references"))
-        pairs.append(ChangePair(
-            pair_id=name, before=before, after=after, captions=kept, split=split, scene_id=str(index),
-            meta={"layout": layout},
-        ))
+                skipped.append(
+                    SkippedRecord(str(caption_path), key, "no captions for this pair; pair kept without references")
+                )
+        pairs.append(
+            ChangePair(
+                pair_id=name,
+                before=before,
+                after=after,
+                captions=kept,
+                split=split,
+                scene_id=str(index),
+                meta={"layout": layout},
+            )
+        )
     return DatasetIndex("clevr_dc", root, split, pairs, skipped)

@@ -14,12 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from davir.data.formats.folder_rows import (
-    COLUMNS, SPLITS, FolderPair, FolderRow, Problems, iter_manifest_rows, manifest_rows, merge_rows,
-    read_caption_file, to_change_pair,
+    COLUMNS,
+    SPLITS,
+    FolderPair,
+    FolderRow,
+    Problems,
+    iter_manifest_rows,
+    manifest_rows,
+    merge_rows,
+    read_caption_file,
+    to_change_pair,
 )
 from davir.data.formats.folder_table import build_table
 from davir.data.formats.registry import register_format
-from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
+from davir.data.records import DatasetIndex, SkippedRecord
 from davir.errors import DataError
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif"})
@@ -41,13 +49,15 @@ class SplitOptions:
 
     def __post_init__(self):
         if not (0 <= self.val_fraction and 0 <= self.test_fraction and self.val_fraction + self.test_fraction < 1):
-            raise DataError(f"split fractions must be >= 0 and leave some pairs for train; got val "
-                            f"{self.val_fraction}, test {self.test_fraction}")
+            raise DataError(
+                f"split fractions must be >= 0 and leave some pairs for train; got val "
+                f"{self.val_fraction}, test {self.test_fraction}"
+            )
 
     def assign(self, key: str) -> str:
         """The split of a group, fixed by (seed, key): the same on every read, whatever else the folder holds."""
         digest = hashlib.blake2b(f"{self.seed}:{key}".encode(), digest_size=8).digest()
-        u = int.from_bytes(digest, "little") / 2.0 ** 64
+        u = int.from_bytes(digest, "little") / 2.0**64
         return "test" if u < self.test_fraction else "val" if u < self.test_fraction + self.val_fraction else "train"
 
 
@@ -65,7 +75,8 @@ class FolderContents:
 
 def _images_in(folder: Path) -> list[Path]:
     return sorted(
-        path for path in folder.iterdir()
+        path
+        for path in folder.iterdir()
         if path.is_file() and not path.name.startswith(".") and path.suffix.lower() in IMAGE_EXTENSIONS
     )
 
@@ -76,7 +87,9 @@ def _by_name(paths: list[Path], key, folder: Path) -> dict[str, Path]:
     for path in paths:
         name = key(path)
         if name in found:
-            raise DataError(f"{folder}: {found[name].name} and {path.name} both give the pair name {name!r}; rename one")
+            raise DataError(
+                f"{folder}: {found[name].name} and {path.name} both give the pair name {name!r}; rename one"
+            )
         found[name] = path
     return found
 
@@ -99,13 +112,28 @@ def _match(root: Path, befores: dict[str, Path], afters: dict[str, Path], proble
         captions, unknown = read_caption_file(root / CAPTION_FILE, set(names), caption_problems)
         problems.items.extend(caption_problems.items)
         if unknown:
-            notes.append(f"{root / CAPTION_FILE}: {len(unknown)} key(s) name no pair and are ignored, e.g. {unknown[:3]}")
-    masks = _by_name(_images_in(root / MASK_FOLDER), lambda path: path.stem, root / MASK_FOLDER) \
-        if (root / MASK_FOLDER).is_dir() else {}
-    rows = [FolderRow(record=befores[name].name, pair_id=name, before=befores[name], after=afters[name],
-                      captions=captions.get(name, []), mask=masks.get(name)) for name in names]
-    return FolderContents(root, source, merge_rows(rows, problems), skipped, notes,
-                          has_captions=(root / CAPTION_FILE).is_file())
+            notes.append(
+                f"{root / CAPTION_FILE}: {len(unknown)} key(s) name no pair and are ignored, e.g. {unknown[:3]}"
+            )
+    masks = (
+        _by_name(_images_in(root / MASK_FOLDER), lambda path: path.stem, root / MASK_FOLDER)
+        if (root / MASK_FOLDER).is_dir()
+        else {}
+    )
+    rows = [
+        FolderRow(
+            record=befores[name].name,
+            pair_id=name,
+            before=befores[name],
+            after=afters[name],
+            captions=captions.get(name, []),
+            mask=masks.get(name),
+        )
+        for name in names
+    ]
+    return FolderContents(
+        root, source, merge_rows(rows, problems), skipped, notes, has_captions=(root / CAPTION_FILE).is_file()
+    )
 
 
 def _subfolders(root: Path, problems: Problems) -> FolderContents:
@@ -125,17 +153,29 @@ def _side_by_side(root: Path, problems: Problems) -> FolderContents:
 
 
 def _manifest_notes(path: Path, unused: list[str]) -> list[str]:
-    return [f"{path}: column(s) {', '.join(map(repr, unused))} are not davir columns "
+    return (
+        [
+            f"{path}: column(s) {', '.join(map(repr, unused))} are not davir columns "
             f"({', '.join(COLUMNS)}); "
-            "their values are kept in ChangePair.meta and otherwise unused"] if unused else []
+            "their values are kept in ChangePair.meta and otherwise unused"
+        ]
+        if unused
+        else []
+    )
 
 
 def _manifest(path: Path, problems: Problems, encoding: str | None = None) -> FolderContents:
     if not path.is_file():
         raise DataError(f"pair manifest is missing: {path}")
     rows, unused, columns = manifest_rows(path, problems, encoding)
-    return FolderContents(path.parent, str(path), merge_rows(rows, problems), [], _manifest_notes(path, unused),
-                          has_captions="caption" in columns or "captions" in columns)
+    return FolderContents(
+        path.parent,
+        str(path),
+        merge_rows(rows, problems),
+        [],
+        _manifest_notes(path, unused),
+        has_captions="caption" in columns or "captions" in columns,
+    )
 
 
 def manifest_of(path: str | Path) -> Path | None:
@@ -149,8 +189,9 @@ def manifest_of(path: str | Path) -> Path | None:
     return next((path / name for name in MANIFEST_NAMES if (path / name).is_file()), None)
 
 
-def folder_contents(path: str | Path, problems: Problems | None = None, *, encoding: str | None = None
-                    ) -> FolderContents:
+def folder_contents(
+    path: str | Path, problems: Problems | None = None, *, encoding: str | None = None
+) -> FolderContents:
     """Read a folder (or manifest file) in whichever layout it has; `problems` collects row errors;
     `encoding`: a manifest's text encoding when it is not UTF-8."""
     path = Path(path)
@@ -176,8 +217,16 @@ def folder_contents(path: str | Path, problems: Problems | None = None, *, encod
 def assign_splits(pairs: list[FolderPair], options: SplitOptions) -> dict[str, str]:
     """pair_id -> split: the given one, else "test" without captions, else seeded per group sharing an image."""
     split_of = {pair.pair_id: pair.split or "test" for pair in pairs}
-    split_of.update(draw_splits([(pair.pair_id, pair.first.before, pair.first.after) for pair in pairs
-                                 if pair.split is None and pair.captions], options))
+    split_of.update(
+        draw_splits(
+            [
+                (pair.pair_id, pair.first.before, pair.first.after)
+                for pair in pairs
+                if pair.split is None and pair.captions
+            ],
+            options,
+        )
+    )
     return split_of
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from davir.data.images import resolve_user_path
 from davir.data.records import ChangePair
@@ -81,12 +82,20 @@ class FolderPair:
 def to_change_pair(pair: FolderPair, split: str) -> ChangePair:
     first = pair.first
     mask_before = first.mask_before or first.mask
-    return ChangePair(pair_id=pair.pair_id, before=first.before, after=first.after, captions=tuple(pair.captions),
-                      split=split, gt_mask_before=mask_before, gt_mask_after=first.mask, meta=dict(first.meta or {}))
+    return ChangePair(
+        pair_id=pair.pair_id,
+        before=first.before,
+        after=first.after,
+        captions=tuple(pair.captions),
+        split=split,
+        gt_mask_before=mask_before,
+        gt_mask_after=first.mask,
+        meta=dict(first.meta or {}),
+    )
 
 
 def normalise_split(value: Any, *, record: str, problems: Problems) -> str | None:
-    """"train"/"val"/"test" (also "valid", "validation", "dev", any case); blank = unassigned (None)."""
+    """ "train"/"val"/"test" (also "valid", "validation", "dev", any case); blank = unassigned (None)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     name = SPLIT_NAMES.get(str(value).strip().lower())
@@ -105,13 +114,15 @@ def caption_list(value: Any, *, record: str, field_name: str, problems: Problems
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            problems.add(record, f"'captions' must be a JSON list of strings, e.g. [\"a\", \"b\"]; got {value[:60]!r}")
+            problems.add(record, f'\'captions\' must be a JSON list of strings, e.g. ["a", "b"]; got {value[:60]!r}')
             return [], False
     values = value if isinstance(value, list) else [value]
     captions, blank = [], False
     for number, sentence in enumerate(values):
         if not isinstance(sentence, str):
-            problems.add(record, f"{field_name}[{number}] must be a string, got {type(sentence).__name__} {sentence!r:.40}")
+            problems.add(
+                record, f"{field_name}[{number}] must be a string, got {type(sentence).__name__} {sentence!r:.40}"
+            )
             continue
         if sentence.strip():
             captions.append(" ".join(sentence.split()))
@@ -127,10 +138,14 @@ def _csv_rows(path: Path, problems: Problems, encoding: str | None, columns: lis
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:
-            raise DataError(f"{path}: the manifest is empty; it needs a header naming the columns before,after[,id,caption,split,mask]")
+            raise DataError(
+                f"{path}: the manifest is empty; it needs a header naming the columns before,after[,id,caption,split,mask]"
+            )
         columns.extend(name.strip().lower() for name in header)
         if "before" not in columns or "after" not in columns:
-            raise DataError(f"{path}: the header must name the columns before,after[,id,caption,split,mask]; got {header}")
+            raise DataError(
+                f"{path}: the header must name the columns before,after[,id,caption,split,mask]; got {header}"
+            )
         duplicated = sorted({name for name in columns if columns.count(name) > 1 and name})
         if duplicated:
             raise DataError(f"{path}: the header names the column(s) {', '.join(duplicated)} more than once")
@@ -139,8 +154,11 @@ def _csv_rows(path: Path, problems: Problems, encoding: str | None, columns: lis
             if not any(cell.strip() for cell in cells):
                 continue
             if len(cells) > len(columns):
-                problems.add(f"line {number}", f"{len(cells)} values but the header names {len(columns)} columns "
-                             f"(extra: {cells[len(columns):]!r:.60}); quote a caption that contains a comma")
+                problems.add(
+                    f"line {number}",
+                    f"{len(cells)} values but the header names {len(columns)} columns "
+                    f"(extra: {cells[len(columns) :]!r:.60}); quote a caption that contains a comma",
+                )
                 cells = cells[: len(columns)]
             yield f"line {number}", {name: cell for name, cell in zip(columns, cells) if name}
 
@@ -158,7 +176,7 @@ def _jsonl_rows(path: Path, problems: Problems, encoding: str | None, columns: l
                 problems.add(f"line {number}", f"malformed JSON: {error.msg}")
                 continue
             if not isinstance(row, dict):
-                problems.add(f"line {number}", f"expected an object with \"before\" and \"after\", got {row!r:.60}")
+                problems.add(f"line {number}", f'expected an object with "before" and "after", got {row!r:.60}')
                 continue
             for key in row:
                 if key not in known:
@@ -167,8 +185,9 @@ def _jsonl_rows(path: Path, problems: Problems, encoding: str | None, columns: l
             yield f"line {number}", row
 
 
-def manifest_rows(path: Path, problems: Problems, encoding: str | None = None
-                  ) -> tuple[list[FolderRow], list[str], list[str]]:
+def manifest_rows(
+    path: Path, problems: Problems, encoding: str | None = None
+) -> tuple[list[FolderRow], list[str], list[str]]:
     """The rows of a pairs.csv / pairs.jsonl, the columns davir does not use, and all columns.
 
     `encoding`: the file's text encoding when it is not UTF-8 (`davir.data import --encoding latin-1`)."""
@@ -178,8 +197,14 @@ def manifest_rows(path: Path, problems: Problems, encoding: str | None = None
     return rows, unused, columns
 
 
-def iter_manifest_rows(path: Path, problems: Problems, encoding: str | None = None,
-                       columns: list[str] | None = None, *, paths_as_text: bool = False) -> Iterator[FolderRow]:
+def iter_manifest_rows(
+    path: Path,
+    problems: Problems,
+    encoding: str | None = None,
+    columns: list[str] | None = None,
+    *,
+    paths_as_text: bool = False,
+) -> Iterator[FolderRow]:
     """The rows of a pairs.csv / pairs.jsonl one at a time (`manifest_rows` without the list: a reader that
     keeps each row compactly never holds a million `FolderRow`s); `columns` is filled with every column.
     `paths_as_text`: the rows' paths are the `str` of the Paths they would be (`resolve_user_text`)."""
@@ -194,8 +219,9 @@ def iter_manifest_rows(path: Path, problems: Problems, encoding: str | None = No
             count += 1
             parsed = _manifest_row(row, record, base, str(path), problems, paths_as_text)
             if parsed is not None:
-                parsed.meta = {name: value for name, value in row.items()
-                               if name not in COLUMNS and value not in (None, "")} or None
+                parsed.meta = {
+                    name: value for name, value in row.items() if name not in COLUMNS and value not in (None, "")
+                } or None
                 yield parsed
     except LookupError as error:
         raise DataError(f"--encoding {encoding}: unknown encoding (e.g. utf-8, latin-1, cp1252)") from error
@@ -221,10 +247,12 @@ def _undecodable(path: Path, kind: str, encoding: str) -> str:
     column = len(data[line_start:offset].decode(encoding, errors="replace")) + 1
     name = "UTF-8" if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else encoding
     converted = path.with_name(f"{path.stem}-utf8{path.suffix}")
-    return (f"{path}: line {line}, column {column}: not a {name} {kind} file (byte 0x{data[offset]:02x}); a spreadsheet "
-            f"may have saved it as Latin-1 or Windows-1252: convert it with `iconv -f latin1 -t utf-8 {path} > "
-            f"{converted}` (-f cp1252 for Windows), or import it with `python -m davir.data import {path} "
-            "--encoding latin-1 --out DIR`, which writes a UTF-8 pairs.jsonl")
+    return (
+        f"{path}: line {line}, column {column}: not a {name} {kind} file (byte 0x{data[offset]:02x}); a spreadsheet "
+        f"may have saved it as Latin-1 or Windows-1252: convert it with `iconv -f latin1 -t utf-8 {path} > "
+        f"{converted}` (-f cp1252 for Windows), or import it with `python -m davir.data import {path} "
+        "--encoding latin-1 --out DIR`, which writes a UTF-8 pairs.jsonl"
+    )
 
 
 def resolve_user_text(base: Path, value: str, *, source: str, record: str) -> str:
@@ -236,8 +264,9 @@ def resolve_user_text(base: Path, value: str, *, source: str, record: str) -> st
     return os.path.normpath(text if os.path.isabs(text) else os.path.join(base, text))
 
 
-def _manifest_row(row: dict, record: str, base: Path, source: str, problems: Problems, as_text: bool = False
-                  ) -> FolderRow | None:
+def _manifest_row(
+    row: dict, record: str, base: Path, source: str, problems: Problems, as_text: bool = False
+) -> FolderRow | None:
     paths = {}
     resolve = resolve_user_text if as_text else resolve_user_path
     for column in ("before", "after", "mask", "mask_before"):
@@ -267,10 +296,16 @@ def _manifest_row(row: dict, record: str, base: Path, source: str, problems: Pro
     captions, blank = caption_list(row.get("caption"), record=record, field_name="caption", problems=problems)
     more, blank_more = caption_list(row.get("captions"), record=record, field_name="captions", problems=problems)
     return FolderRow(
-        record=record, pair_id=pair_id, before=paths["before"], after=paths["after"], captions=captions + more,
+        record=record,
+        pair_id=pair_id,
+        before=paths["before"],
+        after=paths["after"],
+        captions=captions + more,
         split=normalise_split(row.get("split"), record=record, problems=problems),
-        mask=paths.get("mask"), mask_before=paths.get("mask_before"),
-        empty_caption=(blank or blank_more) and not (captions or more), explicit_id=explicit,
+        mask=paths.get("mask"),
+        mask_before=paths.get("mask_before"),
+        empty_caption=(blank or blank_more) and not (captions or more),
+        explicit_id=explicit,
     )
 
 
@@ -287,8 +322,12 @@ def read_caption_file(path: Path, names: set[str], problems: Problems) -> tuple[
         if name not in names:
             unknown.append(key)
             continue
-        captions, _ = caption_list(value, record=f"key {key!r}", field_name="captions" if isinstance(value, list)
-                                   else "caption", problems=problems)
+        captions, _ = caption_list(
+            value,
+            record=f"key {key!r}",
+            field_name="captions" if isinstance(value, list) else "caption",
+            problems=problems,
+        )
         found.setdefault(name, []).extend(captions)
     return found, unknown
 
@@ -301,8 +340,10 @@ def image_conflict(first: FolderRow, row: FolderRow) -> str | None:
     for name in IMAGE_COLUMNS:
         if getattr(first, name) != getattr(row, name):
             how = "" if row.explicit_id else " (the id is the before file's name; add an id column)"
-            return (f"repeats the id {row.pair_id!r} of {first.record}{how} but with a different "
-                    f"{name} image: {getattr(row, name)} vs {getattr(first, name)}")
+            return (
+                f"repeats the id {row.pair_id!r} of {first.record}{how} but with a different "
+                f"{name} image: {getattr(row, name)} vs {getattr(first, name)}"
+            )
     return None
 
 
@@ -320,8 +361,9 @@ def merge_rows(rows: list[FolderRow], problems: Problems) -> list[FolderPair]:
         pair = merged.get(row.pair_id)
         if pair is None:
             # the row's own caption list (made for it alone) grows with the id's later rows: no copy per pair
-            merged[row.pair_id] = FolderPair(row, [row.record], row.captions, row.split,
-                                             [row.record] if row.empty_caption else [])
+            merged[row.pair_id] = FolderPair(
+                row, [row.record], row.captions, row.split, [row.record] if row.empty_caption else []
+            )
             continue
         conflict = image_conflict(pair.first, row)
         if conflict:

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from davir.data.formats.folder_rows import (
-    SPLITS, FolderPair, FolderRow, Problems, image_conflict, split_conflict, to_change_pair,
+    SPLITS,
+    FolderPair,
+    FolderRow,
+    Problems,
+    image_conflict,
+    split_conflict,
+    to_change_pair,
 )
 from davir.data.records import ChangePair
 
@@ -33,7 +38,7 @@ class TextColumn:
     def __init__(self):
         self.data = bytearray()
         self.ends: array | None = None  # made at the first non-empty value
-        self.empties = 0                # values appended while `ends` is None
+        self.empties = 0  # values appended while `ends` is None
 
     def append(self, text: str) -> None:
         if self.ends is None:
@@ -49,7 +54,7 @@ class TextColumn:
             if not 0 <= i < self.empties:
                 raise IndexError("text column index out of range")
             return ""
-        return self.data[self.ends[i - 1] if i else 0: self.ends[i]].decode("utf-8", "surrogatepass")
+        return self.data[self.ends[i - 1] if i else 0 : self.ends[i]].decode("utf-8", "surrogatepass")
 
     def is_empty(self, i: int) -> bool:
         return self.ends is None or self.ends[i] == (self.ends[i - 1] if i else 0)
@@ -82,8 +87,12 @@ class FolderPairTable(Sequence):
         position = len(self._ids)
         self._ids.append(row.pair_id)
         self._records.append(row.record)
-        for column, path in ((self._before, row.before), (self._after, row.after), (self._mask, row.mask),
-                             (self._mask_before, row.mask_before)):
+        for column, path in (
+            (self._before, row.before),
+            (self._after, row.after),
+            (self._mask, row.mask),
+            (self._mask_before, row.mask_before),
+        ):
             column.append("" if path is None else str(path))  # a resolved path is never "" (normpath gives ".")
         if any(CAPTION_SEPARATOR in caption for caption in row.captions):  # not made by caption_list: kept apart
             self._captions.append("")
@@ -144,10 +153,17 @@ class FolderPairTable(Sequence):
             return kind(column[position]) if not column.is_empty(position) else None
 
         meta = self._meta[position]
-        return FolderRow(record=self._records[position], pair_id=self._ids[position], before=path(self._before),
-                         after=path(self._after), split=self.given_split(position),
-                         mask=path(self._mask), mask_before=path(self._mask_before),
-                         explicit_id=bool(self._explicit[position]), meta=json.loads(meta) if meta else None)
+        return FolderRow(
+            record=self._records[position],
+            pair_id=self._ids[position],
+            before=path(self._before),
+            after=path(self._after),
+            split=self.given_split(position),
+            mask=path(self._mask),
+            mask_before=path(self._mask_before),
+            explicit_id=bool(self._explicit[position]),
+            meta=json.loads(meta) if meta else None,
+        )
 
     def __getitem__(self, position):
         if isinstance(position, slice):
@@ -158,16 +174,26 @@ class FolderPairTable(Sequence):
             raise IndexError("pair index out of range")
         code = self._split[position]
         first = self.first_row(position)
-        return to_change_pair(FolderPair(first, [first.record], self.captions(position), first.split),
-                              "test" if code == _NO_SPLIT else SPLITS[code])
+        return to_change_pair(
+            FolderPair(first, [first.record], self.captions(position), first.split),
+            "test" if code == _NO_SPLIT else SPLITS[code],
+        )
 
     def __iter__(self) -> Iterator[ChangePair]:
         return (self[i] for i in range(len(self)))
 
     def nbytes(self) -> int:
         """Bytes the columns hold (the later rows' captions aside)."""
-        columns = (self._ids, self._records, self._before, self._after, self._mask, self._mask_before,
-                   self._captions, self._meta)
+        columns = (
+            self._ids,
+            self._records,
+            self._before,
+            self._after,
+            self._mask,
+            self._mask_before,
+            self._captions,
+            self._meta,
+        )
         return sum(column.nbytes() for column in columns) + len(self._explicit) + len(self._split)
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from davir.data.formats.registry import register_format
 from davir.data.formats._common import PairMerger, clean_captions, read_record_list, require_id, require_keys
+from davir.data.formats.registry import register_format
 from davir.data.images import resolve_in_root
 from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
 
@@ -37,13 +37,16 @@ def read_ier(root: Path, split: str) -> DatasetIndex:
         record = f"record {number} (uid {uid!r})"
         captions, empty = clean_captions(entry["sents"], source=str(path), record=record, field="sents")
         skipped.extend(empty)
-        merger.add(ChangePair(
-            pair_id=uid,
-            # resolve_in_root names the record itself ("record 'uid'").
-            before=resolve_in_root(images, entry["img0"], source=str(path), record=uid),
-            after=resolve_in_root(images, entry["img1"], source=str(path), record=uid),
-            captions=captions,
-            split=split,
-            source_captions=tuple(entry["sents"]),
-        ), record)
+        merger.add(
+            ChangePair(
+                pair_id=uid,
+                # resolve_in_root names the record itself ("record 'uid'").
+                before=resolve_in_root(images, entry["img0"], source=str(path), record=uid),
+                after=resolve_in_root(images, entry["img1"], source=str(path), record=uid),
+                captions=captions,
+                split=split,
+                source_captions=tuple(entry["sents"]),
+            ),
+            record,
+        )
     return DatasetIndex("ier", root, split, merger.pairs(), skipped)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from davir.data.formats.registry import register_format
 from davir.data.formats._common import PairMerger, clean_captions, plain_file_name, require_id, require_keys
+from davir.data.formats.registry import register_format
 from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
 from davir.errors import DataError
 from davir.io import read_json
@@ -33,8 +33,18 @@ def detect_layout(root: Path) -> tuple[str, Path | None]:
     )
 
 
-def _pair(root: Path, split_folder: str, filename: str, captions: tuple[str, ...], split: str,
-          *, source: str, record: str, meta: dict, label_dirs: dict[Path, bool]) -> ChangePair:
+def _pair(
+    root: Path,
+    split_folder: str,
+    filename: str,
+    captions: tuple[str, ...],
+    split: str,
+    *,
+    source: str,
+    record: str,
+    meta: dict,
+    label_dirs: dict[Path, bool],
+) -> ChangePair:
     folder = root / "images" / plain_file_name(split_folder, source=source, record=record)
     filename = plain_file_name(filename, source=source, record=record)
     # LEVIR-MCI's change masks; the pair is co-registered, so one mask serves both frames.
@@ -43,15 +53,21 @@ def _pair(root: Path, split_folder: str, filename: str, captions: tuple[str, ...
         label_dirs[labels] = labels.is_dir()
     mask = labels / filename if label_dirs[labels] else None
     return ChangePair(
-        pair_id=PurePosixPath(filename).stem, before=folder / "A" / filename, after=folder / "B" / filename,
-        captions=captions, split=split, gt_mask_before=mask, gt_mask_after=mask, meta=meta,
+        pair_id=PurePosixPath(filename).stem,
+        before=folder / "A" / filename,
+        after=folder / "B" / filename,
+        captions=captions,
+        split=split,
+        gt_mask_before=mask,
+        gt_mask_after=mask,
+        meta=meta,
     )
 
 
 def _read_karpathy(root: Path, path: Path, split: str) -> DatasetIndex:
     data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
-        raise DataError(f"{path}: expected an object with an \"images\" list")
+        raise DataError(f'{path}: expected an object with an "images" list')
     merger = PairMerger(str(path))
     skipped: list[SkippedRecord] = []
     label_dirs: dict[Path, bool] = {}
@@ -73,13 +89,25 @@ def _read_karpathy(root: Path, path: Path, split: str) -> DatasetIndex:
             elif isinstance(sentence, dict) and isinstance(sentence.get("tokens"), list):
                 raw.append(" ".join(str(token) for token in sentence["tokens"]))
             else:
-                raise DataError(f"{path}: {record}: sentences[{position}] must be an object with \"raw\" or \"tokens\"")
+                raise DataError(f'{path}: {record}: sentences[{position}] must be an object with "raw" or "tokens"')
         captions, empty = clean_captions(raw, source=str(path), record=record, field="sentences.raw")
         skipped.extend(empty)
         folder = entry.get("filepath") if isinstance(entry.get("filepath"), str) else split
         meta = {"changeflag": entry["changeflag"]} if "changeflag" in entry else {}
-        merger.add(_pair(root, folder, filename, captions, split, source=str(path), record=record, meta=meta,
-                          label_dirs=label_dirs), record)
+        merger.add(
+            _pair(
+                root,
+                folder,
+                filename,
+                captions,
+                split,
+                source=str(path),
+                record=record,
+                meta=meta,
+                label_dirs=label_dirs,
+            ),
+            record,
+        )
     return DatasetIndex("levir_cc", root, split, merger.pairs(), skipped)
 
 
@@ -117,8 +145,20 @@ def _read_mci(root: Path, split: str) -> DatasetIndex:
             ]
             captions, empty = clean_captions(sentences, source=str(token_path), record=filename)
             skipped.extend(empty)
-        merger.add(_pair(root, split, filename, captions, split, source=str(list_path), record=record, meta={},
-                          label_dirs=label_dirs), record)
+        merger.add(
+            _pair(
+                root,
+                split,
+                filename,
+                captions,
+                split,
+                source=str(list_path),
+                record=record,
+                meta={},
+                label_dirs=label_dirs,
+            ),
+            record,
+        )
     return DatasetIndex("levir_cc", root, split, merger.pairs(), skipped)
 
 

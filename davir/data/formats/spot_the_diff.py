@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from davir.data.formats.registry import register_format
 from davir.data.formats._common import (
-    PairMerger, clean_captions, plain_file_name, read_record_list, require_id, require_keys,
+    PairMerger,
+    clean_captions,
+    plain_file_name,
+    read_record_list,
+    require_id,
+    require_keys,
 )
+from davir.data.formats.registry import register_format
 from davir.data.records import ChangePair, DatasetIndex, SkippedRecord
 
 SPLITS = ("train", "val", "test")
@@ -38,13 +43,16 @@ def read_spot_the_diff(root: Path, split: str) -> DatasetIndex:
         record = f"record {number} (img_id {img_id!r})"
         captions, empty = clean_captions(entry["sentences"], source=str(path), record=record)
         skipped.extend(empty)
-        merger.add(ChangePair(
-            pair_id=img_id,
-            before=images / f"{img_id}.png",
-            after=images / f"{img_id}_2.png",
-            captions=captions,
-            split=split,
-            scene_id=img_id,
-            source_captions=tuple(entry["sentences"]),
-        ), record)
+        merger.add(
+            ChangePair(
+                pair_id=img_id,
+                before=images / f"{img_id}.png",
+                after=images / f"{img_id}_2.png",
+                captions=captions,
+                split=split,
+                scene_id=img_id,
+                source_captions=tuple(entry["sentences"]),
+            ),
+            record,
+        )
     return DatasetIndex("spot_the_diff", root, split, merger.pairs(), skipped)

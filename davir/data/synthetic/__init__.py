@@ -29,15 +29,41 @@ from davir.data.synthetic.dataset import (
     scene_types,
 )
 from davir.data.synthetic.render import full_mask, render
-from davir.data.synthetic.scene_files import build_scene, image_names
 from davir.data.synthetic.sampling import sample_scene
+from davir.data.synthetic.scene_files import build_scene, image_names
 from davir.data.synthetic.scenes import Scene
 from davir.data.synthetic.world import COLORS, MATERIALS, SHAPES, SIZES, Camera, Illumination, SceneObject, View
 
 __all__ = [
-    "COLORS", "MATERIALS", "SHAPES", "SIZES", "NO_CHANGE_CAPTIONS", "CHANGE_TEMPLATES", "SIZE_WORDS", "COLOR_WORDS",
-    "MATERIAL_WORDS", "SHAPE_WORDS", "FORMAT_VERSION", "SynthConfig", "SceneObject", "Camera", "Illumination", "View",
-    "Scene", "generate_dataset", "load_scenes", "load_synthetic_set", "render", "full_mask", "describe",
-    "change_captions", "no_change_captions", "make_splits", "object_phrase", "scene_types", "sample_scene",
-    "build_scene", "image_names",
+    "COLORS",
+    "MATERIALS",
+    "SHAPES",
+    "SIZES",
+    "NO_CHANGE_CAPTIONS",
+    "CHANGE_TEMPLATES",
+    "SIZE_WORDS",
+    "COLOR_WORDS",
+    "MATERIAL_WORDS",
+    "SHAPE_WORDS",
+    "FORMAT_VERSION",
+    "SynthConfig",
+    "SceneObject",
+    "Camera",
+    "Illumination",
+    "View",
+    "Scene",
+    "generate_dataset",
+    "load_scenes",
+    "load_synthetic_set",
+    "render",
+    "full_mask",
+    "describe",
+    "change_captions",
+    "no_change_captions",
+    "make_splits",
+    "object_phrase",
+    "scene_types",
+    "sample_scene",
+    "build_scene",
+    "image_names",
 ]

@@ -16,16 +16,21 @@ SHAPE_WORDS = {"sphere": ("sphere", "ball"), "cube": ("cube", "block"), "cylinde
 CHANGE_TEMPLATES: dict[str, tuple[str, ...]] = {
     "color": ("the {obj} changed to {new}", "the {obj} became {new}", "the {obj} turned {new}"),
     "material": ("the {obj} changed to {new}", "the {obj} became {new}", "the {obj} turned {new}"),
-    "add": ("someone added a {obj}", "a {obj} has appeared", "a {obj} has been added",
-            "a {obj} has been newly placed"),
-    "drop": ("the {obj} has disappeared", "the {obj} is missing", "the {obj} is gone",
-             "the {obj} is no longer there"),
-    "move": ("the {obj} moved", "the {obj} changed its location", "the {obj} is in a different location",
-             "the {obj} has been moved"),
+    "add": ("someone added a {obj}", "a {obj} has appeared", "a {obj} has been added", "a {obj} has been newly placed"),
+    "drop": ("the {obj} has disappeared", "the {obj} is missing", "the {obj} is gone", "the {obj} is no longer there"),
+    "move": (
+        "the {obj} moved",
+        "the {obj} changed its location",
+        "the {obj} is in a different location",
+        "the {obj} has been moved",
+    ),
 }
 NO_CHANGE_CAPTIONS = (
-    "the scene remains the same", "the two scenes seem identical", "no change has occurred",
-    "nothing has changed", "there is no change",
+    "the scene remains the same",
+    "the two scenes seem identical",
+    "no change has occurred",
+    "nothing has changed",
+    "there is no change",
 )
 MIN_REFERENCES, MAX_REFERENCES = 3, 5
 
@@ -33,11 +38,18 @@ MIN_REFERENCES, MAX_REFERENCES = 3, 5
 def _phrase(obj: SceneObject, rng: np.random.Generator | None) -> str:
     """Attribute phrase; canonical words without `rng`, otherwise each attribute may use a synonym."""
     words = []
-    for table, value in ((SIZE_WORDS, obj.size), (COLOR_WORDS, obj.color), (MATERIAL_WORDS, obj.material),
-                         (SHAPE_WORDS, obj.shape)):
+    for table, value in (
+        (SIZE_WORDS, obj.size),
+        (COLOR_WORDS, obj.color),
+        (MATERIAL_WORDS, obj.material),
+        (SHAPE_WORDS, obj.shape),
+    ):
         options = table[value]
-        words.append(options[0] if rng is None or len(options) == 1 or rng.random() < 0.6
-                     else options[int(rng.integers(1, len(options)))])
+        words.append(
+            options[0]
+            if rng is None or len(options) == 1 or rng.random() < 0.6
+            else options[int(rng.integers(1, len(options)))]
+        )
     return " ".join(words)
 
 

@@ -48,7 +48,9 @@ class SynthConfig:
 
     def __post_init__(self) -> None:
         if self.difficulty not in DIFFICULTIES:
-            raise DataError(f"synthetic set: difficulty must be one of {', '.join(DIFFICULTIES)}, got {self.difficulty!r}")
+            raise DataError(
+                f"synthetic set: difficulty must be one of {', '.join(DIFFICULTIES)}, got {self.difficulty!r}"
+            )
         low, high = DEFAULT_OBJECTS[self.difficulty]
         if self.min_objects is None:
             object.__setattr__(self, "min_objects", low)
@@ -59,7 +61,9 @@ class SynthConfig:
         if self.width < 64 or self.height < 48:
             raise DataError(f"synthetic set: image size {self.width}x{self.height} is too small (at least 64x48)")
         if not 0.0 <= self.semantic_distractor_rate <= 1.0:
-            raise DataError(f"synthetic set: semantic_distractor_rate must be in [0, 1], got {self.semantic_distractor_rate}")
+            raise DataError(
+                f"synthetic set: semantic_distractor_rate must be in [0, 1], got {self.semantic_distractor_rate}"
+            )
         most = MAX_OBJECTS[self.difficulty]
         if not 2 <= self.min_objects < self.max_objects <= most:
             raise DataError(

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from davir.data.records import CHANGE_TYPES
-from davir.errors import DataError
 from davir.data.synthetic.config import SynthConfig
 from davir.data.synthetic.scene_files import build_task, worker_init
+from davir.errors import DataError
 from davir.io import read_json, write_json_atomic
 
 FORMAT_VERSION = 1
@@ -35,9 +35,9 @@ def make_splits(config: SynthConfig) -> dict[str, list[int]]:
     n_val = int(round(config.scenes * config.val_fraction))
     n_test = int(round(config.scenes * config.test_fraction))
     return {
-        "train": sorted(int(i) for i in order[n_val + n_test:]),
+        "train": sorted(int(i) for i in order[n_val + n_test :]),
         "val": sorted(int(i) for i in order[:n_val]),
-        "test": sorted(int(i) for i in order[n_val:n_val + n_test]),
+        "test": sorted(int(i) for i in order[n_val : n_val + n_test]),
     }
 
 
@@ -49,8 +49,15 @@ def _worker_count(workers: int) -> int:
     return workers
 
 
-def _summary(out: Path, config: SynthConfig, types: list[str], splits: dict[str, list[int]], seconds: float,
-             workers: int, reused: bool) -> dict[str, Any]:
+def _summary(
+    out: Path,
+    config: SynthConfig,
+    types: list[str],
+    splits: dict[str, list[int]],
+    seconds: float,
+    workers: int,
+    reused: bool,
+) -> dict[str, Any]:
     return {
         "output": str(out),
         "scenes": config.scenes,
@@ -84,8 +91,10 @@ def generate_dataset(out: str | Path, config: SynthConfig, workers: int = 0) -> 
         existing = read_json(scenes_path)
         if isinstance(existing, dict) and existing.get("config") == config.record():
             return _summary(out, config, types, splits, time.perf_counter() - start, count, reused=True)
-        raise DataError(f"{out} already holds a synthetic set made with another config ({scenes_path}); "
-                        "choose another --out or delete that folder")
+        raise DataError(
+            f"{out} already holds a synthetic set made with another config ({scenes_path}); "
+            "choose another --out or delete that folder"
+        )
     if out.exists() and not out.is_dir():
         raise DataError(f"synthetic set: output {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +123,9 @@ def generate_dataset(out: str | Path, config: SynthConfig, workers: int = 0) -> 
     write_json_atomic(out / "no_change_captions.json", no_change_file, indent=None)
     write_json_atomic(out / "splits.json", splits, indent=None)
     write_json_atomic(out / "type_mapping.json", type_mapping, indent=None)
-    write_json_atomic(scenes_path, {"version": FORMAT_VERSION, "config": config.record(), "scenes": scenes}, indent=None)
+    write_json_atomic(
+        scenes_path, {"version": FORMAT_VERSION, "config": config.record(), "scenes": scenes}, indent=None
+    )
     return _summary(out, config, types, splits, time.perf_counter() - start, count, reused=False)
 
 
@@ -124,9 +135,11 @@ def load_synthetic_set(root: str | Path) -> dict[str, Any]:
     path = Path(root) / "scenes.json"
     data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("scenes"), dict):
-        raise DataError(f"{path}: expected an object with a \"scenes\" mapping (a davir synthetic set)")
+        raise DataError(f'{path}: expected an object with a "scenes" mapping (a davir synthetic set)')
     if data.get("version") != FORMAT_VERSION:
-        raise DataError(f"{path}: synthetic set version {data.get('version')!r}; this davir reads version {FORMAT_VERSION}")
+        raise DataError(
+            f"{path}: synthetic set version {data.get('version')!r}; this davir reads version {FORMAT_VERSION}"
+        )
     return data
 
 

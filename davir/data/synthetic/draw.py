@@ -15,7 +15,7 @@ LIGHT = np.array([-0.45, -0.55, 0.70]) / np.linalg.norm([-0.45, -0.55, 0.70])  #
 
 
 @lru_cache(maxsize=64)
-def projector(camera: Camera, width: int, height: int) -> "Projector":
+def projector(camera: Camera, width: int, height: int) -> Projector:
     """A (cached) projector: a scene's images share a few cameras, and building one costs more than using it."""
     return Projector(camera, width, height)
 
@@ -60,7 +60,12 @@ class Sprite:
         """[x0, y0, x1, y1) of the non-zero coverage, in image pixels (x1, y1 exclusive)."""
         rows = np.flatnonzero(self.alpha.any(axis=1))
         cols = np.flatnonzero(self.alpha.any(axis=0))
-        return (self.x0 + int(cols[0]), self.y0 + int(rows[0]), self.x0 + int(cols[-1]) + 1, self.y0 + int(rows[-1]) + 1)
+        return (
+            self.x0 + int(cols[0]),
+            self.y0 + int(rows[0]),
+            self.x0 + int(cols[-1]) + 1,
+            self.y0 + int(rows[-1]) + 1,
+        )
 
     @cached_property
     def area(self) -> float:
@@ -97,9 +102,10 @@ def _fill_polygon(shape: tuple[int, int], points: np.ndarray) -> np.ndarray:
 
 def _fill_circle(shape: tuple[int, int], centre: tuple[float, float], radius: float) -> np.ndarray:
     canvas = np.zeros((shape[0] * _SUPERSAMPLE, shape[1] * _SUPERSAMPLE), np.uint8)
-    (cx, cy), = _fixed(np.array([centre]), _SUPERSAMPLE)[0]
-    cv2.circle(canvas, (int(cx), int(cy)), round(radius * _SUPERSAMPLE * _SUB), 255, -1, lineType=cv2.LINE_8,
-               shift=_SHIFT)
+    ((cx, cy),) = _fixed(np.array([centre]), _SUPERSAMPLE)[0]
+    cv2.circle(
+        canvas, (int(cx), int(cy)), round(radius * _SUPERSAMPLE * _SUB), 255, -1, lineType=cv2.LINE_8, shift=_SHIFT
+    )
     return _coverage(canvas, shape)
 
 
@@ -193,8 +199,9 @@ def _horizontal_frame(obj: SceneObject, proj: Projector) -> tuple[np.ndarray, np
 def _outline(shape: tuple[int, int], polygon: np.ndarray, strength: float) -> np.ndarray:
     """A one-pixel anti-aliased outline weight (the rim of a top face catching the light)."""
     canvas = np.zeros((shape[0] * _SUPERSAMPLE, shape[1] * _SUPERSAMPLE), np.uint8)
-    cv2.polylines(canvas, [_fixed(polygon, _SUPERSAMPLE)], True, 255, thickness=_SUPERSAMPLE, lineType=cv2.LINE_8,
-                  shift=_SHIFT)
+    cv2.polylines(
+        canvas, [_fixed(polygon, _SUPERSAMPLE)], True, 255, thickness=_SUPERSAMPLE, lineType=cv2.LINE_8, shift=_SHIFT
+    )
     return np.float32(strength) * _coverage(canvas, shape)
 
 
@@ -250,7 +257,9 @@ def _draw_cube(obj: SceneObject, proj: Projector, shade: bool, alpha: np.ndarray
                 specular = (0.35 + 0.45 * max(float(normal @ half), 0.0)) * (1.0 - 0.6 * t)
                 reflection = 0.6 * t * t
                 rim = 0.9 - 0.3 * t
-            face_body, face_white = _surface(obj.material, lit * (1.06 - 0.12 * t), specular, rim, reflection, sharpness=6)
+            face_body, face_white = _surface(
+                obj.material, lit * (1.06 - 0.12 * t), specular, rim, reflection, sharpness=6
+            )
             if body is None:  # the first face fills the patch, so face seams blend with a face, not the floor
                 body, white = face_body.copy(), face_white.copy()
             else:
@@ -262,8 +271,10 @@ def _draw_cube(obj: SceneObject, proj: Projector, shade: bool, alpha: np.ndarray
     return Sprite(x0, y0, alpha, rgb, float(centre_depth))
 
 
-_CIRCLE = np.stack([np.cos(np.linspace(0, 2 * np.pi, 48, endpoint=False)),
-                    np.sin(np.linspace(0, 2 * np.pi, 48, endpoint=False))], axis=1)
+_CIRCLE = np.stack(
+    [np.cos(np.linspace(0, 2 * np.pi, 48, endpoint=False)), np.sin(np.linspace(0, 2 * np.pi, 48, endpoint=False))],
+    axis=1,
+)
 
 
 def _draw_cylinder(obj: SceneObject, proj: Projector, shade: bool, alpha: np.ndarray | None) -> Sprite:
@@ -273,7 +284,7 @@ def _draw_cylinder(obj: SceneObject, proj: Projector, shade: bool, alpha: np.nda
     n = len(ring)
     points = np.empty((2 * n + 1, 3))
     points[:n, :2], points[:n, 2] = ring, 0.0
-    points[n:2 * n, :2], points[n:2 * n, 2] = ring, height
+    points[n : 2 * n, :2], points[n : 2 * n, 2] = ring, height
     points[2 * n] = (obj.x, obj.y, height / 2.0)
     projected, depths = proj.project(points)
     pixels, centre, centre_depth = projected[:-1], projected[-1:], depths[-1]
@@ -285,23 +296,33 @@ def _draw_cylinder(obj: SceneObject, proj: Projector, shade: bool, alpha: np.nda
     if shade:
         base = np.array(COLORS[obj.color], np.float32) / 255.0
         towards, right, half = _horizontal_frame(obj, proj)
-        bottom, top = local_pixels[: len(ring)], local_pixels[len(ring):]
+        bottom, top = local_pixels[: len(ring)], local_pixels[len(ring) :]
         # Body: the normal turns across the width (u in [-1, 1] from the camera's left to right).
         half_width = float(local_pixels[:, 0].max() - local_pixels[:, 0].min()) / 2.0
         u = np.clip((np.arange(w, dtype=np.float32) + float(x0 - centre[0, 0])) / half_width, -1.0, 1.0)[None, :]
         facing = np.sqrt(1.0 - u * u)
         diffuse = u * float(right @ LIGHT) + facing * float(towards @ LIGHT)
         specular = u * float(right @ half) + facing * float(towards @ half)
-        v = np.clip((np.arange(h, dtype=np.float32)[:, None] - float(top[:, 1].mean()))
-                    / max(float(bottom[:, 1].mean() - top[:, 1].mean()), 1.0), 0.0, 1.0)
+        v = np.clip(
+            (np.arange(h, dtype=np.float32)[:, None] - float(top[:, 1].mean()))
+            / max(float(bottom[:, 1].mean() - top[:, 1].mean()), 1.0),
+            0.0,
+            1.0,
+        )
         reflection = 0.7 * v * v * facing
         body, white = _surface(obj.material, diffuse, specular, facing, reflection)
         body, white = np.broadcast_to(body, (h, w)).copy(), np.broadcast_to(white, (h, w)).copy()
         ys = np.arange(h, dtype=np.float32)[:, None]
         span = max(float(top[:, 1].max() - top[:, 1].min()), 1.0)
         t = np.clip((ys - float(top[:, 1].min())) / span, 0.0, 1.0)
-        top_body, top_white = _surface(obj.material, float(LIGHT[2]) * (1.04 - 0.08 * t), 0.95 - 0.4 * t,
-                                       1.0 - 0.2 * t, 0.25 * (1.0 - t), sharpness=6)
+        top_body, top_white = _surface(
+            obj.material,
+            float(LIGHT[2]) * (1.04 - 0.08 * t),
+            0.95 - 0.4 * t,
+            1.0 - 0.2 * t,
+            0.25 * (1.0 - t),
+            sharpness=6,
+        )
         coverage = _fill_polygon((h, w), top)
         body += coverage * (top_body - body)
         white += coverage * (top_white - white)

@@ -15,10 +15,27 @@ import numpy as np
 
 from davir.data.synthetic.config import SynthConfig
 from davir.data.synthetic.render import SpriteCache, visible_coverage
-from davir.data.synthetic.scenes import (DISTRACTOR_KINDS, Scene, _Layout, _place, _sample_illumination,
-                                         _sample_objects, change_object)
-from davir.data.synthetic.world import (COLORS, MATERIALS, SHAPES, Camera, Floor, Illumination, Light, PoseCamera,
-                                        SceneObject, View)
+from davir.data.synthetic.scenes import (
+    DISTRACTOR_KINDS,
+    Scene,
+    _Layout,
+    _place,
+    _sample_illumination,
+    _sample_objects,
+    change_object,
+)
+from davir.data.synthetic.world import (
+    COLORS,
+    MATERIALS,
+    SHAPES,
+    Camera,
+    Floor,
+    Illumination,
+    Light,
+    PoseCamera,
+    SceneObject,
+    View,
+)
 from davir.errors import DataError
 
 # The base view: CLEVR-like, a little farther and higher than the standard set's (a crowded scene keeps room
@@ -72,16 +89,21 @@ def _sample_camera(rng: np.random.Generator, base: PoseCamera) -> PoseCamera:
     position, _, _, forward = base.basis()
     ahead = np.array([forward[0], forward[1], 0.0]) / math.hypot(forward[0], forward[1])
     side = np.array([ahead[1], -ahead[0], 0.0])
-    shift = (float(rng.uniform(*SIDE_SHIFT)) * (1 if rng.random() < 0.5 else -1) * side
-             + float(rng.uniform(-FORWARD_SHIFT, FORWARD_SHIFT)) * ahead
-             + float(rng.uniform(-UP_SHIFT, UP_SHIFT)) * np.array([0.0, 0.0, 1.0]))
+    shift = (
+        float(rng.uniform(*SIDE_SHIFT)) * (1 if rng.random() < 0.5 else -1) * side
+        + float(rng.uniform(-FORWARD_SHIFT, FORWARD_SHIFT)) * ahead
+        + float(rng.uniform(-UP_SHIFT, UP_SHIFT)) * np.array([0.0, 0.0, 1.0])
+    )
     # the base camera's aim on the floor
     aim = position - forward * (position[2] / forward[2])
     aim[:2] += rng.uniform(-AIM_OFFSET, AIM_OFFSET, size=2)
     moved = position + shift
     pose = PoseCamera.look_along(moved, aim - moved)
-    return replace(pose, yaw=round(pose.yaw + float(rng.uniform(-AIM_JITTER_DEG, AIM_JITTER_DEG)), 4),
-                   pitch=round(pose.pitch + float(rng.uniform(-AIM_JITTER_DEG, AIM_JITTER_DEG)), 4))
+    return replace(
+        pose,
+        yaw=round(pose.yaw + float(rng.uniform(-AIM_JITTER_DEG, AIM_JITTER_DEG)), 4),
+        pitch=round(pose.pitch + float(rng.uniform(-AIM_JITTER_DEG, AIM_JITTER_DEG)), 4),
+    )
 
 
 def _sample_distractor(rng: np.random.Generator, objects: list[SceneObject], cache: SpriteCache, base: View) -> View:
@@ -108,12 +130,16 @@ def _hard_objects(objects: list[SceneObject], layout: _Layout) -> list[int]:
     """Indices of the small or partly hidden objects (in the layout's camera)."""
     sprites = [layout.cache.silhouette(obj, layout.camera) for obj in objects]
     visible = visible_coverage(sprites)
-    return [i for i, (obj, sprite, vis) in enumerate(zip(objects, sprites, visible))
-            if obj.size == "small" or float(vis.sum()) < PARTLY_HIDDEN * sprite.area]
+    return [
+        i
+        for i, (obj, sprite, vis) in enumerate(zip(objects, sprites, visible))
+        if obj.size == "small" or float(vis.sum()) < PARTLY_HIDDEN * sprite.area
+    ]
 
 
-def _apply_change(rng: np.random.Generator, change_type: str, objects: list[SceneObject], layout: _Layout
-                  ) -> tuple[list[SceneObject], list[int], dict[str, Any], bool] | None:
+def _apply_change(
+    rng: np.random.Generator, change_type: str, objects: list[SceneObject], layout: _Layout
+) -> tuple[list[SceneObject], list[int], dict[str, Any], bool] | None:
     """As scenes._apply_change, with HARD_TARGET_RATE of the changes on a small or partly hidden object (an added
     object is then small); the last item says whether this change was so targeted."""
     ids = list(range(len(objects)))
@@ -127,8 +153,9 @@ def _apply_change(rng: np.random.Generator, change_type: str, objects: list[Scen
     targeted = bool(candidates)
     pool = candidates or ids
     target = int(pool[rng.integers(len(pool))])
-    result = change_object(rng, objects, ids, target, change_type, layout,
-                           kept=("shape", "color", "material", "size", "scale"))
+    result = change_object(
+        rng, objects, ids, target, change_type, layout, kept=("shape", "color", "material", "size", "scale")
+    )
     return None if result is None else (*result, targeted)
 
 
@@ -137,8 +164,11 @@ def sample_hard_scene(index: int, change_type: str, config: SynthConfig) -> tupl
     rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(0, index)))
     cache = SpriteCache(config.width, config.height)
     layout = _Layout(HARD_BASE_CAMERA, cache, MIN_VISIBLE_HARD)
-    floor = Floor(int(rng.integers(2 ** 31)), round(float(rng.uniform(*FLOOR_AMPLITUDE)), 4),
-                  round(float(rng.uniform(*FLOOR_CELL)), 4))
+    floor = Floor(
+        int(rng.integers(2**31)),
+        round(float(rng.uniform(*FLOOR_AMPLITUDE)), 4),
+        round(float(rng.uniform(*FLOOR_CELL)), 4),
+    )
     base_view = View(HARD_BASE_CAMERA, light=_sample_light(rng), floor=floor)
     low, high = config.min_objects, config.max_objects
     if change_type == "add":
@@ -159,8 +189,22 @@ def sample_hard_scene(index: int, change_type: str, config: SynthConfig) -> tupl
         if rng.random() < config.semantic_distractor_rate:
             semantic_view = _sample_distractor(rng, after, cache, base_view)
         nonsemantic_view = _sample_distractor(rng, objects, cache, base_view)
-        scene = Scene(index, change_type, objects, after, list(range(len(objects))), after_ids, change,
-                      semantic_view, nonsemantic_view, cache, base_view=base_view, hard_target=targeted)
+        scene = Scene(
+            index,
+            change_type,
+            objects,
+            after,
+            list(range(len(objects))),
+            after_ids,
+            change,
+            semantic_view,
+            nonsemantic_view,
+            cache,
+            base_view=base_view,
+            hard_target=targeted,
+        )
         return scene, rng
-    raise DataError(f"synthetic set: could not place the {low}-{high} objects of hard scene {index} in 200 tries "
-                    f"({config.width}x{config.height} may be too small)")
+    raise DataError(
+        f"synthetic set: could not place the {low}-{high} objects of hard scene {index} in 200 tries "
+        f"({config.width}x{config.height} may be too small)"
+    )

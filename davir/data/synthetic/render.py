@@ -9,8 +9,17 @@ import cv2
 import numpy as np
 
 from davir.data.synthetic.draw import PATCH_PAD, Projector, Sprite, draw_object, projector
-from davir.data.synthetic.world import (Camera, Floor, Illumination, Light, PoseCamera, SceneObject, View,
-                                       cube_half_side, cylinder_dims)
+from davir.data.synthetic.world import (
+    Camera,
+    Floor,
+    Illumination,
+    Light,
+    PoseCamera,
+    SceneObject,
+    View,
+    cube_half_side,
+    cylinder_dims,
+)
 
 FRAME_MARGIN = 2  # pixels between an object's box and the image border
 
@@ -60,8 +69,12 @@ def in_frame(sprite: Sprite, width: int, height: int) -> bool:
     """
     h, w = sprite.alpha.shape
     slack = PATCH_PAD - FRAME_MARGIN
-    return (sprite.x0 >= -slack and sprite.y0 >= -slack
-            and sprite.x0 + w <= width + slack and sprite.y0 + h <= height + slack)
+    return (
+        sprite.x0 >= -slack
+        and sprite.y0 >= -slack
+        and sprite.x0 + w <= width + slack
+        and sprite.y0 + h <= height + slack
+    )
 
 
 def visible_coverage(sprites: list[Sprite]) -> list[np.ndarray]:
@@ -82,14 +95,16 @@ def visible_coverage(sprites: list[Sprite]) -> list[np.ndarray]:
                 continue
             if coverage is sprite.alpha:
                 coverage = coverage.copy()
-            coverage[y0 - sprite.y0:y1 - sprite.y0, x0 - sprite.x0:x1 - sprite.x0] *= \
-                1.0 - nearer.alpha[y0 - nearer.y0:y1 - nearer.y0, x0 - nearer.x0:x1 - nearer.x0]
+            coverage[y0 - sprite.y0 : y1 - sprite.y0, x0 - sprite.x0 : x1 - sprite.x0] *= (
+                1.0 - nearer.alpha[y0 - nearer.y0 : y1 - nearer.y0, x0 - nearer.x0 : x1 - nearer.x0]
+            )
         visible[index] = coverage
     return visible  # type: ignore[return-value]
 
 
-def render(objects: list[SceneObject], view: View, width: int, height: int, cache: SpriteCache | None = None
-           ) -> tuple[np.ndarray, list[Sprite], list[np.ndarray]]:
+def render(
+    objects: list[SceneObject], view: View, width: int, height: int, cache: SpriteCache | None = None
+) -> tuple[np.ndarray, list[Sprite], list[np.ndarray]]:
     """Draw the objects far to near over the floor; returns (uint8 image, sprites, visible coverage).
 
     Each object is blended into the uint8 image on its own patch as image*(1-a) + rgb*a, so a pixel
@@ -120,7 +135,7 @@ def full_mask(sprite: Sprite, visible: np.ndarray, width: int, height: int) -> n
     """Binary (H, W) mask of an object's visible pixels (any non-zero visible coverage)."""
     mask = np.zeros((height, width), bool)
     h, w = visible.shape
-    mask[sprite.y0:sprite.y0 + h, sprite.x0:sprite.x0 + w] = visible > 0
+    mask[sprite.y0 : sprite.y0 + h, sprite.x0 : sprite.x0 + w] = visible > 0
     return mask
 
 
@@ -136,8 +151,11 @@ def _floor_points(camera: Camera | PoseCamera, width: int, height: int) -> tuple
     proj = projector(camera, width, height)
     us = (np.arange(width, dtype=np.float64) - proj.cx) / proj.focal
     vs = (np.arange(height, dtype=np.float64) - proj.cy) / proj.focal
-    rays = (proj.forward[None, None, :] + us[None, :, None] * proj.right[None, None, :]
-            + vs[:, None, None] * proj.down[None, None, :])
+    rays = (
+        proj.forward[None, None, :]
+        + us[None, :, None] * proj.right[None, None, :]
+        + vs[:, None, None] * proj.down[None, None, :]
+    )
     dz = rays[..., 2]
     hits = dz < -1e-6
     t = np.where(hits, -proj.position[2] / np.where(hits, dz, -1.0), 0.0)
@@ -174,8 +192,10 @@ def _object_height(obj: SceneObject) -> float:
     return 2.0 * obj.radius
 
 
-_RING = np.stack([np.cos(np.linspace(0, 2 * np.pi, 24, endpoint=False)),
-                  np.sin(np.linspace(0, 2 * np.pi, 24, endpoint=False))], axis=1)
+_RING = np.stack(
+    [np.cos(np.linspace(0, 2 * np.pi, 24, endpoint=False)), np.sin(np.linspace(0, 2 * np.pi, 24, endpoint=False))],
+    axis=1,
+)
 
 
 def shadow_polygon(obj: SceneObject, light: Light) -> np.ndarray:
@@ -184,8 +204,11 @@ def shadow_polygon(obj: SceneObject, light: Light) -> np.ndarray:
     offset = -direction[:2] / max(direction[2], 0.2) * _object_height(obj)
     radius = obj.footprint if obj.shape != "sphere" else obj.radius * 0.9
     base = _RING * radius + [obj.x, obj.y]
-    top = _RING * radius * (0.75 if obj.shape == "sphere" else 1.0) + [obj.x, obj.y] + offset * (
-        0.55 if obj.shape == "sphere" else 1.0)
+    top = (
+        _RING * radius * (0.75 if obj.shape == "sphere" else 1.0)
+        + [obj.x, obj.y]
+        + offset * (0.55 if obj.shape == "sphere" else 1.0)
+    )
     points = np.concatenate([base, top]).astype(np.float32)
     return cv2.convexHull(points).reshape(-1, 2).astype(np.float64)
 
@@ -212,6 +235,7 @@ def _hard_background(objects: list[SceneObject], view: View, width: int, height:
     if view.floor is not None:
         factor = factor * floor_texture(view.camera, view.floor, width, height)
     if view.light is not None:
-        factor = factor * (1.0 - SHADOW_STRENGTH * shadow_coverage(objects, view.light,
-                                                                   projector(view.camera, width, height)))
+        factor = factor * (
+            1.0 - SHADOW_STRENGTH * shadow_coverage(objects, view.light, projector(view.camera, width, height))
+        )
     return np.clip(floor * factor[..., None] + 0.5, 0, 255).astype(np.uint8)

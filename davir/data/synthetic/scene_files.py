@@ -35,8 +35,14 @@ def image_names(index: int) -> dict[str, str]:
     }
 
 
-def _object_records(objects: list[SceneObject], ids: list[int], sprites: list[Sprite], visible: list[np.ndarray],
-                    view: View | None = None, size: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+def _object_records(
+    objects: list[SceneObject],
+    ids: list[int],
+    sprites: list[Sprite],
+    visible: list[np.ndarray],
+    view: View | None = None,
+    size: tuple[int, int] | None = None,
+) -> list[dict[str, Any]]:
     """The objects of one image; with `view` and `size` (hard sets) also each one's radius, the camera depth of its
     centre and that centre's pixel (x, y), the metadata a parallax check needs."""
     order = sorted(range(len(sprites)), key=lambda i: sprites[i].depth)
@@ -45,14 +51,26 @@ def _object_records(objects: list[SceneObject], ids: list[int], sprites: list[Sp
     records = []
     for i, (obj, sprite, vis) in enumerate(zip(objects, sprites, visible)):
         record = {
-            "id": ids[i], "shape": obj.shape, "color": obj.color, "material": obj.material, "size": obj.size,
-            "box": list(sprite.box), "visible": round(float(vis.sum()) / sprite.area, 4),
-            "depth_order": rank[i], "position": [obj.x, obj.y], "yaw": obj.yaw,
+            "id": ids[i],
+            "shape": obj.shape,
+            "color": obj.color,
+            "material": obj.material,
+            "size": obj.size,
+            "box": list(sprite.box),
+            "visible": round(float(vis.sum()) / sprite.area, 4),
+            "depth_order": rank[i],
+            "position": [obj.x, obj.y],
+            "yaw": obj.yaw,
         }
         if proj is not None:
             centre, depth = proj.project(np.array([[obj.x, obj.y, obj.radius]]))
-            record.update({"radius": round(obj.radius, 4), "depth": round(float(depth[0]), 4),
-                           "centre_px": [round(float(v), 2) for v in centre[0]]})
+            record.update(
+                {
+                    "radius": round(obj.radius, 4),
+                    "depth": round(float(depth[0]), 4),
+                    "centre_px": [round(float(v), 2) for v in centre[0]],
+                }
+            )
         records.append(record)
     return records
 
@@ -72,8 +90,11 @@ def _view_record(view: View) -> dict[str, Any] | None:
 
 def _base_view_record(view: View) -> dict[str, Any]:
     """A hard set's before view: its camera pose, key light and floor texture."""
-    return {"camera": asdict(view.camera), "light": asdict(view.light) if view.light else None,
-            "floor": asdict(view.floor) if view.floor else None}
+    return {
+        "camera": asdict(view.camera),
+        "light": asdict(view.light) if view.light else None,
+        "floor": asdict(view.floor) if view.floor else None,
+    }
 
 
 def build_scene(index: int, change_type: str, config: SynthConfig, out: Path | None) -> dict[str, Any]:
@@ -103,9 +124,15 @@ def build_scene(index: int, change_type: str, config: SynthConfig, out: Path | N
 
     names = image_names(index)
     if out is not None:
-        for key, array in (("before", before_image), ("after", after_image), ("nonsemantic", nsc_image),
-                           ("mask_before", mask_before), ("mask_after", mask_after),
-                           ("mask_before_n", empty), ("mask_after_n", empty)):
+        for key, array in (
+            ("before", before_image),
+            ("after", after_image),
+            ("nonsemantic", nsc_image),
+            ("mask_before", mask_before),
+            ("mask_after", mask_after),
+            ("mask_before_n", empty),
+            ("mask_after_n", empty),
+        ):
             save_png_atomic(array, out / names[key], compress_level=PNG_COMPRESS_LEVEL)
 
     change = dict(scene.change)
@@ -131,8 +158,11 @@ def build_scene(index: int, change_type: str, config: SynthConfig, out: Path | N
     return {
         "change": change,
         "images": images,
-        "distractors": {"semantic": _view_record(scene.semantic_view), "nonsemantic": _view_record(scene.nonsemantic_view)},
-        "masks": {k[len("mask_"):]: v for k, v in names.items() if k.startswith("mask_")},
+        "distractors": {
+            "semantic": _view_record(scene.semantic_view),
+            "nonsemantic": _view_record(scene.nonsemantic_view),
+        },
+        "masks": {k[len("mask_") :]: v for k, v in names.items() if k.startswith("mask_")},
         **extra,
         "_captions": captions,
         "_no_change_captions": no_change,

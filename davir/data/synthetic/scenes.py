@@ -9,11 +9,21 @@ from typing import Any
 import numpy as np
 
 from davir.data.records import CHANGE_TYPES
-from davir.errors import DataError
 from davir.data.synthetic.config import SynthConfig
 from davir.data.synthetic.render import SpriteCache, in_frame, visible_coverage
-from davir.data.synthetic.world import (BASE_CAMERA, COLORS, MATERIALS, SHAPES, SIZES, Camera, Illumination,
-                                       PoseCamera, SceneObject, View)
+from davir.data.synthetic.world import (
+    BASE_CAMERA,
+    COLORS,
+    MATERIALS,
+    SHAPES,
+    SIZES,
+    Camera,
+    Illumination,
+    PoseCamera,
+    SceneObject,
+    View,
+)
+from davir.errors import DataError
 
 DISTRACTOR_KINDS = ("illumination", "viewpoint", "both")
 
@@ -41,8 +51,9 @@ class _Layout:
 
 
 def _apart(candidate: SceneObject, others: list[SceneObject]) -> bool:
-    return all(math.hypot(candidate.x - o.x, candidate.y - o.y) >= candidate.footprint + o.footprint + MIN_GAP
-               for o in others)
+    return all(
+        math.hypot(candidate.x - o.x, candidate.y - o.y) >= candidate.footprint + o.footprint + MIN_GAP for o in others
+    )
 
 
 def _random_attributes(rng: np.random.Generator) -> dict[str, Any]:
@@ -63,8 +74,14 @@ def _random_yaw(rng: np.random.Generator, shape: str) -> float:
     return round(float(rng.uniform(0.0, math.pi / 2.0)), 4) if shape == "cube" else 0.0
 
 
-def _place(rng: np.random.Generator, attributes: dict[str, Any], others: list[SceneObject], layout: _Layout,
-           tries: int = 40, away_from: tuple[float, float] | None = None) -> SceneObject | None:
+def _place(
+    rng: np.random.Generator,
+    attributes: dict[str, Any],
+    others: list[SceneObject],
+    layout: _Layout,
+    tries: int = 40,
+    away_from: tuple[float, float] | None = None,
+) -> SceneObject | None:
     """A position for an object among `others` that keeps the layout valid, or None."""
     yaw = _random_yaw(rng, attributes["shape"])
     for _ in range(tries):
@@ -77,8 +94,7 @@ def _place(rng: np.random.Generator, attributes: dict[str, Any], others: list[Sc
     return None
 
 
-def _sample_objects(rng: np.random.Generator, count: int, layout: _Layout,
-                    attributes=None) -> list[SceneObject] | None:
+def _sample_objects(rng: np.random.Generator, count: int, layout: _Layout, attributes=None) -> list[SceneObject] | None:
     """`count` objects placed one by one (`attributes(rng)` draws each one's look; the standard set's by default)."""
     attributes = attributes or _random_attributes
     objects: list[SceneObject] = []
@@ -93,7 +109,9 @@ def _sample_objects(rng: np.random.Generator, count: int, layout: _Layout,
 def _sample_illumination(rng: np.random.Generator) -> Illumination:
     brightness = rng.uniform(0.78, 0.9) if rng.random() < 0.5 else rng.uniform(1.1, 1.22)
     temperature = rng.uniform(0.03, 0.08) * (1 if rng.random() < 0.5 else -1)
-    return Illumination(round(float(brightness), 4), round(float(rng.uniform(0.85, 1.15)), 4), round(float(temperature), 4))
+    return Illumination(
+        round(float(brightness), 4), round(float(rng.uniform(0.85, 1.15)), 4), round(float(temperature), 4)
+    )
 
 
 def _sample_camera(rng: np.random.Generator) -> Camera:
@@ -142,8 +160,9 @@ class Scene:
     hard_target: bool = False  # hard sets: the change was put on a small or partly hidden object on purpose
 
 
-def _apply_change(rng: np.random.Generator, change_type: str, objects: list[SceneObject], layout: _Layout
-                  ) -> tuple[list[SceneObject], list[int], dict[str, Any]] | None:
+def _apply_change(
+    rng: np.random.Generator, change_type: str, objects: list[SceneObject], layout: _Layout
+) -> tuple[list[SceneObject], list[int], dict[str, Any]] | None:
     """The after objects, their ids, and the change record; None when no valid change was found."""
     ids = list(range(len(objects)))
     if change_type == "add":
@@ -156,23 +175,39 @@ def _apply_change(rng: np.random.Generator, change_type: str, objects: list[Scen
     return change_object(rng, objects, ids, target, change_type, layout)
 
 
-def change_object(rng: np.random.Generator, objects: list[SceneObject], ids: list[int], target: int, change_type: str,
-                  layout: _Layout, kept: tuple[str, ...] = ("shape", "color", "material", "size")):
+def change_object(
+    rng: np.random.Generator,
+    objects: list[SceneObject],
+    ids: list[int],
+    target: int,
+    change_type: str,
+    layout: _Layout,
+    kept: tuple[str, ...] = ("shape", "color", "material", "size"),
+):
     """(after objects, their ids, the change record) of a drop, colour, material or move change of object
     `target`, or None when the moved object finds no valid place; `kept`: what a moved object keeps."""
     old = objects[target]
     if change_type == "drop":
-        return objects[:target] + objects[target + 1:], ids[:target] + ids[target + 1:], {"type": "drop", "object": target}
+        return (
+            objects[:target] + objects[target + 1 :],
+            ids[:target] + ids[target + 1 :],
+            {"type": "drop", "object": target},
+        )
     if change_type in ("color", "material"):
         choices = [c for c in (COLORS if change_type == "color" else MATERIALS) if c != getattr(old, change_type)]
         new_value = choices[rng.integers(len(choices))]
         after = list(objects)
         after[target] = replace(old, **{change_type: new_value})
-        change = {"type": change_type, "object": target, "attribute": change_type,
-                  "old": getattr(old, change_type), "new": new_value}
+        change = {
+            "type": change_type,
+            "object": target,
+            "attribute": change_type,
+            "old": getattr(old, change_type),
+            "new": new_value,
+        }
         return after, ids, change
     if change_type == "move":
-        others = objects[:target] + objects[target + 1:]
+        others = objects[:target] + objects[target + 1 :]
         attributes = {name: getattr(old, name) for name in kept}
         moved = _place(rng, attributes, others, layout, away_from=(old.x, old.y))
         if moved is None:
@@ -211,8 +246,20 @@ def sample_standard_scene(index: int, change_type: str, config: SynthConfig) -> 
         if rng.random() < config.semantic_distractor_rate:
             semantic_view = _sample_distractor(rng, after, cache)
         nonsemantic_view = _sample_distractor(rng, objects, cache)
-        scene = Scene(index, change_type, objects, after, list(range(len(objects))), after_ids, change,
-                      semantic_view, nonsemantic_view, cache)
+        scene = Scene(
+            index,
+            change_type,
+            objects,
+            after,
+            list(range(len(objects))),
+            after_ids,
+            change,
+            semantic_view,
+            nonsemantic_view,
+            cache,
+        )
         return scene, rng
-    raise DataError(f"synthetic set: could not place the objects of scene {index} in 200 tries "
-                    f"({config.width}x{config.height} may be too small for {config.max_objects} objects)")
+    raise DataError(
+        f"synthetic set: could not place the objects of scene {index} in 200 tries "
+        f"({config.width}x{config.height} may be too small for {config.max_objects} objects)"
+    )

@@ -25,6 +25,7 @@ MATERIALS = ("metal", "rubber")
 # objects stay nameable in 64-pixel thumbnails (large is still ~1.9x small).
 SIZES: dict[str, float] = {"small": 0.4, "large": 0.75}
 
+
 @dataclass(frozen=True)
 class SceneObject:
     """One object on the floor: attributes, ground position (x, y) of its centre, rotation about the vertical."""
@@ -79,7 +80,9 @@ class Camera:
         """(position, right, down, forward) in world coordinates (x right, y away, z up)."""
         a, e = math.radians(self.azimuth), math.radians(self.elevation)
         target = np.array([self.pan_x, self.pan_y, 0.0])
-        position = target + self.distance * np.array([math.sin(a) * math.cos(e), -math.cos(a) * math.cos(e), math.sin(e)])
+        position = target + self.distance * np.array(
+            [math.sin(a) * math.cos(e), -math.cos(a) * math.cos(e), math.sin(e)]
+        )
         forward = (target - position) / self.distance
         right = np.cross(forward, [0.0, 0.0, 1.0])
         right /= np.linalg.norm(right)
@@ -120,12 +123,12 @@ class PoseCamera:
     pitch: float
 
     @classmethod
-    def from_camera(cls, camera: Camera) -> "PoseCamera":
+    def from_camera(cls, camera: Camera) -> PoseCamera:
         position, _, _, forward = camera.basis()
         return cls.look_along(position, forward)
 
     @classmethod
-    def look_along(cls, position: np.ndarray, forward: np.ndarray) -> "PoseCamera":
+    def look_along(cls, position: np.ndarray, forward: np.ndarray) -> PoseCamera:
         yaw = math.degrees(math.atan2(forward[0], forward[1]))
         pitch = math.degrees(math.asin(-forward[2] / np.linalg.norm(forward)))
         return cls(*(round(float(v), 4) for v in (*position, yaw, pitch)))

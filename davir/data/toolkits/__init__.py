@@ -20,13 +20,26 @@ from pathlib import Path
 
 from davir.data.formats import read_dataset
 from davir.data.records import ChangePair
-from davir.data.toolkits.shared import (EXPORT_RECORD, SPLITS, FolderGuard, ImportOptions, Skipped, check_replaceable,
-                                        conversations, manifest_rows, write_jsonl, write_rows)
+from davir.data.toolkits.shared import (
+    EXPORT_RECORD,
+    SPLITS,
+    FolderGuard,
+    ImportOptions,
+    Skipped,
+    check_replaceable,
+    conversations,
+    manifest_rows,
+    write_jsonl,
+    write_rows,
+)
 from davir.errors import DataError, check_output_dir
 from davir.io import atomic_path
 
-TOOLKIT_MODULES = {"llamafactory": "davir.data.toolkits.llamafactory", "swift": "davir.data.toolkits.swift",
-                   "trl": "davir.data.toolkits.trl"}
+TOOLKIT_MODULES = {
+    "llamafactory": "davir.data.toolkits.llamafactory",
+    "swift": "davir.data.toolkits.swift",
+    "trl": "davir.data.toolkits.trl",
+}
 TOOLKITS = tuple(TOOLKIT_MODULES)
 
 
@@ -36,8 +49,17 @@ def toolkit_module(name: str):
     return importlib.import_module(TOOLKIT_MODULES[name])
 
 
-def export_toolkit(toolkit: str, format: str, root: str | Path, splits: Sequence[str], out: str | Path, *,
-                   prompt_for: Callable[[ChangePair], str], name: str | None = None, overwrite: bool = False) -> dict:
+def export_toolkit(
+    toolkit: str,
+    format: str,
+    root: str | Path,
+    splits: Sequence[str],
+    out: str | Path,
+    *,
+    prompt_for: Callable[[ChangePair], str],
+    name: str | None = None,
+    overwrite: bool = False,
+) -> dict:
     """Write each split of a dataset as ``out/<split>.jsonl`` in the toolkit's format (plus its extra files);
     returns the summary (also written to ``out/davir_export.json``).
 
@@ -62,12 +84,21 @@ def export_toolkit(toolkit: str, format: str, root: str | Path, splits: Sequence
     with contextlib.ExitStack() as stack:  # every temporary renamed only once all are whole
         for split, file_name in files.items():
             tmp = stack.enter_context(atomic_path(out / file_name))
-            samples, hashes[file_name] = write_rows(tmp, (module.encode(talk) for talk in conversations(pairs[split], prompt_for)))
+            samples, hashes[file_name] = write_rows(
+                tmp, (module.encode(talk) for talk in conversations(pairs[split], prompt_for))
+            )
             counts[split] = {"pairs": len(pairs[split]), "samples": samples}
         for file_name, content in extras.items():
             write_text(stack.enter_context(atomic_path(out / file_name)), json.dumps(content, indent=2) + "\n")
-        summary = {"toolkit": toolkit, "format": format, "root": str(Path(root).resolve()), "name": name,
-                   "files": [*files.values(), *extras], "splits": counts, "sha256": hashes}
+        summary = {
+            "toolkit": toolkit,
+            "format": format,
+            "root": str(Path(root).resolve()),
+            "name": name,
+            "files": [*files.values(), *extras],
+            "splits": counts,
+            "sha256": hashes,
+        }
         write_text(stack.enter_context(atomic_path(out / EXPORT_RECORD)), json.dumps(summary, indent=2) + "\n")
     if not hasattr(module, "extras"):
         summary["files"] += module.write_extras(out, files, name)
@@ -81,8 +112,9 @@ def write_text(path: Path, text: str) -> None:
         os.fsync(handle.fileno())
 
 
-def toolkit_manifest(toolkit: str, source: str | Path, manifest: str | Path,
-                     options: ImportOptions = ImportOptions()) -> tuple[Path, list[str]]:
+def toolkit_manifest(
+    toolkit: str, source: str | Path, manifest: str | Path, options: ImportOptions = ImportOptions()
+) -> tuple[Path, list[str]]:
     """A toolkit dataset (an export folder or one split file) as a folder-format ``pairs.jsonl`` at ``manifest``:
     one row per pair id, its captions in order, its split from the file name (train/val/test.jsonl), else
     ``options.split`` or the dataset's declared split. Returns (manifest, skipped): every row that is no pair
@@ -96,7 +128,9 @@ def toolkit_manifest(toolkit: str, source: str | Path, manifest: str | Path,
 
     def conversations_read():
         for record, talk in module.read(source, options) if takes_options else module.read(source):
-            refused = talk if isinstance(talk, Skipped) else None if options.allow_outside else guard.refuse(record, talk)
+            refused = (
+                talk if isinstance(talk, Skipped) else None if options.allow_outside else guard.refuse(record, talk)
+            )
             if refused is not None:
                 skipped.append(refused.reason)
             elif talk.split not in SPLITS:  # a reader that took the split from a file name that is not one

@@ -11,8 +11,18 @@ import os
 from functools import partial
 from pathlib import Path
 
-from davir.data.toolkits.shared import (ID_KEY, Conversation, FolderGuard, ImportOptions, read_samples, split_files,
-                                        split_of, turn_text, two_images, user_and_answer)
+from davir.data.toolkits.shared import (
+    ID_KEY,
+    Conversation,
+    FolderGuard,
+    ImportOptions,
+    read_samples,
+    split_files,
+    split_of,
+    turn_text,
+    two_images,
+    user_and_answer,
+)
 from davir.errors import DataError
 from davir.io import read_json
 
@@ -22,15 +32,23 @@ DATASET_INFO = "dataset_info.json"
 
 
 def encode(talk: Conversation) -> dict:
-    return {ID_KEY: talk.pair_id,
-            "messages": [{"role": "user", "content": IMAGE_TOKEN * 2 + talk.prompt},
-                         {"role": "assistant", "content": talk.answer}],
-            "images": [talk.before, talk.after]}
+    return {
+        ID_KEY: talk.pair_id,
+        "messages": [
+            {"role": "user", "content": IMAGE_TOKEN * 2 + talk.prompt},
+            {"role": "assistant", "content": talk.answer},
+        ],
+        "images": [talk.before, talk.after],
+    }
 
 
 def dataset_entry(file_name: str) -> dict:
-    return {"file_name": file_name, "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
-            "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}
+    return {
+        "file_name": file_name,
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
+    }
 
 
 def extras(out: Path, files: dict[str, str], name: str, *, overwrite: bool = False) -> dict[str, dict]:
@@ -43,18 +61,27 @@ def extras(out: Path, files: dict[str, str], name: str, *, overwrite: bool = Fal
     for split, file_name in files.items():
         key, entry = f"davir_{name}_{split}", dataset_entry(file_name)
         if info.get(key, entry) != entry and not overwrite:
-            raise DataError(f"{path}: entry {key!r} already names another dataset; pass --overwrite to replace it, "
-                            "or choose another --name")
+            raise DataError(
+                f"{path}: entry {key!r} already names another dataset; pass --overwrite to replace it, "
+                "or choose another --name"
+            )
         info[key] = entry
     return {DATASET_INFO: info}
 
 
 def _columns(entry: dict) -> tuple[str, str, dict]:
     columns, tags = entry.get("columns") or {}, entry.get("tags") or {}
-    return columns.get("messages", "conversations"), columns.get("images", "images"), {
-        "role": tags.get("role_tag", "from"), "content": tags.get("content_tag", "value"),
-        "user": tags.get("user_tag", "human"), "assistant": tags.get("assistant_tag", "gpt"),
-        "system": tags.get("system_tag", "system")}
+    return (
+        columns.get("messages", "conversations"),
+        columns.get("images", "images"),
+        {
+            "role": tags.get("role_tag", "from"),
+            "content": tags.get("content_tag", "value"),
+            "user": tags.get("user_tag", "human"),
+            "assistant": tags.get("assistant_tag", "gpt"),
+            "system": tags.get("system_tag", "system"),
+        },
+    )
 
 
 def _unreadable(entry) -> str | None:
@@ -78,8 +105,10 @@ def _declared(folder: Path, info_path: Path, options: ImportOptions) -> list[tup
         raise DataError(f"{info_path}: expected a JSON object of datasets, got {type(info).__name__}")
     unknown = [name for name in options.datasets if name not in info]
     if unknown:
-        raise DataError(f"{info_path}: no dataset {', '.join(map(repr, unknown))}; it lists "
-                        f"{', '.join(list(info)[:20])}{' …' if len(info) > 20 else ''}")
+        raise DataError(
+            f"{info_path}: no dataset {', '.join(map(repr, unknown))}; it lists "
+            f"{', '.join(list(info)[:20])}{' …' if len(info) > 20 else ''}"
+        )
     names = list(options.datasets) or list(info)
     why = {name: _unreadable(info[name]) for name in names}
     refused = {name: reason for name, reason in why.items() if reason}
@@ -89,9 +118,11 @@ def _declared(folder: Path, info_path: Path, options: ImportOptions) -> list[tup
     if refused:
         readable = [name for name in names if name not in refused]
         name, reason = next(iter(refused.items()))
-        raise DataError(f"{info_path} lists {len(info)} datasets, {len(refused)} of which davir cannot read (e.g. "
-                        f"{name!r}: {reason}); choose with --dataset NAME: "
-                        + (", ".join(readable[:20]) if readable else "none is a local sharegpt file with images"))
+        raise DataError(
+            f"{info_path} lists {len(info)} datasets, {len(refused)} of which davir cannot read (e.g. "
+            f"{name!r}: {reason}); choose with --dataset NAME: "
+            + (", ".join(readable[:20]) if readable else "none is a local sharegpt file with images")
+        )
     guard, found, seen = FolderGuard(folder), [], set()
     for name in names:
         entry = info[name]
@@ -114,8 +145,15 @@ def files_to_read(source: Path, options: ImportOptions = ImportOptions()) -> lis
     by_file = {}
     if info_path.is_file():
         info = read_json(info_path)
-        by_file = {entry["file_name"]: entry for entry in info.values() if isinstance(entry, dict)
-                   and isinstance(entry.get("file_name"), str) and not _unreadable(entry)} if isinstance(info, dict) else {}
+        by_file = (
+            {
+                entry["file_name"]: entry
+                for entry in info.values()
+                if isinstance(entry, dict) and isinstance(entry.get("file_name"), str) and not _unreadable(entry)
+            }
+            if isinstance(info, dict)
+            else {}
+        )
     found = []
     for split, path in split_files(source, allow_outside=options.allow_outside):
         entry = by_file.get(path.name, dataset_entry(path.name))
@@ -128,20 +166,35 @@ def read(source: Path, options: ImportOptions = ImportOptions()):
     from the dataset folder (LLaMA-Factory's ``media_dir`` default)."""
     folder = source if source.is_dir() else source.parent
     for split, path, entry in files_to_read(source, options):
-        yield from read_samples(path, partial(_decode, split=split, columns=_columns(entry), base=folder,
-                                              stem=path.stem))
+        yield from read_samples(
+            path, partial(_decode, split=split, columns=_columns(entry), base=folder, stem=path.stem)
+        )
 
 
-def _decode(row: dict, record: str, number: int, *, split: str, columns: tuple, base: Path, stem: str
-            ) -> Conversation:
+def _decode(row: dict, record: str, number: int, *, split: str, columns: tuple, base: Path, stem: str) -> Conversation:
     messages_key, images_key, tags = columns
-    user, assistant = user_and_answer(row.get(messages_key), record, messages_key, role=tags["role"],
-                                      user=tags["user"], assistant=tags["assistant"], system=tags["system"])
+    user, assistant = user_and_answer(
+        row.get(messages_key),
+        record,
+        messages_key,
+        role=tags["role"],
+        user=tags["user"],
+        assistant=tags["assistant"],
+        system=tags["system"],
+    )
     before, after = two_images(row, images_key, base, record)
     content = turn_text(user, tags["content"], record, "user")
     if content.count(IMAGE_TOKEN) != 2:
-        raise DataError(f"{record}: the user turn must hold two {IMAGE_TOKEN} tokens (before, after), "
-                        f"found {content.count(IMAGE_TOKEN)}")
+        raise DataError(
+            f"{record}: the user turn must hold two {IMAGE_TOKEN} tokens (before, after), "
+            f"found {content.count(IMAGE_TOKEN)}"
+        )
     answer = turn_text(assistant, tags["content"], record, "assistant")
-    return Conversation(str(row.get(ID_KEY) or f"{stem}-{number}"), split, before, after,
-                        content.replace(IMAGE_TOKEN, "").strip(), answer)
+    return Conversation(
+        str(row.get(ID_KEY) or f"{stem}-{number}"),
+        split,
+        before,
+        after,
+        content.replace(IMAGE_TOKEN, "").strip(),
+        answer,
+    )

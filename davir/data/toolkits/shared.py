@@ -66,8 +66,6 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
         return write_rows(tmp, rows)[0]
 
 
-
-
 EXPORT_RECORD = "davir_export.json"
 
 
@@ -78,8 +76,10 @@ def written_files(out: Path) -> dict[str, str]:
         return {}
     data = read_json(record)
     if not isinstance(data, dict) or "toolkit" not in data:
-        raise DataError(f"{record} was not written by `python -m davir.data export`; pass --overwrite to replace "
-                        "it, or choose another --out")
+        raise DataError(
+            f"{record} was not written by `python -m davir.data export`; pass --overwrite to replace "
+            "it, or choose another --out"
+        )
     hashes = data.get("sha256")
     return {k: v for k, v in hashes.items() if isinstance(v, str)} if isinstance(hashes, dict) else {}
 
@@ -100,8 +100,10 @@ def check_replaceable(out: Path, names: Iterable[str], *, overwrite: bool) -> di
         if not path.is_file():
             raise DataError(f"{path} is not a file; choose another --out")
         if written.get(name) != file_sha256(path):
-            raise DataError(f"{path} exists and was not written by `python -m davir.data export` (or was changed "
-                            "since); pass --overwrite to replace it, or choose another --out")
+            raise DataError(
+                f"{path} exists and was not written by `python -m davir.data export` (or was changed "
+                "since); pass --overwrite to replace it, or choose another --out"
+            )
     return written
 
 
@@ -147,8 +149,10 @@ class FolderGuard:
         leads out of the folder (the caller skips this check under ``--allow-outside``)."""
         real = self.leaves(path)
         if real is not None:
-            raise DataError(f"{what} leads out of the dataset folder {self.folder} (to {real}); a downloaded dataset "
-                            "is read only inside its folder: pass --allow-outside if you trust it")
+            raise DataError(
+                f"{what} leads out of the dataset folder {self.folder} (to {real}); a downloaded dataset "
+                "is read only inside its folder: pass --allow-outside if you trust it"
+            )
         return path
 
     def refuse(self, record: str, talk: Conversation) -> Skipped | None:
@@ -157,9 +161,11 @@ class FolderGuard:
             real = self.leaves(path)
             if real is not None:
                 through = f" (through a symlink, to {real})" if real != os.path.normpath(path) else ""
-                return Skipped(f"{record}: the {role} image {path} lies outside the dataset folder {self.folder}"
-                               f"{through}; pass --allow-outside to read images outside it (davir's own export "
-                               "names absolute paths)")
+                return Skipped(
+                    f"{record}: the {role} image {path} lies outside the dataset folder {self.folder}"
+                    f"{through}; pass --allow-outside to read images outside it (davir's own export "
+                    "names absolute paths)"
+                )
         return None
 
 
@@ -200,8 +206,9 @@ def read_rows(path: Path) -> Iterator[tuple[str, dict]]:
         yield record, row
 
 
-def read_samples(path: Path, decode: Callable[[dict, str, int], Conversation]
-                 ) -> Iterator[tuple[str, Conversation | Skipped]]:
+def read_samples(
+    path: Path, decode: Callable[[dict, str, int], Conversation]
+) -> Iterator[tuple[str, Conversation | Skipped]]:
     """(record, conversation) of each row ``decode(row, record, number)`` accepts, (record, Skipped) of each it
     refuses with a DataError: one malformed row never stops the others (file-level problems still do)."""
     for number, (record, row) in enumerate(read_values(path)):
@@ -224,8 +231,16 @@ def turn_text(turn: dict, key: str, record: str, which: str) -> str:
     return value
 
 
-def user_and_answer(messages, record: str, key: str, *, role: str = "role", user: str = "user",
-                    assistant: str = "assistant", system: str = "system") -> tuple[dict, dict]:
+def user_and_answer(
+    messages,
+    record: str,
+    key: str,
+    *,
+    role: str = "role",
+    user: str = "user",
+    assistant: str = "assistant",
+    system: str = "system",
+) -> tuple[dict, dict]:
     """The user turn and the assistant turn of a one-question conversation (a leading system turn is allowed);
     any other shape is a DataError naming the key."""
     if not isinstance(messages, list):
@@ -236,13 +251,16 @@ def user_and_answer(messages, record: str, key: str, *, role: str = "role", user
     turns = messages[1:] if messages and messages[0].get(role) == system else messages
     roles = [turn.get(role) for turn in turns]
     if roles != [user, assistant]:
-        raise DataError(f"{record}: {key!r} holds the turns {roles}; davir imports one {user!r} turn then one "
-                        f"{assistant!r} turn (a pair and its caption)")
+        raise DataError(
+            f"{record}: {key!r} holds the turns {roles}; davir imports one {user!r} turn then one "
+            f"{assistant!r} turn (a pair and its caption)"
+        )
     return turns[0], turns[1]
 
 
-def split_files(source: Path, *, suffixes: tuple[str, ...] = (".jsonl", ".json"),
-                allow_outside: bool = False) -> list[tuple[str, Path]]:
+def split_files(
+    source: Path, *, suffixes: tuple[str, ...] = (".jsonl", ".json"), allow_outside: bool = False
+) -> list[tuple[str, Path]]:
     """(split, file) to read: a file alone (its name is its split: train.jsonl), or a folder's train/val/test files
     (a split file that is a symlink leading out of the folder is refused unless ``allow_outside``)."""
     source = Path(source)
@@ -255,8 +273,10 @@ def split_files(source: Path, *, suffixes: tuple[str, ...] = (".jsonl", ".json")
     for split in SPLITS:
         files = [source / f"{split}{suffix}" for suffix in suffixes if (source / f"{split}{suffix}").is_file()]
         if len(files) > 1:  # reading both would double every caption
-            raise DataError(f"{source}: both {' and '.join(f.name for f in files)} hold split {split!r}; davir reads "
-                            "one file per split: remove or rename one (or import one file: import FILE --from …)")
+            raise DataError(
+                f"{source}: both {' and '.join(f.name for f in files)} hold split {split!r}; davir reads "
+                "one file per split: remove or rename one (or import one file: import FILE --from …)"
+            )
         found += [(split, path if allow_outside else guard.check_file(path, str(path))) for path in files]
     if not found:
         raise DataError(f"{source}: no {'/'.join(SPLITS)}.jsonl files (what `python -m davir.data export` writes)")
@@ -291,14 +311,19 @@ def manifest_rows(read: Iterable[tuple[str, Conversation]]) -> list[dict]:
     for record, talk in read:
         row = rows.get(talk.pair_id)
         if row is None:
-            rows[talk.pair_id] = {"id": talk.pair_id, "before": talk.before, "after": talk.after,
-                                  "captions": [talk.answer] if talk.answer.strip() else [],
-                                  **({"split": talk.split} if talk.split else {})}
+            rows[talk.pair_id] = {
+                "id": talk.pair_id,
+                "before": talk.before,
+                "after": talk.after,
+                "captions": [talk.answer] if talk.answer.strip() else [],
+                **({"split": talk.split} if talk.split else {}),
+            }
             first[talk.pair_id] = record
             continue
         if (row["before"], row["after"], row.get("split", "")) != (talk.before, talk.after, talk.split):
-            raise DataError(f"{record}: pair {talk.pair_id!r} has other images or another split than in "
-                            f"{first[talk.pair_id]}")
+            raise DataError(
+                f"{record}: pair {talk.pair_id!r} has other images or another split than in {first[talk.pair_id]}"
+            )
         if talk.answer.strip():
             row["captions"].append(talk.answer)
     return list(rows.values())

@@ -19,10 +19,14 @@ NAME = "trl"
 
 
 def encode(talk: Conversation) -> dict:
-    return {ID_KEY: talk.pair_id, "images": [talk.before, talk.after],
-            "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
-                                                    {"type": "text", "text": talk.prompt}]}],
-            "completion": [{"role": "assistant", "content": [{"type": "text", "text": talk.answer}]}]}
+    return {
+        ID_KEY: talk.pair_id,
+        "images": [talk.before, talk.after],
+        "prompt": [
+            {"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": talk.prompt}]}
+        ],
+        "completion": [{"role": "assistant", "content": [{"type": "text", "text": talk.answer}]}],
+    }
 
 
 def write_extras(out: Path, files: dict[str, str], name: str) -> list[str]:
@@ -37,8 +41,10 @@ def resolve_inside(root: Path, value: str, allow_outside: bool, what: str) -> st
     real = None if allow_outside else FolderGuard(root).leaves(path)
     if real is not None:
         through = f" (through a symlink, to {real})" if real != path else ""
-        raise DataError(f"{what} {path} lies outside the dataset folder {root}{through}; pass --allow-outside to "
-                        "read images outside it (davir's own export names absolute paths)")
+        raise DataError(
+            f"{what} {path} lies outside the dataset folder {root}{through}; pass --allow-outside to "
+            "read images outside it (davir's own export names absolute paths)"
+        )
     return path
 
 
@@ -54,13 +60,17 @@ def _turns(row: dict, record: str) -> tuple[dict, dict]:
     key = "/".join(map(repr, keys))
     for number, turn in enumerate(turns):
         if not isinstance(turn, dict):
-            raise DataError(f"{record}: {key} turn {number} must be a JSON object with 'role' and 'content', got "
-                            f"{type(turn).__name__}")
+            raise DataError(
+                f"{record}: {key} turn {number} must be a JSON object with 'role' and 'content', got "
+                f"{type(turn).__name__}"
+            )
     turns = turns[1:] if turns and turns[0].get("role") == "system" else turns
     roles = [turn.get("role") for turn in turns]
     if roles != ["user", "assistant"]:
-        raise DataError(f"{record}: {key} holds the turns {roles}; davir imports one 'user' turn then one "
-                        "'assistant' turn (a pair and its caption)")
+        raise DataError(
+            f"{record}: {key} holds the turns {roles}; davir imports one 'user' turn then one "
+            "'assistant' turn (a pair and its caption)"
+        )
     return turns[0], turns[1]
 
 
@@ -75,17 +85,21 @@ def _text(content, record: str, which: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
-        raise DataError(f"{record}: the {which} turn's 'content' must be text or a list of parts, got "
-                        f"{type(content).__name__}")
+        raise DataError(
+            f"{record}: the {which} turn's 'content' must be text or a list of parts, got {type(content).__name__}"
+        )
     texts = []
     for number, part in enumerate(content):
         if not isinstance(part, dict):
-            raise DataError(f"{record}: the {which} turn's content part {number} must be a JSON object, got "
-                            f"{type(part).__name__}")
+            raise DataError(
+                f"{record}: the {which} turn's content part {number} must be a JSON object, got {type(part).__name__}"
+            )
         if part.get("type") == "text":
             if not isinstance(part.get("text"), str):
-                raise DataError(f"{record}: the {which} turn's content part {number}: 'text' must be a string, got "
-                                f"{type(part.get('text')).__name__}")
+                raise DataError(
+                    f"{record}: the {which} turn's content part {number}: 'text' must be a string, got "
+                    f"{type(part.get('text')).__name__}"
+                )
             texts.append(part["text"])
     return "".join(texts)
 
@@ -108,8 +122,13 @@ def _decode(row, record: str, number: int, *, split: str, base: Path, allow_outs
         if not isinstance(value, str) or not value:
             raise DataError(f"{record}: 'images': the {role} image must be a path, got {value!r}")
         paths.append(resolve_inside(base, value, allow_outside, f"{record}: the {role} image"))
-    return Conversation(str(row.get(ID_KEY) or f"{split}-{number}"), split, *paths, prompt.strip(),
-                        _text(assistant.get("content"), record, "assistant"))
+    return Conversation(
+        str(row.get(ID_KEY) or f"{split}-{number}"),
+        split,
+        *paths,
+        prompt.strip(),
+        _text(assistant.get("content"), record, "assistant"),
+    )
 
 
 def read(source: Path, options=None) -> Iterator[tuple[str, Conversation | Skipped]]:
@@ -122,8 +141,7 @@ def read(source: Path, options=None) -> Iterator[tuple[str, Conversation | Skipp
     for split, path in split_files(Path(source), allow_outside=allow_outside):
         for number, (record, row) in enumerate(read_values(path)):
             try:
-                yield record, _decode(row, record, number, split=split, base=path.parent,
-                                      allow_outside=allow_outside)
+                yield record, _decode(row, record, number, split=split, base=path.parent, allow_outside=allow_outside)
             except DataError as error:
                 if options is None:
                     raise

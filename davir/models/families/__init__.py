@@ -23,15 +23,19 @@ from davir.registry import Registry
 
 # name → module registering it; imported only when the family is used (each pulls its transformers classes).
 # Names are read live (FAMILIES.names()), so a family a user's module registers later is valid everywhere.
-FAMILIES: Registry[Any] = Registry("model family", error=ValueError, lazy={
-    "instructblip": "davir.models.families.instructblip",
-    "qwen2_5_vl": "davir.models.families.qwen2_5_vl",
-    "llava_onevision": "davir.models.families.llava_onevision",
-    "smolvlm": "davir.models.families.smolvlm",
-    "qwen3_vl": "davir.models.families.qwen3_vl",
-    "internvl": "davir.models.families.internvl",
-    "gemma3": "davir.models.families.gemma3",
-})
+FAMILIES: Registry[Any] = Registry(
+    "model family",
+    error=ValueError,
+    lazy={
+        "instructblip": "davir.models.families.instructblip",
+        "qwen2_5_vl": "davir.models.families.qwen2_5_vl",
+        "llava_onevision": "davir.models.families.llava_onevision",
+        "smolvlm": "davir.models.families.smolvlm",
+        "qwen3_vl": "davir.models.families.qwen3_vl",
+        "internvl": "davir.models.families.internvl",
+        "gemma3": "davir.models.families.gemma3",
+    },
+)
 DEFAULT_FAMILY = "instructblip"
 
 

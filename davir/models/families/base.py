@@ -40,21 +40,21 @@ class ChatFamily(ABC):
     """Base of the chat families; a subclass sets the class attributes and overrides what its model needs."""
 
     name: str = ""
-    model_type: str = ""                   # config.json "model_type" of a real folder of this family
-    model_class: type | None = None        # transformers *ForConditionalGeneration
-    processor_class: type | None = None    # transformers *Processor
-    config_class: type | None = None       # transformers *Config
+    model_type: str = ""  # config.json "model_type" of a real folder of this family
+    model_class: type | None = None  # transformers *ForConditionalGeneration
+    processor_class: type | None = None  # transformers *Processor
+    config_class: type | None = None  # transformers *Config
     presets: dict[str, Callable[..., Any]] = {}
-    special_tokens: tuple[str, ...] = ()   # the preset tokenizer's added tokens (image placeholders, turn marks)
-    chat_template: str = ""                # the preset processor's template (the real one's layout)
-    end_of_turn: str = ""                  # the token that ends the assistant's answer (the caption's EOS)
+    special_tokens: tuple[str, ...] = ()  # the preset tokenizer's added tokens (image placeholders, turn marks)
+    chat_template: str = ""  # the preset processor's template (the real one's layout)
+    end_of_turn: str = ""  # the token that ends the assistant's answer (the caption's EOS)
     token_type_key: str = "mm_token_type_ids"  # the model's keyword for the processor's per-token modality types
-    vision_lora_pattern: str = ""          # regexes over module names inside the core model
+    vision_lora_pattern: str = ""  # regexes over module names inside the core model
     projector_lora_pattern: str = ""
-    llm_lora_pattern: str = ""             # with {targets}: the LLM attention projections
-    trainable_parts: dict[str, str] = {}   # model.extra_trainable name → attribute path inside the core
-    image_kwargs: dict[str, Any] = {}      # fixed keyword arguments of the family's image processor
-    fac_reads: str = ""                    # one line for the README: what FAC supervises in this family
+    llm_lora_pattern: str = ""  # with {targets}: the LLM attention projections
+    trainable_parts: dict[str, str] = {}  # model.extra_trainable name → attribute path inside the core
+    image_kwargs: dict[str, Any] = {}  # fixed keyword arguments of the family's image processor
+    fac_reads: str = ""  # one line for the README: what FAC supervises in this family
 
     @property
     def davir_class(self) -> type:
@@ -69,21 +69,26 @@ class ChatFamily(ABC):
         from davir.io import read_json
 
         if not path.is_dir():
-            raise DataError(f"pretrained {self.name} folder not found: {path} (models are never downloaded; give a "
-                            "local folder)")
+            raise DataError(
+                f"pretrained {self.name} folder not found: {path} (models are never downloaded; give a local folder)"
+            )
         missing = [name for name in ("config.json",) if not (path / name).is_file()]
         if not any((path / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
             missing.append("preprocessor_config.json or processor_config.json (image processor)")
         if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
             missing.append("tokenizer.json (tokenizer)")
         if missing:
-            raise DataError(f"{path} is not a saved {self.name} model + processor: missing {', '.join(missing)} "
-                            f"(expected the files of {self.model_class.__name__}.save_pretrained and "
-                            f"{self.processor_class.__name__}.save_pretrained)")
+            raise DataError(
+                f"{path} is not a saved {self.name} model + processor: missing {', '.join(missing)} "
+                f"(expected the files of {self.model_class.__name__}.save_pretrained and "
+                f"{self.processor_class.__name__}.save_pretrained)"
+            )
         found = read_json(path / "config.json").get("model_type")
         if found != self.model_type:
-            raise DataError(f"{path} holds a {found!r} model, not {self.model_type!r}: model.family={self.name} "
-                            f"needs a {self.name} folder (or set model.family to the family of this folder)")
+            raise DataError(
+                f"{path} holds a {found!r} model, not {self.model_type!r}: model.family={self.name} "
+                f"needs a {self.name} folder (or set model.family to the family of this folder)"
+            )
 
     def load_processor(self, path: Path):
         return self.processor_class.from_pretrained(str(path), local_files_only=True)
@@ -97,17 +102,24 @@ class ChatFamily(ABC):
 
         path = Path(config.pretrained)
         self.check_pretrained_folder(path)
-        core = load_folder_weights(path, lambda: self.model_class.from_pretrained(
-            str(path), local_files_only=True, dtype=DTYPES[config.dtype],
-            attn_implementation=config.attn_implementation))
+        core = load_folder_weights(
+            path,
+            lambda: self.model_class.from_pretrained(
+                str(path),
+                local_files_only=True,
+                dtype=DTYPES[config.dtype],
+                attn_implementation=config.attn_implementation,
+            ),
+        )
         return self.prepare_core(core.to(device), config)
 
     def random_core(self, architecture, config, device: torch.device) -> nn.Module:
         """Random weights of the family's classes, reproducible from ``config.seed``, built directly on ``device``."""
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
             torch.manual_seed(config.seed)
-            core = self.model_class._from_config(architecture, attn_implementation=config.attn_implementation,
-                                                 dtype=DTYPES[config.dtype])
+            core = self.model_class._from_config(
+                architecture, attn_implementation=config.attn_implementation, dtype=DTYPES[config.dtype]
+            )
         return self.prepare_core(core, config)
 
     def prepare_core(self, core: nn.Module, config) -> nn.Module:
@@ -122,11 +134,18 @@ class ChatFamily(ABC):
             self.check_pretrained_folder(path)
             return self.load_core(config, device), self.load_processor(path)
         if not captions_for_tokenizer:
-            raise ValueError(f"preset {config.preset!r} has random weights and needs captions_for_tokenizer "
-                             "(the training captions) to learn its word-level vocabulary")
+            raise ValueError(
+                f"preset {config.preset!r} has random weights and needs captions_for_tokenizer "
+                "(the training captions) to learn its word-level vocabulary"
+            )
         tokenizer = self.preset_tokenizer([*captions_for_tokenizer, config.epc.prompt, config.epc.entity_prefix])
-        architecture, processor = self.build_preset(config.preset, tokenizer, image_size=config.image_size,
-                                                    patch_size=config.patch_size, overrides=config.preset_overrides)
+        architecture, processor = self.build_preset(
+            config.preset,
+            tokenizer,
+            image_size=config.image_size,
+            patch_size=config.patch_size,
+            overrides=config.preset_overrides,
+        )
         return self.random_core(architecture, config, device), processor
 
     # ------------------------------------------------------------------------------------------------ presets
@@ -137,16 +156,25 @@ class ChatFamily(ABC):
         tokenizer.chat_template = self.chat_template
         return tokenizer
 
-    def build_preset(self, preset: str, tokenizer, *, image_size: int | None, patch_size: int | None,
-                     overrides: dict[str, Any]):
+    def build_preset(
+        self, preset: str, tokenizer, *, image_size: int | None, patch_size: int | None, overrides: dict[str, Any]
+    ):
         """(architecture config, processor) of a random-weight preset."""
-        architecture = build_from_preset(self.presets, preset, family=self.name, tokenizer=tokenizer,
-                                         image_size=image_size, patch_size=patch_size, **overrides)
+        architecture = build_from_preset(
+            self.presets,
+            preset,
+            family=self.name,
+            tokenizer=tokenizer,
+            image_size=image_size,
+            patch_size=patch_size,
+            **overrides,
+        )
         try:
             return architecture, self.preset_processor(tokenizer, architecture)
         except ValueError as err:  # a grid the processor cannot make
-            raise ConfigError(f"preset {preset!r} of model.family={self.name} (model.image_size={image_size}): "
-                              f"{err}") from err
+            raise ConfigError(
+                f"preset {preset!r} of model.family={self.name} (model.image_size={image_size}): {err}"
+            ) from err
 
     @abstractmethod
     def preset_processor(self, tokenizer, architecture):
@@ -207,15 +235,15 @@ def build_from_preset(presets: dict[str, Callable[..., Any]], preset: str, *, fa
     """``presets[preset](**kwargs)``; an unknown name, an override the preset does not take or a grid it cannot
     make is a ConfigError naming the family and the size (train.py: one line, exit 2)."""
     if preset not in presets:
-        raise ConfigError(f"unknown model preset {preset!r} for model.family={family}; choose one of "
-                          f"{sorted(presets)}")
+        raise ConfigError(f"unknown model preset {preset!r} for model.family={family}; choose one of {sorted(presets)}")
     try:
         return presets[preset](**kwargs)
     except ConfigError:
         raise
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"preset {preset!r} of model.family={family} (model.image_size="
-                          f"{kwargs.get('image_size')}): {err}") from err
+        raise ConfigError(
+            f"preset {preset!r} of model.family={family} (model.image_size={kwargs.get('image_size')}): {err}"
+        ) from err
 
 
 def fac_layer_index(config) -> int:
@@ -226,8 +254,10 @@ def fac_layer_index(config) -> int:
     layers = [selected] if isinstance(selected, int) else list(selected)
     indexes = [layer - 1 if layer >= 0 else count + layer for layer in layers]
     if not layers or any(not 0 <= index < count for index in indexes):
-        raise ValueError(f"vision_feature_layer={selected!r} names no attention layer of the {count}-layer vision "
-                         "tower (0 is the patch embeddings; -1 the last layer)")
+        raise ValueError(
+            f"vision_feature_layer={selected!r} names no attention layer of the {count}-layer vision "
+            "tower (0 is the patch embeddings; -1 the last layer)"
+        )
     return max(indexes)
 
 

@@ -41,12 +41,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import (
-    Gemma3Config,
-    Gemma3ForConditionalGeneration,
-    Gemma3ImageProcessor,
-    Gemma3Processor,
-)
+from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
 
 from davir.models.families import FAMILIES
 from davir.models.families.base import ChatFamily
@@ -64,15 +59,15 @@ GEMMA3_CHAT_TEMPLATE = (
     "    {%- endif -%}\n"
     "    {%- set loop_messages = messages[1:] -%}\n"
     "{%- else -%}\n"
-    "    {%- set first_user_prefix = \"\" -%}\n"
+    '    {%- set first_user_prefix = "" -%}\n'
     "    {%- set loop_messages = messages -%}\n"
     "{%- endif -%}\n"
     "{%- for message in loop_messages -%}\n"
     "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
-    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    '        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}\n'
     "    {%- endif -%}\n"
     "    {%- if (message['role'] == 'assistant') -%}\n"
-    "        {%- set role = \"model\" -%}\n"
+    '        {%- set role = "model" -%}\n'
     "    {%- else -%}\n"
     "        {%- set role = message['role'] -%}\n"
     "    {%- endif -%}\n"
@@ -88,7 +83,7 @@ GEMMA3_CHAT_TEMPLATE = (
     "            {%- endif -%}\n"
     "        {%- endfor -%}\n"
     "    {%- else -%}\n"
-    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    '        {{ raise_exception("Invalid content type") }}\n'
     "    {%- endif -%}\n"
     "    {{ '<end_of_turn>\n' }}\n"
     "{%- endfor -%}\n"
@@ -108,16 +103,32 @@ def _check_grid(image_size: int, patch_size: int, tokens_per_image: int) -> None
     side = image_size // patch_size if patch_size > 0 else 0
     per_side = math.isqrt(tokens_per_image) if tokens_per_image > 0 else 0
     if side <= 0 or per_side <= 0 or per_side**2 != tokens_per_image or side % per_side:
-        raise ValueError(f"image_size // patch_size ({image_size} // {patch_size} = {side}) must be a positive multiple "
-                         f"of √mm_tokens_per_image (mm_tokens_per_image={tokens_per_image}, a square): the projector "
-                         "average-pools the patch grid to that many tokens a side")
+        raise ValueError(
+            f"image_size // patch_size ({image_size} // {patch_size} = {side}) must be a positive multiple "
+            f"of √mm_tokens_per_image (mm_tokens_per_image={tokens_per_image}, a square): the projector "
+            "average-pools the patch grid to that many tokens a side"
+        )
 
 
-def tiny_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None,
-                vision_hidden: int = 128, vision_layers: int = 3, vision_heads: int = 4, vision_mlp: int = 512,
-                tokens_per_image: int = 16, text_hidden: int = 128, text_layers: int = 2, text_heads: int = 4,
-                text_kv_heads: int = 2, text_head_dim: int = 32, text_mlp: int = 512, max_positions: int = 1024,
-                sliding_window: int = 512) -> Gemma3Config:
+def tiny_config(
+    *,
+    tokenizer,
+    image_size: int | None = None,
+    patch_size: int | None = None,
+    vision_hidden: int = 128,
+    vision_layers: int = 3,
+    vision_heads: int = 4,
+    vision_mlp: int = 512,
+    tokens_per_image: int = 16,
+    text_hidden: int = 128,
+    text_layers: int = 2,
+    text_heads: int = 4,
+    text_kv_heads: int = 2,
+    text_head_dim: int = 32,
+    text_mlp: int = 512,
+    max_positions: int = 1024,
+    sliding_window: int = 512,
+) -> Gemma3Config:
     """Toy Gemma 3: SigLIP 128/3 layers/4 heads/MLP 512, patch 4 at 64 px (16×16 patches, pooled 4×4 as in the
     released models → 16 soft tokens), Gemma 3 LLM 128/2 layers (one sliding-window, one global, the released
     pattern's last two)/4 heads (2 KV) of 32, MLP 512; transformers' own initialisation (the projector starts at
@@ -126,13 +137,30 @@ def tiny_config(*, tokenizer, image_size: int | None = None, patch_size: int | N
     patch_size = 4 if patch_size is None else patch_size
     _check_grid(image_size, patch_size, tokens_per_image)
     layer_types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(text_layers)]
-    return _config(tokenizer, tokens_per_image=tokens_per_image, vision=dict(
-        hidden_size=vision_hidden, intermediate_size=vision_mlp, num_hidden_layers=vision_layers,
-        num_attention_heads=vision_heads, image_size=image_size, patch_size=patch_size),
-        text=dict(hidden_size=text_hidden, intermediate_size=text_mlp, num_hidden_layers=text_layers,
-                  num_attention_heads=text_heads, num_key_value_heads=text_kv_heads, head_dim=text_head_dim,
-                  query_pre_attn_scalar=text_head_dim, max_position_embeddings=max_positions,
-                  sliding_window=sliding_window, layer_types=layer_types))
+    return _config(
+        tokenizer,
+        tokens_per_image=tokens_per_image,
+        vision=dict(
+            hidden_size=vision_hidden,
+            intermediate_size=vision_mlp,
+            num_hidden_layers=vision_layers,
+            num_attention_heads=vision_heads,
+            image_size=image_size,
+            patch_size=patch_size,
+        ),
+        text=dict(
+            hidden_size=text_hidden,
+            intermediate_size=text_mlp,
+            num_hidden_layers=text_layers,
+            num_attention_heads=text_heads,
+            num_key_value_heads=text_kv_heads,
+            head_dim=text_head_dim,
+            query_pre_attn_scalar=text_head_dim,
+            max_position_embeddings=max_positions,
+            sliding_window=sliding_window,
+            layer_types=layer_types,
+        ),
+    )
 
 
 def gemma3_4b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None) -> Gemma3Config:
@@ -141,25 +169,55 @@ def gemma3_4b_config(*, tokenizer, image_size: int | None = None, patch_size: in
     image_size = REAL_IMAGE_SIZE if image_size is None else image_size
     patch_size = 14 if patch_size is None else patch_size
     _check_grid(image_size, patch_size, 256)
-    return _config(tokenizer, tokens_per_image=256, vocab=REAL_VOCAB, vision=dict(
-        hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-        image_size=image_size, patch_size=patch_size),
-        text=dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
-                  num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, max_position_embeddings=131072,
-                  sliding_window=1024, rms_norm_eps=1e-6,
-                  rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}))
+    return _config(
+        tokenizer,
+        tokens_per_image=256,
+        vocab=REAL_VOCAB,
+        vision=dict(
+            hidden_size=1152,
+            intermediate_size=4304,
+            num_hidden_layers=27,
+            num_attention_heads=16,
+            image_size=image_size,
+            patch_size=patch_size,
+        ),
+        text=dict(
+            hidden_size=2560,
+            intermediate_size=10240,
+            num_hidden_layers=34,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            max_position_embeddings=131072,
+            sliding_window=1024,
+            rms_norm_eps=1e-6,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        ),
+    )
 
 
 def _config(tokenizer, *, tokens_per_image: int, vision: dict, text: dict, vocab: int = 0) -> Gemma3Config:
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in IMAGE_TOKENS.items()}
     return Gemma3Config(
         vision_config=dict(model_type="siglip_vision_model", vision_use_head=False, **vision),
-        text_config=dict(model_type="gemma3_text", vocab_size=max(vocab, len(tokenizer)),
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_turn>"), **text),
-        mm_tokens_per_image=tokens_per_image, boi_token_index=ids["boi_token"], eoi_token_index=ids["eoi_token"],
-        image_token_index=ids["image_token"], tie_word_embeddings=True)
+        text_config=dict(
+            model_type="gemma3_text",
+            vocab_size=max(vocab, len(tokenizer)),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_turn>"),
+            **text,
+        ),
+        mm_tokens_per_image=tokens_per_image,
+        boi_token_index=ids["boi_token"],
+        eoi_token_index=ids["eoi_token"],
+        image_token_index=ids["image_token"],
+        tie_word_embeddings=True,
+    )
 
 
 class Gemma3Family(ChatFamily):
@@ -173,14 +231,18 @@ class Gemma3Family(ChatFamily):
     chat_template = GEMMA3_CHAT_TEMPLATE
     end_of_turn = "<end_of_turn>"
     token_type_key = "token_type_ids"  # Gemma3ForConditionalGeneration's name for the processor's image-token types
-    vision_lora_pattern = (r"model\.vision_tower\.(?:vision_model\.)?encoder\.layers\.\d+\.self_attn\."
-                           r"(?:q_proj|k_proj|v_proj)")
+    vision_lora_pattern = (
+        r"model\.vision_tower\.(?:vision_model\.)?encoder\.layers\.\d+\.self_attn\."
+        r"(?:q_proj|k_proj|v_proj)"
+    )
     projector_lora_pattern = ""  # [D] one matmul weight, no nn.Linear: extra_trainable=[projector] trains it
     llm_lora_pattern = r"model\.language_model\.layers\.\d+\.self_attn\.(?:{targets})"
     trainable_parts = {"projector": "model.multi_modal_projector"}
     image_kwargs = {"do_pan_and_scan": False}  # one S×S image per picture, no crops [D]
-    fac_reads = ("mean attention each patch receives in the last SigLIP layer [D] (no [CLS]; the layer the "
-                 "projector pools), on the unpooled patch grid")
+    fac_reads = (
+        "mean attention each patch receives in the last SigLIP layer [D] (no [CLS]; the layer the "
+        "projector pools), on the unpooled patch grid"
+    )
 
     # ------------------------------------------------------------------------------------------------ presets
     def preset_tokenizer(self, texts: Sequence[str]):
@@ -191,10 +253,12 @@ class Gemma3Family(ChatFamily):
 
     def preset_processor(self, tokenizer, architecture: Gemma3Config) -> Gemma3Processor:
         size = architecture.vision_config.image_size
-        return Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": size, "width": size},
-                                                                    do_pan_and_scan=False),
-                               tokenizer=tokenizer, chat_template=self.chat_template,
-                               image_seq_length=architecture.mm_tokens_per_image)
+        return Gemma3Processor(
+            image_processor=Gemma3ImageProcessor(size={"height": size, "width": size}, do_pan_and_scan=False),
+            tokenizer=tokenizer,
+            chat_template=self.chat_template,
+            image_seq_length=architecture.mm_tokens_per_image,
+        )
 
     # ------------------------------------------------------------------------------------------------- images
     def input_size(self, model_config, architecture: Gemma3Config) -> int:
@@ -203,10 +267,12 @@ class Gemma3Family(ChatFamily):
         vision = architecture.vision_config
         size = model_config.image_size or vision.image_size
         if size != vision.image_size:
-            raise ValueError(f"model.image_size={size}, but this {self.name} vision tower takes "
-                             f"{vision.image_size}×{vision.image_size} pictures (SigLIP's position embeddings and the "
-                             f"projector's pooling are fixed): set model.image_size={vision.image_size} or leave it "
-                             "empty")
+            raise ValueError(
+                f"model.image_size={size}, but this {self.name} vision tower takes "
+                f"{vision.image_size}×{vision.image_size} pictures (SigLIP's position embeddings and the "
+                f"projector's pooling are fixed): set model.image_size={vision.image_size} or leave it "
+                "empty"
+            )
         _check_grid(size, vision.patch_size, architecture.mm_tokens_per_image)
         return size
 
@@ -219,8 +285,10 @@ class Gemma3Family(ChatFamily):
         pixels = processed["pixel_values"]  # (count, 3, S, S) without pan-and-scan crops
         crops = processed.get("num_crops")
         if pixels.shape[0] != count or (crops is not None and any(int(c) for c in crops)):
-            raise ValueError(f"{self.name}: the processor gave {pixels.shape[0]} pixel tensors for {count} pictures "
-                             "(expected one S×S image each: was pan-and-scan on?)")
+            raise ValueError(
+                f"{self.name}: the processor gave {pixels.shape[0]} pixel tensors for {count} pictures "
+                "(expected one S×S image each: was pan-and-scan on?)"
+            )
         return pixels
 
     def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -22,11 +22,7 @@ from transformers import (
     InstructBlipForConditionalGeneration,
     InstructBlipProcessor,
 )
-from transformers.image_utils import (
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
-    PILImageResampling,
-)
+from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 
 from davir.errors import DataError
 from davir.io import read_json
@@ -42,16 +38,16 @@ class InstructBlipFamily:
     """A Q-Former family: what differs between two of them is said by these attributes."""
 
     name = "instructblip"
-    model_type = "instructblip"            # config.json "model_type" of a real folder of this family
-    davir_class = DavirModel               # the DAVIR model around this family's core
+    model_type = "instructblip"  # config.json "model_type" of a real folder of this family
+    davir_class = DavirModel  # the DAVIR model around this family's core
     model_class = InstructBlipForConditionalGeneration
     processor_class = InstructBlipProcessor
     config_class = InstructBlipConfig
     presets: dict[str, Callable[..., InstructBlipConfig]] = preset_registry
-    image_mean: Sequence[float] = OPENAI_CLIP_MEAN   # a preset's image processor (a real folder brings its own)
+    image_mean: Sequence[float] = OPENAI_CLIP_MEAN  # a preset's image processor (a real folder brings its own)
     image_std: Sequence[float] = OPENAI_CLIP_STD
     trainable_parts = {part: part for part in EXTRA_TRAINABLE_PARTS}  # model.extra_trainable names
-    segment_embeddings = True              # model.segment_embeddings is available
+    segment_embeddings = True  # model.segment_embeddings is available
     fac_reads = "the last ViT layer's [CLS]→patch attention (Eq. 5), 16×16 patches at 224 px"
 
     # ------------------------------------------------------------------------------------------------ loading
@@ -77,8 +73,10 @@ class InstructBlipFamily:
             )
         found = read_json(path / "config.json").get("model_type")
         if found != self.model_type:
-            raise DataError(f"{path} holds a {found!r} model, not {self.model_type!r}: model.family={self.name} "
-                            f"needs a {self.name} folder (or set model.family to the family of this folder)")
+            raise DataError(
+                f"{path} holds a {found!r} model, not {self.model_type!r}: model.family={self.name} "
+                f"needs a {self.name} folder (or set model.family to the family of this folder)"
+            )
 
     def load_processor(self, path: Path) -> InstructBlipProcessor:
         return self.processor_class.from_pretrained(str(path), local_files_only=True)
@@ -92,9 +90,15 @@ class InstructBlipFamily:
 
         path = Path(config.pretrained)
         self.check_pretrained_folder(path)
-        core = load_folder_weights(path, lambda: self.model_class.from_pretrained(
-            str(path), local_files_only=True, dtype=DTYPES[config.dtype], attn_implementation=config.attn_implementation
-        ))
+        core = load_folder_weights(
+            path,
+            lambda: self.model_class.from_pretrained(
+                str(path),
+                local_files_only=True,
+                dtype=DTYPES[config.dtype],
+                attn_implementation=config.attn_implementation,
+            ),
+        )
         vision = core.config.vision_config
         for name, wanted, actual in (
             ("image_size", config.image_size, vision.image_size),
@@ -104,8 +108,9 @@ class InstructBlipFamily:
                 raise ValueError(f"{name}={wanted} but the pretrained model at {path} was built for {actual}")
         return core.to(device)
 
-    def random_core(self, architecture: InstructBlipConfig, config: DavirModelConfig, device: torch.device
-                    ) -> InstructBlipForConditionalGeneration:
+    def random_core(
+        self, architecture: InstructBlipConfig, config: DavirModelConfig, device: torch.device
+    ) -> InstructBlipForConditionalGeneration:
         """Random weights, reproducible from ``config.seed``, built directly on ``device``."""
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
             torch.manual_seed(config.seed)
@@ -118,8 +123,9 @@ class InstructBlipFamily:
                 core.query_tokens.normal_(mean=0.0, std=architecture.qformer_config.initializer_range)
         return core
 
-    def build_core(self, config: DavirModelConfig, captions_for_tokenizer: Sequence[str] | None,
-                   target: torch.device) -> tuple[InstructBlipForConditionalGeneration, InstructBlipProcessor]:
+    def build_core(
+        self, config: DavirModelConfig, captions_for_tokenizer: Sequence[str] | None, target: torch.device
+    ) -> tuple[InstructBlipForConditionalGeneration, InstructBlipProcessor]:
         """(core, processor) for a new model: the local folder ``config.pretrained``, or a seeded preset whose
         word-level tokenizer is learned from ``captions_for_tokenizer`` (the training captions)."""
         if config.pretrained is not None:

@@ -54,8 +54,12 @@ INTERNVL_CHAT_TEMPLATE = (
     "{{'<|im_end|>\n'}}{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\n' }}{% endif %}"
 )
 # The named tokens InternVLProcessor reads from its tokenizer (the released tokenizer_config.json's).
-IMAGE_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
-                "video_token": "<video>"}
+IMAGE_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # the released image processor's
 REAL_IMAGE_TOKEN_ID, REAL_VOCAB = 151667, 151674  # <IMG_CONTEXT> and the LLM vocabulary of InternVL3-2B/8B
 
@@ -67,8 +71,10 @@ def _side(size) -> int:
 def _check_grid(image_size: int, patch_size: int) -> None:
     side = image_size // patch_size if patch_size > 0 else 0
     if side <= 0 or image_size % patch_size or side % 2:
-        raise ValueError(f"image_size ({image_size}) must be an even number of patch_size ({patch_size}) patches: "
-                         "the projector's pixel shuffle folds 2×2 patches into one token")
+        raise ValueError(
+            f"image_size ({image_size}) must be an even number of patch_size ({patch_size}) patches: "
+            "the projector's pixel shuffle folds 2×2 patches into one token"
+        )
 
 
 def image_tokens(image_size: int, patch_size: int, downsample_ratio: float = 0.5) -> int:
@@ -76,22 +82,49 @@ def image_tokens(image_size: int, patch_size: int, downsample_ratio: float = 0.5
     return (image_size // patch_size) ** 2 // round(1 / downsample_ratio) ** 2
 
 
-def tiny_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None,
-                vision_hidden: int = 128, vision_layers: int = 3, vision_heads: int = 4, vision_mlp: int = 512,
-                text_hidden: int = 128, text_layers: int = 2, text_heads: int = 4, text_kv_heads: int = 2,
-                text_mlp: int = 512, max_positions: int = 512, vision_feature_layer: int = -1) -> InternVLConfig:
+def tiny_config(
+    *,
+    tokenizer,
+    image_size: int | None = None,
+    patch_size: int | None = None,
+    vision_hidden: int = 128,
+    vision_layers: int = 3,
+    vision_heads: int = 4,
+    vision_mlp: int = 512,
+    text_hidden: int = 128,
+    text_layers: int = 2,
+    text_heads: int = 4,
+    text_kv_heads: int = 2,
+    text_mlp: int = 512,
+    max_positions: int = 512,
+    vision_feature_layer: int = -1,
+) -> InternVLConfig:
     """Toy InternVL3: InternViT 128 wide, 3 layers, 4 heads, patch 8 at 64 px (8×8 patches → 16 tokens after the
     2×2 pixel shuffle), Qwen2 LLM 128 wide, 2 layers, 4 heads (2 KV), MLP 512."""
     image_size = 64 if image_size is None else image_size
     patch_size = 8 if patch_size is None else patch_size
     _check_grid(image_size, patch_size)
-    return _config(tokenizer, vision_feature_layer=vision_feature_layer, vision=dict(
-        hidden_size=vision_hidden, intermediate_size=vision_mlp, num_hidden_layers=vision_layers,
-        num_attention_heads=vision_heads, image_size=image_size, patch_size=patch_size),
-        text=dict(hidden_size=text_hidden, intermediate_size=text_mlp, num_hidden_layers=text_layers,
-                  num_attention_heads=text_heads, num_key_value_heads=text_kv_heads,
-                  max_position_embeddings=max_positions,
-                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    return _config(
+        tokenizer,
+        vision_feature_layer=vision_feature_layer,
+        vision=dict(
+            hidden_size=vision_hidden,
+            intermediate_size=vision_mlp,
+            num_hidden_layers=vision_layers,
+            num_attention_heads=vision_heads,
+            image_size=image_size,
+            patch_size=patch_size,
+        ),
+        text=dict(
+            hidden_size=text_hidden,
+            intermediate_size=text_mlp,
+            num_hidden_layers=text_layers,
+            num_attention_heads=text_heads,
+            num_key_value_heads=text_kv_heads,
+            max_position_embeddings=max_positions,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    )
 
 
 # InternViT-300M-448px-V2.5, the vision tower of InternVL3-2B and -8B (config.json vision_config): 1024 wide,
@@ -101,32 +134,62 @@ def _internvit_300m(image_size: int | None, patch_size: int | None) -> dict:
     image_size = 448 if image_size is None else image_size
     patch_size = 14 if patch_size is None else patch_size
     _check_grid(image_size, patch_size)
-    return dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                image_size=image_size, patch_size=patch_size, attention_bias=True, use_qk_norm=False,
-                norm_type="layer_norm", layer_norm_eps=1e-6, layer_scale_init_value=0.1)
+    return dict(
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        image_size=image_size,
+        patch_size=patch_size,
+        attention_bias=True,
+        use_qk_norm=False,
+        norm_type="layer_norm",
+        layer_norm_eps=1e-6,
+        layer_scale_init_value=0.1,
+    )
 
 
-def internvl3_2b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None
-                        ) -> InternVLConfig:
+def internvl3_2b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None) -> InternVLConfig:
     """InternVL3-2B (OpenGVLab/InternVL3-2B-hf): InternViT-300M + Qwen2.5-1.5B (1536 wide, 28 layers, 12 heads /
     2 KV, MLP 8960, RoPE θ 1e6, RMSNorm eps 1e-6, 32768 positions, vocab 151674). Untied LM head as every preset
     here (not confirmed for the release; a real folder brings its own config.json, which overrides every number)."""
-    return _config(tokenizer, vocab=REAL_VOCAB, vision_feature_layer=-1,
-                   vision=_internvit_300m(image_size, patch_size),
-                   text=dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                             num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}))
+    return _config(
+        tokenizer,
+        vocab=REAL_VOCAB,
+        vision_feature_layer=-1,
+        vision=_internvit_300m(image_size, patch_size),
+        text=dict(
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+    )
 
 
-def internvl3_8b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None
-                        ) -> InternVLConfig:
+def internvl3_8b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None) -> InternVLConfig:
     """InternVL3-8B (OpenGVLab/InternVL3-8B-hf): InternViT-300M + Qwen2.5-7B (3584 wide, 28 layers, 28 heads /
     4 KV, MLP 18944, RoPE θ 1e6, RMSNorm eps 1e-6, 32768 positions, vocab 151674)."""
-    return _config(tokenizer, vocab=REAL_VOCAB, vision_feature_layer=-1,
-                   vision=_internvit_300m(image_size, patch_size),
-                   text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                             num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}))
+    return _config(
+        tokenizer,
+        vocab=REAL_VOCAB,
+        vision_feature_layer=-1,
+        vision=_internvit_300m(image_size, patch_size),
+        text=dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+    )
 
 
 def _config(tokenizer, *, vision: dict, text: dict, vision_feature_layer: int, vocab: int = 0) -> InternVLConfig:
@@ -134,11 +197,22 @@ def _config(tokenizer, *, vision: dict, text: dict, vision_feature_layer: int, v
     side = vision["image_size"] // vision["patch_size"]
     return InternVLConfig(
         vision_config=vision,
-        text_config=dict(model_type="qwen2", vocab_size=max(vocab, len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=end, tie_word_embeddings=False, **text),
-        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"), image_seq_length=side * side // 4,
-        downsample_ratio=0.5, vision_feature_layer=vision_feature_layer, vision_feature_select_strategy="default",
-        tie_word_embeddings=False)
+        text_config=dict(
+            model_type="qwen2",
+            vocab_size=max(vocab, len(tokenizer)),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=end,
+            tie_word_embeddings=False,
+            **text,
+        ),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"),
+        image_seq_length=side * side // 4,
+        downsample_ratio=0.5,
+        vision_feature_layer=vision_feature_layer,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=False,
+    )
 
 
 class PatchQueryHook(QueryKeyHook):
@@ -174,8 +248,10 @@ class InternVLFamily(ChatFamily):
     llm_lora_pattern = r"model\.language_model\.layers\.\d+\.self_attn\.(?:{targets})"
     trainable_parts = {"projector": "model.multi_modal_projector"}
     image_kwargs = {"crop_to_patches": False}  # one S×S tile per picture [D]
-    fac_reads = ("mean attention each patch receives from the patch queries in the InternViT layer the projector "
-                 "reads (vision_feature_layer, the last) [D] (the [CLS] token, which the projector drops, left out)")
+    fac_reads = (
+        "mean attention each patch receives from the patch queries in the InternViT layer the projector "
+        "reads (vision_feature_layer, the last) [D] (the [CLS] token, which the projector drops, left out)"
+    )
 
     # ------------------------------------------------------------------------------------------------ presets
     def preset_processor(self, tokenizer, architecture: InternVLConfig) -> InternVLProcessor:
@@ -186,8 +262,11 @@ class InternVLFamily(ChatFamily):
         normalise = dict(image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD)
         return InternVLProcessor(
             image_processor=GotOcr2ImageProcessor(size=size, crop_to_patches=False, **normalise),
-            video_processor=InternVLVideoProcessor(size=size, **normalise), tokenizer=tokenizer,
-            image_seq_length=architecture.image_seq_length, chat_template=self.chat_template)
+            video_processor=InternVLVideoProcessor(size=size, **normalise),
+            tokenizer=tokenizer,
+            image_seq_length=architecture.image_seq_length,
+            chat_template=self.chat_template,
+        )
 
     # ------------------------------------------------------------------------------------------------- images
     def input_size(self, model_config, architecture: InternVLConfig) -> int:
@@ -197,9 +276,11 @@ class InternVLFamily(ChatFamily):
         native, patch = _side(vision.image_size), _side(vision.patch_size)
         size = model_config.image_size or native
         if size != native:
-            raise ValueError(f"model.image_size={size}: InternVL takes pictures at its vision image_size ({native}); "
-                             f"its processor writes {architecture.image_seq_length} <IMG_CONTEXT> tokens per tile for "
-                             f"that size. Leave model.image_size unset or set it to {native}")
+            raise ValueError(
+                f"model.image_size={size}: InternVL takes pictures at its vision image_size ({native}); "
+                f"its processor writes {architecture.image_seq_length} <IMG_CONTEXT> tokens per tile for "
+                f"that size. Leave model.image_size unset or set it to {native}"
+            )
         _check_grid(size, patch)
         return size
 
@@ -210,15 +291,20 @@ class InternVLFamily(ChatFamily):
     def process_images(self, processor, images: Sequence[Image.Image], size: int) -> dict[str, torch.Tensor]:
         """One S×S tile per picture: ``pixel_values`` (N, 3, S, S), ``num_patches`` all 1."""
         resized = [image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC) for image in images]
-        kwargs = {**getattr(processor, "images_kwargs", {}), **self.image_kwargs,
-                  "size": {"height": size, "width": size}}
+        kwargs = {
+            **getattr(processor, "images_kwargs", {}),
+            **self.image_kwargs,
+            "size": {"height": size, "width": size},
+        }
         return processor.image_processor(images=resized, return_tensors="pt", **kwargs)
 
     def per_image_pixels(self, processed: dict[str, torch.Tensor], count: int) -> torch.Tensor:
         pixels, tiles = processed["pixel_values"], list(processed["num_patches"])
         if pixels.shape[0] != count or any(int(n) != 1 for n in tiles):
-            raise ValueError(f"{self.name}: the processor gave {pixels.shape[0]} tiles ({tiles} per image) for "
-                             f"{count} images of one tile each (was crop_to_patches on?)")
+            raise ValueError(
+                f"{self.name}: the processor gave {pixels.shape[0]} tiles ({tiles} per image) for "
+                f"{count} images of one tile each (was crop_to_patches on?)"
+            )
         return pixels
 
     def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -75,8 +75,9 @@ REAL_VOCAB = 152128  # Qwen2-7B's 152064 + <image>, <video>, padded to a multipl
 def _check_grid(image_size: int, patch_size: int) -> None:
     """SigLIP's patch convolution covers ⌊S/p⌋ patches a side (384 px, patch 14: 27, the last 6 px unread)."""
     if image_size <= 0 or patch_size <= 0 or image_size < patch_size:
-        raise ValueError(f"image_size ({image_size}) and patch_size ({patch_size}) must be positive, the image at "
-                         "least one patch")
+        raise ValueError(
+            f"image_size ({image_size}) and patch_size ({patch_size}) must be positive, the image at least one patch"
+        )
 
 
 def grid_pinpoints(size: int) -> list[list[int]]:
@@ -84,53 +85,108 @@ def grid_pinpoints(size: int) -> list[list[int]]:
     return [[size * i, size * j] for i in range(1, 7) for j in range(1, 7)]
 
 
-def tiny_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None,
-                vision_hidden: int = 128, vision_layers: int = 3, vision_heads: int = 4, vision_mlp: int = 256,
-                text_hidden: int = 128, text_layers: int = 2, text_heads: int = 4, text_kv_heads: int = 2,
-                text_mlp: int = 512, max_positions: int = 1024, vision_feature_layer: int = -1
-                ) -> LlavaOnevisionConfig:
+def tiny_config(
+    *,
+    tokenizer,
+    image_size: int | None = None,
+    patch_size: int | None = None,
+    vision_hidden: int = 128,
+    vision_layers: int = 3,
+    vision_heads: int = 4,
+    vision_mlp: int = 256,
+    text_hidden: int = 128,
+    text_layers: int = 2,
+    text_heads: int = 4,
+    text_kv_heads: int = 2,
+    text_mlp: int = 512,
+    max_positions: int = 1024,
+    vision_feature_layer: int = -1,
+) -> LlavaOnevisionConfig:
     """Toy LLaVA-OneVision: SigLIP 128/3 layers/4 heads/patch 8 at 64 px (8×8 patches → 65 image tokens per
     image with the newline), Qwen2 LLM 128/2 layers/4 heads (2 KV), MLP 512. SigLIP's own initialisation
     (Xavier / LeCun normal) keeps the random vision weights at a trainable scale."""
     image_size = 64 if image_size is None else image_size
     patch_size = 8 if patch_size is None else patch_size
     _check_grid(image_size, patch_size)
-    return _config(tokenizer, image_size=image_size, vision_feature_layer=vision_feature_layer, vision=dict(
-        hidden_size=vision_hidden, intermediate_size=vision_mlp, num_hidden_layers=vision_layers,
-        num_attention_heads=vision_heads, patch_size=patch_size),
-        text=dict(hidden_size=text_hidden, intermediate_size=text_mlp, num_hidden_layers=text_layers,
-                  num_attention_heads=text_heads, num_key_value_heads=text_kv_heads,
-                  max_position_embeddings=max_positions,
-                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    return _config(
+        tokenizer,
+        image_size=image_size,
+        vision_feature_layer=vision_feature_layer,
+        vision=dict(
+            hidden_size=vision_hidden,
+            intermediate_size=vision_mlp,
+            num_hidden_layers=vision_layers,
+            num_attention_heads=vision_heads,
+            patch_size=patch_size,
+        ),
+        text=dict(
+            hidden_size=text_hidden,
+            intermediate_size=text_mlp,
+            num_hidden_layers=text_layers,
+            num_attention_heads=text_heads,
+            num_key_value_heads=text_kv_heads,
+            max_position_embeddings=max_positions,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    )
 
 
-def onevision7b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None
-                       ) -> LlavaOnevisionConfig:
+def onevision7b_config(
+    *, tokenizer, image_size: int | None = None, patch_size: int | None = None
+) -> LlavaOnevisionConfig:
     """llava-onevision-qwen2-7b-ov: SigLIP-so400m-patch14-384 less its last layer (1152 wide, 26 layers, 16
     heads, MLP 4304, 27×27 patches), Qwen2-7B (3584 wide, 28 layers, 28 heads / 4 KV, MLP 18944, vocab 152128)."""
     image_size = REAL_IMAGE_SIZE if image_size is None else image_size
     patch_size = 14 if patch_size is None else patch_size
     _check_grid(image_size, patch_size)
-    return _config(tokenizer, image_size=image_size, vocab=REAL_VOCAB, vision_feature_layer=-1, vision=dict(
-        hidden_size=1152, intermediate_size=4304, num_hidden_layers=26, num_attention_heads=16,
-        patch_size=patch_size),
-        text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                  num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}))
+    return _config(
+        tokenizer,
+        image_size=image_size,
+        vocab=REAL_VOCAB,
+        vision_feature_layer=-1,
+        vision=dict(
+            hidden_size=1152,
+            intermediate_size=4304,
+            num_hidden_layers=26,
+            num_attention_heads=16,
+            patch_size=patch_size,
+        ),
+        text=dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+    )
 
 
-def _config(tokenizer, *, image_size: int, vision: dict, text: dict, vision_feature_layer: int,
-            vocab: int = 0) -> LlavaOnevisionConfig:
+def _config(
+    tokenizer, *, image_size: int, vision: dict, text: dict, vision_feature_layer: int, vocab: int = 0
+) -> LlavaOnevisionConfig:
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     return LlavaOnevisionConfig(
         vision_config=dict(model_type="siglip_vision_model", image_size=image_size, vision_use_head=False, **vision),
-        text_config=dict(model_type="qwen2", vocab_size=max(vocab, len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=end, tie_word_embeddings=False, **text),
+        text_config=dict(
+            model_type="qwen2",
+            vocab_size=max(vocab, len(tokenizer)),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=end,
+            tie_word_embeddings=False,
+            **text,
+        ),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         video_token_index=tokenizer.convert_tokens_to_ids("<video>"),
-        vision_feature_layer=vision_feature_layer, vision_feature_select_strategy="full",
-        image_grid_pinpoints=grid_pinpoints(image_size), vision_aspect_ratio="anyres_max_9",
-        tie_word_embeddings=False)
+        vision_feature_layer=vision_feature_layer,
+        vision_feature_select_strategy="full",
+        image_grid_pinpoints=grid_pinpoints(image_size),
+        vision_aspect_ratio="anyres_max_9",
+        tie_word_embeddings=False,
+    )
 
 
 class LlavaOnevisionFamily(ChatFamily):
@@ -144,24 +200,33 @@ class LlavaOnevisionFamily(ChatFamily):
     chat_template = LLAVA_ONEVISION_CHAT_TEMPLATE
     end_of_turn = "<|im_end|>"
     # SiglipVisionModel holds its encoder directly in transformers 5 (in ``.vision_model`` before)
-    vision_lora_pattern = (r"model\.vision_tower\.(?:vision_model\.)?encoder\.layers\.\d+\.self_attn\."
-                           r"(?:q_proj|k_proj|v_proj)")
+    vision_lora_pattern = (
+        r"model\.vision_tower\.(?:vision_model\.)?encoder\.layers\.\d+\.self_attn\."
+        r"(?:q_proj|k_proj|v_proj)"
+    )
     projector_lora_pattern = r"model\.multi_modal_projector\.linear_[12]"
     llm_lora_pattern = r"model\.language_model\.layers\.\d+\.self_attn\.(?:{targets})"
     trainable_parts = {"projector": "model.multi_modal_projector"}
-    fac_reads = ("mean attention each patch receives in the SigLIP layer the projector reads "
-                 "(vision_feature_layer, the last) [D] (no [CLS]; one base crop per image)")
+    fac_reads = (
+        "mean attention each patch receives in the SigLIP layer the projector reads "
+        "(vision_feature_layer, the last) [D] (no [CLS]; one base crop per image)"
+    )
 
     def preset_processor(self, tokenizer, architecture: LlavaOnevisionConfig) -> LlavaOnevisionProcessor:
         vision = architecture.vision_config
         size = {"height": vision.image_size, "width": vision.image_size}
         side = vision.image_size // vision.patch_size
         return LlavaOnevisionProcessor(
-            image_processor=LlavaOnevisionImageProcessor(size=size,
-                                                         image_grid_pinpoints=architecture.image_grid_pinpoints),
-            tokenizer=tokenizer, video_processor=LlavaOnevisionVideoProcessor(size=size),
-            num_image_tokens=side * side, vision_feature_select_strategy=architecture.vision_feature_select_strategy,
-            vision_aspect_ratio=architecture.vision_aspect_ratio, chat_template=self.chat_template)
+            image_processor=LlavaOnevisionImageProcessor(
+                size=size, image_grid_pinpoints=architecture.image_grid_pinpoints
+            ),
+            tokenizer=tokenizer,
+            video_processor=LlavaOnevisionVideoProcessor(size=size),
+            num_image_tokens=side * side,
+            vision_feature_select_strategy=architecture.vision_feature_select_strategy,
+            vision_aspect_ratio=architecture.vision_aspect_ratio,
+            chat_template=self.chat_template,
+        )
 
     # ------------------------------------------------------------------------------------------------- images
     def input_size(self, model_config, architecture: LlavaOnevisionConfig) -> int:
@@ -170,9 +235,11 @@ class LlavaOnevisionFamily(ChatFamily):
         vision = architecture.vision_config
         size = model_config.image_size or vision.image_size
         if size != vision.image_size:
-            raise ValueError(f"model.image_size={size}, but this {self.name} vision tower takes "
-                             f"{vision.image_size}×{vision.image_size} pictures (SigLIP's position embeddings are "
-                             f"fixed): set model.image_size={vision.image_size} or leave it empty")
+            raise ValueError(
+                f"model.image_size={size}, but this {self.name} vision tower takes "
+                f"{vision.image_size}×{vision.image_size} pictures (SigLIP's position embeddings are "
+                f"fixed): set model.image_size={vision.image_size} or leave it empty"
+            )
         _check_grid(size, vision.patch_size)
         return size
 
@@ -199,15 +266,19 @@ class LlavaOnevisionFamily(ChatFamily):
         """(count, C, S, S): the one crop of each image."""
         pixels = processed["pixel_values"]  # (count, crops = 1, C, S, S)
         if pixels.shape[0] != count or pixels.shape[1] != 1:
-            raise ValueError(f"{self.name}: the processor gave {tuple(pixels.shape[:2])} (images, crops) for "
-                             f"{count} images of one crop each")
+            raise ValueError(
+                f"{self.name}: the processor gave {tuple(pixels.shape[:2])} (images, crops) for "
+                f"{count} images of one crop each"
+            )
         return pixels[:, 0]
 
     def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         rows, per_row = pixels.shape[:2]  # (B, K, C, S, S): row by row, in text order
-        return {"pixel_values": pixels.reshape(rows * per_row, 1, *pixels.shape[2:]),
-                "image_sizes": one_image["image_sizes"][:1].repeat(rows * per_row, 1),
-                "batch_num_images": torch.full((rows,), per_row, dtype=torch.long, device=pixels.device)}
+        return {
+            "pixel_values": pixels.reshape(rows * per_row, 1, *pixels.shape[2:]),
+            "image_sizes": one_image["image_sizes"][:1].repeat(rows * per_row, 1),
+            "batch_num_images": torch.full((rows,), per_row, dtype=torch.long, device=pixels.device),
+        }
 
     # -------------------------------------------------------------------------------------------------- FAC
     def fac_attention(self, core: nn.Module) -> nn.Module:
@@ -229,8 +300,11 @@ class LlavaOnevisionFamily(ChatFamily):
         return captured.reshape(images, *grid)
 
     def encode_images(self, core: nn.Module, pixels: dict[str, torch.Tensor]) -> Any:
-        return core.model.get_image_features(pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"],
-                                             batch_num_images=pixels["batch_num_images"])
+        return core.model.get_image_features(
+            pixel_values=pixels["pixel_values"],
+            image_sizes=pixels["image_sizes"],
+            batch_num_images=pixels["batch_num_images"],
+        )
 
     def vision_tower(self, core: nn.Module) -> nn.Module:
         return core.model.vision_tower

@@ -32,9 +32,7 @@ from transformers import (
     Qwen2VLImageProcessor,
     Qwen2VLVideoProcessor,
 )
-from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
-    apply_rotary_pos_emb_vision,
-)
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 from transformers.vision_utils import get_vision_window_index
 
 from davir.models.families import FAMILIES
@@ -53,14 +51,27 @@ QWEN_CHAT_TEMPLATE = (
 
 def _check_grid(image_size: int, patch_size: int, merge: int) -> None:
     if image_size <= 0 or patch_size <= 0 or image_size % (patch_size * merge):
-        raise ValueError(f"image_size ({image_size}) must be a positive multiple of patch_size × merge "
-                         f"({patch_size} × {merge})")
+        raise ValueError(
+            f"image_size ({image_size}) must be a positive multiple of patch_size × merge ({patch_size} × {merge})"
+        )
 
 
-def tiny_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None,
-                vision_hidden: int = 128, vision_layers: int = 3, vision_heads: int = 4, vision_mlp: int = 256,
-                text_hidden: int = 128, text_layers: int = 2, text_heads: int = 4, text_kv_heads: int = 2,
-                text_mlp: int = 512, max_positions: int = 512) -> Qwen2_5_VLConfig:
+def tiny_config(
+    *,
+    tokenizer,
+    image_size: int | None = None,
+    patch_size: int | None = None,
+    vision_hidden: int = 128,
+    vision_layers: int = 3,
+    vision_heads: int = 4,
+    vision_mlp: int = 256,
+    text_hidden: int = 128,
+    text_layers: int = 2,
+    text_heads: int = 4,
+    text_kv_heads: int = 2,
+    text_mlp: int = 512,
+    max_positions: int = 512,
+) -> Qwen2_5_VLConfig:
     """Toy Qwen2.5-VL: ViT 128/3 blocks/patch 8 at 64 px (8×8 patches → 16 tokens after the 2×2 merger;
     windows of 4×4 patches, the last block full attention), Qwen2 LLM 128/2 layers/4 heads (2 KV)."""
     image_size = 64 if image_size is None else image_size
@@ -68,16 +79,38 @@ def tiny_config(*, tokenizer, image_size: int | None = None, patch_size: int | N
     _check_grid(image_size, patch_size, 2)
     head_dim = text_hidden // text_heads
     quarter = head_dim // 2 // 4  # M-RoPE sections (temporal, height, width) over head_dim / 2 frequencies
-    return _config(tokenizer, vision=dict(
-        depth=vision_layers, hidden_size=vision_hidden, intermediate_size=vision_mlp, num_heads=vision_heads,
-        patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, window_size=patch_size * 2 * 2,
-        out_hidden_size=text_hidden, fullatt_block_indexes=[vision_layers - 1]),
-        text=dict(hidden_size=text_hidden, intermediate_size=text_mlp, num_hidden_layers=text_layers,
-                  num_attention_heads=text_heads, num_key_value_heads=text_kv_heads,
-                  max_position_embeddings=max_positions,
-                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                   "mrope_section": [head_dim // 2 - 2 * (quarter + quarter // 2),
-                                                     quarter + quarter // 2, quarter + quarter // 2]}))
+    return _config(
+        tokenizer,
+        vision=dict(
+            depth=vision_layers,
+            hidden_size=vision_hidden,
+            intermediate_size=vision_mlp,
+            num_heads=vision_heads,
+            patch_size=patch_size,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=patch_size * 2 * 2,
+            out_hidden_size=text_hidden,
+            fullatt_block_indexes=[vision_layers - 1],
+        ),
+        text=dict(
+            hidden_size=text_hidden,
+            intermediate_size=text_mlp,
+            num_hidden_layers=text_layers,
+            num_attention_heads=text_heads,
+            num_key_value_heads=text_kv_heads,
+            max_position_embeddings=max_positions,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [
+                    head_dim // 2 - 2 * (quarter + quarter // 2),
+                    quarter + quarter // 2,
+                    quarter + quarter // 2,
+                ],
+            },
+        ),
+    )
 
 
 def qwen7b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None) -> Qwen2_5_VLConfig:
@@ -85,25 +118,58 @@ def qwen7b_config(*, tokenizer, image_size: int | None = None, patch_size: int |
     window 112; Qwen2.5-7B LLM (3584 wide, 28 layers, 28 heads / 4 KV, MLP 18944, vocab 152064)."""
     patch_size = 14 if patch_size is None else patch_size
     _check_grid(448 if image_size is None else image_size, patch_size, 2)
-    return _config(tokenizer, vocab=152064, vision=dict(
-        depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=patch_size,
-        spatial_merge_size=2, temporal_patch_size=2, window_size=112, out_hidden_size=3584,
-        fullatt_block_indexes=[7, 15, 23, 31]),
-        text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                  num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}))
+    return _config(
+        tokenizer,
+        vocab=152064,
+        vision=dict(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            patch_size=patch_size,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            out_hidden_size=3584,
+            fullatt_block_indexes=[7, 15, 23, 31],
+        ),
+        text=dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        ),
+    )
 
 
 def _config(tokenizer, *, vision: dict, text: dict, vocab: int = 0) -> Qwen2_5_VLConfig:
-    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(token)
+        for name, token in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        )
+    }
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     return Qwen2_5_VLConfig(
         vision_config=vision,
-        text_config=dict(vocab_size=max(vocab, len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=end, tie_word_embeddings=False, **text),
-        tie_word_embeddings=False, **ids)
+        text_config=dict(
+            vocab_size=max(vocab, len(tokenizer)),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=end,
+            tie_word_embeddings=False,
+            **text,
+        ),
+        tie_word_embeddings=False,
+        **ids,
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -111,13 +177,15 @@ def raster_order(grid: tuple[int, int], merge: int, window: int, patch: int) -> 
     """For each raster patch (row-major), its position in a ViT block's token order: the processor lists the
     patches by 2×2 merge unit, and Qwen2.5-VL's ViT permutes the merge units into window order."""
     height, width = grid
-    window_index, _ = get_vision_window_index(torch.tensor([[1, height, width]]), spatial_merge_size=merge,
-                                              window_size=window, patch_size=patch)
+    window_index, _ = get_vision_window_index(
+        torch.tensor([[1, height, width]]), spatial_merge_size=merge, window_size=window, patch_size=patch
+    )
     unit = merge * merge
     # processor order: merge unit u = (row // m) · (W / m) + col // m, then (row % m) · m + col % m
     rows, cols = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
-    processor_index = (((rows // merge) * (width // merge) + cols // merge) * unit
-                       + (rows % merge) * merge + cols % merge).reshape(-1)
+    processor_index = (
+        ((rows // merge) * (width // merge) + cols // merge) * unit + (rows % merge) * merge + cols % merge
+    ).reshape(-1)
     # block order position of processor token t: where its merge unit sits in window_index
     unit_position = torch.argsort(window_index)
     return unit_position[processor_index // unit] * unit + processor_index % unit
@@ -137,7 +205,7 @@ class QwenFullAttentionHook:
         self._latest: torch.Tensor | None = None
         self._handles: list = []
 
-    def attach(self) -> "QwenFullAttentionHook":
+    def attach(self) -> QwenFullAttentionHook:
         if not self._handles:
             self._handles = [
                 self.attention.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
@@ -166,9 +234,12 @@ class QwenFullAttentionHook:
                 split = lambda states: states.reshape(-1, length, *states.shape[1:]).transpose(1, 2)  # noqa: E731
                 self._latest = received_attention(split(query), split(key), self.scale)
             else:
-                self._latest = torch.stack([received_attention(query[start:end].transpose(0, 1),
-                                                               key[start:end].transpose(0, 1), self.scale)
-                                            for start, end in zip(bounds[:-1], bounds[1:])])
+                self._latest = torch.stack(
+                    [
+                        received_attention(query[start:end].transpose(0, 1), key[start:end].transpose(0, 1), self.scale)
+                        for start, end in zip(bounds[:-1], bounds[1:])
+                    ]
+                )
 
     def pop(self, *, missing_ok: bool = False) -> tuple[torch.Tensor, tuple[int, int, int]] | None:
         """(received attention (images, tokens) in block order, (merge, window, patch) of the ViT)."""
@@ -189,16 +260,24 @@ class Qwen25VLFamily(ChatFamily):
     presets = {"tiny": tiny_config, "7b": qwen7b_config}
     preset_image_sizes = {"tiny": 64, "7b": 448}
     pretrained_image_size = 448
-    special_tokens = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-                      "<|video_pad|>")
+    special_tokens = (
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    )
     chat_template = QWEN_CHAT_TEMPLATE
     end_of_turn = "<|im_end|>"
     vision_lora_pattern = r"model\.visual\.blocks\.\d+\.attn\.qkv"
     projector_lora_pattern = r"model\.visual\.merger\.mlp\.[02]"
     llm_lora_pattern = r"model\.language_model\.layers\.\d+\.self_attn\.(?:{targets})"
     trainable_parts = {"projector": "model.visual.merger"}
-    fac_reads = ("mean attention each patch receives in the last full-attention ViT block [D] "
-                 "(no [CLS]; window blocks see only their window)")
+    fac_reads = (
+        "mean attention each patch receives in the last full-attention ViT block [D] "
+        "(no [CLS]; window blocks see only their window)"
+    )
 
     def prepare_core(self, core: nn.Module, config) -> nn.Module:
         if config.attn_implementation == "sdpa":  # eager stays eager: the tests' reference
@@ -207,15 +286,25 @@ class Qwen25VLFamily(ChatFamily):
 
     def preset_processor(self, tokenizer, architecture: Qwen2_5_VLConfig) -> Qwen2_5_VLProcessor:
         vision = architecture.vision_config
-        sizes = dict(patch_size=vision.patch_size, merge_size=vision.spatial_merge_size,
-                     temporal_patch_size=vision.temporal_patch_size)
-        return Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer,
-                                   video_processor=Qwen2VLVideoProcessor(**sizes), chat_template=self.chat_template)
+        sizes = dict(
+            patch_size=vision.patch_size,
+            merge_size=vision.spatial_merge_size,
+            temporal_patch_size=vision.temporal_patch_size,
+        )
+        return Qwen2_5_VLProcessor(
+            image_processor=Qwen2VLImageProcessor(**sizes),
+            tokenizer=tokenizer,
+            video_processor=Qwen2VLVideoProcessor(**sizes),
+            chat_template=self.chat_template,
+        )
 
     def input_size(self, model_config, architecture: Qwen2_5_VLConfig) -> int:
         """S: ``model.image_size``, else 448 for a pretrained folder and the preset's size for a preset."""
-        size = model_config.image_size or (self.pretrained_image_size if model_config.pretrained
-                                           else self.preset_image_sizes.get(model_config.preset, 448))
+        size = model_config.image_size or (
+            self.pretrained_image_size
+            if model_config.pretrained
+            else self.preset_image_sizes.get(model_config.preset, 448)
+        )
         vision = architecture.vision_config
         _check_grid(size, vision.patch_size, vision.spatial_merge_size)
         return size
@@ -230,16 +319,19 @@ class Qwen25VLFamily(ChatFamily):
 
     def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = pixels.shape[0] * pixels.shape[1]  # (B, K, patches, dim): row by row, in text order
-        return {"pixel_values": pixels.reshape(-1, pixels.shape[-1]),
-                "image_grid_thw": one_image["image_grid_thw"].repeat(images, 1)}
+        return {
+            "pixel_values": pixels.reshape(-1, pixels.shape[-1]),
+            "image_grid_thw": one_image["image_grid_thw"].repeat(images, 1),
+        }
 
     def attention_hook(self, core: nn.Module) -> QwenFullAttentionHook:
         visual = core.model.visual
         block = max(visual.fullatt_block_indexes) if visual.fullatt_block_indexes else len(visual.blocks) - 1
         return QwenFullAttentionHook(visual.blocks[block].attn, core.config.vision_config)
 
-    def attention_maps(self, captured: tuple[torch.Tensor, tuple[int, int, int]], images: int,
-                       grid: tuple[int, int]) -> torch.Tensor:
+    def attention_maps(
+        self, captured: tuple[torch.Tensor, tuple[int, int, int]], images: int, grid: tuple[int, int]
+    ) -> torch.Tensor:
         received, geometry = captured
         if received.shape[0] != images:
             raise ValueError(f"the FAC hook saw {received.shape[0]} images, expected {images}")

@@ -59,11 +59,14 @@ MIN_PIXELS, MAX_PIXELS = 16 * 16, 4096 * 4096
 def _check_grid(image_size: int, patch_size: int, merge: int) -> None:
     # A ConfigError (a ValueError): train.py says it in one line, exit 2, instead of a traceback.
     if image_size <= 0 or patch_size <= 0 or image_size % (patch_size * merge):
-        raise ConfigError(f"model.image_size={image_size}: qwen3_vl takes a positive multiple of patch_size × merge "
-                          f"({patch_size} × {merge} = {patch_size * merge} px)")
+        raise ConfigError(
+            f"model.image_size={image_size}: qwen3_vl takes a positive multiple of patch_size × merge "
+            f"({patch_size} × {merge} = {patch_size * merge} px)"
+        )
     if not MIN_PIXELS <= image_size * image_size <= MAX_PIXELS:
-        raise ConfigError(f"model.image_size={image_size}: qwen3_vl takes {int(MIN_PIXELS ** 0.5)} to "
-                          f"{int(MAX_PIXELS ** 0.5)} px")
+        raise ConfigError(
+            f"model.image_size={image_size}: qwen3_vl takes {int(MIN_PIXELS**0.5)} to {int(MAX_PIXELS**0.5)} px"
+        )
 
 
 def _mrope_section(head_dim: int) -> list[int]:
@@ -73,40 +76,89 @@ def _mrope_section(head_dim: int) -> list[int]:
     return [half - 2 * spatial, spatial, spatial]
 
 
-def tiny_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None,
-                vision_hidden: int = 128, vision_layers: int = 3, vision_heads: int = 4, vision_mlp: int = 256,
-                text_hidden: int = 128, text_layers: int = 2, text_heads: int = 4, text_kv_heads: int = 2,
-                text_mlp: int = 512, max_positions: int = 512) -> Qwen3VLConfig:
+def tiny_config(
+    *,
+    tokenizer,
+    image_size: int | None = None,
+    patch_size: int | None = None,
+    vision_hidden: int = 128,
+    vision_layers: int = 3,
+    vision_heads: int = 4,
+    vision_mlp: int = 256,
+    text_hidden: int = 128,
+    text_layers: int = 2,
+    text_heads: int = 4,
+    text_kv_heads: int = 2,
+    text_mlp: int = 512,
+    max_positions: int = 512,
+) -> Qwen3VLConfig:
     """Toy Qwen3-VL: ViT 128/3 blocks/patch 8 at 64 px (8×8 patches → 16 tokens after the 2×2 merger; DeepStack
     mergers on the blocks before the last, at most 3), Qwen3 LLM 128/2 layers/4 heads (2 KV)."""
     image_size = 64 if image_size is None else image_size
     patch_size = 8 if patch_size is None else patch_size
     _check_grid(image_size, patch_size, 2)
     head_dim = text_hidden // text_heads
-    return _config(tokenizer, tie=False, vision=dict(
-        depth=vision_layers, hidden_size=vision_hidden, intermediate_size=vision_mlp, num_heads=vision_heads,
-        patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text_hidden,
-        num_position_embeddings=(image_size // patch_size) ** 2,
-        deepstack_visual_indexes=list(range(min(3, vision_layers - 1)))),
-        text=dict(hidden_size=text_hidden, intermediate_size=text_mlp, num_hidden_layers=text_layers,
-                  num_attention_heads=text_heads, num_key_value_heads=text_kv_heads, head_dim=head_dim,
-                  max_position_embeddings=max_positions,
-                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                   "mrope_section": _mrope_section(head_dim), "mrope_interleaved": True}))
+    return _config(
+        tokenizer,
+        tie=False,
+        vision=dict(
+            depth=vision_layers,
+            hidden_size=vision_hidden,
+            intermediate_size=vision_mlp,
+            num_heads=vision_heads,
+            patch_size=patch_size,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=text_hidden,
+            num_position_embeddings=(image_size // patch_size) ** 2,
+            deepstack_visual_indexes=list(range(min(3, vision_layers - 1))),
+        ),
+        text=dict(
+            hidden_size=text_hidden,
+            intermediate_size=text_mlp,
+            num_hidden_layers=text_layers,
+            num_attention_heads=text_heads,
+            num_key_value_heads=text_kv_heads,
+            head_dim=head_dim,
+            max_position_embeddings=max_positions,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": _mrope_section(head_dim),
+                "mrope_interleaved": True,
+            },
+        ),
+    )
 
 
 # The published config.json of Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-VL-8B-Instruct (both: patch 16, merge 2,
 # temporal patch 2, 2304 position embeddings = a 48×48 grid, vocab 151936, LLM head_dim 128, 8 KV heads,
 # RMSNorm eps 1e-6, rope_theta 5e6, interleaved M-RoPE [24, 20, 20], 262144 positions).
 RELEASED = {
-    "2b": dict(vision=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
-                           deepstack_visual_indexes=[5, 11, 17]),
-               text=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16),
-               tie=True),
-    "8b": dict(vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
-                           deepstack_visual_indexes=[8, 16, 24]),
-               text=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32),
-               tie=False),
+    "2b": dict(
+        vision=dict(
+            depth=24,
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_heads=16,
+            out_hidden_size=2048,
+            deepstack_visual_indexes=[5, 11, 17],
+        ),
+        text=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16),
+        tie=True,
+    ),
+    "8b": dict(
+        vision=dict(
+            depth=27,
+            hidden_size=1152,
+            intermediate_size=4304,
+            num_heads=16,
+            out_hidden_size=4096,
+            deepstack_visual_indexes=[8, 16, 24],
+        ),
+        text=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32),
+        tie=False,
+    ),
 }
 
 
@@ -114,12 +166,32 @@ def _released_config(size: str, *, tokenizer, image_size: int | None, patch_size
     patch_size = 16 if patch_size is None else patch_size
     _check_grid(448 if image_size is None else image_size, patch_size, 2)
     released = RELEASED[size]
-    return _config(tokenizer, vocab=151936, tie=released["tie"], vision=dict(
-        patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
-        hidden_act="gelu_pytorch_tanh", **released["vision"]),
-        text=dict(num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-6,
-                  rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20],
-                                   "mrope_interleaved": True}, **released["text"]))
+    return _config(
+        tokenizer,
+        vocab=151936,
+        tie=released["tie"],
+        vision=dict(
+            patch_size=patch_size,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=2304,
+            hidden_act="gelu_pytorch_tanh",
+            **released["vision"],
+        ),
+        text=dict(
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=262144,
+            rms_norm_eps=1e-6,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [24, 20, 20],
+                "mrope_interleaved": True,
+            },
+            **released["text"],
+        ),
+    )
 
 
 def qwen3_2b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None) -> Qwen3VLConfig:
@@ -135,15 +207,29 @@ def qwen3_8b_config(*, tokenizer, image_size: int | None = None, patch_size: int
 
 
 def _config(tokenizer, *, vision: dict, text: dict, tie: bool, vocab: int = 0) -> Qwen3VLConfig:
-    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(token)
+        for name, token in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        )
+    }
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     return Qwen3VLConfig(
         vision_config=vision,
-        text_config=dict(vocab_size=max(vocab, len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=end, tie_word_embeddings=tie, **text),
-        tie_word_embeddings=tie, **ids)
+        text_config=dict(
+            vocab_size=max(vocab, len(tokenizer)),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=end,
+            tie_word_embeddings=tie,
+            **text,
+        ),
+        tie_word_embeddings=tie,
+        **ids,
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -152,8 +238,9 @@ def raster_order(grid: tuple[int, int], merge: int) -> torch.Tensor:
     by merge × merge unit (units row by row, the patches of a unit row by row), and the ViT keeps that order."""
     height, width = grid
     rows, cols = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
-    return (((rows // merge) * (width // merge) + cols // merge) * merge * merge
-            + (rows % merge) * merge + cols % merge).reshape(-1)
+    return (
+        ((rows // merge) * (width // merge) + cols // merge) * merge * merge + (rows % merge) * merge + cols % merge
+    ).reshape(-1)
 
 
 class Qwen3VisionAttentionHook:
@@ -170,7 +257,7 @@ class Qwen3VisionAttentionHook:
         self._latest: torch.Tensor | None = None
         self._handles: list = []
 
-    def attach(self) -> "Qwen3VisionAttentionHook":
+    def attach(self) -> Qwen3VisionAttentionHook:
         if not self._handles:
             self._handles = [
                 self.attention.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
@@ -199,9 +286,12 @@ class Qwen3VisionAttentionHook:
                 split = lambda states: states.reshape(-1, length, *states.shape[1:]).transpose(1, 2)  # noqa: E731
                 self._latest = received_attention(split(query), split(key), self.scale)
             else:
-                self._latest = torch.stack([received_attention(query[start:end].transpose(0, 1),
-                                                               key[start:end].transpose(0, 1), self.scale)
-                                            for start, end in zip(bounds[:-1], bounds[1:])])
+                self._latest = torch.stack(
+                    [
+                        received_attention(query[start:end].transpose(0, 1), key[start:end].transpose(0, 1), self.scale)
+                        for start, end in zip(bounds[:-1], bounds[1:])
+                    ]
+                )
 
     def pop(self, *, missing_ok: bool = False) -> tuple[torch.Tensor, int] | None:
         """(received attention (images, tokens) in the ViT's order, the ViT's merge size)."""
@@ -222,8 +312,14 @@ class Qwen3VLFamily(ChatFamily):
     presets = {"tiny": tiny_config, "2b": qwen3_2b_config, "8b": qwen3_8b_config}
     preset_image_sizes = {"tiny": 64, "2b": 448, "8b": 448}
     pretrained_image_size = 448
-    special_tokens = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-                      "<|video_pad|>")
+    special_tokens = (
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    )
     chat_template = QWEN3_CHAT_TEMPLATE
     end_of_turn = "<|im_end|>"
     vision_lora_pattern = r"model\.visual\.blocks\.\d+\.attn\.qkv"
@@ -232,23 +328,33 @@ class Qwen3VLFamily(ChatFamily):
     trainable_parts = {"projector": "model.visual.merger", "deepstack_projectors": "model.visual.deepstack_merger_list"}
     # S×S stays S×S (a released folder's 256² minimum would upscale smaller pictures to another grid) [D].
     image_kwargs = {"size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}}
-    fac_reads = ("mean attention each patch receives in the last ViT block [D] (no [CLS]; the block the merger "
-                 "reads, after the DeepStack blocks)")
+    fac_reads = (
+        "mean attention each patch receives in the last ViT block [D] (no [CLS]; the block the merger "
+        "reads, after the DeepStack blocks)"
+    )
 
     def preset_processor(self, tokenizer, architecture: Qwen3VLConfig) -> Qwen3VLProcessor:
         vision = architecture.vision_config
-        sizes = dict(patch_size=vision.patch_size, merge_size=vision.spatial_merge_size,
-                     temporal_patch_size=vision.temporal_patch_size)
+        sizes = dict(
+            patch_size=vision.patch_size,
+            merge_size=vision.spatial_merge_size,
+            temporal_patch_size=vision.temporal_patch_size,
+        )
         half = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])  # the released processor's
         return Qwen3VLProcessor(
             image_processor=Qwen2VLImageProcessor(**sizes, **half, size=dict(self.image_kwargs["size"])),
-            tokenizer=tokenizer, video_processor=Qwen3VLVideoProcessor(**sizes, **half),
-            chat_template=self.chat_template)
+            tokenizer=tokenizer,
+            video_processor=Qwen3VLVideoProcessor(**sizes, **half),
+            chat_template=self.chat_template,
+        )
 
     def input_size(self, model_config, architecture: Qwen3VLConfig) -> int:
         """S: ``model.image_size``, else 448 for a pretrained folder and the preset's size for a preset."""
-        size = model_config.image_size or (self.pretrained_image_size if model_config.pretrained
-                                           else self.preset_image_sizes.get(model_config.preset, 448))
+        size = model_config.image_size or (
+            self.pretrained_image_size
+            if model_config.pretrained
+            else self.preset_image_sizes.get(model_config.preset, 448)
+        )
         vision = architecture.vision_config
         _check_grid(size, vision.patch_size, vision.spatial_merge_size)
         return size
@@ -263,8 +369,10 @@ class Qwen3VLFamily(ChatFamily):
 
     def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = pixels.shape[0] * pixels.shape[1]  # (B, K, patches, dim): row by row, in text order
-        return {"pixel_values": pixels.reshape(-1, pixels.shape[-1]),
-                "image_grid_thw": one_image["image_grid_thw"].repeat(images, 1)}
+        return {
+            "pixel_values": pixels.reshape(-1, pixels.shape[-1]),
+            "image_grid_thw": one_image["image_grid_thw"].repeat(images, 1),
+        }
 
     def attention_hook(self, core: nn.Module) -> Qwen3VisionAttentionHook:
         visual = core.model.visual

@@ -56,9 +56,11 @@ SMOLVLM_CHAT_WORDS = ("User: Assistant:",)
 def _check_grid(image_size: int, patch_size: int, scale_factor: int) -> None:
     side = image_size // patch_size if patch_size > 0 else 0
     if side <= 0 or scale_factor <= 0 or side % scale_factor:
-        raise ValueError(f"image_size // patch_size ({image_size} // {patch_size} = {side}) must be a positive "
-                         f"multiple of scale_factor ({scale_factor}): the connector shuffles scale_factor × "
-                         "scale_factor patches into one token")
+        raise ValueError(
+            f"image_size // patch_size ({image_size} // {patch_size} = {side}) must be a positive "
+            f"multiple of scale_factor ({scale_factor}): the connector shuffles scale_factor × "
+            "scale_factor patches into one token"
+        )
 
 
 def image_tokens(image_size: int, patch_size: int, scale_factor: int) -> int:
@@ -67,26 +69,54 @@ def image_tokens(image_size: int, patch_size: int, scale_factor: int) -> int:
     return (image_size // patch_size) ** 2 // scale_factor**2
 
 
-def tiny_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None,
-                vision_hidden: int = 128, vision_layers: int = 3, vision_heads: int = 4, vision_mlp: int = 512,
-                scale_factor: int = 2, text_hidden: int = 128, text_layers: int = 2, text_heads: int = 4,
-                text_kv_heads: int = 2, text_mlp: int = 512, max_positions: int = 512) -> SmolVLMConfig:
+def tiny_config(
+    *,
+    tokenizer,
+    image_size: int | None = None,
+    patch_size: int | None = None,
+    vision_hidden: int = 128,
+    vision_layers: int = 3,
+    vision_heads: int = 4,
+    vision_mlp: int = 512,
+    scale_factor: int = 2,
+    text_hidden: int = 128,
+    text_layers: int = 2,
+    text_heads: int = 4,
+    text_kv_heads: int = 2,
+    text_mlp: int = 512,
+    max_positions: int = 512,
+) -> SmolVLMConfig:
     """Toy SmolVLM: vision encoder 128 wide, 3 layers, 4 heads, patch 8 at 64 px (8×8 patches → 16 image
     tokens after the 2×2 pixel shuffle), Llama LLM 128 wide, 2 layers, 4 heads (2 KV), MLP 512; 1.2 M weights
     plus 256 per word of the vocabulary. Initializer range 0.02 (transformers' default; the tiny model learns)."""
     image_size = 64 if image_size is None else image_size
     patch_size = 8 if patch_size is None else patch_size
     _check_grid(image_size, patch_size, scale_factor)
-    return _config(tokenizer, scale_factor=scale_factor, vision=dict(
-        hidden_size=vision_hidden, intermediate_size=vision_mlp, num_hidden_layers=vision_layers,
-        num_attention_heads=vision_heads, image_size=image_size, patch_size=patch_size, initializer_range=0.02),
-        text=dict(hidden_size=text_hidden, intermediate_size=text_mlp, num_hidden_layers=text_layers,
-                  num_attention_heads=text_heads, num_key_value_heads=text_kv_heads,
-                  max_position_embeddings=max_positions, initializer_range=0.02))
+    return _config(
+        tokenizer,
+        scale_factor=scale_factor,
+        vision=dict(
+            hidden_size=vision_hidden,
+            intermediate_size=vision_mlp,
+            num_hidden_layers=vision_layers,
+            num_attention_heads=vision_heads,
+            image_size=image_size,
+            patch_size=patch_size,
+            initializer_range=0.02,
+        ),
+        text=dict(
+            hidden_size=text_hidden,
+            intermediate_size=text_mlp,
+            num_hidden_layers=text_layers,
+            num_attention_heads=text_heads,
+            num_key_value_heads=text_kv_heads,
+            max_position_embeddings=max_positions,
+            initializer_range=0.02,
+        ),
+    )
 
 
-def smolvlm2_2b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None
-                       ) -> SmolVLMConfig:
+def smolvlm2_2b_config(*, tokenizer, image_size: int | None = None, patch_size: int | None = None) -> SmolVLMConfig:
     """SmolVLM2-2.2B-Instruct's architecture (the checkpoint transformers' ``SmolVLMConfig`` documents): the
     SigLIP-so400m-patch14-384 encoder (1152 wide — ``SmolVLMVisionConfig``'s default width and heads — 27 layers,
     16 heads, MLP 4304, patch 14 at 384 px), pixel shuffle ``scale_factor`` 3 (27×27 patches → 81 image
@@ -98,22 +128,48 @@ def smolvlm2_2b_config(*, tokenizer, image_size: int | None = None, patch_size: 
     patch_size = 14 if patch_size is None else patch_size
     image_size = 384 if image_size is None else image_size
     _check_grid(image_size, patch_size, 3)
-    return _config(tokenizer, vocab=49280, scale_factor=3, vision=dict(
-        hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-        image_size=image_size, patch_size=patch_size),
-        text=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
-                  num_key_value_heads=32, max_position_embeddings=8192, rms_norm_eps=1e-5))
+    return _config(
+        tokenizer,
+        vocab=49280,
+        scale_factor=3,
+        vision=dict(
+            hidden_size=1152,
+            intermediate_size=4304,
+            num_hidden_layers=27,
+            num_attention_heads=16,
+            image_size=image_size,
+            patch_size=patch_size,
+        ),
+        text=dict(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=24,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+        ),
+    )
 
 
 def _config(tokenizer, *, scale_factor: int, vision: dict, text: dict, vocab: int = 0) -> SmolVLMConfig:
     end = tokenizer.convert_tokens_to_ids("<end_of_utterance>")
     return SmolVLMConfig(
         vision_config=vision,
-        text_config=dict(model_type="llama", vocab_size=max(vocab, len(tokenizer)),
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=end, tie_word_embeddings=False, **text),
-        scale_factor=scale_factor, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+        text_config=dict(
+            model_type="llama",
+            vocab_size=max(vocab, len(tokenizer)),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=end,
+            tie_word_embeddings=False,
+            **text,
+        ),
+        scale_factor=scale_factor,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
 
 
 class SmolVLMFamily(ChatFamily):
@@ -123,8 +179,14 @@ class SmolVLMFamily(ChatFamily):
     processor_class = SmolVLMProcessor
     config_class = SmolVLMConfig
     presets = {"tiny": tiny_config, "2b": smolvlm2_2b_config}
-    special_tokens = ("<|im_start|>", "<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>",
-                      "<video>")
+    special_tokens = (
+        "<|im_start|>",
+        "<fake_token_around_image>",
+        "<image>",
+        "<global-img>",
+        "<end_of_utterance>",
+        "<video>",
+    )
     chat_template = SMOLVLM_CHAT_TEMPLATE
     end_of_turn = "<end_of_utterance>"
     vision_lora_pattern = r"model\.vision_model\.encoder\.layers\.\d+\.self_attn\.(?:q_proj|k_proj|v_proj)"
@@ -133,8 +195,10 @@ class SmolVLMFamily(ChatFamily):
     trainable_parts = {"projector": "model.connector"}
     # One global image per picture, no tiles [D]; the S×S size kwargs are added per call (process_images).
     image_kwargs = {"do_image_splitting": False}
-    fac_reads = ("mean attention each patch receives in the last SigLIP encoder layer [D] "
-                 "(no [CLS]; the layer the connector reads)")
+    fac_reads = (
+        "mean attention each patch receives in the last SigLIP encoder layer [D] "
+        "(no [CLS]; the layer the connector reads)"
+    )
 
     # ------------------------------------------------------------------------------------------------ presets
     def preset_tokenizer(self, texts: Sequence[str]):
@@ -146,9 +210,11 @@ class SmolVLMFamily(ChatFamily):
         sizes = dict(size={"longest_edge": size}, max_image_size={"longest_edge": size})
         return SmolVLMProcessor(
             image_processor=SmolVLMImageProcessor(do_image_splitting=False, **sizes),
-            video_processor=SmolVLMVideoProcessor(**sizes), tokenizer=tokenizer,
+            video_processor=SmolVLMVideoProcessor(**sizes),
+            tokenizer=tokenizer,
             image_seq_len=image_tokens(size, vision.patch_size, architecture.scale_factor),
-            chat_template=self.chat_template)
+            chat_template=self.chat_template,
+        )
 
     # ------------------------------------------------------------------------------------------------- images
     def input_size(self, model_config, architecture: SmolVLMConfig) -> int:
@@ -158,9 +224,11 @@ class SmolVLMFamily(ChatFamily):
         size = model_config.image_size or vision.image_size
         if size != vision.image_size:
             tokens = image_tokens(vision.image_size, vision.patch_size, architecture.scale_factor)
-            raise ValueError(f"model.image_size={size}: SmolVLM takes pictures at its vision image_size "
-                             f"({vision.image_size}); its processor writes {tokens} <image> tokens per picture "
-                             f"for that size. Leave model.image_size unset or set it to {vision.image_size}")
+            raise ValueError(
+                f"model.image_size={size}: SmolVLM takes pictures at its vision image_size "
+                f"({vision.image_size}); its processor writes {tokens} <image> tokens per picture "
+                f"for that size. Leave model.image_size unset or set it to {vision.image_size}"
+            )
         _check_grid(size, vision.patch_size, architecture.scale_factor)
         return size
 
@@ -175,15 +243,21 @@ class SmolVLMFamily(ChatFamily):
         resampling of the S×S picture), ``pixel_values`` (1, N, 3, S, S), ``pixel_attention_mask``
         (1, N, S, S) and ``rows``/``cols`` (0: not split) for ``replace_image_token``."""
         resized = [image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC) for image in images]
-        kwargs = {**getattr(processor, "images_kwargs", {}), **self.image_kwargs,
-                  "size": {"longest_edge": size}, "max_image_size": {"longest_edge": size}}
+        kwargs = {
+            **getattr(processor, "images_kwargs", {}),
+            **self.image_kwargs,
+            "size": {"longest_edge": size},
+            "max_image_size": {"longest_edge": size},
+        }
         return processor.image_processor(images=resized, return_tensors="pt", **kwargs)
 
     def per_image_pixels(self, processed: dict[str, torch.Tensor], count: int) -> torch.Tensor:
         pixels = processed["pixel_values"]  # (1, count, 3, S, S): the list of pictures is one sample's images
         if pixels.shape[:2] != (1, count):
-            raise ValueError(f"{self.name}: the processor gave pixel values of shape {tuple(pixels.shape)} for "
-                             f"{count} images (expected one S×S image per picture: was it split into tiles?)")
+            raise ValueError(
+                f"{self.name}: the processor gave pixel values of shape {tuple(pixels.shape)} for "
+                f"{count} images (expected one S×S image per picture: was it split into tiles?)"
+            )
         return pixels[0]
 
     def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -206,8 +280,9 @@ class SmolVLMFamily(ChatFamily):
         return captured.reshape(images, *grid)  # the patches are in raster order (the patch conv, flattened)
 
     def encode_images(self, core: nn.Module, pixels: dict[str, torch.Tensor]) -> Any:
-        return core.model.get_image_features(pixel_values=pixels["pixel_values"],
-                                             pixel_attention_mask=pixels.get("pixel_attention_mask"))
+        return core.model.get_image_features(
+            pixel_values=pixels["pixel_values"], pixel_attention_mask=pixels.get("pixel_attention_mask")
+        )
 
     def vision_tower(self, core: nn.Module) -> nn.Module:
         return core.model.vision_model

@@ -32,14 +32,15 @@ from safetensors.torch import load_file, save_file
 from davir.errors import DataError
 from davir.io import atomic_path
 from davir.models.lightweight.base import Encoded, LightweightCaptioner, clevr_pair_loss
+from davir.models.lightweight.cheer import CheerCaptioner, CheerSettings
 from davir.models.lightweight.config import LightweightConfig, TextTowerSettings, paper_settings
-from davir.models.lightweight.registry import METHODS, LightweightMethod, get_method, method_names
-# the methods register themselves, in this order
-from davir.models.lightweight.subtraction import SubtractionCaptioner, SubtractionSettings  # noqa: I001
-from davir.models.lightweight.scorer import ScorerCaptioner, ScorerSettings
 from davir.models.lightweight.dirl import DirlCaptioner, DirlSettings
 from davir.models.lightweight.rdd import RddCaptioner, RddSettings, prompt_texts
-from davir.models.lightweight.cheer import CheerCaptioner, CheerSettings
+from davir.models.lightweight.registry import METHODS, LightweightMethod, get_method, method_names
+from davir.models.lightweight.scorer import ScorerCaptioner, ScorerSettings
+
+# the methods register themselves, in this order
+from davir.models.lightweight.subtraction import SubtractionCaptioner, SubtractionSettings  # noqa: I001
 
 METHOD_NAMES = method_names()  # the registry's names, for callers of the former constant
 
@@ -61,8 +62,9 @@ def save_lightweight_model(model: LightweightCaptioner, path: str | Path) -> Non
         save_file(tensors, str(tmp), metadata={CONFIG_METADATA_KEY: json.dumps(model.config.to_dict())})
 
 
-def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cpu", drop_foreign_keys: bool = False,
-                           **kwargs) -> LightweightCaptioner:
+def load_lightweight_model(
+    path: str | Path, *, device: str | torch.device = "cpu", drop_foreign_keys: bool = False, **kwargs
+) -> LightweightCaptioner:
     """Rebuild a model saved by `save_lightweight_model` (config from the file's metadata).
 
     Files of earlier versions hold every method's keys and load as they are; `drop_foreign_keys` also
@@ -83,7 +85,9 @@ def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cp
             raise ValueError(f"expected an object, got {type(values).__name__}")
         config = LightweightConfig.from_dict(values, drop_foreign_keys=drop_foreign_keys)
     except (ValueError, TypeError) as error:  # malformed JSON, an unknown key, a value of the wrong type or range
-        raise DataError(f"{path}: metadata {CONFIG_METADATA_KEY!r} is not a lightweight model config ({error})") from None
+        raise DataError(
+            f"{path}: metadata {CONFIG_METADATA_KEY!r} is not a lightweight model config ({error})"
+        ) from None
     model = build_lightweight_model(config, **kwargs)
     try:
         model.load_state_dict(load_file(str(path), device=str(device)))
@@ -93,9 +97,29 @@ def load_lightweight_model(path: str | Path, *, device: str | torch.device = "cp
 
 
 __all__ = [
-    "METHODS", "METHOD_NAMES", "CheerCaptioner", "CheerSettings", "DirlCaptioner", "DirlSettings", "Encoded",
-    "LightweightCaptioner", "LightweightConfig", "LightweightMethod", "RddCaptioner", "RddSettings", "ScorerCaptioner",
-    "ScorerSettings", "SubtractionCaptioner", "SubtractionSettings", "TextTowerSettings", "build_lightweight_model",
-    "clevr_pair_loss", "get_method", "load_lightweight_model", "method_names", "paper_settings", "prompt_texts",
+    "METHODS",
+    "METHOD_NAMES",
+    "CheerCaptioner",
+    "CheerSettings",
+    "DirlCaptioner",
+    "DirlSettings",
+    "Encoded",
+    "LightweightCaptioner",
+    "LightweightConfig",
+    "LightweightMethod",
+    "RddCaptioner",
+    "RddSettings",
+    "ScorerCaptioner",
+    "ScorerSettings",
+    "SubtractionCaptioner",
+    "SubtractionSettings",
+    "TextTowerSettings",
+    "build_lightweight_model",
+    "clevr_pair_loss",
+    "get_method",
+    "load_lightweight_model",
+    "method_names",
+    "paper_settings",
+    "prompt_texts",
     "save_lightweight_model",
 ]

@@ -52,7 +52,7 @@ def _batch_tm_single(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     chunk = max(1, _MATCH_BLOCK_ELEMENTS // max(1, batch * n_query * n_key))
     rows = []
     for start in range(0, batch, chunk):
-        scores = torch.einsum("ald,bmd->ablm", query[start:start + chunk], key)  # (chunk, B, Nq, Nk)
+        scores = torch.einsum("ald,bmd->ablm", query[start : start + chunk], key)  # (chunk, B, Nq, Nk)
         t2v = scores.max(dim=-1).values.mean(dim=-1)
         v2t = scores.max(dim=-2).values.mean(dim=-1)
         rows.append(0.5 * (t2v + v2t))
@@ -152,14 +152,14 @@ def tie_query_key(attention: nn.Module, *, identity_value: bool = False) -> None
         if not attention._qkv_same_embed_dim:
             raise ValueError("tie_query_key needs a MultiheadAttention with one packed in_proj_weight")
         dim = attention.embed_dim
-        attention.in_proj_weight[dim:2 * dim].copy_(attention.in_proj_weight[:dim])
+        attention.in_proj_weight[dim : 2 * dim].copy_(attention.in_proj_weight[:dim])
         if attention.in_proj_bias is not None:
-            attention.in_proj_bias[dim:2 * dim].copy_(attention.in_proj_bias[:dim])
+            attention.in_proj_bias[dim : 2 * dim].copy_(attention.in_proj_bias[:dim])
         if identity_value:
-            attention.in_proj_weight[2 * dim:].copy_(torch.eye(dim))
+            attention.in_proj_weight[2 * dim :].copy_(torch.eye(dim))
             attention.out_proj.weight.copy_(torch.eye(dim))
             if attention.in_proj_bias is not None:
-                attention.in_proj_bias[2 * dim:].zero_()
+                attention.in_proj_bias[2 * dim :].zero_()
             if attention.out_proj.bias is not None:
                 attention.out_proj.bias.zero_()
         return
@@ -196,7 +196,9 @@ class CrossAttentionBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         attended, _ = self.attention(x, memory, memory, key_padding_mask=key_padding_mask, need_weights=False)
         return self.norm(x + self.dropout(attended))
 

@@ -24,7 +24,12 @@ from torch import nn
 from davir.models.lightweight.attention import LogitScale
 from davir.models.lightweight.config import LightweightConfig
 from davir.models.lightweight.decoder import (
-    CaptionDecoder, DecoderOutput, beam_decode, greedy_decode, init_weights, width_scaled_std,
+    CaptionDecoder,
+    DecoderOutput,
+    beam_decode,
+    greedy_decode,
+    init_weights,
+    width_scaled_std,
 )
 from davir.models.lightweight.frontend import FeatureFrontend
 from davir.models.lightweight.inputs import MethodInputs
@@ -45,18 +50,34 @@ class Encoded:
 class LightweightCaptioner(nn.Module, ABC):
     """Base class of the five methods (see the module docstring for the API)."""
 
-    decoder_init = "normal"  # "normal" N(0, 0.02) at width 512 as SCORER's decoder [C] (width-scaled [D]); DIRL "xavier"
+    decoder_init = (
+        "normal"  # "normal" N(0, 0.02) at width 512 as SCORER's decoder [C] (width-scaled [D]); DIRL "xavier"
+    )
     inputs: ClassVar[type[MethodInputs]] = MethodInputs  # what its batches carry beyond features and captions
 
     def __init__(self, config: LightweightConfig):
         super().__init__()
         self.config = config
-        self.frontend = FeatureFrontend(config.feat_dim, config.hidden, config.grid_size, config.coord_channels,
-                                        pool=config.feature_pool, init=config.frontend_init)
+        self.frontend = FeatureFrontend(
+            config.feat_dim,
+            config.hidden,
+            config.grid_size,
+            config.coord_channels,
+            pool=config.feature_pool,
+            init=config.frontend_init,
+        )
         self.decoder = CaptionDecoder(
-            config.vocab_size, hidden=config.hidden, word_dim=config.word_emb, heads=config.heads,
-            layers=config.layers, ffn_dim=config.ffn_dim, max_len=config.max_len, dropout=config.dropout,
-            positions=config.resolved_positions, layer_kind=self.decoder_kind(config), **self.decoder_options(config),
+            config.vocab_size,
+            hidden=config.hidden,
+            word_dim=config.word_emb,
+            heads=config.heads,
+            layers=config.layers,
+            ffn_dim=config.ffn_dim,
+            max_len=config.max_len,
+            dropout=config.dropout,
+            positions=config.resolved_positions,
+            layer_kind=self.decoder_kind(config),
+            **self.decoder_options(config),
         )
         std = config.decoder_init_std if config.decoder_init_std is not None else width_scaled_std(config.hidden)
         init_weights(self.decoder, self.decoder_init, std=std)
@@ -73,12 +94,14 @@ class LightweightCaptioner(nn.Module, ABC):
         return {}
 
     @abstractmethod
-    def encode(self, tokens_before: torch.Tensor, tokens_after: torch.Tensor, *, entities=None,
-               need_losses: bool = True) -> Encoded:
+    def encode(
+        self, tokens_before: torch.Tensor, tokens_after: torch.Tensor, *, entities=None, need_losses: bool = True
+    ) -> Encoded:
         """Difference encoder on projected tokens (B, N, D) of both images."""
 
-    def decoder_losses(self, encoded: Encoded, decoded: DecoderOutput, captions_in: torch.Tensor,
-                       attributes=None) -> dict[str, torch.Tensor]:
+    def decoder_losses(
+        self, encoded: Encoded, decoded: DecoderOutput, captions_in: torch.Tensor, attributes=None
+    ) -> dict[str, torch.Tensor]:
         """Auxiliary losses that need the decoder's states (none by default)."""
         return {}
 
@@ -158,21 +181,27 @@ class LightweightCaptioner(nn.Module, ABC):
         was_training = self.training
         self.eval()
         try:
-            encoded = self.encode(self.frontend(feat_before), self.frontend(feat_after), entities=entities,
-                                  need_losses=False, **extra)
+            encoded = self.encode(
+                self.frontend(feat_before), self.frontend(feat_after), entities=entities, need_losses=False, **extra
+            )
             memory, text_memory = encoded.memory, encoded.text_memory
             batch = memory.shape[0]
             if beam_size == 1:
                 return greedy_decode(
                     lambda tokens: self.decoder.next_token_log_probs(tokens, memory, text_memory),
-                    batch, max_len, memory.device,
+                    batch,
+                    max_len,
+                    memory.device,
                 )
             memory = memory.repeat_interleave(beam_size, dim=0)
             if text_memory is not None:
                 text_memory = text_memory.repeat_interleave(beam_size, dim=0)
             return beam_decode(
                 lambda tokens: self.decoder.next_token_log_probs(tokens, memory, text_memory),
-                batch, beam_size, max_len, memory.device,
+                batch,
+                beam_size,
+                max_len,
+                memory.device,
             )
         finally:
             self.train(was_training)
@@ -191,11 +220,7 @@ def _swap_rows(mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[to
 
 
 def clevr_pair_loss(
-    model: LightweightCaptioner,
-    batch: dict,
-    *,
-    swap_probability: float = 0.5,
-    generator: torch.Generator | None = None,
+    model: LightweightCaptioner, batch: dict, *, swap_probability: float = 0.5, generator: torch.Generator | None = None
 ) -> dict[str, torch.Tensor]:
     """CLEVR-Change training step of SCORER/DIRL (docs/methods/README.md): both pairs of every scene, losses averaged.
 
@@ -210,8 +235,15 @@ def clevr_pair_loss(
     `distractor_pair_losses()`, taken from the distractor pair alone (DIRL's L_dirl with `dirl_pairs=distractor`
     [D]).
     """
-    required = ("feat_before", "feat_after", "feat_distractor", "captions_in", "captions_target",
-                "no_change_in", "no_change_target")
+    required = (
+        "feat_before",
+        "feat_after",
+        "feat_distractor",
+        "captions_in",
+        "captions_target",
+        "no_change_in",
+        "no_change_target",
+    )
     missing = [key for key in required if key not in batch]
     if missing:
         raise KeyError(f"clevr_pair_loss batch is missing {', '.join(missing)}")
@@ -220,10 +252,20 @@ def clevr_pair_loss(
         swap = torch.rand(before.shape[0], generator=generator, device="cpu") < swap_probability
         before, distractor = _swap_rows(swap.to(before.device), before, distractor)
     inputs = [key for key in batch if key not in required and not key.endswith("_distractor")]
-    semantic = model(before, batch["feat_after"], batch["captions_in"], batch["captions_target"],
-                     **{key: batch[key] for key in inputs})
-    nonsemantic = model(before, distractor, batch["no_change_in"], batch["no_change_target"],
-                        **{key: batch.get(f"{key}_distractor") for key in inputs})
+    semantic = model(
+        before,
+        batch["feat_after"],
+        batch["captions_in"],
+        batch["captions_target"],
+        **{key: batch[key] for key in inputs},
+    )
+    nonsemantic = model(
+        before,
+        distractor,
+        batch["no_change_in"],
+        batch["no_change_target"],
+        **{key: batch.get(f"{key}_distractor") for key in inputs},
+    )
     losses = {key: 0.5 * semantic[key] + 0.5 * nonsemantic[key] for key in semantic}
     weights = model.loss_weights()
     for name in model.distractor_pair_losses():

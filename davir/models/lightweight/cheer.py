@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from davir.errors import DataError
 from davir.models.lightweight.attention import init_as_difference, tie_query_key
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
-from davir.errors import DataError
 from davir.models.lightweight.config import CLEVR_DC, TextTowerSettings
 from davir.models.lightweight.inputs import MethodInputs
 from davir.models.lightweight.losses import gate_consistency_loss, map_correlation_loss
@@ -76,7 +76,7 @@ class CheerSettings(TextTowerSettings):
         if self.enhance_temperature is not None and not self.enhance_temperature > 0:
             raise ValueError(f"enhance_temperature must be a positive number or null, got {self.enhance_temperature!r}")
 
-    def with_entity_bank(self, size: int) -> "CheerSettings":
+    def with_entity_bank(self, size: int) -> CheerSettings:
         """These settings with a stored bank of `size` entity embeddings (batches then carry ids into it)."""
         return replace(self, entity_bank_size=size)
 
@@ -89,7 +89,9 @@ PAPER_ROWS = {
 }
 # The printed values it reads beside paper_values.EVERY_METHOD.
 SWITCHES = (
-    MATCHING_INIT, DIFFERENCE_INIT, DECODER_INIT_STD,
+    MATCHING_INIT,
+    DIFFERENCE_INIT,
+    DECODER_INIT_STD,
     Switch("lightweight.enhance_temperature", None, "[D]"),
     Switch("lightweight.gate_loss_on", "logits", "[D]"),
     Switch("lightweight.cheer_fusion_relu", False, "[D]"),
@@ -99,8 +101,9 @@ SWITCHES = (
 )
 
 
-def enhancement_probability(target: torch.Tensor, source: torch.Tensor,
-                            temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
+def enhancement_probability(
+    target: torch.Tensor, source: torch.Tensor, temperature: torch.Tensor | float = 1.0
+) -> torch.Tensor:
     """CHEER Eq. 2: ``P(i, j) = softmax_j(cos(F_target[i], F_source[j]) / τ)`` — (B, N_t, N_s).
 
     τ = 1 is the printed softmax; another τ is the [D] temperature. The printed indices are garbled: the
@@ -111,7 +114,9 @@ def enhancement_probability(target: torch.Tensor, source: torch.Tensor,
     return (sim / temperature).softmax(dim=-1)
 
 
-def gated_residual(target: torch.Tensor, gate_logits: torch.Tensor, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+def gated_residual(
+    target: torch.Tensor, gate_logits: torch.Tensor, norm: nn.LayerNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
     """CHEER Eq. 4: ``F'_target = LN(σ(P^) ⊙ F_target + F_target)``; also returns the gate σ(P^)."""
     gate = torch.sigmoid(gate_logits)
     return norm(gate * target + target), gate
@@ -185,7 +190,9 @@ def commonality_step(layer: HrdLayer, image: torch.Tensor, other: torch.Tensor, 
     return common.features, consistency_loss(common, layer.entity_difference(entities, image), on)
 
 
-def cross_image_interaction(layer: HrdLayer, common_before: torch.Tensor, common_after: torch.Tensor, need_similarity: bool):
+def cross_image_interaction(
+    layer: HrdLayer, common_before: torch.Tensor, common_after: torch.Tensor, need_similarity: bool
+):
     """CHEER Eqs. 8-9: ``C~_bef = MHCA(C_bef, C_aft)``, ``C~_aft = MHCA(C_aft, C_bef)`` (both from the same
     inputs), with the SCORER-style MTM similarity matrices S^{b→a}, S^{a→b} for L_I when asked [D]."""
     refined_before, sim_ba = layer.interaction(common_before, common_after, need_similarity)
@@ -221,33 +228,50 @@ class EntityInputs(MethodInputs):
 
         context, data, top_k = self.context, self.context.data, settings.entities_per_pair
         self.top_k = top_k
-        command = context.command.format(cmd="entities", split=data.train_split, out=data.entities or "CACHE") + \
-            f" --masks MASKS --top-k {top_k}"
+        command = (
+            context.command.format(cmd="entities", split=data.train_split, out=data.entities or "CACHE")
+            + f" --masks MASKS --top-k {top_k}"
+        )
         if data.entities is None:
-            raise DataError(f"CHEER needs the top-{top_k} retrieved change entities of every pair (§4.8) but "
-                            f"data.entities is not set: run `{command}` (and for {data.val_split}), then set data.entities=CACHE")
+            raise DataError(
+                f"CHEER needs the top-{top_k} retrieved change entities of every pair (§4.8) but "
+                f"data.entities is not set: run `{command}` (and for {data.val_split}), then set data.entities=CACHE"
+            )
         vocab_path = Path(data.entities) / "vocab.json"
         if not vocab_path.is_file():
             raise DataError(f"{data.entities} has no entity vocabulary ({vocab_path}); run `{command}`")
         check_cache_root(data.entities, data.root, key="data.entities", moved_from=data.moved_from)
         # Only the lexicon here (expected profile None): entities read with other word lists are another bank.
-        context.check_profiles(None, entities=data.entities, allow_mismatch=data.allow_profile_mismatch,
-                               warn=context.note, where="this config")
+        context.check_profiles(
+            None,
+            entities=data.entities,
+            allow_mismatch=data.allow_profile_mismatch,
+            warn=context.note,
+            where="this config",
+        )
         self.cache = EntityCache(data.entities)
         self.phrases = EntityVocabulary.load(vocab_path).phrases
         self.index = {phrase: i for i, phrase in enumerate(self.phrases)}
         for split, pairs in ((data.train_split, context.train_pairs), (data.val_split, context.val_pairs)):
-            require_cached(pairs, self.cache.has, what=f"retrieved entities in {data.entities}",
-                           command=context.command.format(cmd="entities", split=split, out=data.entities) +
-                           f" --image-level --top-k {top_k}")
+            require_cached(
+                pairs,
+                self.cache.has,
+                what=f"retrieved entities in {data.entities}",
+                command=context.command.format(cmd="entities", split=split, out=data.entities)
+                + f" --image-level --top-k {top_k}",
+            )
             short = [p.pair_id for p in pairs if len(self.cache.get(p.pair_id)) < top_k]
             if short:
-                raise DataError(f"{len(short)} pairs of {split} have fewer than {top_k} entities in {data.entities} "
-                                f"(e.g. {short[:3]}); rerun `preprocess entities` with --top-k {top_k} into a new --out")
+                raise DataError(
+                    f"{len(short)} pairs of {split} have fewer than {top_k} entities in {data.entities} "
+                    f"(e.g. {short[:3]}); rerun `preprocess entities` with --top-k {top_k} into a new --out"
+                )
         if context.text_encoder is None:
             raise DataError("internal: the text tower must be loaded before the entity bank")
-        context.note(f"CHEER entity bank: {len(self.phrases)} phrases of {vocab_path}, embedded by the "
-                     f"{context.text_encoder.model_name} text tower ({context.text_encoder.weights})")
+        context.note(
+            f"CHEER entity bank: {len(self.phrases)} phrases of {vocab_path}, embedded by the "
+            f"{context.text_encoder.model_name} text tower ({context.text_encoder.weights})"
+        )
         return settings.with_entity_bank(len(self.phrases))
 
     def model_built(self, model: CheerCaptioner) -> None:
@@ -268,7 +292,9 @@ class EntityInputs(MethodInputs):
         """(B, K) ids into the entity bank of the batch's retrieved phrases."""
         unknown = sorted({e for row in entities for e in row if e not in self.index})
         if unknown:
-            raise DataError(f"retrieved entities {unknown[:3]} are not in the entity vocabulary the model was built with")
+            raise DataError(
+                f"retrieved entities {unknown[:3]} are not in the entity vocabulary the model was built with"
+            )
         return torch.tensor([[self.index[e] for e in row] for row in entities], dtype=torch.long, device=device)
 
     def save(self, directory: Path) -> dict[str, Any]:
@@ -324,7 +350,9 @@ class CheerCaptioner(LightweightCaptioner):
     def entity_features(self, entities) -> torch.Tensor:
         """(B, K) entity ids (into the bank) or (B, K, entity_dim) embeddings → (B, K, D)."""
         if entities is None:
-            raise ValueError("CHEER needs the retrieved change entities (`entities`: (B, K) ids or (B, K, d) embeddings)")
+            raise ValueError(
+                "CHEER needs the retrieved change entities (`entities`: (B, K) ids or (B, K, d) embeddings)"
+            )
         if not torch.is_floating_point(entities):
             if self.entity_bank is None:
                 raise ValueError("entities given as ids but the model has no entity bank (config entity_bank_size)")

@@ -121,8 +121,9 @@ class LightweightConfig:
 
     def __getattr__(self, name: str) -> Any:  # only for names the settings lack: say whose they are
         owners = owners_of(name)
-        raise AttributeError(f"{type(self).__name__} has no {name!r}" +
-                             (f" (a setting of {', '.join(owners)})" if owners else ""))
+        raise AttributeError(
+            f"{type(self).__name__} has no {name!r}" + (f" (a setting of {', '.join(owners)})" if owners else "")
+        )
 
     # Resolved switches (None = the method's own choice)
     @property
@@ -164,9 +165,11 @@ class LightweightConfig:
             raise ValueError(f"unknown LightweightConfig field(s): {', '.join(unknown)}")
         foreign = [key for key in values if key not in field_names(settings)]
         if foreign and not (drop_foreign_keys or is_pre_split(values)):
-            raise ValueError(f"{foreign_keys_message(method, foreign)}; a {method} model never read them. To convert "
-                             "the file, load it with load_lightweight_model(path, drop_foreign_keys=True) and save it "
-                             "again with save_lightweight_model")
+            raise ValueError(
+                f"{foreign_keys_message(method, foreign)}; a {method} model never read them. To convert "
+                "the file, load it with load_lightweight_model(path, drop_foreign_keys=True) and save it "
+                "again with save_lightweight_model"
+            )
         values = with_added_keys(settings, values, saved=True)
         return settings(**{key: value for key, value in values.items() if key in field_names(settings)})
 
@@ -224,8 +227,9 @@ def _choices(settings: type) -> dict[str, tuple]:
         options = [hints[f.name]]
         if typing.get_origin(options[0]) in (typing.Union, types.UnionType):
             options = list(typing.get_args(options[0]))
-        allowed = [value for option in options if typing.get_origin(option) is Literal
-                   for value in typing.get_args(option)]
+        allowed = [
+            value for option in options if typing.get_origin(option) is Literal for value in typing.get_args(option)
+        ]
         if allowed:
             choices[f.name] = tuple(allowed) + ((None,) if type(None) in options else ())
     return choices
@@ -252,8 +256,12 @@ def owners_of(key: str) -> tuple[str, ...]:
 
 def foreign_keys_message(method: str, keys, *, prefix: str = "") -> str:
     """One line: whose keys these are, and what `method` takes."""
-    parts = [f"{prefix}{key} is a setting of {', '.join(owners_of(key))}, not of {method}" if owners_of(key)
-             else f"{prefix}{key} is not a setting of any lightweight method" for key in keys]
+    parts = [
+        f"{prefix}{key} is a setting of {', '.join(owners_of(key))}, not of {method}"
+        if owners_of(key)
+        else f"{prefix}{key} is not a setting of any lightweight method"
+        for key in keys
+    ]
     own = own_keys(method)
     takes = f"its own: {', '.join(own)}" if own else "none of its own"
     return f"{'; '.join(parts)} ({method} takes the common keys and {takes})"

@@ -21,15 +21,19 @@ return the word ids with <END> and everything after it replaced by <NULL> = 0.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from davir.models.lightweight.attention import (
-    CrossAttentionBlock, FeedForwardBlock, ScorerAttention, SelfAttentionBlock, _causal_mask,
+    CrossAttentionBlock,
+    FeedForwardBlock,
+    ScorerAttention,
+    SelfAttentionBlock,
+    _causal_mask,
 )
 from davir.text.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
@@ -49,8 +53,16 @@ def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
 class WordInput(nn.Module):
     """Word embedding (300) + position encoding → Linear → LN → Dropout, giving (B, T, D)."""
 
-    def __init__(self, vocab_size: int, word_dim: int, hidden: int, max_len: int, positions: str, dropout: float,
-                 dropout_before_norm: bool = False):
+    def __init__(
+        self,
+        vocab_size: int,
+        word_dim: int,
+        hidden: int,
+        max_len: int,
+        positions: str,
+        dropout: float,
+        dropout_before_norm: bool = False,
+    ):
         super().__init__()
         self.max_len = max_len
         self.dropout_before_norm = dropout_before_norm  # SCORER code: Linear → Dropout → LN [C]
@@ -191,8 +203,9 @@ class CaptionDecoder(nn.Module):
         self.layer_kind = layer_kind
         self.max_len = max_len
         self.vocab_size = vocab_size
-        self.words = WordInput(vocab_size, word_dim, hidden, max_len, positions, dropout,
-                               dropout_before_norm=layer_kind == "scorer")
+        self.words = WordInput(
+            vocab_size, word_dim, hidden, max_len, positions, dropout, dropout_before_norm=layer_kind == "scorer"
+        )
         if layer_kind == "standard":
             stack = [StandardDecoderLayer(hidden, heads, ffn_dim, dropout) for _ in range(layers)]
         elif layer_kind == "scorer":

@@ -61,7 +61,8 @@ PAPER_ROWS = {
 }
 # The printed values it reads beside paper_values.EVERY_METHOD (its decoder is Xavier-initialised: no init std).
 SWITCHES = (
-    MATCHING_INIT, REFERENCE_QUIRKS,
+    MATCHING_INIT,
+    REFERENCE_QUIRKS,
     Switch("lightweight.dirl_correlation", "cosine", "[C]"),
     Switch("lightweight.ccr_mode", "paper", "[C]", read=lambda c: c.lightweight.resolved_ccr_mode),
     Switch("lightweight.dirl_normalize_difference", False, "[D]"),
@@ -76,7 +77,9 @@ def distractors_immune_loss(
     return cross_correlation_loss(projected_before.flatten(0, 1), projected_after.flatten(0, 1), alpha=alpha, mode=mode)
 
 
-def shared_representation(layers: nn.ModuleList, before: torch.Tensor, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_representation(
+    layers: nn.ModuleList, before: torch.Tensor, after: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """DIRL Eq. 5: ``F^s_bef = MHCA(F_bef, F_aft)``, ``F^s_aft = MHCA(F_aft, F_bef)``, stacked, simultaneous [C]."""
     for layer in layers:
         before, after = layer(before, after), layer(after, before)
@@ -107,7 +110,9 @@ def ccr_features(
     return masked_mean(self_state, mask), masked_mean(cross_state, mask)
 
 
-def cross_modal_contrastive_loss(text: torch.Tensor, visual: torch.Tensor, *, temperature: float, mode: str) -> torch.Tensor:
+def cross_modal_contrastive_loss(
+    text: torch.Tensor, visual: torch.Tensor, *, temperature: float, mode: str
+) -> torch.Tensor:
     """DIRL Eqs. 13-14: ``L_ccr = ½ (L_t2v + L_v2t)``, in-batch InfoNCE with dot-product similarity / τ.
 
     ``code`` mode [C]: logits ``(T·Vᵀ/τ + V·Tᵀ/τ) / 2`` and a row-wise cross-entropy only.
@@ -147,8 +152,10 @@ class DirlCaptioner(LightweightCaptioner):
         losses = {}
         if need_losses:
             losses["dirl_loss"] = distractors_immune_loss(
-                self.projector(tokens_before), self.projector(tokens_after),
-                alpha=self.config.dirl_alpha, mode=self.config.dirl_correlation,
+                self.projector(tokens_before),
+                self.projector(tokens_after),
+                alpha=self.config.dirl_alpha,
+                mode=self.config.dirl_correlation,
             )
         shared_before, shared_after = shared_representation(self.cross_layers, tokens_before, tokens_after)
         normalize = self.config.dirl_normalize_difference
@@ -161,8 +168,9 @@ class DirlCaptioner(LightweightCaptioner):
     def decoder_losses(self, encoded: Encoded, decoded: DecoderOutput, captions_in, attributes=None):
         mode = self.config.resolved_ccr_mode
         text, visual = ccr_features(decoded.self_states[-1], decoded.cross_states[-1], captions_in, mode)
-        return {"ccr_loss": cross_modal_contrastive_loss(
-            text, visual, temperature=self.config.ccr_temperature, mode=mode)}
+        return {
+            "ccr_loss": cross_modal_contrastive_loss(text, visual, temperature=self.config.ccr_temperature, mode=mode)
+        }
 
     def loss_weights(self) -> dict[str, float]:
         return {"dirl_loss": self.config.dirl_weight, "ccr_loss": self.config.ccr_weight}

@@ -78,8 +78,15 @@ class FeatureFrontend(nn.Module):
     matching cost fall with the square of the number of tokens); statistics are those of the pooled grid.
     """
 
-    def __init__(self, feat_dim: int, hidden: int, grid_size: int = 14, coord_channels: bool = False, pool: int = 1,
-                 init: str = "paper"):
+    def __init__(
+        self,
+        feat_dim: int,
+        hidden: int,
+        grid_size: int = 14,
+        coord_channels: bool = False,
+        pool: int = 1,
+        init: str = "paper",
+    ):
         super().__init__()
         if pool < 1:
             raise ValueError(f"feature pooling factor must be >= 1, got {pool}")
@@ -90,7 +97,7 @@ class FeatureFrontend(nn.Module):
         self.pool = pool
         self.projection = nn.Conv2d(feat_dim, hidden, kernel_size=1)
         if init == "scaled":  # [D] unit-variance tokens; "paper" keeps PyTorch's default, as the references
-            nn.init.normal_(self.projection.weight, std=feat_dim ** -0.5)
+            nn.init.normal_(self.projection.weight, std=feat_dim**-0.5)
             nn.init.zeros_(self.projection.bias)
         self.position = GridPositionEmbedding(grid_size, hidden, init_std=0.1 if init == "scaled" else 1.0)
         channels = feat_dim - 2 if coord_channels else feat_dim
@@ -102,8 +109,10 @@ class FeatureFrontend(nn.Module):
     def set_feature_statistics(self, mean: torch.Tensor, std: torch.Tensor, *, floor: float = 0.1) -> None:
         """Standardise every later input with these per-channel statistics (train-split features)."""
         if mean.shape != self.feature_mean.shape or std.shape != self.feature_std.shape:
-            raise ValueError(f"feature statistics must have shape {tuple(self.feature_mean.shape)}, "
-                             f"got {tuple(mean.shape)} and {tuple(std.shape)}")
+            raise ValueError(
+                f"feature statistics must have shape {tuple(self.feature_mean.shape)}, "
+                f"got {tuple(mean.shape)} and {tuple(std.shape)}"
+            )
         self.feature_mean.copy_(mean)
         # Channels that (almost) never vary carry no information: keep them at their scale, not amplified.
         self.feature_std.copy_(std.clamp(min=max(float(std.mean()) * floor, 1e-6)))
@@ -111,8 +120,10 @@ class FeatureFrontend(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Models saved before standardisation existed: identity statistics.
         for name in ("feature_mean", "feature_std"):
-            state_dict.setdefault(prefix + name, getattr(self, name).new_full(
-                getattr(self, name).shape, 0.0 if name == "feature_mean" else 1.0))
+            state_dict.setdefault(
+                prefix + name,
+                getattr(self, name).new_full(getattr(self, name).shape, 0.0 if name == "feature_mean" else 1.0),
+            )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def is_pooled(self, features: torch.Tensor) -> bool:

@@ -38,9 +38,10 @@ def caption_cross_entropy(
         valid &= targets != ignored
     if not bool(valid.any()):
         raise ValueError("caption targets have no token to score (all positions are padding)")
-    token_loss = F.cross_entropy(
-        logits.float().flatten(0, 1), targets.clamp(min=0).flatten(), reduction="none"
-    ).view_as(targets) * valid
+    token_loss = (
+        F.cross_entropy(logits.float().flatten(0, 1), targets.clamp(min=0).flatten(), reduction="none").view_as(targets)
+        * valid
+    )
     if reduction == "token_mean":
         return token_loss.sum() / valid.sum()
     if reduction == "sentence_mean":
@@ -67,8 +68,9 @@ def similarity(a: torch.Tensor, b: torch.Tensor, kind: str = "dot") -> torch.Ten
     raise ValueError(f"similarity kind must be 'dot' or 'cosine', got {kind!r}")
 
 
-def info_nce(sim: torch.Tensor, *, temperature: float = 1.0, symmetric: bool = True,
-             ignore: torch.Tensor | None = None) -> torch.Tensor:
+def info_nce(
+    sim: torch.Tensor, *, temperature: float = 1.0, symmetric: bool = True, ignore: torch.Tensor | None = None
+) -> torch.Tensor:
     """In-batch InfoNCE on a similarity matrix whose diagonal holds the positives.
 
     ``CE_row(S) = −(1/B) Σ_a log softmax_b(S_ab / τ)[b = a]``; symmetric: ``½ [CE_row(S) + CE_row(Sᵀ)]``.
@@ -97,14 +99,18 @@ def cross_correlation_matrix(z_a: torch.Tensor, z_b: torch.Tensor, mode: str = "
     * ``cosine`` (Eq. 3 as printed): ``C_ij = Σ_n a_ni b_nj / (‖a_·i‖ ‖b_·j‖)``, no centring.
     """
     if z_a.shape != z_b.shape or z_a.dim() != 2:
-        raise ValueError(f"cross-correlation needs two (N, D) tensors of one shape, got {tuple(z_a.shape)}, {tuple(z_b.shape)}")
+        raise ValueError(
+            f"cross-correlation needs two (N, D) tensors of one shape, got {tuple(z_a.shape)}, {tuple(z_b.shape)}"
+        )
     z_a, z_b = z_a.float(), z_b.float()
     if mode == "zscore":
         z_a = (z_a - z_a.mean(0)) / z_a.std(0)
         z_b = (z_b - z_b.mean(0)) / z_b.std(0)
         return z_a.transpose(0, 1) @ z_b / z_a.shape[0]
     if mode == "cosine":
-        return (z_a.transpose(0, 1) @ z_b) / (z_a.norm(dim=0).unsqueeze(1) * z_b.norm(dim=0).unsqueeze(0)).clamp(min=1e-12)
+        return (z_a.transpose(0, 1) @ z_b) / (z_a.norm(dim=0).unsqueeze(1) * z_b.norm(dim=0).unsqueeze(0)).clamp(
+            min=1e-12
+        )
     raise ValueError(f"cross-correlation mode must be 'zscore' or 'cosine', got {mode!r}")
 
 
@@ -124,7 +130,9 @@ def map_correlation_loss(score: torch.Tensor, reference: torch.Tensor, eps: floa
     averaged over the batch, for two match maps (B, N). Unlike the MSE between gates, constant maps do not
     minimise it (a constant map has no correlation with anything: loss 1)."""
     if score.shape != reference.shape or score.dim() != 2:
-        raise ValueError(f"maps must be two (B, N) tensors of one shape, got {tuple(score.shape)}, {tuple(reference.shape)}")
+        raise ValueError(
+            f"maps must be two (B, N) tensors of one shape, got {tuple(score.shape)}, {tuple(reference.shape)}"
+        )
     a = score.float() - score.float().mean(dim=1, keepdim=True)
     b = reference.float() - reference.float().mean(dim=1, keepdim=True)
     correlation = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1) + eps)

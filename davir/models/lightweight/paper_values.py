@@ -13,8 +13,9 @@ with it); the ones every lightweight method reads, and DAVIR's FAC switches, liv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from davir.models.lightweight.decoder import width_scaled_std
 from davir.models.lightweight.registry import METHODS
@@ -63,10 +64,20 @@ EVERY_METHOD: tuple[Switch, ...] = (
     Switch("lightweight.frontend_init", "paper", "[D]", "[C]"),
     Switch("lightweight.feature_pool", 1, "[D]"),
     Switch("lightweight.dropout", 0.1, "[D]", "[C]"),
-    Switch("lightweight.positions", lambda c: c.lightweight.default_positions, "[D]", "[P]/[C]",
-           read=lambda c: c.lightweight.resolved_positions),
-    Switch("lightweight.caption_loss", lambda c: c.lightweight.default_caption_loss, "[D]", "[P]/[C]",
-           read=lambda c: c.lightweight.resolved_caption_loss),
+    Switch(
+        "lightweight.positions",
+        lambda c: c.lightweight.default_positions,
+        "[D]",
+        "[P]/[C]",
+        read=lambda c: c.lightweight.resolved_positions,
+    ),
+    Switch(
+        "lightweight.caption_loss",
+        lambda c: c.lightweight.default_caption_loss,
+        "[D]",
+        "[P]/[C]",
+        read=lambda c: c.lightweight.resolved_caption_loss,
+    ),
     Switch("optim.max_grad_norm", 0.0, "[D]", "[C]"),
     Switch("optim.warmup_ratio", 0.0, "[D]", "[C]"),
     Switch("optim.schedule", STEP_LR, "[D]", "[C]"),
@@ -78,26 +89,32 @@ DIFFERENCE_INIT = Switch("lightweight.difference_init", False, "[D]", "[C]")
 DECODER_INIT_STD = Switch("lightweight.decoder_init_std", 0.02, "[D]", "[C]", read=_decoder_std)
 REFERENCE_QUIRKS = Switch("lightweight.reference_quirks", False, "[C]")
 # --- DAVIR (FAC, EPC, LoRA, App. B) ------------------------------------------------------------------------
-DAVIR: tuple[Switch, ...] = tuple(switch.owned_by("davir") for switch in (
-    Switch("model.fac.lambda_attn", 0.1, "[D]"),
-    Switch("model.fac.loss_type", "kl", "[D]"),
-    Switch("model.fac.attn_norm", "softmax", "[D]"),
-    Switch("model.fac.mask_source", "after_only", "[D]"),
-    Switch("model.fac.kl_direction", "attn_mask", "[D]"),
-    Switch("model.epc.num_entities", 1, "[D]"),
-    Switch("model.train_mode", "lora", "[D]"),
-    Switch("model.extra_trainable", (), "[D]"),  # App. B: LoRA only, everything else frozen
-    Switch("model.lora.vision_rank", 4, "[D]"),
-    Switch("model.lora.qformer_rank", 4, "[D]"),
-    Switch("model.lora.llm_rank", 8, "[D]"),
-    Switch("data.preprocessing_profile", "paper", "[D]"),
-))
+DAVIR: tuple[Switch, ...] = tuple(
+    switch.owned_by("davir")
+    for switch in (
+        Switch("model.fac.lambda_attn", 0.1, "[D]"),
+        Switch("model.fac.loss_type", "kl", "[D]"),
+        Switch("model.fac.attn_norm", "softmax", "[D]"),
+        Switch("model.fac.mask_source", "after_only", "[D]"),
+        Switch("model.fac.kl_direction", "attn_mask", "[D]"),
+        Switch("model.epc.num_entities", 1, "[D]"),
+        Switch("model.train_mode", "lora", "[D]"),
+        Switch("model.extra_trainable", (), "[D]"),  # App. B: LoRA only, everything else frozen
+        Switch("model.lora.vision_rank", 4, "[D]"),
+        Switch("model.lora.qformer_rank", 4, "[D]"),
+        Switch("model.lora.llm_rank", 8, "[D]"),
+        Switch("data.preprocessing_profile", "paper", "[D]"),
+    )
+)
 
 
 def __getattr__(name: str):
     if name == "SWITCHES":  # every switch: the shared ones, each registered method's own, DAVIR's
-        return (*(switch.owned_by(*METHODS) for switch in EVERY_METHOD),
-                *(switch for _, spec in METHODS.items() for switch in spec.switches), *DAVIR)
+        return (
+            *(switch.owned_by(*METHODS) for switch in EVERY_METHOD),
+            *(switch for _, spec in METHODS.items() for switch in spec.switches),
+            *DAVIR,
+        )
     if name == "LIGHTWEIGHT":
         return METHODS.names()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

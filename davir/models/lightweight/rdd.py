@@ -95,8 +95,10 @@ class RddSettings(TextTowerSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.difference_init and self.rdd_fusion == "concat":
-            raise ValueError("difference_init starts Eq. 5's fusion Linear, which rdd_fusion='concat' (the printed "
-                             "concatenation) does not have: set rdd_fusion='linear' with it, or difference_init=false")
+            raise ValueError(
+                "difference_init starts Eq. 5's fusion Linear, which rdd_fusion='concat' (the printed "
+                "concatenation) does not have: set rdd_fusion='linear' with it, or difference_init=false"
+            )
 
     @property
     def attaches_text_tower(self) -> bool:
@@ -114,7 +116,8 @@ PAPER_ROWS = {
 }
 # The printed values it reads beside paper_values.EVERY_METHOD.
 SWITCHES = (
-    DIFFERENCE_INIT, DECODER_INIT_STD,
+    DIFFERENCE_INIT,
+    DECODER_INIT_STD,
     Switch("lightweight.rdd_gde_residual", "none", "[D]"),
     Switch("lightweight.rdd_fusion", "concat", "[D]"),
     Switch("lightweight.rdd_decoder_tokens", "global", "[D]"),
@@ -133,8 +136,9 @@ def regional_token(vectors: torch.Tensor) -> torch.Tensor:
     return vectors.mean(dim=1)
 
 
-def attribute_contrastive_loss(text: torch.Tensor, regional: torch.Tensor, temperature: float, *,
-                               mask_duplicates: bool = False) -> torch.Tensor:
+def attribute_contrastive_loss(
+    text: torch.Tensor, regional: torch.Tensor, temperature: float, *, mask_duplicates: bool = False
+) -> torch.Tensor:
     """RDD Eqs. 11-13: ``L_L2C = ½ (L_lc + L_cl)``, in-batch InfoNCE on cosine similarity / τ.
 
     ``mask_duplicates`` [D]: pairs whose texts are the same (identical attribute tokens, e.g. the no-change
@@ -204,7 +208,9 @@ class TextTowerAdapter(nn.Module):
         tower = getattr(clip_model, "text", clip_model)
         for name in ("token_embedding", "positional_embedding", "transformer", "ln_final"):
             if not hasattr(tower, name):
-                raise ValueError(f"text tower {type(tower).__name__} has no {name!r}; expected an open_clip CLIP text tower")
+                raise ValueError(
+                    f"text tower {type(tower).__name__} has no {name!r}; expected an open_clip CLIP text tower"
+                )
         if getattr(tower, "cls_emb", None) is not None:
             raise ValueError("text towers with a CLS embedding (CoCa) are not supported for prompt learning")
         self.token_embedding = tower.token_embedding
@@ -232,8 +238,12 @@ class TextTowerAdapter(nn.Module):
         length = token_ids.shape[1]
         embedded = self.token_embedding(token_ids)
         x = torch.cat(
-            [embedded[:, :1], context.to(embedded.dtype).unsqueeze(0).expand(token_ids.shape[0], -1, -1),
-             embedded[:, 1 + n_ctx:]], dim=1,
+            [
+                embedded[:, :1],
+                context.to(embedded.dtype).unsqueeze(0).expand(token_ids.shape[0], -1, -1),
+                embedded[:, 1 + n_ctx :],
+            ],
+            dim=1,
         )
         x = x + self.positional_embedding[:length].to(x.dtype)
         mask = None if self.attn_mask is None else self.attn_mask[:length, :length]
@@ -287,14 +297,16 @@ class AttributeInputs(MethodInputs):
         verbs = [self.segments[c][1] for c in captions]
         if self.settings.attaches_text_tower:
             prompts = self.settings.acr_prompt_tokens
-            return {"noun_ids": encoder.token_ids(prompt_texts(nouns, prompts)).to(device),
-                    "verb_ids": encoder.token_ids(prompt_texts(verbs, prompts)).to(device)}
+            return {
+                "noun_ids": encoder.token_ids(prompt_texts(nouns, prompts)).to(device),
+                "verb_ids": encoder.token_ids(prompt_texts(verbs, prompts)).to(device),
+            }
         texts = [f"{segment}." for segment in nouns + verbs]
         todo = sorted({t for t in texts if t not in self.text_features})
         if todo:
             self.text_features.update(zip(todo, encoder.encode(todo)))
         features = torch.stack([self.text_features[t] for t in texts]).to(device)
-        return {"noun_features": features[: len(nouns)], "verb_features": features[len(nouns):]}
+        return {"noun_features": features[: len(nouns)], "verb_features": features[len(nouns) :]}
 
 
 @register_method("rdd", RddSettings, rows=PAPER_ROWS, switches=SWITCHES)
@@ -355,8 +367,10 @@ class RddCaptioner(LightweightCaptioner):
         difference = global_difference(before, after)
         residual = {"difference": (difference, difference), "image": (before, after), "none": (0, 0)}
         residual_before, residual_after = residual[self.config.rdd_gde_residual]
-        enriched = (residual_before + attention(self.gde_attention, before, difference),
-                    residual_after + attention(self.gde_attention, after, difference))
+        enriched = (
+            residual_before + attention(self.gde_attention, before, difference),
+            residual_after + attention(self.gde_attention, after, difference),
+        )
         if self.gde_fuse is None:
             return torch.cat(enriched, dim=1)
         return self.gde_fuse(torch.cat(enriched, dim=-1))
@@ -370,7 +384,7 @@ class RddCaptioner(LightweightCaptioner):
         tokens = torch.cat([global_tokens, objects, actions], dim=1)
         tokens = tokens + attention(self.fusion_attention, tokens, tokens)
         tokens = tokens + self.fusion_ffn(tokens)
-        return tokens[:, :global_tokens.shape[1]] if self.config.rdd_decoder_tokens == "global" else tokens
+        return tokens[:, : global_tokens.shape[1]] if self.config.rdd_decoder_tokens == "global" else tokens
 
     def encode(self, tokens_before, tokens_after, *, entities=None, need_losses=True) -> Encoded:
         batch, steps = tokens_before.shape[0], self.config.rdd_distill_steps
@@ -400,10 +414,12 @@ class RddCaptioner(LightweightCaptioner):
         noun, verb = self.attribute_tokens(attributes)
         tau, masked = self.config.acr_temperature, self.config.acr_mask_duplicates
         return {
-            "n2o_loss": attribute_contrastive_loss(noun, regional_token(encoded.saved["objects"]), tau,
-                                                   mask_duplicates=masked),
-            "v2a_loss": attribute_contrastive_loss(verb, regional_token(encoded.saved["actions"]), tau,
-                                                   mask_duplicates=masked),
+            "n2o_loss": attribute_contrastive_loss(
+                noun, regional_token(encoded.saved["objects"]), tau, mask_duplicates=masked
+            ),
+            "v2a_loss": attribute_contrastive_loss(
+                verb, regional_token(encoded.saved["actions"]), tau, mask_duplicates=masked
+            ),
         }
 
     def loss_weights(self) -> dict[str, float]:

@@ -41,8 +41,10 @@ def register_method(name: str, settings: type, *, rows: dict | None = None, swit
 
     def decorate(captioner: type) -> type:
         if name in METHODS:
-            raise ValueError(f"lightweight method {name!r} is registered twice ({METHODS[name].captioner.__name__}, "
-                             f"{captioner.__name__})")
+            raise ValueError(
+                f"lightweight method {name!r} is registered twice ({METHODS[name].captioner.__name__}, "
+                f"{captioner.__name__})"
+            )
         if any(spec.settings is settings for _, spec in METHODS.items()):
             raise ValueError(f"{settings.__name__} already belongs to another method; give {name} its own class")
         settings.bind_method(name)  # LightweightConfig(method=name) builds it; other methods' keys refused

@@ -19,14 +19,25 @@ from typing import Literal
 import torch
 from torch import nn
 
-from davir.models.lightweight.attention import (LogitScale, MultiHeadTokenMatching, ScorerAttention, batch_token_matching,
-                                                init_as_difference, tie_query_key)
+from davir.models.lightweight.attention import (
+    LogitScale,
+    MultiHeadTokenMatching,
+    ScorerAttention,
+    batch_token_matching,
+    init_as_difference,
+    tie_query_key,
+)
 from davir.models.lightweight.base import Encoded, LightweightCaptioner
 from davir.models.lightweight.config import CLEVR_CHANGE, CLEVR_DC, LightweightConfig
 from davir.models.lightweight.decoder import DecoderOutput
 from davir.models.lightweight.losses import info_nce, masked_mean
-from davir.models.lightweight.paper_values import (DECODER_INIT_STD, DIFFERENCE_INIT, MATCHING_INIT, REFERENCE_QUIRKS,
-                                                   Switch)
+from davir.models.lightweight.paper_values import (
+    DECODER_INIT_STD,
+    DIFFERENCE_INIT,
+    MATCHING_INIT,
+    REFERENCE_QUIRKS,
+    Switch,
+)
 from davir.models.lightweight.registry import register_method
 from davir.text.vocab import PAD_ID
 
@@ -49,19 +60,38 @@ class ScorerSettings(LightweightConfig):
 
 # Per-dataset values (docs/methods/scorer.md: supplement Tables 8-9, the released YAMLs).
 PAPER_ROWS = {
-    "clevr_change": {**CLEVR_CHANGE, "cv_weight": 0.1, "cbr_weight": 0.001, "encoder_layers": 2, "batch_size": 128,
-                     "lr": 2e-4},
-    "clevr_dc": {**CLEVR_DC, "cv_weight": 0.01, "cbr_weight": 0.004, "encoder_layers": 1, "batch_size": 128,
-                 "lr": 2e-4},
+    "clevr_change": {
+        **CLEVR_CHANGE,
+        "cv_weight": 0.1,
+        "cbr_weight": 0.001,
+        "encoder_layers": 2,
+        "batch_size": 128,
+        "lr": 2e-4,
+    },
+    "clevr_dc": {
+        **CLEVR_DC,
+        "cv_weight": 0.01,
+        "cbr_weight": 0.004,
+        "encoder_layers": 1,
+        "batch_size": 128,
+        "lr": 2e-4,
+    },
     "spot_the_diff": {"cv_weight": 0.3, "cbr_weight": 0.5, "encoder_layers": 3, "batch_size": 32, "lr": 2e-4},
     "ier": {"cv_weight": 0.003, "cbr_weight": 0.06, "encoder_layers": 2, "batch_size": 16, "lr": 1e-4},
 }
 # The printed values it reads beside paper_values.EVERY_METHOD.
-SWITCHES = (MATCHING_INIT, DIFFERENCE_INIT, DECODER_INIT_STD, REFERENCE_QUIRKS,
-            Switch("lightweight.freeze_cbr_params", False, "[C]", read=lambda c: c.lightweight.resolved_freeze_cbr))
+SWITCHES = (
+    MATCHING_INIT,
+    DIFFERENCE_INIT,
+    DECODER_INIT_STD,
+    REFERENCE_QUIRKS,
+    Switch("lightweight.freeze_cbr_params", False, "[C]", read=lambda c: c.lightweight.resolved_freeze_cbr),
+)
 
 
-def cross_view_reconstruction(query_tokens: torch.Tensor, reconstructed: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+def cross_view_reconstruction(
+    query_tokens: torch.Tensor, reconstructed: torch.Tensor, norm: nn.LayerNorm
+) -> torch.Tensor:
     """SCORER Eq. 6: ``X^_q = LN(X_q + U)`` — integrate the reconstructed unchanged representation U (Eq. 5)."""
     return norm(query_tokens + reconstructed)
 
@@ -160,7 +190,8 @@ class ScorerCaptioner(LightweightCaptioner):
         super().__init__(config)
         dim = config.hidden
         self.layers = nn.ModuleList(
-            ReconstructionLayer(dim, config.heads, config.dropout, config.mtm_mode) for _ in range(config.encoder_layers)
+            ReconstructionLayer(dim, config.heads, config.dropout, config.mtm_mode)
+            for _ in range(config.encoder_layers)
         )
         if config.matching_init:
             for layer in self.layers:

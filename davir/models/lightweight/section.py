@@ -18,8 +18,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from davir.models.lightweight.config import (LightweightConfig, field_names, foreign_keys_message, is_pre_split,
-                                             with_added_keys)
+from davir.models.lightweight.config import (
+    LightweightConfig,
+    field_names,
+    foreign_keys_message,
+    is_pre_split,
+    with_added_keys,
+)
 from davir.models.lightweight.registry import METHODS
 
 # RDD/CHEER settings that earlier configs wrote under `data:` (DataConfig still reads them, TrainConfig moves them).
@@ -42,8 +47,9 @@ def given_keys(section: Any) -> dict[str, Any]:
     raise TypeError(f"lightweight must be a mapping of settings, got {type(section).__name__}")
 
 
-def resolve_lightweight(method: str, section: Any, moved: dict[str, Any] | None = None
-                        ) -> LightweightConfig | NoLightweightSettings:
+def resolve_lightweight(
+    method: str, section: Any, moved: dict[str, Any] | None = None
+) -> LightweightConfig | NoLightweightSettings:
     """The settings of `method` from `section`, plus the `moved` keys an older config gave under `data:`.
 
     Raises ValueError (one line) for a key of another method, a `lightweight.method` other than `method`, and
@@ -55,17 +61,23 @@ def resolve_lightweight(method: str, section: Any, moved: dict[str, Any] | None 
     if method not in METHODS:
         named = [f"lightweight.{key}" for key in given] + [f"data.{key}" for key in moved]
         if named and not pre_split:
-            raise ValueError(f"{', '.join(named)}: method {method} has no lightweight model to set (lightweight "
-                             f"methods: {', '.join(METHODS)}); delete {'it' if len(named) == 1 else 'them'}")
+            raise ValueError(
+                f"{', '.join(named)}: method {method} has no lightweight model to set (lightweight "
+                f"methods: {', '.join(METHODS)}); delete {'it' if len(named) == 1 else 'them'}"
+            )
         return NoLightweightSettings()
     if stated not in (None, method) and not pre_split:
-        raise ValueError(f"lightweight.method is {stated!r} but method is {method!r}: name the method once, in the "
-                         "top-level `method:`, and delete lightweight.method")
+        raise ValueError(
+            f"lightweight.method is {stated!r} but method is {method!r}: name the method once, in the "
+            "top-level `method:`, and delete lightweight.method"
+        )
     settings = METHODS[method].settings
     for key, value in moved.items():
         if key in given and given[key] != value:
-            raise ValueError(f"data.{key}={value!r} and lightweight.{key}={given[key]!r} disagree: data.{key} is the "
-                             f"earlier name of lightweight.{key}; keep only that one")
+            raise ValueError(
+                f"data.{key}={value!r} and lightweight.{key}={given[key]!r} disagree: data.{key} is the "
+                f"earlier name of lightweight.{key}; keep only that one"
+            )
         if key in field_names(settings):
             given[key] = value
         elif not pre_split:
@@ -77,7 +89,8 @@ def resolve_lightweight(method: str, section: Any, moved: dict[str, Any] | None 
     from davir.config import FieldError, from_dict
 
     try:  # each value checked against the method's own field types (Literal choices included)
-        return from_dict(settings, {key: value for key, value in given.items() if key in field_names(settings)},
-                         where="lightweight")
+        return from_dict(
+            settings, {key: value for key, value in given.items() if key in field_names(settings)}, where="lightweight"
+        )
     except FieldError as error:  # named from the config's top, as every other field's
         raise FieldError(f"lightweight.{error.key}", error.problem) from None

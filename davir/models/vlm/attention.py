@@ -31,7 +31,7 @@ class ClsAttentionHook:
         self._latest: torch.Tensor | None = None
         self._handle = None
 
-    def attach(self) -> "ClsAttentionHook":
+    def attach(self) -> ClsAttentionHook:
         if self._handle is None:
             self._handle = self.qkv.register_forward_hook(self._hook)
         return self

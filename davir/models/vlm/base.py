@@ -77,22 +77,41 @@ class DavirVLM(DavirCheckpointMixin, nn.Module, ABC):
         return [len(ids) for ids in encoded["input_ids"]]
 
     def _caption_ids(self, captions: Sequence[str]) -> list[list[int]]:
-        encoded = self.tokenizer([c.strip() for c in captions], add_special_tokens=False, truncation=True,
-                                 max_length=self.config.max_caption_tokens - 1)
+        encoded = self.tokenizer(
+            [c.strip() for c in captions],
+            add_special_tokens=False,
+            truncation=True,
+            max_length=self.config.max_caption_tokens - 1,
+        )
         return [list(ids) + [self.end_token_id] for ids in encoded["input_ids"]]
 
     # ------------------------------------------------------------------------------------------ forward, generate
     @abstractmethod
-    def forward(self, pixel_before: torch.Tensor, pixel_after: torch.Tensor, prompts: Sequence[str],
-                captions: Sequence[str] | None = None, masks_before: torch.Tensor | None = None,
-                masks_after: torch.Tensor | None = None, mask_valid: torch.Tensor | None = None) -> DavirOutput:
+    def forward(
+        self,
+        pixel_before: torch.Tensor,
+        pixel_after: torch.Tensor,
+        prompts: Sequence[str],
+        captions: Sequence[str] | None = None,
+        masks_before: torch.Tensor | None = None,
+        masks_after: torch.Tensor | None = None,
+        mask_valid: torch.Tensor | None = None,
+    ) -> DavirOutput:
         """Teacher-forced pass: ``DavirOutput`` with the caption loss, FAC's loss (Eq. 7) and their sum (Eq. 12)."""
 
     @abstractmethod
-    def generate(self, pixel_before: torch.Tensor, pixel_after: torch.Tensor, prompts: Sequence[str], *,
-                 max_new_tokens: int = 30, num_beams: int = 1, return_attention: bool = False,
-                 pad_length_to: int = 1, **generate_kwargs: Any
-                 ) -> list[str] | tuple[list[str], torch.Tensor, torch.Tensor]:
+    def generate(
+        self,
+        pixel_before: torch.Tensor,
+        pixel_after: torch.Tensor,
+        prompts: Sequence[str],
+        *,
+        max_new_tokens: int = 30,
+        num_beams: int = 1,
+        return_attention: bool = False,
+        pad_length_to: int = 1,
+        **generate_kwargs: Any,
+    ) -> list[str] | tuple[list[str], torch.Tensor, torch.Tensor]:
         """Captions of a batch (deterministic), with the attention maps of both images on request."""
 
     @contextlib.contextmanager
@@ -138,7 +157,7 @@ class DavirVLM(DavirCheckpointMixin, nn.Module, ABC):
         for name, parameter in self.named_parameters():
             for prefix in prefixes:
                 if name.startswith(prefix):
-                    name = name[len(prefix):]
+                    name = name[len(prefix) :]
                     break
             counts = summary.setdefault(self.part_of(name), [0, 0])
             counts[1] += parameter.numel()

@@ -51,4 +51,5 @@ def load_davir_model(directory, *, device: str | torch.device | None = None, pre
     from davir.models.vlm.checkpoint import read_davir_config
 
     return davir_class(read_davir_config(directory).family).from_pretrained(
-        directory, device=device, pretrained=pretrained)
+        directory, device=device, pretrained=pretrained
+    )

@@ -60,8 +60,11 @@ class ChatDavirModel(DavirVLM):
         if self._end_token_id is None or self._end_token_id == self.tokenizer.unk_token_id:
             raise ValueError(f"the {config.family} tokenizer has no {self.family.end_of_turn!r} token (end of turn)")
 
-        self.vlm: nn.Module = self._wrap_core(core, make_family_lora_config(self.family, config.lora),
-                                              [self.family.trainable_parts[part] for part in config.extra_trainable])
+        self.vlm: nn.Module = self._wrap_core(
+            core,
+            make_family_lora_config(self.family, config.lora),
+            [self.family.trainable_parts[part] for part in config.extra_trainable],
+        )
         if config.gradient_checkpointing:
             core.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if config.train_mode == "lora":
@@ -94,13 +97,15 @@ class ChatDavirModel(DavirVLM):
         placeholders expanded as the processor expands them. ``images=1``: one picture before the prompt
         (the single-image description stage of ``davir.pretrain_tiny``)."""
         prompt = self._cut_prompt(prompt)
-        messages = [{"role": "user", "content": [*({"type": "image"} for _ in range(images)),
-                                                 {"type": "text", "text": prompt}]}]
+        messages = [
+            {"role": "user", "content": [*({"type": "image"} for _ in range(images)), {"type": "text", "text": prompt}]}
+        ]
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         token = self.processor.image_token
         if text.count(token) != images:
-            raise ValueError(f"the {self.config.family} chat template put {text.count(token)} image placeholders "
-                             f"for {images} images")
+            raise ValueError(
+                f"the {self.config.family} chat template put {text.count(token)} image placeholders for {images} images"
+            )
         return text.replace(token, self.image_text)
 
     def _cut_prompt(self, prompt: str) -> str:
@@ -128,8 +133,10 @@ class ChatDavirModel(DavirVLM):
             raise ValueError("the images of a turn differ in shape: " + ", ".join(str(tuple(p.shape)) for p in images))
         expected = self._pixel_shape
         if tuple(images[0].shape[1:]) != expected:
-            raise ValueError(f"pixels of shape {tuple(images[0].shape[1:])} per image, the model takes {expected} "
-                             f"(pictures through this model's image_processor at {self.image_size}×{self.image_size})")
+            raise ValueError(
+                f"pixels of shape {tuple(images[0].shape[1:])} per image, the model takes {expected} "
+                f"(pictures through this model's image_processor at {self.image_size}×{self.image_size})"
+            )
         dtype = self.family.vision_tower(self.core).dtype
         device = self.device
         one = {key: value.to(device) for key, value in self._one_image.items() if torch.is_tensor(value)}
@@ -159,11 +166,20 @@ class ChatDavirModel(DavirVLM):
         maps = self.family.attention_maps(self.attention_hook.pop(), 2 * batch, self.patch_grid)
         attention_before, attention_after = maps[0::2], maps[1::2]
 
-        return davir_output(logits, labels if captions is not None else None, attention_before,
-                            attention_after, self.config.fac, masks_before, masks_after, mask_valid)
+        return davir_output(
+            logits,
+            labels if captions is not None else None,
+            attention_before,
+            attention_after,
+            self.config.fac,
+            masks_before,
+            masks_after,
+            mask_valid,
+        )
 
-    def teacher_forced(self, images: Sequence[torch.Tensor], prompts: Sequence[str],
-                       captions: Sequence[str] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def teacher_forced(
+        self, images: Sequence[torch.Tensor], prompts: Sequence[str], captions: Sequence[str] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, labels) of one chat turn per row holding ``images`` (K tensors of (B, …), in text order)
         and its prompt, the caption teacher-forced after it (labels only on the caption and its end of turn;
         all ``IGNORE_INDEX`` without captions). The FAC hook keeps the vision pass's attention for ``pop()``."""
@@ -182,8 +198,13 @@ class ChatDavirModel(DavirVLM):
                 labels[row, len(p) : len(p) + len(c)] = torch.tensor(c)
         device = self.device
         input_ids, attention_mask, labels = input_ids.to(device), attention_mask.to(device), labels.to(device)
-        output = self.vlm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                          **pixels, **self._token_types(input_ids))
+        output = self.vlm(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            use_cache=False,
+            **pixels,
+            **self._token_types(input_ids),
+        )
         return output.logits, labels
 
     # ---------------------------------------------------------------------------------------------- generate
@@ -207,9 +228,15 @@ class ChatDavirModel(DavirVLM):
             if len(prompts) != batch:
                 raise ValueError(f"{len(prompts)} prompts for a batch of {batch} image pairs")
             pixels = self._pixel_inputs(pixel_before, pixel_after)
-            captions = self._generate_from_pixels(pixels, prompts, 2, max_new_tokens=max_new_tokens,
-                                                  num_beams=num_beams, pad_length_to=pad_length_to,
-                                                  **generate_kwargs)
+            captions = self._generate_from_pixels(
+                pixels,
+                prompts,
+                2,
+                max_new_tokens=max_new_tokens,
+                num_beams=num_beams,
+                pad_length_to=pad_length_to,
+                **generate_kwargs,
+            )
             if return_attention:
                 # One vision pass of the B pairs, in the order the text holds them.
                 self.family.encode_images(self.core, pixels)
@@ -219,14 +246,21 @@ class ChatDavirModel(DavirVLM):
         return captions
 
     @torch.no_grad()
-    def generate_turns(self, images: Sequence[torch.Tensor], prompts: Sequence[str], **generate_kwargs: Any
-                       ) -> list[str]:
+    def generate_turns(
+        self, images: Sequence[torch.Tensor], prompts: Sequence[str], **generate_kwargs: Any
+    ) -> list[str]:
         """Greedy/beam answers to one chat turn per row holding ``images`` (K tensors of (B, …), in text order)
         and its prompt, with the model's own ``generate`` (left padding, KV cache)."""
         return self._generate_from_pixels(self._pixel_inputs(*images), prompts, len(images), **generate_kwargs)
 
-    def _generate_from_pixels(self, pixels: dict[str, torch.Tensor], prompts: Sequence[str], images: int,
-                              pad_length_to: int = 1, **generate_kwargs: Any) -> list[str]:
+    def _generate_from_pixels(
+        self,
+        pixels: dict[str, torch.Tensor],
+        prompts: Sequence[str],
+        images: int,
+        pad_length_to: int = 1,
+        **generate_kwargs: Any,
+    ) -> list[str]:
         """:meth:`generate_turns` on the turn's :meth:`_pixel_inputs` (``generate`` reuses them for its attention
         pass); ``images``: pictures per turn."""
         prompt_ids = self._prompt_ids(prompts, images)
@@ -234,14 +268,15 @@ class ChatDavirModel(DavirVLM):
         input_ids = torch.full((batch, length), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((batch, length), dtype=torch.long)
         for row, p in enumerate(prompt_ids):
-            input_ids[row, length - len(p):] = torch.tensor(p)
-            attention_mask[row, length - len(p):] = 1
+            input_ids[row, length - len(p) :] = torch.tensor(p)
+            attention_mask[row, length - len(p) :] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         settings = dict(do_sample=False, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.end_token_id)
         settings.update(generate_kwargs)
         with self._attention_hook_off():
-            output = self.core.generate(input_ids=input_ids, attention_mask=attention_mask, **pixels,
-                                        **self._token_types(input_ids), **settings)
+            output = self.core.generate(
+                input_ids=input_ids, attention_mask=attention_mask, **pixels, **self._token_types(input_ids), **settings
+            )
         return [text.strip() for text in self.tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)]
 
     @contextlib.contextmanager

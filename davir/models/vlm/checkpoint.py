@@ -70,7 +70,10 @@ class DavirCheckpointMixin:
 
     @classmethod
     def from_pretrained(
-        cls: type[_Model], directory: str | Path, *, device: str | torch.device | None = None,
+        cls: type[_Model],
+        directory: str | Path,
+        *,
+        device: str | torch.device | None = None,
         pretrained: str | Path | None = None,
     ) -> _Model:
         """Load a folder written by :meth:`save_pretrained`. ``pretrained`` replaces the base-model folder
@@ -79,15 +82,18 @@ class DavirCheckpointMixin:
         config = read_davir_config(directory)
         family = get_family(config.family)
         if not issubclass(cls, family.davir_class):
-            raise DataError(f"{directory} holds a model.family={config.family} model, which {cls.__name__} does not "
-                            "load: use davir.models.load_davir_model (it picks the class the folder records)")
+            raise DataError(
+                f"{directory} holds a model.family={config.family} model, which {cls.__name__} does not "
+                "load: use davir.models.load_davir_model (it picks the class the folder records)"
+            )
         if pretrained is not None:
             config.pretrained = str(pretrained)
         processor_dir = directory / PROCESSOR_DIR
         if not processor_dir.is_dir():
             raise DataError(f"{directory}: missing {PROCESSOR_DIR}/ (tokenizers and image processor)")
-        processor = _load_weights(processor_dir, lambda: family.load_processor(processor_dir),
-                                  what="the tokenizers and image processor")
+        processor = _load_weights(
+            processor_dir, lambda: family.load_processor(processor_dir), what="the tokenizers and image processor"
+        )
         target = torch.device(device) if device is not None else torch.device("cpu")
         if target.type == "cpu":  # accelerate's CPU processes are "cpu:0"; safetensors accepts only "cpu"
             target = torch.device("cpu")
@@ -95,8 +101,9 @@ class DavirCheckpointMixin:
             core = family.load_core(config, target)
         else:
             architecture_dir = directory / ARCHITECTURE_DIR
-            architecture = _load_weights(architecture_dir, lambda: family.load_architecture(architecture_dir),
-                                         what="the model architecture")
+            architecture = _load_weights(
+                architecture_dir, lambda: family.load_architecture(architecture_dir), what="the model architecture"
+            )
             core = family.random_core(architecture, config, target)
         with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
             torch.manual_seed(config.seed)
@@ -117,8 +124,10 @@ class DavirCheckpointMixin:
         wanted = trained_outside_lora(model)
         extra = directory / EXTRA_WEIGHTS_FILE
         if wanted and not extra.is_file():
-            raise DataError(f"{extra}: missing — {directory} is a LoRA model whose config trains "
-                            f"{sorted(wanted)[:3]} in full, and they are saved in {EXTRA_WEIGHTS_FILE}")
+            raise DataError(
+                f"{extra}: missing — {directory} is a LoRA model whose config trains "
+                f"{sorted(wanted)[:3]} in full, and they are saved in {EXTRA_WEIGHTS_FILE}"
+            )
         if extra.is_file():
             load_extra_weights(model, extra, wanted, target)
         return model
@@ -157,14 +166,18 @@ def read_davir_config(directory: str | Path) -> DavirModelConfig:
     path = Path(directory) / CONFIG_FILE
     meta = read_json(path)
     if not isinstance(meta, dict):
-        raise DataError(f"{path}: expected an object with keys 'format_version' and 'config', "
-                        f"got {type(meta).__name__}")
+        raise DataError(
+            f"{path}: expected an object with keys 'format_version' and 'config', got {type(meta).__name__}"
+        )
     for key in ("format_version", "config"):
         if key not in meta:
-            raise DataError(f"{path}: missing key '{key}' (not a DAVIR model config of format version {FORMAT_VERSION})")
+            raise DataError(
+                f"{path}: missing key '{key}' (not a DAVIR model config of format version {FORMAT_VERSION})"
+            )
     if meta["format_version"] != FORMAT_VERSION:
-        raise DataError(f"{path}: key 'format_version' is {meta['format_version']!r}; this version reads "
-                        f"{FORMAT_VERSION}")
+        raise DataError(
+            f"{path}: key 'format_version' is {meta['format_version']!r}; this version reads {FORMAT_VERSION}"
+        )
     if not isinstance(meta["config"], dict):
         raise DataError(f"{path}: key 'config' must be an object, got {meta['config']!r}")
     import_modules(recorded_imports(directory), key=f"{path}: imports")  # before the config names their family
@@ -219,11 +232,15 @@ def _is_unsafe_pickle(error: BaseException) -> bool:
 
 def _weights_error(path: Path, what: str, error: BaseException) -> DataError:
     if _is_unsafe_pickle(error):  # torch's own message advises weights_only=False, which would run the pickle
-        return DataError(f"{path}: refused: a pickle that holds more than plain tensors (loading it could run "
-                         "code); give the weights as .safetensors, or a .bin of tensors only")
+        return DataError(
+            f"{path}: refused: a pickle that holds more than plain tensors (loading it could run "
+            "code); give the weights as .safetensors, or a .bin of tensors only"
+        )
     detail = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
-    return DataError(f"{path}: cannot load {what} ({type(error).__name__}: {detail}); the file is "
-                     "corrupt, truncated or from another model — save or copy it again")
+    return DataError(
+        f"{path}: cannot load {what} ({type(error).__name__}: {detail}); the file is "
+        "corrupt, truncated or from another model — save or copy it again"
+    )
 
 
 def _failing_weight_file(folder: Path, error: BaseException) -> Path:

@@ -81,17 +81,21 @@ class DavirModelConfig:
         family = get_family(self.family)
         unknown = sorted(set(self.extra_trainable) - set(family.trainable_parts))
         if unknown:
-            raise ValueError(f"extra_trainable {unknown} unknown for model.family={self.family}; choose from "
-                             f"{sorted(family.trainable_parts)}")
+            raise ValueError(
+                f"extra_trainable {unknown} unknown for model.family={self.family}; choose from "
+                f"{sorted(family.trainable_parts)}"
+            )
         if self.segment_embeddings and not getattr(family, "segment_embeddings", False):
-            raise ValueError(f"segment_embeddings are InstructBLIP's; model.family={self.family} tells the two "
-                             "images apart by their places in the chat turn")
+            raise ValueError(
+                f"segment_embeddings are InstructBLIP's; model.family={self.family} tells the two "
+                "images apart by their places in the chat turn"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "DavirModelConfig") -> "DavirModelConfig":
+    def from_dict(cls, data: dict[str, Any], *, where: str = "DavirModelConfig") -> DavirModelConfig:
         """Strict inverse of ``to_dict`` (unknown keys and wrong types are errors naming the key)."""
         from davir.config import from_dict
 

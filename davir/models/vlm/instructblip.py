@@ -31,11 +31,7 @@ from torch import nn
 from transformers import InstructBlipForConditionalGeneration, InstructBlipProcessor
 
 from davir.models.losses import IGNORE_INDEX
-from davir.models.vlm.attention import (
-    ClsAttentionHook,
-    cls_to_patch_map,
-    last_layer_attention_module,
-)
+from davir.models.vlm.attention import ClsAttentionHook, cls_to_patch_map, last_layer_attention_module
 from davir.models.vlm.base import DavirVLM
 from davir.models.vlm.config import DavirModelConfig
 from davir.models.vlm.lora import make_lora_config
@@ -164,8 +160,9 @@ class DavirModel(DavirVLM):
         return self.core.get_input_embeddings()(ids)
 
     # ----------------------------------------------------------------------------------------------- forward
-    def language_pass(self, visual: torch.Tensor, prompts: Sequence[str], captions: Sequence[str] | None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def language_pass(
+        self, visual: torch.Tensor, prompts: Sequence[str], captions: Sequence[str] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """[visual | prompt | caption + EOS] through the LLM, packed per row and padded on the right (LAVIS
         concat_text_input_output). Returns ``logits`` (B, V + L, vocab) and ``labels`` (-100 except on the
         caption + EOS tokens; all -100 without captions)."""
@@ -217,8 +214,16 @@ class DavirModel(DavirVLM):
             raise ValueError(f"{len(captions)} captions for a batch of {visual.shape[0]} image pairs")
         logits, labels = self.language_pass(visual, prompts, captions)
 
-        return davir_output(logits, labels if captions is not None else None, attention_before, attention_after,
-                            self.config.fac, masks_before, masks_after, mask_valid)
+        return davir_output(
+            logits,
+            labels if captions is not None else None,
+            attention_before,
+            attention_after,
+            self.config.fac,
+            masks_before,
+            masks_after,
+            mask_valid,
+        )
 
     # ---------------------------------------------------------------------------------------------- generate
     @torch.no_grad()

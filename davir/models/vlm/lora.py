@@ -38,7 +38,6 @@ class LoraSettings:
             raise ValueError(f"lora.llm_targets {unknown} are not LLM projections {LLM_ATTENTION_PROJECTIONS}")
 
 
-
 def make_lora_config(settings: LoraSettings) -> LoraConfig:
     """One PEFT ``LoraConfig``: a full-match regex over the three parts, per-part ranks via ``rank_pattern``."""
     parts = []

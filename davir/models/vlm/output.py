@@ -23,9 +23,16 @@ class DavirOutput:
     fac_pairs: int = 0
 
 
-def davir_output(logits: torch.Tensor, labels: torch.Tensor | None, attention_before: torch.Tensor,
-                 attention_after: torch.Tensor, fac: FacConfig, masks_before: torch.Tensor | None = None,
-                 masks_after: torch.Tensor | None = None, mask_valid: torch.Tensor | None = None) -> DavirOutput:
+def davir_output(
+    logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    attention_before: torch.Tensor,
+    attention_after: torch.Tensor,
+    fac: FacConfig,
+    masks_before: torch.Tensor | None = None,
+    masks_after: torch.Tensor | None = None,
+    mask_valid: torch.Tensor | None = None,
+) -> DavirOutput:
     """The forward's result: L_caption on the labelled positions (``labels`` None: no captions, no loss), L_attn
     (Eq. 7) when λ > 0 and masks are given, and L_total = L_caption + λ L_attn (Eq. 12)."""
     caption_loss = caption_cross_entropy(logits, labels) if labels is not None else None
@@ -39,6 +46,13 @@ def davir_output(logits: torch.Tensor, labels: torch.Tensor | None, attention_be
         loss = caption_loss
     else:
         loss = davir_total_loss(caption_loss, attn_loss, fac.lambda_attn)
-    return DavirOutput(loss=loss, caption_loss=caption_loss, attn_loss=attn_loss, logits=logits,
-                       attention_before=attention_before, attention_after=attention_after, labels=labels,
-                       fac_pairs=fac_pairs)
+    return DavirOutput(
+        loss=loss,
+        caption_loss=caption_loss,
+        attn_loss=attn_loss,
+        logits=logits,
+        attention_before=attention_before,
+        attention_after=attention_after,
+        labels=labels,
+        fac_pairs=fac_pairs,
+    )

@@ -39,10 +39,12 @@ class QueryKeyHook:
         self._latest: torch.Tensor | None = None
         self._handles: list = []
 
-    def attach(self) -> "QueryKeyHook":
+    def attach(self) -> QueryKeyHook:
         if not self._handles:
-            self._handles = [self.query_projection.register_forward_hook(self._keep_query),
-                             self.key_projection.register_forward_hook(self._with_key)]
+            self._handles = [
+                self.query_projection.register_forward_hook(self._keep_query),
+                self.key_projection.register_forward_hook(self._with_key),
+            ]
         return self
 
     def detach(self) -> None:

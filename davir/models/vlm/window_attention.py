@@ -24,10 +24,19 @@ from transformers import AttentionInterface
 PACKED_ATTENTION = "davir_packed_sdpa_flash_layout"
 
 
-def packed_window_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: torch.Tensor | None = None, *, scaling: float | None = None,
-                            dropout: float = 0.0, cu_seq_lens_q: torch.Tensor | None = None,
-                            is_causal: bool = False, **kwargs) -> tuple[torch.Tensor, None]:
+def packed_window_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    is_causal: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """(1, H, N, D) query/key/value of windows packed along N with boundaries ``cu_seq_lens_q`` → ((1, N, H, D)
     attention output, None), each window attending only to itself (non-causal)."""
     if cu_seq_lens_q is None or query.shape[0] != 1 or attention_mask is not None or is_causal:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -20,15 +20,25 @@ DEFAULT_PROMPT = "a photo of {phrase}"
 class ClipSettings:
     """The CLIP retriever's settings; the weights file (`--clip-checkpoint`) and the device are given beside them."""
 
-    clip_model: str = field(default="ViT-L-14-quickgelu", metadata=option(
-        "--clip-model", "open_clip model name (OpenAI's CLIP weights were trained with QuickGELU; plain ViT-L-14 "
-        "is the LAION/DataComp variant and silently degrades OpenAI embeddings)"))
+    clip_model: str = field(
+        default="ViT-L-14-quickgelu",
+        metadata=option(
+            "--clip-model",
+            "open_clip model name (OpenAI's CLIP weights were trained with QuickGELU; plain ViT-L-14 "
+            "is the LAION/DataComp variant and silently degrades OpenAI embeddings)",
+        ),
+    )
     clip_prompt: str = field(default=DEFAULT_PROMPT, metadata=option("--clip-prompt"))
     # Not recorded (a cache names the architecture by clip_model): registers a custom architecture's config.
-    clip_config: str | None = field(default=None, metadata=option(
-        "--clip-config", "JSON model config to register (custom architectures)", type=str, compared=False))
-    batch_size: int = field(default=32, metadata=option("--batch-size", "CLIP images/texts per forward pass",
-                                                        compared=False))
+    clip_config: str | None = field(
+        default=None,
+        metadata=option(
+            "--clip-config", "JSON model config to register (custom architectures)", type=str, compared=False
+        ),
+    )
+    batch_size: int = field(
+        default=32, metadata=option("--batch-size", "CLIP images/texts per forward pass", compared=False)
+    )
 
 
 def square_pad(image: np.ndarray) -> np.ndarray:
@@ -37,7 +47,7 @@ def square_pad(image: np.ndarray) -> np.ndarray:
     side = max(height, width)
     out = np.zeros((side, side, 3), np.uint8)
     top, left = (side - height) // 2, (side - width) // 2
-    out[top:top + height, left:left + width] = image
+    out[top : top + height, left : left + width] = image
     return out
 
 
@@ -46,23 +56,38 @@ class ClipRetriever:
 
     name = "clip"
 
-    def __init__(self, model_name: str = "ViT-L-14", checkpoint: str | Path | None = None, *,
-                 config: str | Path | None = None, device: str | None = None, prompt: str = DEFAULT_PROMPT,
-                 batch_size: int = 32):
+    def __init__(
+        self,
+        model_name: str = "ViT-L-14",
+        checkpoint: str | Path | None = None,
+        *,
+        config: str | Path | None = None,
+        device: str | None = None,
+        prompt: str = DEFAULT_PROMPT,
+        batch_size: int = 32,
+    ):
         import torch
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model_name, self.checkpoint, self.prompt, self.batch_size = model_name, checkpoint, prompt, batch_size
-        self.model, self.preprocess, self.tokenizer = load_open_clip(model_name, checkpoint, config=config,
-                                                                     device=self.device)
+        self.model, self.preprocess, self.tokenizer = load_open_clip(
+            model_name, checkpoint, config=config, device=self.device
+        )
         self.text_embeddings = None
 
     @classmethod
-    def build(cls, settings: ClipSettings, *, checkpoint: str | Path | None, device: str | None = None,
-              folder=None) -> "ClipRetriever":
+    def build(
+        cls, settings: ClipSettings, *, checkpoint: str | Path | None, device: str | None = None, folder=None
+    ) -> ClipRetriever:
         """The registry's builder (`folder` is not used: nothing is fitted)."""
-        return cls(settings.clip_model, checkpoint, config=settings.clip_config, device=device,
-                   prompt=settings.clip_prompt, batch_size=settings.batch_size)
+        return cls(
+            settings.clip_model,
+            checkpoint,
+            config=settings.clip_config,
+            device=device,
+            prompt=settings.clip_prompt,
+            batch_size=settings.batch_size,
+        )
 
     def embed_texts(self, phrases: Sequence[str]) -> np.ndarray:
         """L2-normalised text embeddings of the prompted phrases."""
@@ -71,7 +96,7 @@ class ClipRetriever:
         chunks = []
         with torch.no_grad():
             for start in range(0, len(phrases), self.batch_size):
-                texts = [self.prompt.format(phrase=p) for p in phrases[start:start + self.batch_size]]
+                texts = [self.prompt.format(phrase=p) for p in phrases[start : start + self.batch_size]]
                 features = self.model.encode_text(self.tokenizer(texts).to(self.device)).float()
                 chunks.append(torch.nn.functional.normalize(features, dim=-1).cpu().numpy())
         return np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32)
@@ -84,8 +109,12 @@ class ClipRetriever:
         chunks = []
         with torch.no_grad():
             for start in range(0, len(images), self.batch_size):
-                batch = torch.stack([self.preprocess(Image.fromarray(square_pad(image)))
-                                     for image in images[start:start + self.batch_size]]).to(self.device)
+                batch = torch.stack(
+                    [
+                        self.preprocess(Image.fromarray(square_pad(image)))
+                        for image in images[start : start + self.batch_size]
+                    ]
+                ).to(self.device)
                 features = self.model.encode_image(batch).float()
                 chunks.append(torch.nn.functional.normalize(features, dim=-1).cpu().numpy())
         return np.concatenate(chunks)
@@ -115,5 +144,9 @@ class ClipRetriever:
         return (self.embed_images([np.asarray(image) for image in images]) @ self.text_embeddings.T).astype(np.float64)
 
     def describe(self) -> dict:
-        return {"retriever": self.name, "model": self.model_name, "checkpoint": str(self.checkpoint),
-                "prompt": self.prompt}
+        return {
+            "retriever": self.name,
+            "model": self.model_name,
+            "checkpoint": str(self.checkpoint),
+            "prompt": self.prompt,
+        }

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -12,9 +12,12 @@ from davir.errors import DataError
 from davir.io import atomic_path, read_json, write_json_atomic
 from davir.preprocessing.components import option
 from davir.preprocessing.retrievers.regions import (
-    DESCRIPTOR_NAMES, PairRegions, pair_features, region_descriptor, whole_frame_region,
+    DESCRIPTOR_NAMES,
+    PairRegions,
+    pair_features,
+    region_descriptor,
+    whole_frame_region,
 )
-
 
 FITTED_MODES = ("mixture", "max")
 
@@ -23,10 +26,17 @@ FITTED_MODES = ("mixture", "max")
 class FittedSettings:
     """The fitted retriever's settings (recorded in an entity cache's manifest under these names)."""
 
-    fitted_mode: str = field(default="mixture", metadata=option(
-        "--fitted-mode", "weight the two regions by a learned 'caption describes the before image' probability, "
-        "or take Eq. 9's max", choices=FITTED_MODES))
-    fitted_C: float = field(default=1.0, metadata=option("--fitted-C", "inverse L2 strength of the logistic regression"))
+    fitted_mode: str = field(
+        default="mixture",
+        metadata=option(
+            "--fitted-mode",
+            "weight the two regions by a learned 'caption describes the before image' probability, or take Eq. 9's max",
+            choices=FITTED_MODES,
+        ),
+    )
+    fitted_C: float = field(
+        default=1.0, metadata=option("--fitted-C", "inverse L2 strength of the logistic regression")
+    )
 
 
 def phrase_words(phrases: Sequence[str]) -> tuple[list[str], np.ndarray]:
@@ -51,9 +61,15 @@ def word_targets(label: dict[str, float], words: Sequence[str]) -> np.ndarray:
     return target
 
 
-def fit_soft_logistic(x: np.ndarray, y: np.ndarray, *, weights: np.ndarray | None = None, C: float = 1.0,
-                      max_iter: int = 500, start: tuple[np.ndarray, np.ndarray] | None = None
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def fit_soft_logistic(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    weights: np.ndarray | None = None,
+    C: float = 1.0,
+    max_iter: int = 500,
+    start: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """One-vs-rest logistic regressions with soft targets y ∈ [0, 1]^(n×k), fitted jointly by L-BFGS.
 
     Minimises Σ_i s_i Σ_w BCE(y_iw, σ(x_i·θ_w + b_w)) + ||θ||² / (2C) — per column the objective of
@@ -67,22 +83,22 @@ def fit_soft_logistic(x: np.ndarray, y: np.ndarray, *, weights: np.ndarray | Non
     s = np.ones(n) if weights is None else np.asarray(weights, np.float64)
 
     def objective(flat: np.ndarray) -> tuple[float, np.ndarray]:
-        theta, bias = flat[: f * k].reshape(f, k), flat[f * k:]
+        theta, bias = flat[: f * k].reshape(f, k), flat[f * k :]
         logits = x @ theta + bias
         # weighted BCE with logits, numerically stable: softplus(z) − y·z
-        loss = np.sum(s[:, None] * (np.logaddexp(0.0, logits) - y * logits)) + 0.5 * np.sum(theta ** 2) / C
+        loss = np.sum(s[:, None] * (np.logaddexp(0.0, logits) - y * logits)) + 0.5 * np.sum(theta**2) / C
         residual = s[:, None] * (1.0 / (1.0 + np.exp(-logits)) - y)
         gradient = np.concatenate([(x.T @ residual + theta / C).ravel(), residual.sum(axis=0)])
         return float(loss), gradient
 
     initial = np.zeros(f * k + k)
     if start is not None:
-        initial[: f * k], initial[f * k:] = start[0].T.ravel(), start[1]
+        initial[: f * k], initial[f * k :] = start[0].T.ravel(), start[1]
     else:
         prior = np.clip(np.average(y, axis=0, weights=s), 1e-4, 1 - 1e-4)
-        initial[f * k:] = np.log(prior / (1 - prior))
+        initial[f * k :] = np.log(prior / (1 - prior))
     result = minimize(objective, initial, jac=True, method="L-BFGS-B", options={"maxiter": max_iter})
-    return result.x[: f * k].reshape(f, k).T.copy(), result.x[f * k:].copy()
+    return result.x[: f * k].reshape(f, k).T.copy(), result.x[f * k :].copy()
 
 
 def _log_sigmoid(z: np.ndarray) -> np.ndarray:
@@ -128,8 +144,9 @@ class FittedRetriever:
         """Fit on training pairs; labels[i] maps the phrases pair i's references name to their share."""
         self.fit_features([pair_features(p) for p in pairs], labels, phrases)
 
-    def fit_features(self, features: Sequence[np.ndarray], labels: Sequence[dict[str, float]],
-                     phrases: Sequence[str]) -> None:
+    def fit_features(
+        self, features: Sequence[np.ndarray], labels: Sequence[dict[str, float]], phrases: Sequence[str]
+    ) -> None:
         """Fit on the (2, F) `pair_features` of training pairs and their phrase shares (pairs naming none are skipped)."""
         self.phrases = list(phrases)
         self.words, self.incidence = phrase_words(self.phrases)
@@ -141,7 +158,9 @@ class FittedRetriever:
                 kept.append(pair_rows)
                 targets.append(word_targets(label, self.words))
         if len(kept) < 2:
-            raise DataError(f"the fitted retriever needs at least 2 training pairs naming a vocabulary phrase, got {len(kept)}")
+            raise DataError(
+                f"the fitted retriever needs at least 2 training pairs naming a vocabulary phrase, got {len(kept)}"
+            )
         x = np.concatenate(kept).astype(np.float64)  # rows: before0, after0, before1, after1, …
         self.mean = x.mean(axis=0)
         scale = x.std(axis=0)
@@ -156,13 +175,18 @@ class FittedRetriever:
                 loglik = np.sum(y * _log_sigmoid(z) + (1 - y) * _log_sigmoid(-z), axis=1)
                 side = 1.0 / (1.0 + np.exp(-np.clip(loglik[0::2] - loglik[1::2], -50, 50)))
                 weights = np.stack([side, 1 - side], axis=1).ravel()
-                self.coef, self.intercept = fit_soft_logistic(x, y, weights=weights, C=self.C, max_iter=self.max_iter,
-                                                              start=(self.coef, self.intercept))
+                self.coef, self.intercept = fit_soft_logistic(
+                    x, y, weights=weights, C=self.C, max_iter=self.max_iter, start=(self.coef, self.intercept)
+                )
             pair_x = np.concatenate([x[0::2], x[1::2]], axis=1)
-            self.side_coef, self.side_intercept = fit_soft_logistic(pair_x, side[:, None], C=self.C,
-                                                                    max_iter=self.max_iter)
-        self.training = {"pairs": len(kept), "words": len(self.words),
-                         "share_describing_before": round(float(np.mean(side > 0.5)), 4)}
+            self.side_coef, self.side_intercept = fit_soft_logistic(
+                pair_x, side[:, None], C=self.C, max_iter=self.max_iter
+            )
+        self.training = {
+            "pairs": len(kept),
+            "words": len(self.words),
+            "share_describing_before": round(float(np.mean(side > 0.5)), 4),
+        }
 
     # -- scoring -----------------------------------------------------------------------------------
     def prepare(self, phrases: Sequence[str]) -> None:
@@ -229,17 +253,25 @@ class FittedRetriever:
             arrays.update(side_coef=self.side_coef, side_intercept=self.side_intercept)
         with atomic_path(folder / "fitted.npz", suffix=".tmp.npz") as tmp:  # np.savez adds .npz to other names
             np.savez(tmp, **arrays)
-        write_json_atomic(folder / "fitted.json", {
-            "retriever": self.name, "mode": self.mode, "C": self.C, "phrases": self.phrases, "words": self.words,
-            "features": DESCRIPTOR_NAMES, "training": self.training,
-        })
+        write_json_atomic(
+            folder / "fitted.json",
+            {
+                "retriever": self.name,
+                "mode": self.mode,
+                "C": self.C,
+                "phrases": self.phrases,
+                "words": self.words,
+                "features": DESCRIPTOR_NAMES,
+                "training": self.training,
+            },
+        )
 
     @classmethod
     def exists(cls, folder: str | Path) -> bool:
         return (Path(folder) / "fitted.json").is_file() and (Path(folder) / "fitted.npz").is_file()
 
     @classmethod
-    def load(cls, folder: str | Path) -> "FittedRetriever":
+    def load(cls, folder: str | Path) -> FittedRetriever:
         folder = Path(folder)
         meta = read_json(folder / "fitted.json")
         if meta.get("features") != DESCRIPTOR_NAMES or meta.get("mode") not in FITTED_MODES:
@@ -259,8 +291,11 @@ class FittedRetriever:
             raise DataError(f"{folder / 'fitted.json'}: its words do not match its phrases")
         retriever.training = dict(meta.get("training", {}))
         width = len(DESCRIPTOR_NAMES)
-        if retriever.coef.shape != (len(retriever.words), width) or retriever.mean.shape != (width,) or (
-                retriever.mode == "mixture" and retriever.side_coef.shape != (1, 2 * width)):
+        if (
+            retriever.coef.shape != (len(retriever.words), width)
+            or retriever.mean.shape != (width,)
+            or (retriever.mode == "mixture" and retriever.side_coef.shape != (1, 2 * width))
+        ):
             raise DataError(f"{folder}: fitted arrays do not match {len(retriever.words)} words × {width} features")
         return retriever
 
@@ -269,17 +304,24 @@ class FittedRetriever:
 
     # -- the registry's hooks: fitted on the fit split by `preprocess entities`, loaded from its folder ---------
     @classmethod
-    def fit_new(cls, settings: FittedSettings, features: Sequence[np.ndarray], labels: Sequence[dict[str, float]],
-                phrases: Sequence[str]) -> "FittedRetriever":
+    def fit_new(
+        cls,
+        settings: FittedSettings,
+        features: Sequence[np.ndarray],
+        labels: Sequence[dict[str, float]],
+        phrases: Sequence[str],
+    ) -> FittedRetriever:
         retriever = cls(mode=settings.fitted_mode, C=settings.fitted_C)
         retriever.fit_features(features, labels, phrases)
         return retriever
 
     @classmethod
-    def build(cls, settings: FittedSettings, *, checkpoint=None, device=None, folder: str | Path) -> "FittedRetriever":
+    def build(cls, settings: FittedSettings, *, checkpoint=None, device=None, folder: str | Path) -> FittedRetriever:
         """The retriever fitted into `folder` (an entity cache's retriever/), checked against `settings`."""
         retriever = cls.load(folder)
         if (retriever.mode, retriever.C) != (settings.fitted_mode, settings.fitted_C):
-            raise DataError(f"{folder} holds a fitted retriever with mode {retriever.mode!r}, C {retriever.C}, not "
-                            f"{settings.fitted_mode!r}, {settings.fitted_C}; use another --out")
+            raise DataError(
+                f"{folder} holds a fitted retriever with mode {retriever.mode!r}, C {retriever.C}, not "
+                f"{settings.fitted_mode!r}, {settings.fitted_C}; use another --out"
+            )
         return retriever

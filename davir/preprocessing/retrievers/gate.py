@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -67,9 +67,11 @@ class EntityGate:
         self.training = {"pairs": len(y), **counts, "without_region": len(names_entity) - len(y)}
         if min(counts.values()) < self.min_per_class:
             self.mean = self.scale = self.coef = self.intercept = None
-            self.training["inactive"] = (f"the fit split has {counts['naming_an_entity']} pairs with a change region "
-                                         f"naming an entity and {counts['naming_none']} naming none; the gate needs "
-                                         f"{self.min_per_class} of each, so it keeps every pair")
+            self.training["inactive"] = (
+                f"the fit split has {counts['naming_an_entity']} pairs with a change region "
+                f"naming an entity and {counts['naming_none']} naming none; the gate needs "
+                f"{self.min_per_class} of each, so it keeps every pair"
+            )
             return
         x = np.stack([gate_features(rows) for rows in features])
         self.mean = x.mean(axis=0)
@@ -99,17 +101,24 @@ class EntityGate:
         if self.active:
             with atomic_path(folder / "gate.npz", suffix=".tmp.npz") as tmp:  # np.savez adds .npz to other names
                 np.savez(tmp, mean=self.mean, scale=self.scale, coef=self.coef, intercept=np.array([self.intercept]))
-        write_json_atomic(folder / "gate.json", {
-            "gate": self.name, "threshold": self.threshold, "C": self.C, "active": self.active,
-            "features": DESCRIPTOR_NAMES, "training": self.training,
-        })
+        write_json_atomic(
+            folder / "gate.json",
+            {
+                "gate": self.name,
+                "threshold": self.threshold,
+                "C": self.C,
+                "active": self.active,
+                "features": DESCRIPTOR_NAMES,
+                "training": self.training,
+            },
+        )
 
     @classmethod
     def exists(cls, folder: str | Path) -> bool:
         return (Path(folder) / "gate.json").is_file()
 
     @classmethod
-    def load(cls, folder: str | Path) -> "EntityGate":
+    def load(cls, folder: str | Path) -> EntityGate:
         folder = Path(folder)
         meta = read_json(folder / "gate.json")
         if meta.get("features") != DESCRIPTOR_NAMES:
@@ -130,5 +139,10 @@ class EntityGate:
         return gate
 
     def describe(self) -> dict:
-        return {"gate": self.name, "threshold": self.threshold, "C": self.C, "active": self.active,
-                "training": self.training}
+        return {
+            "gate": self.name,
+            "threshold": self.threshold,
+            "C": self.C,
+            "active": self.active,
+            "training": self.training,
+        }

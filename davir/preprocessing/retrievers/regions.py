@@ -25,11 +25,11 @@ MASK_WEIGHTINGS = ("binary", "soft")
 class Region:
     """One image's change region: `crop` = (image ⊙ mask) cut to the padded mask box, `mask` inside it."""
 
-    crop: np.ndarray          # (h, w, 3) uint8
-    mask: np.ndarray          # (h, w) float in [0, 1]; all ones when the mask was empty
+    crop: np.ndarray  # (h, w, 3) uint8
+    mask: np.ndarray  # (h, w) float in [0, 1]; all ones when the mask was empty
     box: tuple[int, int, int, int]  # x0, y0, x1, y1 of the crop in the full image (x1, y1 exclusive)
-    image_size: tuple[int, int]     # full image (width, height)
-    empty: bool               # no mask pixel: the region is the whole image
+    image_size: tuple[int, int]  # full image (width, height)
+    empty: bool  # no mask pixel: the region is the whole image
 
     @cached_property
     def descriptor(self) -> np.ndarray:
@@ -73,8 +73,7 @@ def padded_box(mask: np.ndarray, pad: float) -> tuple[int, int, int, int] | None
     return max(0, x0 - grow_x), max(0, y0 - grow_y), min(width, x1 + grow_x), min(height, y1 + grow_y)
 
 
-def masked_region(image: np.ndarray, mask: np.ndarray | None, *, pad: float = 0.1,
-                  weighting: str = "binary") -> Region:
+def masked_region(image: np.ndarray, mask: np.ndarray | None, *, pad: float = 0.1, weighting: str = "binary") -> Region:
     """Eq. 8: I^m = I ⊙ M, cropped to the mask's box padded by `pad`; the whole image if M is empty.
 
     `weighting="binary"` multiplies by the full-resolution binary mask; `"soft"` by the paper's
@@ -87,18 +86,34 @@ def masked_region(image: np.ndarray, mask: np.ndarray | None, *, pad: float = 0.
     binary = None if mask is None else resize_mask(np.asarray(mask) > 0, height, width) > 0.5
     box = None if binary is None else padded_box(binary, pad)
     if box is None:
-        return Region(crop=image.copy(), mask=np.ones((height, width), np.float32), box=(0, 0, width, height),
-                      image_size=(width, height), empty=True)
-    weights = binary.astype(np.float32) if weighting == "binary" else resize_mask(soft_patch_mask(binary), height, width)
+        return Region(
+            crop=image.copy(),
+            mask=np.ones((height, width), np.float32),
+            box=(0, 0, width, height),
+            image_size=(width, height),
+            empty=True,
+        )
+    weights = (
+        binary.astype(np.float32) if weighting == "binary" else resize_mask(soft_patch_mask(binary), height, width)
+    )
     x0, y0, x1, y1 = box
     crop_weights = weights[y0:y1, x0:x1]
     crop = np.clip(image[y0:y1, x0:x1].astype(np.float32) * crop_weights[..., None] + 0.5, 0, 255).astype(np.uint8)
-    return Region(crop=crop, mask=binary[y0:y1, x0:x1].astype(np.float32), box=box, image_size=(width, height),
-                  empty=False)
+    return Region(
+        crop=crop, mask=binary[y0:y1, x0:x1].astype(np.float32), box=box, image_size=(width, height), empty=False
+    )
 
 
-def pair_regions(pair_id: str, before: np.ndarray, after: np.ndarray, masks: PairMasks, *,
-                 mask_source: str = "per_image", pad: float = 0.1, weighting: str = "binary") -> PairRegions:
+def pair_regions(
+    pair_id: str,
+    before: np.ndarray,
+    after: np.ndarray,
+    masks: PairMasks,
+    *,
+    mask_source: str = "per_image",
+    pad: float = 0.1,
+    weighting: str = "binary",
+) -> PairRegions:
     """The regions of both images (Eq. 8).
 
     `union` applies one mask M = M_bef ∪ M_aft to both images, as the paper's single M^ does.
@@ -110,15 +125,20 @@ def pair_regions(pair_id: str, before: np.ndarray, after: np.ndarray, masks: Pai
         raise ValueError(f"mask_source must be one of {MASK_SOURCES}, got {mask_source!r}")
     height, width = after.shape[:2]
     own = {"before": masks.before, "after": masks.after}
-    resized = {side: None if m is None else resize_mask(np.asarray(m) > 0, height, width) > 0.5 for side, m in own.items()}
+    resized = {
+        side: None if m is None else resize_mask(np.asarray(m) > 0, height, width) > 0.5 for side, m in own.items()
+    }
     present = [m for m in resized.values() if m is not None]
     union = np.logical_or.reduce(present) if present else None
     chosen = {}
     for side in ("before", "after"):
         mask = resized[side]
         chosen[side] = mask if mask_source == "per_image" and mask is not None and mask.any() else union
-    return PairRegions(pair_id, masked_region(before, chosen["before"], pad=pad, weighting=weighting),
-                       masked_region(after, chosen["after"], pad=pad, weighting=weighting))
+    return PairRegions(
+        pair_id,
+        masked_region(before, chosen["before"], pad=pad, weighting=weighting),
+        masked_region(after, chosen["after"], pad=pad, weighting=weighting),
+    )
 
 
 HUE_BINS, SAT_BINS, VAL_BINS = 18, 4, 4
@@ -156,11 +176,17 @@ def region_descriptor(region: Region) -> np.ndarray:
     hsv = cv2.cvtColor(region.crop, cv2.COLOR_RGB2HSV)
     hue, sat, val = (hsv[..., c][inside].astype(np.float32) for c in range(3))
     chroma = (sat / 255.0) * (val / 255.0)
-    hue_hist = np.bincount(np.minimum((hue / 180.0 * HUE_BINS).astype(int), HUE_BINS - 1), weights=chroma,
-                           minlength=HUE_BINS) / count
+    hue_hist = (
+        np.bincount(np.minimum((hue / 180.0 * HUE_BINS).astype(int), HUE_BINS - 1), weights=chroma, minlength=HUE_BINS)
+        / count
+    )
     features: list[float] = list(hue_hist) + [float(np.mean(chroma < 0.15))]
-    features += list(np.bincount(np.minimum((sat / 256.0 * SAT_BINS).astype(int), SAT_BINS - 1), minlength=SAT_BINS) / count)
-    features += list(np.bincount(np.minimum((val / 256.0 * VAL_BINS).astype(int), VAL_BINS - 1), minlength=VAL_BINS) / count)
+    features += list(
+        np.bincount(np.minimum((sat / 256.0 * SAT_BINS).astype(int), SAT_BINS - 1), minlength=SAT_BINS) / count
+    )
+    features += list(
+        np.bincount(np.minimum((val / 256.0 * VAL_BINS).astype(int), VAL_BINS - 1), minlength=VAL_BINS) / count
+    )
     lab = cv2.cvtColor(region.crop, cv2.COLOR_RGB2LAB)[inside].astype(np.float32)
     features += list(np.median(lab, axis=0) / 255.0) + list(lab.std(axis=0) / 255.0)
     lightness = lab[:, 0] / 255.0
@@ -186,12 +212,24 @@ def region_descriptor(region: Region) -> np.ndarray:
     diagonal = math.hypot(width, height)
     x0, y0 = region.box[0], region.box[1]
     bottom = (y0 + ys.max() + 1) / height
-    features += [math.sqrt(area) / diagonal, box_w / width, box_h / height, box_w / box_h,
-                 area / (box_w * box_h), area / hull_area if hull_area > 0 else 1.0,
-                 4 * math.pi * area / perimeter ** 2 if perimeter > 0 else 0.0, float(min(vertices, 12))]
+    features += [
+        math.sqrt(area) / diagonal,
+        box_w / width,
+        box_h / height,
+        box_w / box_h,
+        area / (box_w * box_h),
+        area / hull_area if hull_area > 0 else 1.0,
+        4 * math.pi * area / perimeter**2 if perimeter > 0 else 0.0,
+        float(min(vertices, 12)),
+    ]
     features += list(np.clip(hu, 0, 30) / 10.0)
-    features += [(x0 + xs.mean()) / width, (y0 + ys.mean()) / height, bottom,
-                 math.sqrt(area) / diagonal / max(bottom, 0.05), 0.0]
+    features += [
+        (x0 + xs.mean()) / width,
+        (y0 + ys.mean()) / height,
+        bottom,
+        math.sqrt(area) / diagonal / max(bottom, 0.05),
+        0.0,
+    ]
     values[:] = np.asarray(features, np.float32)
     return values
 
@@ -203,8 +241,13 @@ def whole_frame_region(image: np.ndarray) -> Region:
     `region_descriptor` maps to an all-zero "no change region" descriptor; this one is described.
     """
     height, width = image.shape[:2]
-    return Region(crop=np.ascontiguousarray(image[..., :3]), mask=np.ones((height, width), np.float32),
-                  box=(0, 0, width, height), image_size=(width, height), empty=False)
+    return Region(
+        crop=np.ascontiguousarray(image[..., :3]),
+        mask=np.ones((height, width), np.float32),
+        box=(0, 0, width, height),
+        image_size=(width, height),
+        empty=False,
+    )
 
 
 def frame_pair_features(before: np.ndarray, after: np.ndarray) -> np.ndarray:

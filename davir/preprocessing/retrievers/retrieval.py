@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -24,8 +25,9 @@ class Retriever(Protocol):
     def describe(self) -> dict: ...
 
 
-def retrieve_top_k(retriever: "Retriever", regions: Sequence[PairRegions], phrases: Sequence[str],
-                   k: int, gate: "EntityGate | None" = None) -> list[list[tuple[str, float]]]:
+def retrieve_top_k(
+    retriever: Retriever, regions: Sequence[PairRegions], phrases: Sequence[str], k: int, gate: EntityGate | None = None
+) -> list[list[tuple[str, float]]]:
     """Top-k entities per pair; none for a pair whose masks are empty in both images, or that `gate` rejects.
 
     No change region means no change entity: the prompt then carries no entity, so "no entity" can
@@ -84,8 +86,13 @@ def cheer_rank_entities(s_bef: np.ndarray, s_aft: np.ndarray, k: int, sign: str 
     return [(int(i), float(score[i])) for i in ranked]
 
 
-def retrieve_image_level(retriever: "Retriever", frames: Sequence[tuple[np.ndarray, np.ndarray]],
-                         phrases: Sequence[str], k: int, sign: str = "abs") -> list[list[tuple[str, float]]]:
+def retrieve_image_level(
+    retriever: Retriever,
+    frames: Sequence[tuple[np.ndarray, np.ndarray]],
+    phrases: Sequence[str],
+    k: int,
+    sign: str = "abs",
+) -> list[list[tuple[str, float]]]:
     """Top-k entities per pair from whole before/after frames (CHEER §4.8); every pair gets min(k, M).
 
     `retriever.frame_scores(images)` gives S for each frame (CLIP: cosine of the global image embedding

@@ -15,13 +15,29 @@ from davir.preprocessing.segmenters.base import Candidates, Segmenter, SegmentRe
 from davir.preprocessing.segmenters.classical import CLASSICAL_METHODS, ClassicalSegmenter, ClassicalSettings
 from davir.preprocessing.segmenters.sam import SAM_TYPES, SamSegmenter, SamSettings, load_sam
 
-__all__ = ["CLASSICAL_METHODS", "SAM_TYPES", "SEGMENTERS", "Candidates", "ClassicalSegmenter", "ClassicalSettings",
-           "SamSegmenter", "SamSettings", "SegmentRequest", "Segmenter", "build_segmenter", "load_sam"]
+__all__ = [
+    "CLASSICAL_METHODS",
+    "SAM_TYPES",
+    "SEGMENTERS",
+    "Candidates",
+    "ClassicalSegmenter",
+    "ClassicalSettings",
+    "SamSegmenter",
+    "SamSettings",
+    "SegmentRequest",
+    "Segmenter",
+    "build_segmenter",
+    "load_sam",
+]
 
 SEGMENTERS: ComponentRegistry[Segmenter] = ComponentRegistry("segmenter", "--segmenter")
 SEGMENTERS.register("classical", ClassicalSettings, ClassicalSegmenter.build, in_workers=True)
-SEGMENTERS.register("sam", SamSettings, SamSegmenter.build,
-                    weights=Weights("sam_checkpoint", "--sam-checkpoint", "a local SAM .pth, e.g. sam_vit_h_4b8939.pth"))
+SEGMENTERS.register(
+    "sam",
+    SamSettings,
+    SamSegmenter.build,
+    weights=Weights("sam_checkpoint", "--sam-checkpoint", "a local SAM .pth, e.g. sam_vit_h_4b8939.pth"),
+)
 
 
 def build_segmenter(name: str, settings=None, *, checkpoint=None, device: str | None = None, **fields) -> Segmenter:

@@ -9,6 +9,7 @@ import numpy as np
 
 from davir.preprocessing.change_regions import Prompt
 
+
 @dataclass
 class SegmentRequest:
     """One image and its prompts; `regions[i]` is R_c of prompt i in this image's frame (H, W) bool."""

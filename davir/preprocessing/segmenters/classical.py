@@ -23,8 +23,12 @@ class ClassicalSettings:
     """The classical segmenter's settings; the fields with a flag are `preprocess masks` options."""
 
     method: str = field(default="contrast", metadata=option("--classical-method", choices=CLASSICAL_METHODS))
-    contrast_threshold: float = field(default=0.1, metadata=option(
-        "--contrast-threshold", "contrast: mean-RGB difference from the inpainted background that counts as object"))
+    contrast_threshold: float = field(
+        default=0.1,
+        metadata=option(
+            "--contrast-threshold", "contrast: mean-RGB difference from the inpainted background that counts as object"
+        ),
+    )
     pad: float = 0.25
     crop_size: int = 160
     grabcut_iterations: int = 2
@@ -39,8 +43,14 @@ class ClassicalSegmenter:
 
     name = "classical"
 
-    def __init__(self, method: str = "contrast", contrast_threshold: float = 0.1, pad: float = 0.25,
-                 crop_size: int = 160, grabcut_iterations: int = 2):
+    def __init__(
+        self,
+        method: str = "contrast",
+        contrast_threshold: float = 0.1,
+        pad: float = 0.25,
+        crop_size: int = 160,
+        grabcut_iterations: int = 2,
+    ):
         if method not in CLASSICAL_METHODS:
             raise ValueError(f"classical method must be one of {CLASSICAL_METHODS}, got {method!r}")
         self.method = method
@@ -50,13 +60,19 @@ class ClassicalSegmenter:
         self.grabcut_iterations = grabcut_iterations
 
     @classmethod
-    def build(cls, settings: ClassicalSettings, *, checkpoint=None, device=None) -> "ClassicalSegmenter":
+    def build(cls, settings: ClassicalSettings, *, checkpoint=None, device=None) -> ClassicalSegmenter:
         """The registry's builder: no weights, CPU only (`checkpoint` and `device` are not used)."""
         return cls(**asdict(settings))
 
     def settings(self) -> dict:
-        return {"segmenter": self.name, "method": self.method, "contrast_threshold": self.contrast_threshold,
-                "pad": self.pad, "crop_size": self.crop_size, "grabcut_iterations": self.grabcut_iterations}
+        return {
+            "segmenter": self.name,
+            "method": self.method,
+            "contrast_threshold": self.contrast_threshold,
+            "pad": self.pad,
+            "crop_size": self.crop_size,
+            "grabcut_iterations": self.grabcut_iterations,
+        }
 
     def segment(self, requests: list[SegmentRequest]) -> list[list[Candidates]]:
         return [[self.segment_one(r.image, p, region) for p, region in zip(r.prompts, r.regions)] for r in requests]
@@ -93,7 +109,7 @@ class ClassicalSegmenter:
     def _box_mask(shape: tuple[int, int], box: tuple[float, ...], grow: int = 0) -> np.ndarray:
         inside = np.zeros(shape, dtype=np.uint8)
         x0, y0, x1, y1 = box
-        inside[max(0, int(y0) - grow):int(np.ceil(y1)) + grow, max(0, int(x0) - grow):int(np.ceil(x1)) + grow] = 1
+        inside[max(0, int(y0) - grow) : int(np.ceil(y1)) + grow, max(0, int(x0) - grow) : int(np.ceil(x1)) + grow] = 1
         return inside
 
     def _contrast(self, crop: np.ndarray, region: np.ndarray, box: tuple[float, ...]) -> np.ndarray:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -41,10 +41,12 @@ def sam_types() -> list[str]:
 class SamSettings:
     """SAM's settings; the weights file and the device are given beside them (`SamSegmenter.build`)."""
 
-    sam_type: str = field(default="vit_h", metadata=option("--sam-type", "SAM architecture of the checkpoint",
-                                                           choices=sam_types))
-    batch_size: int = field(default=8, metadata=option("--sam-batch-size", "images per image-encoder batch",
-                                                       compared=False))
+    sam_type: str = field(
+        default="vit_h", metadata=option("--sam-type", "SAM architecture of the checkpoint", choices=sam_types)
+    )
+    batch_size: int = field(
+        default=8, metadata=option("--sam-batch-size", "images per image-encoder batch", compared=False)
+    )
 
 
 def load_sam(checkpoint: str | Path | None, model_type: str = "vit_h", device: str | None = None):
@@ -68,7 +70,9 @@ def load_sam(checkpoint: str | Path | None, model_type: str = "vit_h", device: s
     try:
         sam.load_state_dict(state)
     except RuntimeError as error:
-        raise DataError(f"SAM checkpoint {checkpoint} does not fit SAM type {model_type!r}: {str(error)[:300]}") from error
+        raise DataError(
+            f"SAM checkpoint {checkpoint} does not fit SAM type {model_type!r}: {str(error)[:300]}"
+        ) from error
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return sam.to(device).eval()
 
@@ -78,8 +82,15 @@ class SamSegmenter:
 
     name = "sam"
 
-    def __init__(self, checkpoint: str | Path | None, model_type: str = "vit_h", device: str | None = None,
-                 batch_size: int = 8, bf16: bool | None = None, model=None):
+    def __init__(
+        self,
+        checkpoint: str | Path | None,
+        model_type: str = "vit_h",
+        device: str | None = None,
+        batch_size: int = 8,
+        bf16: bool | None = None,
+        model=None,
+    ):
         """Load SAM from `checkpoint` — or use an already built `model` (benchmarks with random weights)."""
         import torch
         from segment_anything import SamPredictor
@@ -95,15 +106,20 @@ class SamSegmenter:
         self._torch = torch
 
     @classmethod
-    def build(cls, settings: SamSettings, *, checkpoint: str | Path | None, device: str | None = None
-              ) -> "SamSegmenter":
+    def build(cls, settings: SamSettings, *, checkpoint: str | Path | None, device: str | None = None) -> SamSegmenter:
         """The registry's builder. bf16 follows the device (a GPU), so it is never restored from a record."""
         return cls(checkpoint, settings.sam_type, device=device, batch_size=settings.batch_size)
 
     def settings(self) -> dict:
-        return {"segmenter": self.name, "sam_type": self.model_type, "sam_checkpoint": self.checkpoint,
-                "device": str(self.device), "bf16_encoder": self.bf16, "batch_size": self.batch_size,
-                "multimask_output": True}
+        return {
+            "segmenter": self.name,
+            "sam_type": self.model_type,
+            "sam_checkpoint": self.checkpoint,
+            "device": str(self.device),
+            "bf16_encoder": self.bf16,
+            "batch_size": self.batch_size,
+            "multimask_output": True,
+        }
 
     def encode(self, images: list[np.ndarray]):
         """Image embeddings (B, 256, 64, 64) of a batch: ResizeLongestSide, normalise+pad, one encoder pass."""
@@ -129,27 +145,32 @@ class SamSegmenter:
         predictor.reset_image()
         predictor.features = features
         predictor.original_size = original
-        predictor.input_size = tuple(predictor.transform.get_preprocess_shape(*original, predictor.transform.target_length))
+        predictor.input_size = tuple(
+            predictor.transform.get_preprocess_shape(*original, predictor.transform.target_length)
+        )
         predictor.is_image_set = True
         boxes = torch.tensor([p.box for p in prompts], dtype=torch.float32, device=self.device)
         points = torch.tensor([[p.point] for p in prompts], dtype=torch.float32, device=self.device)
         labels = torch.ones(points.shape[:2], dtype=torch.int64, device=self.device)
         with torch.inference_mode():
             masks, scores, _ = predictor.predict_torch(
-                predictor.transform.apply_coords_torch(points, original), labels,
-                boxes=predictor.transform.apply_boxes_torch(boxes, original), multimask_output=True)
+                predictor.transform.apply_coords_torch(points, original),
+                labels,
+                boxes=predictor.transform.apply_boxes_torch(boxes, original),
+                multimask_output=True,
+            )
         masks, scores = masks.cpu().numpy(), scores.float().cpu().numpy()
         return [Candidates(masks[i], scores[i]) for i in range(len(prompts))]
 
     def segment(self, requests: list[SegmentRequest]) -> list[list[Candidates]]:
         results: list[list[Candidates]] = []
         for start in range(0, len(requests), self.batch_size):
-            chunk = requests[start:start + self.batch_size]
+            chunk = requests[start : start + self.batch_size]
             # Images without a prompt are not encoded at all.
             needed = [i for i, r in enumerate(chunk) if r.prompts]
             features = self.encode([chunk[i].image for i in needed]) if needed else None
             answers: list[list[Candidates]] = [[] for _ in chunk]
             for row, i in enumerate(needed):
-                answers[i] = self._decode(features[row:row + 1], chunk[i].image, chunk[i].prompts)
+                answers[i] = self._decode(features[row : row + 1], chunk[i].image, chunk[i].prompts)
             results.extend(answers)
         return results
