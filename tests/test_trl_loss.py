@@ -23,10 +23,10 @@ from davir.models.families import get_family  # noqa: E402
 from davir.models.vlm.epc import EpcConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm")
+FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm", "qwen3_vl", "internvl", "gemma3")
 # What each family's chat template writes between the assistant's opening and the caption (SmolVLM: "Assistant:"
-# then a space before the answer).
-LEAD = {"qwen2_5_vl": "", "llava_onevision": "", "smolvlm": " "}
+# then a space before the answer). Every chat family davir registers is here.
+LEAD = {"qwen2_5_vl": "", "llava_onevision": "", "smolvlm": " ", "qwen3_vl": "", "internvl": "", "gemma3": ""}
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +120,11 @@ def test_davir_sft_trainer_trains_on_caption_and_end_of_turn(setup, family, tmp_
         for number in range(2):
             caption = tokenizer(LEAD[family] + _caption(dataset[number]), add_special_tokens=False)["input_ids"]
             assert _labelled(batch, number) == caption + [end] and len(caption) == 8
+
+
+def test_every_registered_chat_family_is_checked_here_and_in_the_command_path():
+    from davir.models.families import FAMILIES as REGISTERED
+    from tests.test_family_commands import CHAT_FAMILIES
+
+    chat = {name for name in REGISTERED.names() if name != "instructblip"}
+    assert set(FAMILIES) == chat == set(CHAT_FAMILIES) == set(LEAD)
