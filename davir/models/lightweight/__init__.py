@@ -32,15 +32,18 @@ from safetensors.torch import load_file, save_file
 from davir.errors import DataError
 from davir.io import atomic_path
 from davir.models.lightweight.base import Encoded, LightweightCaptioner, clevr_pair_loss
-from davir.models.lightweight.cheer import CheerCaptioner, CheerSettings
 from davir.models.lightweight.config import LightweightConfig, TextTowerSettings, paper_settings
+from davir.models.lightweight.registry import METHODS, LightweightMethod, get_method, method_names
+
+# isort: off
+# Registration order = this import order (METHODS lists the methods in it: tables, sweeps, --help)
+from davir.models.lightweight.subtraction import SubtractionCaptioner, SubtractionSettings
+from davir.models.lightweight.scorer import ScorerCaptioner, ScorerSettings
 from davir.models.lightweight.dirl import DirlCaptioner, DirlSettings
 from davir.models.lightweight.rdd import RddCaptioner, RddSettings, prompt_texts
-from davir.models.lightweight.registry import METHODS, LightweightMethod, get_method, method_names
-from davir.models.lightweight.scorer import ScorerCaptioner, ScorerSettings
+from davir.models.lightweight.cheer import CheerCaptioner, CheerSettings
+# isort: on
 
-# the methods register themselves, in this order
-from davir.models.lightweight.subtraction import SubtractionCaptioner, SubtractionSettings  # noqa: I001
 
 METHOD_NAMES = method_names()  # the registry's names, for callers of the former constant
 
