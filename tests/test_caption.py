@@ -517,6 +517,7 @@ def test_online_masks_rebuild_the_cache_segmenter_or_say_what_is_missing(trained
         OnlineMasks.from_cache(tmp_path / "nowhere")
 
 
+@pytest.mark.slow
 def test_a_lightweight_run_captions_a_folder_as_evaluate_does(trained, tmp_path, capsys):
     """SCORER through caption.py: online features of the run's (seeded random-init) backbone give the captions
     evaluate.py gives from the `preprocess features` cache."""

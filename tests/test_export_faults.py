@@ -139,6 +139,7 @@ def test_a_failed_overwrite_keeps_the_earlier_export(run, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------- item 15: SIGTERM
+@pytest.mark.slow
 def test_sigterm_stops_with_one_line_and_leaves_no_partial_folder(run, tmp_path):
     import signal
     import subprocess
@@ -207,6 +208,7 @@ def _limited_file_size(limit: int):
     return apply
 
 
+@pytest.mark.slow
 def test_merge_that_cannot_write_its_weights_is_one_line(run, tmp_path):
     """A write error inside safetensors (a SafetensorError, not an OSError): the model.safetensors of the merged
     tiny InstructBLIP (8 MB) may not grow past 1 MB."""

@@ -103,6 +103,7 @@ def test_meteor_java_process_is_closed(spot_run):
     assert not meteor.lock.locked() and meteor.meteor_p.stdin.closed
 
 
+@pytest.mark.slow
 def test_shared_meteor_keeps_one_java_process_for_the_block():
     predictions, references = {"1.png": "a red cube was added"}, {"1": ["a red cube has been added"]}
     started = []

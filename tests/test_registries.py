@@ -339,6 +339,7 @@ TOY_CONFIG = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_toy_method_registered_once_trains_scores_in_a_sweep_and_captions(
     toy_registered, synthetic_set, tmp_path, capsys
@@ -406,6 +407,7 @@ def test_a_toy_method_registered_once_trains_scores_in_a_sweep_and_captions(
 
 
 # ------------------------------------------------------------------------------ a toy method with its own input
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_toy_method_with_its_own_batch_input_trains_through_the_unchanged_task(synthetic_set, tmp_path, capsys):
     """tests/toy_input_method.py is the whole method (settings, captioner, the input hook) and `register_toy()` its

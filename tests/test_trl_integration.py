@@ -109,6 +109,7 @@ def attention_share(model, processor, pairs) -> dict:
     return localisation_summary(results, masks)
 
 
+@pytest.mark.slow
 def test_fac_in_sft_trainer_raises_the_attention_share(setup):
     changed = [p for p in setup.pairs if load_mask(p.gt_mask_after).any() or load_mask(p.gt_mask_before).any()][:8]
     shares, logs = {}, {}

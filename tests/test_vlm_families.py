@@ -98,6 +98,7 @@ def test_a_qformer_family_is_one_file_and_one_registration(user_modules, tmp_pat
     assert (tmp_path / "merged" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_a_chat_family_is_one_file_and_one_registration(user_modules, tmp_path):
     import toy_chat_family  # noqa: F401 - registers toy_chat
 
@@ -128,6 +129,7 @@ def test_family_names_are_read_live(user_modules, tmp_path):
     assert "toy_chat" in FAMILIES.names() and DavirModelConfig(family="toy_chat").family == "toy_chat"
 
 
+@pytest.mark.slow
 def test_imports_register_a_users_family_for_training_and_captioning(
     user_modules, synthetic_set, tmp_path, monkeypatch, capsys
 ):
