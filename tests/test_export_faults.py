@@ -139,6 +139,26 @@ def test_a_failed_overwrite_keeps_the_earlier_export(run, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------- item 15: SIGTERM
+def test_a_stop_right_after_the_partial_folder_is_made_leaves_nothing(run, tmp_path, monkeypatch):
+    """A SIGTERM (raised by stop_on_signals as an exception) between the partial folder's mkdir and its marker,
+    the window the subprocess test below sometimes hit under load: the cleanup must already cover it."""
+    from davir.export import target
+    from davir.export.exporter import export_run
+
+    real_touch = Path.touch
+
+    def stopped(path, *args, **kwargs):
+        if path.name == target.PARTIAL_MARKER:
+            raise KeyboardInterrupt
+        return real_touch(path, *args, **kwargs)
+
+    out = tmp_path / "exports" / "merged"
+    monkeypatch.setattr(Path, "touch", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        export_run(run, out)
+    assert sorted(p.name for p in out.parent.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_sigterm_stops_with_one_line_and_leaves_no_partial_folder(run, tmp_path):
     import signal

@@ -165,8 +165,9 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
         raise DataError(f"{checkpoint} is an exported folder already: copy it as it is")
     target.check_out(out, [Path(checkpoint), run.model_dir, *([run.run_dir] if run.run_dir else [])], options.overwrite)
     weights.check_device(options.device)
-    partial = target.partial_folder(out)
+    partial = target.clear_partial(out)  # nothing is at this path now: what the cleanup below removes is ours
     try:
+        target.make_partial(partial)
         decoding = run_decoding(run.run_dir or run.model_dir)
         base = None
         if run.lightweight:

@@ -75,8 +75,8 @@ def check_out(out: Path, sources: list[Path], overwrite: bool) -> None:
     check_output_dir(out.parent, what="the folder of --out")
 
 
-def partial_folder(out: Path) -> Path:
-    """`.NAME.partial` beside `out`, fresh, with its marker; a stale one is removed only when it holds the marker."""
+def clear_partial(out: Path) -> Path:
+    """The path of `.NAME.partial` beside `out`, cleared: a stale one is removed only when it holds the marker."""
     partial = out.parent / f".{out.name}.partial"
     if os.path.lexists(partial):
         if partial.is_symlink() or not (partial / PARTIAL_MARKER).is_file():
@@ -85,9 +85,14 @@ def partial_folder(out: Path) -> Path:
                 "away, or give another --out"
             )
         shutil.rmtree(partial)
+    return partial
+
+
+def make_partial(partial: Path) -> None:
+    """Create the cleared partial folder with its marker; called inside the export's cleanup, so a stop between the
+    two steps leaves nothing behind."""
     partial.mkdir(parents=True)
     (partial / PARTIAL_MARKER).touch()
-    return partial
 
 
 def move_into_place(partial: Path, out: Path) -> None:
