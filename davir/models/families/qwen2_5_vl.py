@@ -37,7 +37,7 @@ from transformers.vision_utils import get_vision_window_index
 
 from davir.models.families import FAMILIES
 from davir.models.families.base import ChatFamily
-from davir.models.vlm.received_attention import received_attention
+from davir.models.vlm.received_attention import PackedQkvHook
 from davir.models.vlm.window_attention import use_packed_window_attention
 
 QWEN_CHAT_TEMPLATE = (
@@ -191,66 +191,6 @@ def raster_order(grid: tuple[int, int], merge: int, window: int, patch: int) -> 
     return unit_position[processor_index // unit] * unit + processor_index % unit
 
 
-class QwenFullAttentionHook:
-    """The mean attention each patch receives in one full-attention ViT block, per image, from the block's
-    qkv output (a forward hook on ``attn.qkv``, LoRA included) and its rotary embeddings (a pre-hook on
-    ``attn``). ``pop()`` → (images, tokens) in the block's (window) order, float32, differentiable."""
-
-    def __init__(self, attention: nn.Module, vision_config) -> None:
-        self.attention = attention
-        self.geometry = (vision_config.spatial_merge_size, vision_config.window_size, vision_config.patch_size)
-        self.num_heads = attention.num_heads
-        self.scale = attention.scaling
-        self._inputs: dict[str, Any] = {}
-        self._latest: torch.Tensor | None = None
-        self._handles: list = []
-
-    def attach(self) -> QwenFullAttentionHook:
-        if not self._handles:
-            self._handles = [
-                self.attention.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
-                self.attention.qkv.register_forward_hook(self._hook),
-            ]
-        return self
-
-    def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    def _keep_inputs(self, module, args, kwargs) -> None:
-        self._inputs = {"cu_seqlens": kwargs["cu_seqlens"], "position_embeddings": kwargs["position_embeddings"]}
-
-    def _hook(self, module, inputs, output: torch.Tensor) -> None:
-        tokens = output.shape[0]
-        query, key, _ = output.reshape(tokens, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-        cos, sin = self._inputs["position_embeddings"]
-        with torch.autocast(device_type=output.device.type, enabled=False):
-            query, key = apply_rotary_pos_emb_vision(query.float(), key.float(), cos, sin)
-            bounds = self._inputs["cu_seqlens"].tolist()
-            lengths = {end - start for start, end in zip(bounds[:-1], bounds[1:])}
-            if len(lengths) == 1:  # one grid per run: every image as one batched matmul
-                length = lengths.pop()
-                split = lambda states: states.reshape(-1, length, *states.shape[1:]).transpose(1, 2)  # noqa: E731
-                self._latest = received_attention(split(query), split(key), self.scale)
-            else:
-                self._latest = torch.stack(
-                    [
-                        received_attention(query[start:end].transpose(0, 1), key[start:end].transpose(0, 1), self.scale)
-                        for start, end in zip(bounds[:-1], bounds[1:])
-                    ]
-                )
-
-    def pop(self, *, missing_ok: bool = False) -> tuple[torch.Tensor, tuple[int, int, int]] | None:
-        """(received attention (images, tokens) in block order, (merge, window, patch) of the ViT)."""
-        latest, self._latest = self._latest, None
-        if latest is None:
-            if missing_ok:
-                return None
-            raise RuntimeError("the FAC attention hook did not fire: was the vision tower run after attach()?")
-        return latest, self.geometry
-
-
 class Qwen25VLFamily(ChatFamily):
     name = "qwen2_5_vl"
     model_type = "qwen2_5_vl"
@@ -324,10 +264,12 @@ class Qwen25VLFamily(ChatFamily):
             "image_grid_thw": one_image["image_grid_thw"].repeat(images, 1),
         }
 
-    def attention_hook(self, core: nn.Module) -> QwenFullAttentionHook:
+    def attention_hook(self, core: nn.Module) -> PackedQkvHook:
         visual = core.model.visual
         block = max(visual.fullatt_block_indexes) if visual.fullatt_block_indexes else len(visual.blocks) - 1
-        return QwenFullAttentionHook(visual.blocks[block].attn, core.config.vision_config)
+        vision = core.config.vision_config
+        geometry = (vision.spatial_merge_size, vision.window_size, vision.patch_size)
+        return PackedQkvHook(visual.blocks[block].attn, apply_rotary_pos_emb_vision, geometry)
 
     def attention_maps(
         self, captured: tuple[torch.Tensor, tuple[int, int, int]], images: int, grid: tuple[int, int]

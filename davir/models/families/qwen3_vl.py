@@ -41,7 +41,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_
 from davir.config import ConfigError
 from davir.models.families import FAMILIES
 from davir.models.families.base import ChatFamily
-from davir.models.vlm.received_attention import received_attention
+from davir.models.vlm.received_attention import PackedQkvHook
 
 # The layout of the released Qwen3-VL template (no default system turn): <|im_start|>user\n<|vision_start|>
 # <|image_pad|><|vision_end|>…text<|im_end|>\n<|im_start|>assistant\n
@@ -243,66 +243,6 @@ def raster_order(grid: tuple[int, int], merge: int) -> torch.Tensor:
     ).reshape(-1)
 
 
-class Qwen3VisionAttentionHook:
-    """The mean attention each patch receives in one ViT block, per image, from the block's qkv output (a forward
-    hook on ``attn.qkv``, LoRA included) and its rotary embeddings (a pre-hook on ``attn``). ``pop()`` →
-    ((images, tokens) in the ViT's token order, float32, differentiable; the merge size)."""
-
-    def __init__(self, attention: nn.Module, merge: int) -> None:
-        self.attention = attention
-        self.merge = merge
-        self.num_heads = attention.num_heads
-        self.scale = attention.scaling
-        self._inputs: dict[str, Any] = {}
-        self._latest: torch.Tensor | None = None
-        self._handles: list = []
-
-    def attach(self) -> Qwen3VisionAttentionHook:
-        if not self._handles:
-            self._handles = [
-                self.attention.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
-                self.attention.qkv.register_forward_hook(self._hook),
-            ]
-        return self
-
-    def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    def _keep_inputs(self, module, args, kwargs) -> None:
-        self._inputs = {"cu_seqlens": kwargs["cu_seqlens"], "position_embeddings": kwargs["position_embeddings"]}
-
-    def _hook(self, module, inputs, output: torch.Tensor) -> None:
-        tokens = output.shape[0]
-        query, key, _ = output.reshape(tokens, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-        cos, sin = self._inputs["position_embeddings"]
-        with torch.autocast(device_type=output.device.type, enabled=False):
-            query, key = apply_rotary_pos_emb_vision(query.float(), key.float(), cos, sin)
-            bounds = self._inputs["cu_seqlens"].tolist()
-            lengths = {end - start for start, end in zip(bounds[:-1], bounds[1:])}
-            if len(lengths) == 1:  # one grid per run: every image as one batched matmul
-                length = lengths.pop()
-                split = lambda states: states.reshape(-1, length, *states.shape[1:]).transpose(1, 2)  # noqa: E731
-                self._latest = received_attention(split(query), split(key), self.scale)
-            else:
-                self._latest = torch.stack(
-                    [
-                        received_attention(query[start:end].transpose(0, 1), key[start:end].transpose(0, 1), self.scale)
-                        for start, end in zip(bounds[:-1], bounds[1:])
-                    ]
-                )
-
-    def pop(self, *, missing_ok: bool = False) -> tuple[torch.Tensor, int] | None:
-        """(received attention (images, tokens) in the ViT's order, the ViT's merge size)."""
-        latest, self._latest = self._latest, None
-        if latest is None:
-            if missing_ok:
-                return None
-            raise RuntimeError("the FAC attention hook did not fire: was the vision tower run after attach()?")
-        return latest, self.merge
-
-
 class Qwen3VLFamily(ChatFamily):
     name = "qwen3_vl"
     model_type = "qwen3_vl"
@@ -374,9 +314,9 @@ class Qwen3VLFamily(ChatFamily):
             "image_grid_thw": one_image["image_grid_thw"].repeat(images, 1),
         }
 
-    def attention_hook(self, core: nn.Module) -> Qwen3VisionAttentionHook:
+    def attention_hook(self, core: nn.Module) -> PackedQkvHook:
         visual = core.model.visual
-        return Qwen3VisionAttentionHook(visual.blocks[-1].attn, visual.spatial_merge_size)
+        return PackedQkvHook(visual.blocks[-1].attn, apply_rotary_pos_emb_vision, visual.spatial_merge_size)
 
     def attention_maps(self, captured: tuple[torch.Tensor, int], images: int, grid: tuple[int, int]) -> torch.Tensor:
         received, merge = captured

@@ -13,6 +13,9 @@ recompute it from the layer's query and key projections (LoRA included), so the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -71,3 +74,66 @@ class QueryKeyHook:
         if latest is None and not missing_ok:
             raise RuntimeError("the FAC attention hook did not fire: was the vision tower run after attach()?")
         return latest
+
+
+class PackedQkvHook:
+    """The mean attention each patch receives in one Qwen-style ViT block (the images packed into one sequence,
+    ``cu_seqlens`` between them; a fused ``qkv``; 2-D rotary embeddings), per image, from the block's qkv output
+    (a forward hook on ``attn.qkv``, LoRA included) and its rotary embeddings (a pre-hook on ``attn``).
+    ``apply_rotary`` is the family's own ``apply_rotary_pos_emb_vision``; ``pop()`` → ((images, tokens) in the
+    block's token order, float32, differentiable; ``geometry``, what the family needs to put them in raster order)."""
+
+    def __init__(self, attention: nn.Module, apply_rotary: Callable, geometry: Any) -> None:
+        self.attention = attention
+        self.apply_rotary = apply_rotary
+        self.geometry = geometry
+        self.num_heads = attention.num_heads
+        self.scale = attention.scaling
+        self._inputs: dict[str, Any] = {}
+        self._latest: torch.Tensor | None = None
+        self._handles: list = []
+
+    def attach(self) -> PackedQkvHook:
+        if not self._handles:
+            self._handles = [
+                self.attention.register_forward_pre_hook(self._keep_inputs, with_kwargs=True),
+                self.attention.qkv.register_forward_hook(self._hook),
+            ]
+        return self
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _keep_inputs(self, module, args, kwargs) -> None:
+        self._inputs = {"cu_seqlens": kwargs["cu_seqlens"], "position_embeddings": kwargs["position_embeddings"]}
+
+    def _hook(self, module, inputs, output: torch.Tensor) -> None:
+        tokens = output.shape[0]
+        query, key, _ = output.reshape(tokens, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+        cos, sin = self._inputs["position_embeddings"]
+        with torch.autocast(device_type=output.device.type, enabled=False):
+            query, key = self.apply_rotary(query.float(), key.float(), cos, sin)
+            bounds = self._inputs["cu_seqlens"].tolist()
+            lengths = {end - start for start, end in zip(bounds[:-1], bounds[1:])}
+            if len(lengths) == 1:  # one grid per run: every image as one batched matmul
+                length = lengths.pop()
+                split = lambda states: states.reshape(-1, length, *states.shape[1:]).transpose(1, 2)  # noqa: E731
+                self._latest = received_attention(split(query), split(key), self.scale)
+            else:
+                self._latest = torch.stack(
+                    [
+                        received_attention(query[start:end].transpose(0, 1), key[start:end].transpose(0, 1), self.scale)
+                        for start, end in zip(bounds[:-1], bounds[1:])
+                    ]
+                )
+
+    def pop(self, *, missing_ok: bool = False) -> tuple[torch.Tensor, Any] | None:
+        """(received attention (images, tokens) in the block's token order, the geometry given)."""
+        latest, self._latest = self._latest, None
+        if latest is None:
+            if missing_ok:
+                return None
+            raise RuntimeError("the FAC attention hook did not fire: was the vision tower run after attach()?")
+        return latest, self.geometry
