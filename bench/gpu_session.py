@@ -105,6 +105,7 @@ def parts(smoke: bool) -> list[tuple[str, list[str], float]]:
                 ],
                 400,
             ),
+            *family_steps(tiny + ["--batch-size", "2", "--steps", "1", "--warmup", "1"], 300),
         ]
     loop = "/tmp/davir_gpu_loop"  # the loop's run folder is what the caption part captions with
     return [  # what bench/README.md owes after the 2026-11-28 session (that session's set: the JSON in bench/results)
@@ -183,6 +184,16 @@ def parts(smoke: bool) -> list[tuple[str, list[str], float]]:
             ],
             200,
         ),
+        # Issue 52's 7B-class rows of the families added last (their published sizes: LARGE_PRESETS), if time is left.
+        *family_steps(["--batch-size", "16", "--steps", "2", "--warmup", "1"], 120),
+    ]
+
+
+def family_steps(settings: list[str], cap: float) -> list[tuple[str, list[str], float]]:
+    """One DAVIR step bench per family added in issue 52."""
+    return [
+        (f"{family}_step", ["bench/train_step.py", "--family", family, *settings, "--variants", "davir"], cap)
+        for family in ("qwen3_vl", "internvl", "gemma3")
     ]
 
 
