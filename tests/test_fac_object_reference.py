@@ -1,4 +1,4 @@
-"""bench/fac_map_ceiling.py: the share a map spread over every object scores in the change mask, by hand and on a
+"""bench/fac_object_reference.py: the share a map spread over every object scores in the change mask, by hand and on a
 generated set."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import fac_map_ceiling  # noqa: E402
+from bench import fac_object_reference  # noqa: E402
 
 
 def test_two_equal_objects_one_changed_give_half_the_map_in_the_mask():
@@ -22,11 +22,11 @@ def test_two_equal_objects_one_changed_give_half_the_map_in_the_mask():
             side: {"objects": [{"box": [0, 0, 16, 16]}, {"box": [32, 32, 48, 48]}]} for side in ("before", "after")
         }
     }
-    everything = fac_map_ceiling.objects_mask(scene, "after", (64, 64))
+    everything = fac_object_reference.objects_mask(scene, "after", (64, 64))
     assert everything.sum() == 2 * 16 * 16
     change = np.zeros((64, 64), dtype=bool)
     change[0:16, 0:16] = True
-    result = fac_map_ceiling.ceiling([("p", "after", change, everything)], grid=8)
+    result = fac_object_reference.all_objects_reference([("p", "after", change, everything)], grid=8)
     assert result["images"] == 1
     assert result["all_objects_share"] == pytest.approx(0.5, abs=1e-4)
     assert result["uniform_share"] == pytest.approx(4 / 64, abs=1e-4)
@@ -35,14 +35,14 @@ def test_two_equal_objects_one_changed_give_half_the_map_in_the_mask():
 
 def test_on_a_generated_set_objects_beat_uniform(synthetic_set, capsys):
     root = synthetic_set(20, 0)
-    assert fac_map_ceiling.main(["--data", str(root), "--split", "train", "--grids", "4,8"]) == 0
+    assert fac_object_reference.main(["--data", str(root), "--split", "train", "--grids", "4,8"]) == 0
     report = json.loads(capsys.readouterr().out)
     for grid in ("4x4", "8x8"):
-        row = report["object_ceiling"][grid]
+        row = report["all_objects_reference"][grid]
         assert row["images"] > 0
         assert row["uniform_share"] < row["all_objects_share"] < row["fac_target_share"] <= 1.0
 
 
 def test_a_set_without_scenes_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="scenes.json not found"):
-        fac_map_ceiling.main(["--data", str(tmp_path)])
+        fac_object_reference.main(["--data", str(tmp_path)])

@@ -1,12 +1,13 @@
-"""How far can a vision tower's attention map go into the change mask when it sees one image at a time?
+"""What does "look at every object" score in the change mask, for a vision tower that sees one image at a time?
 
-    python bench/fac_map_ceiling.py --data outputs/demo/data --split test --grids 8,16 [--runs RUN ...]
+    python bench/fac_object_reference.py --data outputs/demo/data --split test --grids 8,16 [--runs RUN ...]
 
 A DAVIR model encodes the before and the after image separately, so the map FAC supervises cannot know which
-object changed: the best it can do from one image is look at the objects. On a synthetic clevr_change set (its
+object changed: from one image it can look at the objects, not at the change. (A map sharper on the objects that
+change more often can score above the reference: it is a yardstick, not a bound.) On a synthetic clevr_change set (its
 ``scenes.json`` has every object's box) this prints, as JSON:
 
-* ``object_ceiling``: per patch grid, the attention share inside the change mask (``evaluate.py``'s
+* ``all_objects_reference``: per patch grid, the attention share inside the change mask (``evaluate.py``'s
   localisation score, same masks, same 25 % patch coverage) of a map spread evenly over the area of *all*
   objects' boxes — what "look at every object" scores — beside the uniform map's share and FAC's own target
   (Eq. 6's blurred mask, ``attn_norm: sum``).
@@ -53,7 +54,7 @@ def masked_images(pairs, masks, scenes) -> list[tuple[str, str, np.ndarray, np.n
     return rows
 
 
-def ceiling(rows, grid: int) -> dict:
+def all_objects_reference(rows, grid: int) -> dict:
     objects, target, uniform = [], [], []
     for _, _, change, everything in rows:
         coverage = patch_coverage(everything, (grid, grid))
@@ -108,19 +109,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="a clevr_change root with the generator's scenes.json")
     parser.add_argument("--split", default="test")
     parser.add_argument("--masks", type=Path, help="mask cache for pairs without ground-truth masks")
-    parser.add_argument("--grids", default="8,16", help="patch grids (square) for the ceiling")
+    parser.add_argument("--grids", default="8,16", help="patch grids (square) for the reference")
     parser.add_argument("--runs", type=Path, nargs="*", default=[])
     args = parser.parse_args(argv)
     scenes_file = args.data / "scenes.json"
     if not scenes_file.is_file():
-        raise SystemExit(f"error: {scenes_file} not found: the ceiling needs a generated set's object boxes")
+        raise SystemExit(f"error: {scenes_file} not found: the reference needs a generated set's object boxes")
     scenes = json.loads(scenes_file.read_text())["scenes"]
     pairs = list(read_dataset("clevr_change", args.data, split=args.split))
     rows = masked_images(pairs, change_masks(pairs, mask_cache=args.masks), scenes)
     report = {
         "data": str(args.data),
         "split": args.split,
-        "object_ceiling": {f"{g}x{g}": ceiling(rows, g) for g in (int(x) for x in args.grids.split(","))},
+        "all_objects_reference": {
+            f"{g}x{g}": all_objects_reference(rows, g) for g in (int(x) for x in args.grids.split(","))
+        },
         "runs": {str(run): run_maps(run, pairs, rows) for run in args.runs},
     }
     print(json.dumps(report, indent=1))
