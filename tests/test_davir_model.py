@@ -1,5 +1,7 @@
-"""DavirModel on tiny random-weight InstructBLIP classes: hook attention, LoRA placement, losses, save/load,
-generation, and a short overfit run. The 7B preset is checked as a config only."""
+"""DavirModel on tiny random-weight InstructBLIP classes: presets, prompts, losses, LoRA ranks, segment embeddings,
+save/load, generation, and a short overfit run. The 7B preset is checked as a config only. What every family does
+(the processor's own inputs, the FAC hook against eager attention, LoRA placement, save and load): the instructblip
+cases of tests/test_family_contract.py."""
 
 from __future__ import annotations
 
@@ -136,29 +138,6 @@ def test_entity_prompts_with_two_entities_and_entities_off():
     assert entity_prompts(custom, [["tree"]]) == ["What changed? Objects: tree."]
 
 
-# -------------------------------------------------------------------------------------------- FAC attention hook
-def test_hook_attention_equals_eager_output_attentions(tiny):
-    before, after = _pixels(2, 0), _pixels(2, 1)
-    with torch.no_grad():
-        out = tiny(before, after, [PROMPT] * 2)  # the tower runs with SDPA; the hook recomputes the [CLS] row
-    vision = tiny.core.vision_model
-    assert vision.config._attn_implementation == "sdpa"
-    vision.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            eager = vision(torch.cat([before, after]), output_attentions=True).attentions[-1]
-    finally:
-        vision.set_attn_implementation("sdpa")
-    assert eager.shape == (4, 4, 65, 65)  # (images, heads, tokens, tokens)
-    expected = eager[:, :, 0, 1:].mean(dim=1).reshape(4, 8, 8)
-    torch.testing.assert_close(out.attention_before, expected[:2], rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.attention_after, expected[2:], rtol=0, atol=1e-6)
-    # The hook sees the LoRA-adapted qkv: without the adapters the map is different.
-    with torch.no_grad(), tiny.blip.disable_adapter():
-        plain = tiny(before, after, [PROMPT] * 2)
-    assert (plain.attention_before - out.attention_before).abs().max() > 1e-4
-
-
 # ------------------------------------------------------------------------------------------- forward and losses
 def test_caption_loss_counts_only_caption_tokens(tiny):
     prompts = tiny.build_prompts([["red circle"], []])
@@ -272,12 +251,9 @@ def test_llm_gradient_checkpointing_changes_neither_losses_nor_gradients():
         torch.testing.assert_close(grads_ckpt[name], grad, rtol=1e-4, atol=1e-7)
 
 
-def test_default_lora_also_adapts_o_proj_and_extra_parts_train(tiny):
-    names = [n for n, _ in tiny.named_parameters() if "lora_A" in n and "language_model" in n]
-    assert any(".o_proj." in n for n in names) and len(names) == 2 * 4
-    summary = tiny.trainable_parameter_summary()
-    assert summary["segment_embeddings"] == (2 * 128, 2 * 128)
-    assert summary["language_projection"][0] == 0
+def test_segment_embeddings_are_a_part_of_their_own(tiny):
+    """(Where LoRA sits, o_proj included, and what the other parts train: tests/test_family_contract.py.)"""
+    assert tiny.trainable_parameter_summary()["segment_embeddings"] == (2 * 128, 2 * 128)
 
 
 # ------------------------------------------------------------------------------------------------- generation
