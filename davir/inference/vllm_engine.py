@@ -17,7 +17,8 @@ from davir.errors import DataError
 from davir.runs.paths import RunPaths
 
 # The chat families vLLM serves (its model registry: Qwen2_5_VLForConditionalGeneration,
-# LlavaOnevisionForConditionalGeneration, Idefics3/SmolVLM); InstructBLIP is not among them.
+# LlavaOnevisionForConditionalGeneration, Idefics3/SmolVLM); InstructBLIP is not among them. Qwen3-VL, InternVL
+# and Gemma 3 are in vLLM's registry too but left out until run there (docs/toolkits.md says why).
 VLLM_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm")
 
 
