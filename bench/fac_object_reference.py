@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,23 @@ def run_maps(run: Path, pairs, rows) -> dict:
     }
 
 
+def build_report(args: argparse.Namespace) -> dict:
+    scenes_file = args.data / "scenes.json"
+    if not scenes_file.is_file():
+        raise DataError(f"{scenes_file} not found: the reference needs a generated set's object boxes")
+    scenes = json.loads(scenes_file.read_text())["scenes"]
+    pairs = list(read_dataset("clevr_change", args.data, split=args.split))
+    rows = masked_images(pairs, change_masks(pairs, mask_cache=args.masks), scenes)
+    return {
+        "data": str(args.data),
+        "split": args.split,
+        "all_objects_reference": {
+            f"{g}x{g}": all_objects_reference(rows, g) for g in (int(x) for x in args.grids.split(","))
+        },
+        "runs": {str(run): run_maps(run, pairs, rows) for run in args.runs},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="a clevr_change root with the generator's scenes.json")
@@ -112,20 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grids", default="8,16", help="patch grids (square) for the reference")
     parser.add_argument("--runs", type=Path, nargs="*", default=[])
     args = parser.parse_args(argv)
-    scenes_file = args.data / "scenes.json"
-    if not scenes_file.is_file():
-        raise SystemExit(f"error: {scenes_file} not found: the reference needs a generated set's object boxes")
-    scenes = json.loads(scenes_file.read_text())["scenes"]
-    pairs = list(read_dataset("clevr_change", args.data, split=args.split))
-    rows = masked_images(pairs, change_masks(pairs, mask_cache=args.masks), scenes)
-    report = {
-        "data": str(args.data),
-        "split": args.split,
-        "all_objects_reference": {
-            f"{g}x{g}": all_objects_reference(rows, g) for g in (int(x) for x in args.grids.split(","))
-        },
-        "runs": {str(run): run_maps(run, pairs, rows) for run in args.runs},
-    }
+    try:
+        report = build_report(args)
+    except DataError as error:  # a missing set, split, scene or run folder: one line, exit 2 (docs/errors.md)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=1))
     return 0
 

@@ -43,6 +43,13 @@ def test_on_a_generated_set_objects_beat_uniform(synthetic_set, capsys):
         assert row["uniform_share"] < row["all_objects_share"] < row["fac_target_share"] <= 1.0
 
 
-def test_a_set_without_scenes_is_refused(tmp_path):
-    with pytest.raises(SystemExit, match="scenes.json not found"):
-        fac_object_reference.main(["--data", str(tmp_path)])
+def test_a_set_without_scenes_or_a_wrong_run_folder_stops_with_one_line(synthetic_set, tmp_path, capsys):
+    assert fac_object_reference.main(["--data", str(tmp_path)]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"error: {tmp_path / 'scenes.json'} not found: the reference needs a generated set's object boxes"
+    )
+    root = synthetic_set(20, 0)
+    assert fac_object_reference.main(["--data", str(root), "--split", "train", "--runs", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'run'} is neither a saved model") and "Traceback" not in err
