@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,7 @@ def bench_sam(pairs, settings: RegionSettings, batch_size: int, model_type: str 
     }
     n = len(prepared)
     result = {name: {"seconds": round(t, 2), "pairs_per_s": round(n / t, 2)} for name, t in timings.items()}
+    result["batched_both_ms_per_pair_by_stage"] = stage_breakdown(lambda: batched(True), segmenter, sync=sync, pairs=n)
     result["speedup_batched_after_only_vs_official"] = round(
         timings["official_after_only_fp32"] / timings["batched_after_only"], 2
     )
@@ -177,6 +179,62 @@ def bench_sam(pairs, settings: RegionSettings, batch_size: int, model_type: str 
         }
     )
     return result
+
+
+def stage_breakdown(run: Callable[[], float], segmenter: SamSegmenter, *, sync: Callable, pairs: int) -> dict:
+    """One more ``run()`` with each stage of the batched path timed alone (synchronised before and after, so the
+    GPU work is charged to its stage): the CPU resize to SAM's 1024 side, the image encoder, the prompt + mask
+    decoder with the mask upsampling and copy to the host, Eq. 3; ``other`` is the rest of the wall time (batching,
+    normalising, host-to-device copies, Python). ms per pair."""
+    seconds: dict[str, float] = {}
+    started: dict[str, float] = {}
+
+    def begin(name: str) -> None:
+        sync()
+        started[name] = time.perf_counter()
+
+    def end(name: str) -> None:
+        sync()
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - started.pop(name)
+
+    def timed(name: str, function: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            begin(name)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                end(name)
+
+        return wrapper
+
+    encoder = segmenter.sam.image_encoder
+    hooks = [
+        encoder.register_forward_pre_hook(lambda *_: begin("image_encoder")),
+        encoder.register_forward_hook(lambda *_: end("image_encoder")),
+    ]
+    module = sys.modules[__name__]
+    patched = [
+        (segmenter.predictor.transform, "apply_image", "resize_to_1024_cpu"),
+        (segmenter, "_decode", "decode_and_copy_to_host"),
+        (module, "finish_pair", "eq3_select"),  # batched() calls this module's name
+    ]
+    originals = [(owner, attribute, getattr(owner, attribute)) for owner, attribute, _ in patched]
+    try:
+        for owner, attribute, name in patched:
+            setattr(owner, attribute, timed(name, getattr(owner, attribute)))
+        total = run()
+    finally:
+        for owner, attribute, original in originals:
+            setattr(owner, attribute, original)
+        for hook in hooks:
+            hook.remove()
+    for owner, attribute, _ in patched[:2]:  # instance attributes set above: back to the class's methods
+        if attribute in vars(owner):
+            delattr(owner, attribute)
+    staged = {name: round(1000 * value / pairs, 2) for name, value in seconds.items()}
+    staged["other"] = round(1000 * (total - sum(seconds.values())) / pairs, 2)
+    staged["total"] = round(1000 * total / pairs, 2)
+    return staged
 
 
 def _mask_bytes_sha256(cache: Path) -> str:
@@ -277,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sam-batch-size", type=int, default=8)
     parser.add_argument("--sam-type", default="vit_h", choices=["vit_h", "vit_l", "vit_b"])
     parser.add_argument(
+        "--sam-on-cpu",
+        action="store_true",
+        help="run the SAM part without a GPU too (a check that it runs; its numbers say nothing about a GPU)",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         nargs="+",
@@ -317,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": platform.machine(),
             "cpu_stages": [bench_cpu(pairs[: args.pairs], size, tmp / "cache") for size in args.work_sizes],
         }
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() or args.sam_on_cpu:
             report["sam"] = bench_sam(pairs[: args.sam_pairs], RegionSettings(), args.sam_batch_size, args.sam_type)
         else:
             report["sam"] = "no GPU: skipped (torch.cuda.is_available() is False); the SAM numbers are owed"
