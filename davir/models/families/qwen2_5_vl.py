@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 from torch import nn
@@ -37,6 +36,7 @@ from transformers.vision_utils import get_vision_window_index
 
 from davir.models.families import FAMILIES
 from davir.models.families.base import ChatFamily
+from davir.models.families.qwen_patches import PackedPatchImages
 from davir.models.vlm.received_attention import PackedQkvHook
 from davir.models.vlm.window_attention import use_packed_window_attention
 
@@ -191,7 +191,7 @@ def raster_order(grid: tuple[int, int], merge: int, window: int, patch: int) -> 
     return unit_position[processor_index // unit] * unit + processor_index % unit
 
 
-class Qwen25VLFamily(ChatFamily):
+class Qwen25VLFamily(PackedPatchImages, ChatFamily):
     name = "qwen2_5_vl"
     model_type = "qwen2_5_vl"
     model_class = Qwen2_5_VLForConditionalGeneration
@@ -200,6 +200,7 @@ class Qwen25VLFamily(ChatFamily):
     presets = {"tiny": tiny_config, "7b": qwen7b_config}
     preset_image_sizes = {"tiny": 64, "7b": 448}
     pretrained_image_size = 448
+    check_grid = staticmethod(_check_grid)
     special_tokens = (
         "<|im_start|>",
         "<|im_end|>",
@@ -238,32 +239,6 @@ class Qwen25VLFamily(ChatFamily):
             chat_template=self.chat_template,
         )
 
-    def input_size(self, model_config, architecture: Qwen2_5_VLConfig) -> int:
-        """S: ``model.image_size``, else 448 for a pretrained folder and the preset's size for a preset."""
-        size = model_config.image_size or (
-            self.pretrained_image_size
-            if model_config.pretrained
-            else self.preset_image_sizes.get(model_config.preset, 448)
-        )
-        vision = architecture.vision_config
-        _check_grid(size, vision.patch_size, vision.spatial_merge_size)
-        return size
-
-    def patch_grid(self, size: int, architecture: Qwen2_5_VLConfig) -> tuple[int, int]:
-        side = size // architecture.vision_config.patch_size
-        return side, side
-
-    def per_image_pixels(self, processed: dict[str, torch.Tensor], count: int) -> torch.Tensor:
-        pixels = processed["pixel_values"]  # (count · patches, C · T · p · p), images one after another
-        return pixels.reshape(count, pixels.shape[0] // count, pixels.shape[1])
-
-    def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        images = pixels.shape[0] * pixels.shape[1]  # (B, K, patches, dim): row by row, in text order
-        return {
-            "pixel_values": pixels.reshape(-1, pixels.shape[-1]),
-            "image_grid_thw": one_image["image_grid_thw"].repeat(images, 1),
-        }
-
     def attention_hook(self, core: nn.Module) -> PackedQkvHook:
         visual = core.model.visual
         block = max(visual.fullatt_block_indexes) if visual.fullatt_block_indexes else len(visual.blocks) - 1
@@ -279,12 +254,6 @@ class Qwen25VLFamily(ChatFamily):
             raise ValueError(f"the FAC hook saw {received.shape[0]} images, expected {images}")
         order = raster_order(grid, *geometry).to(received.device)
         return received[:, order].reshape(images, *grid)
-
-    def encode_images(self, core: nn.Module, pixels: dict[str, torch.Tensor]) -> Any:
-        return core.model.get_image_features(pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
-
-    def vision_tower(self, core: nn.Module) -> nn.Module:
-        return core.model.visual
 
     def part_of(self, name: str) -> str:
         if name.startswith("model.visual.merger"):

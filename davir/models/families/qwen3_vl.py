@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 from torch import nn
@@ -41,6 +40,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_
 from davir.config import ConfigError
 from davir.models.families import FAMILIES
 from davir.models.families.base import ChatFamily
+from davir.models.families.qwen_patches import PackedPatchImages
 from davir.models.vlm.received_attention import PackedQkvHook
 
 # The layout of the released Qwen3-VL template (no default system turn): <|im_start|>user\n<|vision_start|>
@@ -243,7 +243,7 @@ def raster_order(grid: tuple[int, int], merge: int) -> torch.Tensor:
     ).reshape(-1)
 
 
-class Qwen3VLFamily(ChatFamily):
+class Qwen3VLFamily(PackedPatchImages, ChatFamily):
     name = "qwen3_vl"
     model_type = "qwen3_vl"
     model_class = Qwen3VLForConditionalGeneration
@@ -252,6 +252,7 @@ class Qwen3VLFamily(ChatFamily):
     presets = {"tiny": tiny_config, "2b": qwen3_2b_config, "8b": qwen3_8b_config}
     preset_image_sizes = {"tiny": 64, "2b": 448, "8b": 448}
     pretrained_image_size = 448
+    check_grid = staticmethod(_check_grid)
     special_tokens = (
         "<|im_start|>",
         "<|im_end|>",
@@ -288,32 +289,6 @@ class Qwen3VLFamily(ChatFamily):
             chat_template=self.chat_template,
         )
 
-    def input_size(self, model_config, architecture: Qwen3VLConfig) -> int:
-        """S: ``model.image_size``, else 448 for a pretrained folder and the preset's size for a preset."""
-        size = model_config.image_size or (
-            self.pretrained_image_size
-            if model_config.pretrained
-            else self.preset_image_sizes.get(model_config.preset, 448)
-        )
-        vision = architecture.vision_config
-        _check_grid(size, vision.patch_size, vision.spatial_merge_size)
-        return size
-
-    def patch_grid(self, size: int, architecture: Qwen3VLConfig) -> tuple[int, int]:
-        side = size // architecture.vision_config.patch_size
-        return side, side
-
-    def per_image_pixels(self, processed: dict[str, torch.Tensor], count: int) -> torch.Tensor:
-        pixels = processed["pixel_values"]  # (count · patches, C · T · p · p), images one after another
-        return pixels.reshape(count, pixels.shape[0] // count, pixels.shape[1])
-
-    def pixel_inputs(self, pixels: torch.Tensor, one_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        images = pixels.shape[0] * pixels.shape[1]  # (B, K, patches, dim): row by row, in text order
-        return {
-            "pixel_values": pixels.reshape(-1, pixels.shape[-1]),
-            "image_grid_thw": one_image["image_grid_thw"].repeat(images, 1),
-        }
-
     def attention_hook(self, core: nn.Module) -> PackedQkvHook:
         visual = core.model.visual
         return PackedQkvHook(visual.blocks[-1].attn, apply_rotary_pos_emb_vision, visual.spatial_merge_size)
@@ -325,12 +300,6 @@ class Qwen3VLFamily(ChatFamily):
         if received.shape[1] != grid[0] * grid[1]:
             raise ValueError(f"the FAC hook saw {received.shape[1]} patches per image, expected {grid[0]}×{grid[1]}")
         return received[:, raster_order(grid, merge).to(received.device)].reshape(images, *grid)
-
-    def encode_images(self, core: nn.Module, pixels: dict[str, torch.Tensor]) -> Any:
-        return core.model.get_image_features(pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
-
-    def vision_tower(self, core: nn.Module) -> nn.Module:
-        return core.model.visual
 
     def part_of(self, name: str) -> str:
         if name.startswith(("model.visual.merger", "model.visual.deepstack_merger_list")):
