@@ -218,19 +218,21 @@ def stage_breakdown(run: Callable[[], float], segmenter: SamSegmenter, *, sync: 
         (segmenter, "_decode", "decode_and_copy_to_host"),
         (module, "finish_pair", "eq3_select"),  # batched() calls this module's name
     ]
-    originals = [(owner, attribute, getattr(owner, attribute)) for owner, attribute, _ in patched]
+    # (owner, attribute, its own value before or None): an instance attribute set here is deleted afterwards, so
+    # the class's method shows through again; the module's function is put back.
+    originals = [(owner, attribute, vars(owner).get(attribute)) for owner, attribute, _ in patched]
     try:
         for owner, attribute, name in patched:
             setattr(owner, attribute, timed(name, getattr(owner, attribute)))
         total = run()
     finally:
         for owner, attribute, original in originals:
-            setattr(owner, attribute, original)
+            if original is None:
+                delattr(owner, attribute)
+            else:
+                setattr(owner, attribute, original)
         for hook in hooks:
             hook.remove()
-    for owner, attribute, _ in patched[:2]:  # instance attributes set above: back to the class's methods
-        if attribute in vars(owner):
-            delattr(owner, attribute)
     staged = {name: round(1000 * value / pairs, 2) for name, value in seconds.items()}
     staged["other"] = round(1000 * (total - sum(seconds.values())) / pairs, 2)
     staged["total"] = round(1000 * total / pairs, 2)

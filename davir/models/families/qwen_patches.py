@@ -4,21 +4,24 @@ patches and flattens them, picture after picture, into one ``(patches, C·T·p·
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 from torch import nn
 
 
-class PackedPatchImages:
+class PackedPatchImages(ABC):
     """Mixin for a ``ChatFamily`` whose processor packs every picture's patches into one tensor. The family gives
-    ``preset_image_sizes``, ``pretrained_image_size`` and ``check_grid(size, patch_size, merge)``."""
+    ``preset_image_sizes``, ``pretrained_image_size`` and ``check_grid`` (a family without it fails at import,
+    when it is registered)."""
 
     preset_image_sizes: dict[str, int]
     pretrained_image_size: int
 
+    @abstractmethod
     def check_grid(self, size: int, patch_size: int, merge: int) -> None:
-        raise NotImplementedError
+        """Raise a ValueError (ConfigError) for an S this family's processor cannot cut into whole merge units."""
 
     def input_size(self, model_config, architecture) -> int:
         """S: ``model.image_size``, else the pretrained size for a folder and the preset's size for a preset."""
