@@ -183,9 +183,9 @@ def bench_sam(pairs, settings: RegionSettings, batch_size: int, model_type: str 
 
 def stage_breakdown(run: Callable[[], float], segmenter: SamSegmenter, *, sync: Callable, pairs: int) -> dict:
     """One more ``run()`` with each stage of the batched path timed alone (synchronised before and after, so the
-    GPU work is charged to its stage): the CPU resize to SAM's 1024 side, the image encoder, the prompt + mask
-    decoder with the mask upsampling and copy to the host, Eq. 3; ``other`` is the rest of the wall time (batching,
-    normalising, host-to-device copies, Python). ms per pair."""
+    GPU work is charged to its stage): the resize to SAM's 1024 side (on SAM's device, the host-to-device copy of
+    the image included), the image encoder, the prompt + mask decoder with the mask upsampling and copy to the host,
+    Eq. 3; ``other`` is the rest of the wall time (batching, normalising, Python). ms per pair."""
     seconds: dict[str, float] = {}
     started: dict[str, float] = {}
 
@@ -213,8 +213,9 @@ def stage_breakdown(run: Callable[[], float], segmenter: SamSegmenter, *, sync: 
         encoder.register_forward_hook(lambda *_: end("image_encoder")),
     ]
     module = sys.modules[__name__]
+    sam_module = sys.modules[SamSegmenter.__module__]  # encode() calls its resize_longest_side
     patched = [
-        (segmenter.predictor.transform, "apply_image", "resize_to_1024_cpu"),
+        (sam_module, "resize_longest_side", "resize_to_1024"),
         (segmenter, "_decode", "decode_and_copy_to_host"),
         (module, "finish_pair", "eq3_select"),  # batched() calls this module's name
     ]

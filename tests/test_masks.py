@@ -411,6 +411,28 @@ def test_sam_batched_path_matches_the_official_predictor(tiny_sam_checkpoint):
             assert np.mean(answer.masks == expected) > 0.999 and np.allclose(answer.scores, scores, atol=1e-4)
 
 
+@pytest.mark.parametrize("method", ["torch-bilinear-antialias-uint8", "torch-bilinear-antialias-float-rounded"])
+def test_sam_resize_on_the_device_stays_within_one_level_of_the_official_transform(shared_datasets, method):
+    """The batched path resizes where SAM runs (uint8 on the CPU, float on a GPU, tested here on the CPU) instead
+    of the official PIL resize on the host: every pixel within one grey level of it, most of them equal."""
+    from PIL import Image
+    from segment_anything.utils.transforms import ResizeLongestSide
+
+    from davir.preprocessing.segmenters.sam import resize_longest_side
+
+    clevr = np.array(Image.open(shared_datasets / "clevr_change/images/CLEVR_default_000000.png").convert("RGB"))
+    large = np.array(Image.fromarray(clevr).resize((1800, 1200)))  # downscaled to 1024: the antialiasing counts
+    read_only = clevr[:300, :17]
+    read_only.flags.writeable = False  # a strided, read-only view, as a memory-mapped cache gives
+    allowed = 0.003 if method.endswith("uint8") else 0.2
+    for image in (clevr, large, read_only):
+        expected = ResizeLongestSide(1024).apply_image(image).astype(np.int16)
+        got = resize_longest_side(image, 1024, "cpu", method)[0].permute(1, 2, 0).numpy()
+        assert got.shape == expected.shape and np.array_equal(got, np.round(got))
+        difference = np.abs(got.astype(np.int16) - expected)
+        assert difference.max() <= 1 and np.mean(difference > 0) <= allowed, (image.shape, np.mean(difference > 0))
+
+
 def test_sam_cli_loads_the_checkpoint_and_writes_masks(synth_root, tiny_sam_checkpoint, tmp_path, capsys):
     out = tmp_path / "cache"
     argv = [
@@ -441,3 +463,9 @@ def test_sam_cli_loads_the_checkpoint_and_writes_masks(synth_root, tiny_sam_chec
     entry = MaskCache(out).read("000001.png")
     assert entry.before.shape == entry.after.shape == (240, 320)
     assert entry.info["clusters"] and all("score_after" in c for c in entry.info["clusters"])
+    # The resize is part of what a resume compares: a cache started by the PIL resize (no key) is not extended.
+    assert manifest["comparable_settings"]["segmenter"]["image_resize"] == "torch-bilinear-antialias-uint8"
+    del manifest["comparable_settings"]["segmenter"]["image_resize"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert _run(argv + ["--sam-checkpoint", str(tiny_sam_checkpoint), "--limit", "4"]) == 2
+    assert "this cache was made with other settings" in capsys.readouterr().err
