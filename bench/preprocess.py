@@ -184,8 +184,10 @@ def bench_sam(pairs, settings: RegionSettings, batch_size: int, model_type: str 
 def stage_breakdown(run: Callable[[], float], segmenter: SamSegmenter, *, sync: Callable, pairs: int) -> dict:
     """One more ``run()`` with each stage of the batched path timed alone (synchronised before and after, so the
     GPU work is charged to its stage): the resize to SAM's 1024 side (on SAM's device, the host-to-device copy of
-    the image included), the image encoder, the prompt + mask decoder with the mask upsampling and copy to the host,
-    Eq. 3; ``other`` is the rest of the wall time (batching, normalising, Python). ms per pair."""
+    the image included), the image encoder, the prompt + mask decoder with the mask upsampling, Eq. 3; ``other`` is
+    the rest of the wall time (batching, normalising, the prompts' and masks' copies between host and device,
+    Python). The synchronisations serialise what the untimed path overlaps, so the stages add up to more than a
+    plain run. ms per pair."""
     seconds: dict[str, float] = {}
     started: dict[str, float] = {}
 
@@ -216,7 +218,7 @@ def stage_breakdown(run: Callable[[], float], segmenter: SamSegmenter, *, sync: 
     sam_module = sys.modules[SamSegmenter.__module__]  # encode() calls its resize_longest_side
     patched = [
         (sam_module, "resize_longest_side", "resize_to_1024"),
-        (segmenter, "_decode", "decode_and_copy_to_host"),
+        (segmenter, "_decode", "prompt_and_mask_decoder"),
         (module, "finish_pair", "eq3_select"),  # batched() calls this module's name
     ]
     # (owner, attribute, its own value before or None): an instance attribute set here is deleted afterwards, so

@@ -159,11 +159,23 @@ class SamSegmenter:
             features = self.sam.image_encoder(batch)
         return features.float()
 
-    def _decode(self, features, image: np.ndarray, prompts: list[Prompt]) -> list[Candidates]:
-        """All prompts of one image through the official `SamPredictor.predict_torch`."""
+    def _prompt_tensors(self, image: np.ndarray, prompts: list[Prompt]):
+        """(point coords, labels, boxes) of one image's prompts on SAM's device, in the resized image's frame."""
         torch = self._torch
-        if not prompts:
-            return []
+        transform, original = self.predictor.transform, image.shape[:2]
+        boxes = torch.tensor([p.box for p in prompts], dtype=torch.float32)
+        points = torch.tensor([[p.point] for p in prompts], dtype=torch.float32)
+        labels = torch.ones(points.shape[:2], dtype=torch.int64)
+        return (
+            transform.apply_coords_torch(points, original).to(self.device),
+            labels.to(self.device),
+            transform.apply_boxes_torch(boxes, original).to(self.device),
+        )
+
+    def _decode(self, features, image: np.ndarray, prompt_tensors):
+        """All prompts of one image through the official `SamPredictor.predict_torch`: (masks, scores) on SAM's
+        device, (P, 3, H, W) and (P, 3)."""
+        torch = self._torch
         predictor = self.predictor
         original = image.shape[:2]
         predictor.reset_image()
@@ -173,18 +185,10 @@ class SamSegmenter:
             predictor.transform.get_preprocess_shape(*original, predictor.transform.target_length)
         )
         predictor.is_image_set = True
-        boxes = torch.tensor([p.box for p in prompts], dtype=torch.float32, device=self.device)
-        points = torch.tensor([[p.point] for p in prompts], dtype=torch.float32, device=self.device)
-        labels = torch.ones(points.shape[:2], dtype=torch.int64, device=self.device)
+        points, labels, boxes = prompt_tensors
         with torch.inference_mode():
-            masks, scores, _ = predictor.predict_torch(
-                predictor.transform.apply_coords_torch(points, original),
-                labels,
-                boxes=predictor.transform.apply_boxes_torch(boxes, original),
-                multimask_output=True,
-            )
-        masks, scores = masks.cpu().numpy(), scores.float().cpu().numpy()
-        return [Candidates(masks[i], scores[i]) for i in range(len(prompts))]
+            masks, scores, _ = predictor.predict_torch(points, labels, boxes=boxes, multimask_output=True)
+        return masks, scores
 
     def segment(self, requests: list[SegmentRequest]) -> list[list[Candidates]]:
         results: list[list[Candidates]] = []
@@ -192,9 +196,17 @@ class SamSegmenter:
             chunk = requests[start : start + self.batch_size]
             # Images without a prompt are not encoded at all.
             needed = [i for i, r in enumerate(chunk) if r.prompts]
+            # The prompts go to the device before any of the batch's work is queued, and the masks come back after
+            # all of it: torch's blocking copy between host and device waits for everything queued before it, so
+            # one in between would make the host wait once an image instead of once a batch.
+            prompts = {i: self._prompt_tensors(chunk[i].image, chunk[i].prompts) for i in needed}
             features = self.encode([chunk[i].image for i in needed]) if needed else None
+            decoded = {
+                i: self._decode(features[row : row + 1], chunk[i].image, prompts[i]) for row, i in enumerate(needed)
+            }
             answers: list[list[Candidates]] = [[] for _ in chunk]
-            for row, i in enumerate(needed):
-                answers[i] = self._decode(features[row : row + 1], chunk[i].image, chunk[i].prompts)
+            for i, (masks, scores) in decoded.items():
+                masks, scores = masks.cpu().numpy(), scores.float().cpu().numpy()
+                answers[i] = [Candidates(masks[k], scores[k]) for k in range(len(chunk[i].prompts))]
             results.extend(answers)
         return results
