@@ -89,6 +89,24 @@ def parts(smoke: bool) -> list[tuple[str, list[str], float]]:
                 300,
             ),
             (
+                "sam",
+                [
+                    "bench/preprocess.py",
+                    "--pairs",
+                    "8",
+                    "--work-sizes",
+                    "320",
+                    "--sam-pairs",
+                    "1",
+                    "--sam-batch-size",
+                    "2",
+                    "--sam-type",
+                    "vit_b",
+                    "--sam-on-cpu",
+                ],
+                400,
+            ),
+            (
                 "qwen_loop",
                 [
                     "bench/train_loop.py",
@@ -166,6 +184,21 @@ def parts(smoke: bool) -> list[tuple[str, list[str], float]]:
                 f"{loop}/caption",
             ],
             200,
+        ),
+        (  # issue 51 goal 5: 200 pairs, with the resize on the device and one wait a batch, and its stage profile
+            "sam",
+            [
+                "bench/preprocess.py",
+                "--pairs",
+                "200",
+                "--work-sizes",
+                "320",
+                "--sam-pairs",
+                "200",
+                "--sam-type",
+                "vit_b",
+            ],
+            110,
         ),
         (
             "qwen_loop",
