@@ -164,6 +164,13 @@ def read_jsonl(path: Path) -> list[Any]:
     return [value for _, value in iter_jsonl(path)]
 
 
+def path_record(value: str | Path | None) -> str | None:
+    """How a job records a file or folder it was given: absolute, links resolved. The same place given relative,
+    absolute or through a symlink, from any folder, records the same text, so a rerun compares equal. A relative
+    text recorded by an older version resolves against the current folder (where such a rerun usually starts)."""
+    return None if value is None else str(Path(value).expanduser().resolve())
+
+
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     """The sha256 hex digest of a file, read in chunks (weights of several GB included)."""
     digest = hashlib.sha256()

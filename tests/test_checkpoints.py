@@ -228,6 +228,35 @@ def test_resume_refuses_settings_that_change_what_is_trained(
     assert {name: (run_dir / name).read_bytes() for name in before} == before  # config.yaml still tells the truth
 
 
+def test_resume_from_another_folder_takes_the_same_data_given_another_way(
+    finished_run, synth_root, tmp_path, capsys, monkeypatch
+):
+    """The run was trained with data.root absolute and model.pretrained relative to the repository; a resume from
+    another folder gives data.root relative, then through a symlink, and model.pretrained absolute: the same
+    folders, so no change. A path naming another folder is still refused."""
+    from davir.cli import train
+
+    pretrained = f"model.pretrained={REPO / 'assets' / 'tiny_instructblip'}"
+
+    run_dir = _copy(finished_run, tmp_path)
+    (tmp_path / "link").symlink_to(synth_root)
+    capsys.readouterr()
+    monkeypatch.chdir(synth_root.parent)
+    assert train.main([*_argv(synth_root.name, run_dir, pretrained, "optim.max_steps=5"), "--resume"]) == 0
+    monkeypatch.chdir(tmp_path)  # config.yaml now says the relative name, relative to synth_root's parent
+    assert train.main([*_argv("link", run_dir, pretrained, "optim.max_steps=6"), "--resume"]) == 0
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["resume_changes"] == [
+        {"step": 5, "key": "optim.max_steps", "from": 4, "to": 5},
+        {"step": 6, "key": "optim.max_steps", "from": 5, "to": 6},
+    ]
+    capsys.readouterr()
+    assert (
+        train.main([*_argv("run", run_dir, pretrained, "optim.max_steps=6"), "--resume"]) == 2
+    )  # a folder, another one
+    assert "data.root ('link' -> 'run')" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Model folders (evaluate.py / caption.py / from_pretrained)
 # ---------------------------------------------------------------------------------------------------------------

@@ -394,7 +394,7 @@ def run_cli(module, argv: list[str], capsys) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys):
+def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys, monkeypatch):
     out = tmp_path / "entities"
     base = ["--format", "clevr_change", "--root", str(dataset), "--split", "test", "--no-progress", "--out", str(out)]
     code, stdout, _ = run_cli(entities, [*base, "--masks", "gt", "--limit", "3", "--chunk-size", "2"], capsys)
@@ -448,6 +448,26 @@ def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys):
     assert read_json(out2 / "entities" / "manifest.json")["settings"]["fit_masks"] == "gt"
     cached = EntityCache(out2).table()
     assert {k: [p for p, _ in v] for k, v in cached.items()} == {k: [p for p, _ in v] for k, v in table.items()}
+
+    # The mask cache is recorded as an absolute path: the same folder given relative, from another folder or
+    # through a symlink, resumes the cache; a cache of an older version recorded it as given (relative to where it
+    # ran), which a rerun from there still matches; another folder is refused, naming the setting.
+    assert read_json(out2 / "entities" / "manifest.json")["settings"]["masks"] == str((tmp_path / "masks").resolve())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "link").symlink_to(tmp_path)
+    monkeypatch.chdir(elsewhere)
+    code, stdout, err = run_cli(entities, [*base2, "--masks", "link/masks", "--fit-masks", "gt"], capsys)
+    assert code == 0 and json.loads(stdout)["skipped_existing"] == 8, err
+    monkeypatch.chdir(tmp_path)
+    manifest = read_json(out2 / "entities" / "manifest.json")
+    manifest["settings"]["masks"] = "masks"
+    (out2 / "entities" / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = run_cli(entities, [*base2, "--masks", "masks", "--fit-masks", "gt"], capsys)
+    assert code == 0, err
+    (tmp_path / "other_masks").symlink_to(tmp_path / "entities")  # a folder, but not the one the cache used
+    code, _, err = run_cli(entities, [*base2, "--masks", "other_masks", "--fit-masks", "gt"], capsys)
+    assert code == 2 and "made with other settings (masks)" in err
 
     # entity-eval over the CLI: 4 semantic pairs evaluated, 4 distractors skipped
     code, stdout, _ = run_cli(

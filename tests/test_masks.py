@@ -251,9 +251,9 @@ def test_resume_after_kill_recomputes_only_the_unfinished_pair(synth_root, tmp_p
         assert entry.before.shape == entry.after.shape == (240, 320)
     capsys.readouterr()
 
-    # Resuming with other settings would mix two kinds of masks in one cache: refused.
+    # Resuming with other settings would mix two kinds of masks in one cache: refused, naming what differs.
     assert _run(base + ["--threshold", "0.2"]) == 2
-    assert "other settings" in capsys.readouterr().err
+    assert "other settings (regions.threshold: 0.05 -> 0.2)" in capsys.readouterr().err
 
 
 def test_shards_partition_the_pairs_and_keep_separate_manifests(synth_root, tmp_path):
@@ -433,7 +433,7 @@ def test_sam_resize_on_the_device_stays_within_one_level_of_the_official_transfo
         assert difference.max() <= 1 and np.mean(difference > 0) <= allowed, (image.shape, np.mean(difference > 0))
 
 
-def test_sam_cli_loads_the_checkpoint_and_writes_masks(synth_root, tiny_sam_checkpoint, tmp_path, capsys):
+def test_sam_cli_loads_the_checkpoint_and_writes_masks(synth_root, tiny_sam_checkpoint, tmp_path, capsys, monkeypatch):
     out = tmp_path / "cache"
     argv = [
         "--format",
@@ -463,9 +463,28 @@ def test_sam_cli_loads_the_checkpoint_and_writes_masks(synth_root, tiny_sam_chec
     entry = MaskCache(out).read("000001.png")
     assert entry.before.shape == entry.after.shape == (240, 320)
     assert entry.info["clusters"] and all("score_after" in c for c in entry.info["clusters"])
+    # The weights are recorded as an absolute path: the same file given relative, from another folder, through a
+    # symlink, resumes the cache (and an online rebuild finds it from anywhere).
+    assert manifest["settings"]["segmenter"]["sam_checkpoint"] == str(tiny_sam_checkpoint.resolve())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "weights").symlink_to(tiny_sam_checkpoint.parent)
+    monkeypatch.chdir(elsewhere)
+    assert _run([*argv, "--sam-checkpoint", "weights/tiny_sam.pth", "--limit", "4"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["reused"] == 3 and manifest["counts"]["computed"] == 1
+    # A manifest of an older version recorded the path as given: relative to where that run started.
+    monkeypatch.chdir(tiny_sam_checkpoint.parent)
+    manifest["comparable_settings"]["segmenter"]["sam_checkpoint"] = tiny_sam_checkpoint.name
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert _run([*argv, "--sam-checkpoint", tiny_sam_checkpoint.name, "--limit", "4"]) == 0
+    capsys.readouterr()
     # The resize is part of what a resume compares: a cache started by the PIL resize (no key) is not extended.
     assert manifest["comparable_settings"]["segmenter"]["image_resize"] == "torch-bilinear-antialias-uint8"
     del manifest["comparable_settings"]["segmenter"]["image_resize"]
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert _run(argv + ["--sam-checkpoint", str(tiny_sam_checkpoint), "--limit", "4"]) == 2
-    assert "this cache was made with other settings" in capsys.readouterr().err
+    assert (
+        "this cache was made with other settings (segmenter.image_resize: None -> 'torch-bilinear-antialias-uint8')"
+        in capsys.readouterr().err
+    )

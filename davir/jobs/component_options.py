@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from davir.errors import DataError
+from davir.io import path_record
 from davir.preprocessing.components import ComponentRegistry
 
 
@@ -77,5 +78,6 @@ def component_settings(registry: ComponentRegistry, name: str, args: argparse.Na
 
 
 def component_checkpoint(registry: ComponentRegistry, name: str, args: argparse.Namespace) -> str | None:
+    """The weights file given for the component, as the job records it (`davir.io.path_record`)."""
     weights = registry[name].weights
-    return None if weights is None else getattr(args, weights.dest, None)
+    return None if weights is None else path_record(getattr(args, weights.dest, None))

@@ -46,7 +46,7 @@ import numpy as np
 from davir.data.caches import MaskCache, cache_key
 from davir.data.records import ChangePair
 from davir.errors import DataError, check_output_dir
-from davir.io import read_json, write_json_atomic
+from davir.io import path_record, read_json, write_json_atomic
 from davir.jobs.component_options import component_checkpoint, component_settings
 from davir.jobs.mask_manifest import (
     merge_process_manifests,
@@ -237,6 +237,29 @@ def region_settings(args: argparse.Namespace) -> RegionSettings:
     return RegionSettings(**{name: getattr(args, name) for name in names if hasattr(args, name)})
 
 
+def _recorded_paths_resolved(settings):
+    """A manifest's comparable settings with the segmenter's weights path as this version records it (an older
+    version recorded it as given; a relative one resolves against the current folder)."""
+    segmenter = settings.get("segmenter") if isinstance(settings, dict) else None
+    if not isinstance(segmenter, dict) or segmenter.get("segmenter") not in SEGMENTERS:
+        return settings
+    weights = SEGMENTERS[segmenter["segmenter"]].weights
+    if weights is None or segmenter.get(weights.key) is None:
+        return settings
+    return {**settings, "segmenter": {**segmenter, weights.key: path_record(segmenter[weights.key])}}
+
+
+def _differences(before, now, where: str = "") -> str:
+    """`key: before -> now` for each setting that differs, nested keys dotted (segmenter.sam_type: …)."""
+    if not isinstance(before, dict) or not isinstance(now, dict):
+        return f"{where or 'settings'}: {before!r} -> {now!r}"
+    return "; ".join(
+        _differences(before.get(key), now.get(key), f"{where}.{key}" if where else str(key))
+        for key in sorted(set(before) | set(now))
+        if before.get(key) != now.get(key)
+    )
+
+
 def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None = None) -> dict:
     """Compute (or resume) the masks of one split/shard; returns the manifest written (under `accelerate launch`:
     the whole cache's, merged from every process's share)."""
@@ -298,12 +321,11 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     path = own_manifest_path(cache.root, layout)
     earlier = [path, *([cache.root / "manifest.json"] if layout.launched else [])]
     for previous_path in [p for p in earlier if p.is_file()] if not args.overwrite else []:
-        previous = read_json(previous_path)
-        if previous.get("comparable_settings") != comparable:
+        before = _recorded_paths_resolved(read_json(previous_path).get("comparable_settings"))
+        if before != comparable:
             raise DataError(
-                f"{previous_path}: this cache was made with other settings; use a new --out, or "
-                f"--overwrite to recompute every pair (before: {previous.get('comparable_settings')}, "
-                f"now: {comparable})"
+                f"{previous_path}: this cache was made with other settings ({_differences(before, comparable)}); "
+                "use a new --out, or --overwrite to recompute every pair"
             )
     todo = pairs if args.overwrite else [p for p in pairs if not cache.has(p.pair_id)]
     pending = {p.pair_id for p in todo}

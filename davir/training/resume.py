@@ -84,12 +84,31 @@ def _moved_root(key: str, old: dict, new: dict) -> bool:
     )
 
 
-def resume_changes(old: TrainConfig, new: TrainConfig, *, run_dir: Path, step: int) -> list[dict]:
+def _same_place(old: Any, new: Any, old_base: Path | None) -> bool:
+    """Two texts of a path setting that name the same existing file or folder: the run's relative to the folder it
+    was trained from (`old_base`, run_info.json's cwd), the new one relative to this one; links resolved. A resume
+    from another folder, or with the path given absolutely or through a symlink, is the same data."""
+    if not (isinstance(old, str) and isinstance(new, str) and old and new):
+        return False
+    old_path, new_path = Path(old).expanduser(), Path(new).expanduser()
+    if not old_path.is_absolute() and old_base is not None:
+        old_path = old_base / old_path
+    return old_path.exists() and new_path.exists() and old_path.resolve() == new_path.resolve()
+
+
+def resume_changes(
+    old: TrainConfig, new: TrainConfig, *, run_dir: Path, step: int, trained_from: Path | None = None
+) -> list[dict]:
     """The changed keys a resume at checkpoint `step` may apply, as run_info.json records them; a ConfigError
-    naming every key that cannot change on resume."""
+    naming every key that cannot change on resume. `trained_from`: the folder the run's relative paths are
+    relative to (run_info.json's cwd; None for a run of an older version: the current folder)."""
     before, after = flatten(dataclasses.asdict(old)), flatten(dataclasses.asdict(new))
     changed = sorted(
-        key for key in before.keys() | after.keys() if before.get(key) != after.get(key) and key not in UNRECORDED
+        key
+        for key in before.keys() | after.keys()
+        if before.get(key) != after.get(key)
+        and key not in UNRECORDED
+        and not _same_place(before.get(key), after.get(key), trained_from)
     )
     refused = [key for key in changed if key not in BOOKKEEPING | OPTIMISATION and not _moved_root(key, before, after)]
     if refused:
@@ -124,8 +143,12 @@ def plan_resume(run_dir: Path, checkpoint: Path | None, config: TrainConfig) -> 
         return ResumePlan()
     step = read_checkpoint_state(checkpoint)["step"]
     old = run_config(run_dir)
-    changes = resume_changes(old, config, run_dir=run_dir, step=step) if old is not None else []
-    earlier = (read_run_info(run_dir) or {}).get("resume_changes", [])
+    info = read_run_info(run_dir) or {}
+    trained_from = Path(info["cwd"]) if isinstance(info.get("cwd"), str) else None
+    changes = (
+        resume_changes(old, config, run_dir=run_dir, step=step, trained_from=trained_from) if old is not None else []
+    )
+    earlier = info.get("resume_changes", [])
     return ResumePlan(step, changes, merged_history(earlier, changes, step=step))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from davir.errors import DataError
+from davir.io import path_record
 from davir.preprocessing.change_regions import Prompt
 from davir.preprocessing.components import option
 from davir.preprocessing.segmenters.base import Candidates, SegmentRequest
@@ -126,7 +127,7 @@ class SamSegmenter:
         self.device = next(self.sam.parameters()).device
         self.predictor = SamPredictor(self.sam)
         self.model_type = model_type
-        self.checkpoint = str(checkpoint)
+        self.checkpoint = path_record(checkpoint)  # absolute: a resume from any folder compares, a rebuild finds it
         self.batch_size = batch_size
         # bf16 autocast for the image encoder on a GPU only; CPU bf16 is slow and loses accuracy.
         self.bf16 = (self.device.type == "cuda") if bf16 is None else bf16
