@@ -171,6 +171,19 @@ def path_record(value: str | Path | None) -> str | None:
     return None if value is None else str(Path(value).expanduser().resolve())
 
 
+def same_place(old: Any, new: Any, old_base: str | Path | None = None) -> bool:
+    """Whether two texts of a path setting name the same existing file or folder: `old` relative to `old_base`
+    (the folder the run or job that recorded it started in; None: this folder), `new` relative to this folder;
+    links resolved. So a rerun from another folder, or with a path given absolutely or through a symlink, is the
+    same setting; texts that are not paths (or name nothing that exists) are never the same place."""
+    if not (isinstance(old, str) and isinstance(new, str) and old and new):
+        return False
+    old_path, new_path = Path(old).expanduser(), Path(new).expanduser()
+    if not old_path.is_absolute() and old_base is not None:
+        old_path = Path(old_base) / old_path
+    return old_path.exists() and new_path.exists() and old_path.resolve() == new_path.resolve()
+
+
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     """The sha256 hex digest of a file, read in chunks (weights of several GB included)."""
     digest = hashlib.sha256()

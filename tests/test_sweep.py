@@ -128,6 +128,40 @@ def test_finished_cell_is_not_trained_again(tmp_path):
     assert run_cell(sweep, sweep.variants[0], 0, []) == done  # would fail to train: no data there
 
 
+def test_cell_rerun_from_another_folder_with_the_same_paths_is_kept(tmp_path, monkeypatch):
+    """A sweep started in one folder with relative paths, rerun from another with the config absolute and the data
+    through a symlink: the same cell (no retraining). Another folder for the data is still a change."""
+    from davir.sweep.grid import _stale_reason
+
+    (tmp_path / "demo" / "data").mkdir(parents=True)
+    (tmp_path / "demo.yaml").write_text((REPO / "configs" / "demo.yaml").read_text())
+    (tmp_path / "other" / "data").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "link").symlink_to(tmp_path / "demo")
+
+    def sweep(config: str, demo_dir: str) -> Sweep:
+        return Sweep(
+            title="t",
+            out=tmp_path / "runs",
+            variants=[Variant("A", config)],
+            seeds=[0],
+            overrides=["data.root={demo_dir}/data"],
+            vars={"demo_dir": demo_dir},
+        )
+
+    monkeypatch.chdir(tmp_path)
+    first = sweep("demo.yaml", "demo")
+    run = cell_dir(first, first.variants[0], 0)
+    run.mkdir(parents=True)
+    (run / CELL_RECORD).write_text(json.dumps(cell_recipe(first, first.variants[0], 0, [])))
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    again = sweep(str(tmp_path / "demo.yaml"), "link")
+    assert _stale_reason(run, cell_recipe(again, again.variants[0], 0, [])) is None
+    moved = sweep(str(tmp_path / "demo.yaml"), str(tmp_path / "other"))
+    reason = _stale_reason(run, cell_recipe(moved, moved.variants[0], 0, []))
+    assert reason == f"made with other settings (data.root={tmp_path / 'other'}/data, data.root=demo/data)"
+
+
 def test_cell_made_with_other_settings_is_trained_again_not_reported(tmp_path, monkeypatch, capsys):
     """The stale cell is retrained (here: the training function gets the config of the new recipe)."""
     from davir.training import loop

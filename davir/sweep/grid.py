@@ -29,7 +29,7 @@ from davir.compare.seed_spread import (
 )
 from davir.config import ConfigError, load_config
 from davir.errors import DataError, describe_os_error
-from davir.io import read_json, write_json_atomic, write_text_atomic
+from davir.io import read_json, same_place, write_json_atomic, write_text_atomic
 from davir.metrics.captions import shared_meteor
 from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
 
@@ -205,7 +205,21 @@ def cell_recipe(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> 
         "config": config,
         "config_sha256": digest,
         "overrides": [*overrides, *(f"{k}={seed}" for k in sweep.seed_keys)],
+        "cwd": str(Path.cwd()),  # what its relative paths are relative to; not compared itself
     }
+
+
+def _unchanged_paths(old: list[str], new: list[str], old_base: str | None) -> tuple[list[str], list[str]]:
+    """`old` and `new` overrides without the pairs of one key whose values name the same place
+    (`davir.io.same_place`): a sweep rerun from another folder, or with --var given absolutely, is the same cell."""
+    old_values = dict(o.split("=", 1) for o in old if "=" in o)
+    new_values = dict(o.split("=", 1) for o in new if "=" in o)
+    same = {
+        key
+        for key in old_values.keys() & new_values.keys()
+        if old_values[key] != new_values[key] and same_place(old_values[key], new_values[key], old_base)
+    }
+    return [o for o in old if o.split("=", 1)[0] not in same], [o for o in new if o.split("=", 1)[0] not in same]
 
 
 def _stale_reason(run: Path, recipe: dict[str, Any]) -> str | None:
@@ -219,8 +233,11 @@ def _stale_reason(run: Path, recipe: dict[str, Any]) -> str | None:
         return str(error)
     if not isinstance(record, dict):
         return f"{record_path} is not a JSON object"
+    base = record.get("cwd") if isinstance(record.get("cwd"), str) else None
     changed = [key for key in ("config", "config_sha256") if record.get(key) != recipe[key]]
-    old, new = record.get("overrides") or [], recipe["overrides"]
+    if "config" in changed and same_place(record.get("config"), recipe["config"], base):
+        changed.remove("config")  # the same file given another way; its content is compared by its sha256
+    old, new = _unchanged_paths(record.get("overrides") or [], recipe["overrides"], base)
     differing = [o for o in new if o not in old] + [o for o in old if o not in new]
     if changed or differing:
         what = ", ".join([*(("the config file" if k == "config_sha256" else k) for k in changed), *differing[:4]])

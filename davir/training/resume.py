@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from davir.config import ConfigError, from_dict, load_yaml_text
+from davir.io import same_place
 from davir.runs.config import TrainConfig
 from davir.runs.files import read_run_config, read_run_info
 from davir.training.run import read_checkpoint_state
@@ -84,31 +85,19 @@ def _moved_root(key: str, old: dict, new: dict) -> bool:
     )
 
 
-def _same_place(old: Any, new: Any, old_base: Path | None) -> bool:
-    """Two texts of a path setting that name the same existing file or folder: the run's relative to the folder it
-    was trained from (`old_base`, run_info.json's cwd), the new one relative to this one; links resolved. A resume
-    from another folder, or with the path given absolutely or through a symlink, is the same data."""
-    if not (isinstance(old, str) and isinstance(new, str) and old and new):
-        return False
-    old_path, new_path = Path(old).expanduser(), Path(new).expanduser()
-    if not old_path.is_absolute() and old_base is not None:
-        old_path = old_base / old_path
-    return old_path.exists() and new_path.exists() and old_path.resolve() == new_path.resolve()
-
-
 def resume_changes(
     old: TrainConfig, new: TrainConfig, *, run_dir: Path, step: int, trained_from: Path | None = None
 ) -> list[dict]:
     """The changed keys a resume at checkpoint `step` may apply, as run_info.json records them; a ConfigError
-    naming every key that cannot change on resume. `trained_from`: the folder the run's relative paths are
-    relative to (run_info.json's cwd; None for a run of an older version: the current folder)."""
+    naming every key that cannot change on resume. A path given another way is no change (`davir.io.same_place`;
+    `trained_from`: the folder the run's relative paths are relative to, run_info.json's cwd)."""
     before, after = flatten(dataclasses.asdict(old)), flatten(dataclasses.asdict(new))
     changed = sorted(
         key
         for key in before.keys() | after.keys()
         if before.get(key) != after.get(key)
         and key not in UNRECORDED
-        and not _same_place(before.get(key), after.get(key), trained_from)
+        and not same_place(before.get(key), after.get(key), trained_from)
     )
     refused = [key for key in changed if key not in BOOKKEEPING | OPTIMISATION and not _moved_root(key, before, after)]
     if refused:
