@@ -183,7 +183,9 @@ def export_run(checkpoint: str | Path, out: str | Path, options: ExportOptions |
                 run.data.get("masks"), what="mask cache (data.masks)", flag="--masks-from"
             )
             if source is not None:
-                mask_settings = preprocessing.export_mask_settings(Path(source), partial / layout.MASKS_DIR)
+                mask_settings = preprocessing.export_mask_settings(
+                    Path(source), partial / layout.MASKS_DIR, shareable.training_bases(run.info, run.run_dir)
+                )
                 masks_dir = layout.MASKS_DIR
         if uses_entities:
             source = options.entities_from or run.resolve(

@@ -30,8 +30,9 @@ ENTITY_FILES = ("vocab.json",)
 ENTITY_FOLDERS = ("retriever", "gate")
 
 
-def export_mask_settings(cache: Path, out: Path) -> dict:
-    """`out/manifest.json`: the settings of the mask cache `cache` (its shard manifests merged). Returns them."""
+def export_mask_settings(cache: Path, out: Path, bases=()) -> dict:
+    """`out/manifest.json`: the settings of the mask cache `cache` (its shard manifests merged), absolute paths
+    (the SAM weights file) made relative to `bases` or their last name (davir.export.shareable). Returns them."""
     from davir.preprocessing.mask_pipeline import read_manifest
 
     try:
@@ -40,7 +41,7 @@ def export_mask_settings(cache: Path, out: Path) -> dict:
         raise DataError(f"{cache} is not a mask cache (no readable manifest.json): {error}") from error
     if not isinstance(manifest.get("settings"), dict):
         raise DataError(f"{cache}/manifest.json records no 'settings': not a mask cache `preprocess masks` wrote")
-    kept = {key: manifest[key] for key in MASK_MANIFEST_KEYS if key in manifest}
+    kept = scrub({key: manifest[key] for key in MASK_MANIFEST_KEYS if key in manifest}, bases)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "manifest.json", kept)
     return kept["settings"]
@@ -48,7 +49,8 @@ def export_mask_settings(cache: Path, out: Path) -> dict:
 
 def export_entity_source(cache: Path, out: Path, bases=()) -> dict:
     """`out/`: the vocabulary, manifest settings and fitted retriever/gate of the entity cache `cache`, absolute
-    paths of the vocabulary made relative to `bases` (davir.export.shareable). Returns the manifest's settings."""
+    paths of the vocabulary and the manifest (the mask cache, the CLIP weights file) made relative to `bases` or
+    their last name (davir.export.shareable). Returns the manifest's settings as exported."""
     manifest_path = cache / "entities" / "manifest.json"
     if not manifest_path.is_file() or not (cache / "vocab.json").is_file():
         raise DataError(
@@ -59,16 +61,14 @@ def export_entity_source(cache: Path, out: Path, bases=()) -> dict:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("settings"), dict):
         raise DataError(f"{manifest_path}: records no 'settings': not an entity cache `preprocess entities` wrote")
     (out / "entities").mkdir(parents=True, exist_ok=True)
-    write_json_atomic(
-        out / "entities" / "manifest.json",
-        {key: value for key, value in manifest.items() if key not in ENTITY_MANIFEST_DROP},
-    )
+    kept = scrub({key: value for key, value in manifest.items() if key not in ENTITY_MANIFEST_DROP}, bases)
+    write_json_atomic(out / "entities" / "manifest.json", kept)
     for name in ENTITY_FILES:  # the vocabulary records the data root it was counted on: a path of this machine
         write_json_atomic(out / name, scrub(read_json(cache / name), bases))
     for name in ENTITY_FOLDERS:
         if (cache / name).is_dir():
             shutil.copytree(cache / name, out / name, dirs_exist_ok=True)
-    return manifest["settings"]
+    return kept["settings"]
 
 
 def describe(mask_settings: dict | None, entity_settings: dict | None) -> dict:

@@ -57,7 +57,7 @@ from davir.data import read_dataset
 from davir.data.caches import EntityCache
 from davir.data.images import load_pair
 from davir.errors import DataError, check_output_dir
-from davir.io import path_record, read_json, write_json_atomic
+from davir.io import read_json, write_json_atomic
 from davir.jobs.component_options import (
     add_component_arguments,
     check_component_options,
@@ -66,13 +66,14 @@ from davir.jobs.component_options import (
 )
 from davir.jobs.entity_fit import (  # noqa: F401 - GroundTruthMasks, SubjectExtractor: entities.X for callers
     FITTED_INPUT,
-    GT_MASKS,
     GroundTruthMasks,
     SubjectExtractor,
     fit_shared_parts,
     load_or_build_vocabulary,
     load_pair_regions,
+    mask_source_record,
     open_mask_source,
+    recorded_paths_resolved,
 )
 from davir.jobs.processes import ProcessLayout, process_layout
 from davir.preprocessing.profiles import (
@@ -277,24 +278,6 @@ def entity_gate(args: argparse.Namespace) -> str:
     return args.entity_gate or ("none" if args.image_level else "fitted")
 
 
-def mask_source_record(value: str | None) -> str | None:
-    """`--masks` as recorded: the word `gt`, or the mask cache folder as `davir.io.path_record` writes it."""
-    return value if value in (None, GT_MASKS) else path_record(value)
-
-
-def _recorded_paths_resolved(settings: dict) -> dict:
-    """A cache's recorded settings with its paths as this version records them (an older version recorded a
-    relative path as given; it resolves against the current folder)."""
-    resolved = dict(settings)
-    for key in ("masks", "fit_masks"):
-        if key in resolved:
-            resolved[key] = mask_source_record(resolved[key])
-    weights = RETRIEVERS[settings["retriever"]].weights if settings.get("retriever") in RETRIEVERS else None
-    if weights and resolved.get(weights.key) is not None:
-        resolved[weights.key] = path_record(resolved[weights.key])
-    return resolved
-
-
 def run_settings(args: argparse.Namespace) -> dict:
     """Everything that changes the stored entities; a cache refuses a rerun with other values.
 
@@ -354,7 +337,7 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     manifest_path = out / "entities" / "manifest.json"
     settings = run_settings(args)
     manifest = read_json(manifest_path) if manifest_path.is_file() else {"settings": settings, "splits": {}}
-    stored = _recorded_paths_resolved(manifest.get("settings", {}))
+    stored = recorded_paths_resolved(manifest.get("settings", {}))
     stored.setdefault("retrieval", REGION)  # caches written before image-level retrieval existed
     if stored != settings:
         changed = sorted(k for k in set(settings) | set(stored) if settings.get(k) != stored.get(k))

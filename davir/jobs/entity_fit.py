@@ -20,7 +20,7 @@ from davir.data.caches import EntityCache, MaskCache, PairMasks
 from davir.data.images import load_mask, load_pair
 from davir.data.records import ChangePair, DatasetIndex
 from davir.errors import DataError
-from davir.io import write_json_atomic
+from davir.io import path_record, write_json_atomic
 from davir.jobs.component_options import component_settings
 from davir.preprocessing.components import Component
 from davir.preprocessing.retrievers import (
@@ -86,6 +86,24 @@ class GroundTruthMasks:
 
 def open_mask_source(spec: str) -> MaskSource:
     return GroundTruthMasks() if spec == GT_MASKS else CachedMasks(spec)
+
+
+def mask_source_record(value: str | None) -> str | None:
+    """`--masks` as recorded: the word `gt`, or the mask cache folder as `davir.io.path_record` writes it."""
+    return value if value in (None, GT_MASKS) else path_record(value)
+
+
+def recorded_paths_resolved(settings: dict) -> dict:
+    """A cache's recorded settings with its paths as this version records them (an older version recorded a
+    relative path as given; it resolves against the current folder)."""
+    resolved = dict(settings)
+    for key in ("masks", "fit_masks"):
+        if key in resolved:
+            resolved[key] = mask_source_record(resolved[key])
+    weights = RETRIEVERS[settings["retriever"]].weights if settings.get("retriever") in RETRIEVERS else None
+    if weights and resolved.get(weights.key) is not None:
+        resolved[weights.key] = path_record(resolved[weights.key])
+    return resolved
 
 
 def load_pair_regions(
