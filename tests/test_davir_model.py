@@ -324,7 +324,10 @@ def test_pretrained_folder_saves_only_adapters_and_reloads_identically(tmp_path)
 # ------------------------------------------------------------------------------------- full mode: overfit, save
 @pytest.fixture(scope="module")
 def overfit():
-    """Tiny model, every weight trained (random weights), 25 AdamW steps on 4 fixed pairs."""
+    """Tiny model, every weight trained (random weights), 60 AdamW steps on 4 fixed pairs. Seeded: dropout draws from
+    the global generator, which other tests in the same process move. 25 steps missed the bar below for 1 of 8
+    seeds (0.45), 60 steps reach 0.008-0.044 for all 8."""
+    torch.manual_seed(0)
     model = build_davir_model(DavirModelConfig(train_mode="full"), captions_for_tokenizer=CAPTIONS)
     before, after = _pixels(4, 20), _pixels(4, 21)
     prompts = [PROMPT] * 4
@@ -333,7 +336,7 @@ def overfit():
         initial = model(before, after, prompts, CAPTIONS).caption_loss.item()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
     model.train()
-    for _ in range(25):
+    for _ in range(60):
         loss = model(before, after, prompts, CAPTIONS).loss
         optimizer.zero_grad()
         loss.backward()
