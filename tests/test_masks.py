@@ -28,7 +28,7 @@ from davir.preprocessing.change_regions import (
     tolerant_difference_map,
     union_of_masks,
 )
-from davir.preprocessing.segmenters import SAM_TYPES, ClassicalSegmenter, SegmentRequest, build_segmenter
+from davir.preprocessing.segmenters import SAM_TYPES, SEGMENTERS, ClassicalSegmenter, SegmentRequest, build_segmenter
 
 # Eq. 2 exactly as written: no registration, photometric matching, tolerance, blur or opening.
 LITERAL = dict(register="none", photometric="none", tolerance_px=0, blur_sigma=0.0, open_px=0)
@@ -384,11 +384,14 @@ def tiny_sam_checkpoint(tmp_path, monkeypatch) -> Path:
     return path
 
 
-def test_sam_batched_path_matches_the_official_predictor(tiny_sam_checkpoint):
+@pytest.mark.parametrize("image_resize", ["device", "pil"])
+def test_sam_batched_path_matches_the_official_predictor(tiny_sam_checkpoint, image_resize):
     from segment_anything import SamPredictor
 
     before, after = two_square_pair()
-    segmenter = build_segmenter("sam", checkpoint=tiny_sam_checkpoint, sam_type="tiny_test", device="cpu")
+    segmenter = build_segmenter(
+        "sam", checkpoint=tiny_sam_checkpoint, sam_type="tiny_test", device="cpu", image_resize=image_resize
+    )
     assert segmenter.bf16 is False  # fp32 on the CPU
     regions = find_change_regions(before, after, RegionSettings(**LITERAL, cluster_stride=1))
     requests = [
@@ -479,12 +482,20 @@ def test_sam_cli_loads_the_checkpoint_and_writes_masks(synth_root, tiny_sam_chec
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert _run([*argv, "--sam-checkpoint", tiny_sam_checkpoint.name, "--limit", "4"]) == 0
     capsys.readouterr()
-    # The resize is part of what a resume compares: a cache started by the PIL resize (no key) is not extended.
-    assert manifest["comparable_settings"]["segmenter"]["image_resize"] == "torch-bilinear-antialias-uint8"
-    del manifest["comparable_settings"]["segmenter"]["image_resize"]
+    # The resize is part of what a resume compares. A cache of a version before the device resize (no key: PIL's
+    # resize) is not extended with the device resize, and is finished with --sam-resize pil.
+    recorded = manifest["comparable_settings"]["segmenter"]
+    assert (recorded["image_resize"], recorded["resize_arithmetic"]) == ("device", "torch-bilinear-antialias-uint8")
+    del recorded["image_resize"], recorded["resize_arithmetic"]
     (out / "manifest.json").write_text(json.dumps(manifest))
-    assert _run(argv + ["--sam-checkpoint", str(tiny_sam_checkpoint), "--limit", "4"]) == 2
+    assert _run(argv + ["--sam-checkpoint", str(tiny_sam_checkpoint), "--limit", "5"]) == 2
     assert (
-        "this cache was made with other settings (segmenter.image_resize: None -> 'torch-bilinear-antialias-uint8')"
-        in capsys.readouterr().err
+        "this cache was made with other settings (segmenter.image_resize: 'pil' -> 'device'; "
+        "segmenter.resize_arithmetic: None -> 'torch-bilinear-antialias-uint8')" in capsys.readouterr().err
     )
+    assert _run(argv + ["--sam-checkpoint", str(tiny_sam_checkpoint), "--limit", "5", "--sam-resize", "pil"]) == 0
+    finished = json.loads((out / "manifest.json").read_text())
+    assert finished["counts"]["computed"] == 1 and finished["settings"]["segmenter"]["image_resize"] == "pil"
+    # caption.py's online masks rebuild SAM from a cache's record: an old one as it ran (PIL), a new one as recorded
+    assert SEGMENTERS["sam"].settings_from_record({"sam_type": "tiny_test"}).image_resize == "pil"
+    assert SEGMENTERS["sam"].settings_from_record(manifest["settings"]["segmenter"]).image_resize == "device"

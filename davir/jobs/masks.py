@@ -237,16 +237,18 @@ def region_settings(args: argparse.Namespace) -> RegionSettings:
     return RegionSettings(**{name: getattr(args, name) for name in names if hasattr(args, name)})
 
 
-def _recorded_paths_resolved(settings):
-    """A manifest's comparable settings with the segmenter's weights path as this version records it (an older
-    version recorded it as given; a relative one resolves against the current folder)."""
+def _as_recorded_today(settings):
+    """A manifest's comparable settings as this version records them: the segmenter's settings that an older
+    version did not record, as it ran them (`Component.as_recorded_today`), and its weights path absolute (an
+    older version recorded it as given; a relative one resolves against the current folder)."""
     segmenter = settings.get("segmenter") if isinstance(settings, dict) else None
     if not isinstance(segmenter, dict) or segmenter.get("segmenter") not in SEGMENTERS:
         return settings
-    weights = SEGMENTERS[segmenter["segmenter"]].weights
-    if weights is None or segmenter.get(weights.key) is None:
-        return settings
-    return {**settings, "segmenter": {**segmenter, weights.key: path_record(segmenter[weights.key])}}
+    entry = SEGMENTERS[segmenter["segmenter"]]
+    segmenter = entry.as_recorded_today(segmenter)
+    if entry.weights is not None and segmenter.get(entry.weights.key) is not None:
+        segmenter[entry.weights.key] = path_record(segmenter[entry.weights.key])
+    return {**settings, "segmenter": segmenter}
 
 
 def _differences(before, now, where: str = "") -> str:
@@ -321,7 +323,7 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     path = own_manifest_path(cache.root, layout)
     earlier = [path, *([cache.root / "manifest.json"] if layout.launched else [])]
     for previous_path in [p for p in earlier if p.is_file()] if not args.overwrite else []:
-        before = _recorded_paths_resolved(read_json(previous_path).get("comparable_settings"))
+        before = _as_recorded_today(read_json(previous_path).get("comparable_settings"))
         if before != comparable:
             raise DataError(
                 f"{previous_path}: this cache was made with other settings ({_differences(before, comparable)}); "

@@ -84,8 +84,15 @@ class Component(Generic[T]):
         skip = set(self.uncompared_keys())
         return {k: v for k, v in dataclasses.asdict(settings).items() if k not in skip}
 
+    def as_recorded_today(self, recorded: dict) -> dict:
+        """`recorded` with the settings a record of an older version lacks, as that version ran them (the
+        component's `older_records`, declared when registered: a setting added later whose default changed what
+        the component does)."""
+        return {**self.declared.get("older_records", {}), **recorded}
+
     def settings_from_record(self, recorded: dict) -> Any:
         """Typed settings from a recorded dict: the fields it holds (not null), defaults for the others."""
+        recorded = self.as_recorded_today(recorded)
         values = {
             f.name: recorded[f.name]
             for f in dataclasses.fields(self.settings)

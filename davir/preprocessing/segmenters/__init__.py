@@ -37,6 +37,7 @@ SEGMENTERS.register(
     SamSettings,
     SamSegmenter.build,
     weights=Weights("sam_checkpoint", "--sam-checkpoint", "a local SAM .pth, e.g. sam_vit_h_4b8939.pth"),
+    older_records={"image_resize": "pil"},  # a cache recorded before the device resize existed used PIL's
 )
 
 

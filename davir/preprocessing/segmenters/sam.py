@@ -38,6 +38,9 @@ def sam_types() -> list[str]:
     return sorted(SAM_TYPES)
 
 
+RESIZES = ("device", "pil")
+
+
 @dataclass(frozen=True)
 class SamSettings:
     """SAM's settings; the weights file and the device are given beside them (`SamSegmenter.build`)."""
@@ -47,6 +50,15 @@ class SamSettings:
     )
     batch_size: int = field(
         default=8, metadata=option("--sam-batch-size", "images per image-encoder batch", compared=False)
+    )
+    image_resize: str = field(
+        default="device",
+        metadata=option(
+            "--sam-resize",
+            "SAM's resize to its 1024 side: 'device' (torch, PIL's filter, where SAM runs) or 'pil' (the official "
+            "host resize; a cache started before the device resize existed is finished with it)",
+            choices=RESIZES,
+        ),
     )
 
 
@@ -118,6 +130,7 @@ class SamSegmenter:
         batch_size: int = 8,
         bf16: bool | None = None,
         model=None,
+        image_resize: str = "device",
     ):
         """Load SAM from `checkpoint` — or use an already built `model` (benchmarks with random weights)."""
         import torch
@@ -129,6 +142,9 @@ class SamSegmenter:
         self.model_type = model_type
         self.checkpoint = path_record(checkpoint)  # absolute: a resume from any folder compares, a rebuild finds it
         self.batch_size = batch_size
+        if image_resize not in RESIZES:
+            raise DataError(f"SAM image_resize {image_resize!r}: choose from {RESIZES}")
+        self.image_resize = image_resize
         # bf16 autocast for the image encoder on a GPU only; CPU bf16 is slow and loses accuracy.
         self.bf16 = (self.device.type == "cuda") if bf16 is None else bf16
         self._torch = torch
@@ -136,7 +152,13 @@ class SamSegmenter:
     @classmethod
     def build(cls, settings: SamSettings, *, checkpoint: str | Path | None, device: str | None = None) -> SamSegmenter:
         """The registry's builder. bf16 follows the device (a GPU), so it is never restored from a record."""
-        return cls(checkpoint, settings.sam_type, device=device, batch_size=settings.batch_size)
+        return cls(
+            checkpoint,
+            settings.sam_type,
+            device=device,
+            batch_size=settings.batch_size,
+            image_resize=settings.image_resize,
+        )
 
     def settings(self) -> dict:
         return {
@@ -147,18 +169,27 @@ class SamSegmenter:
             "bf16_encoder": self.bf16,
             "batch_size": self.batch_size,
             "multimask_output": True,
-            "image_resize": resize_method(self.device),
+            "image_resize": self.image_resize,
+            # the arithmetic of the device resize differs by device (within one grey level), as bf16 does
+            **({"resize_arithmetic": resize_method(self.device)} if self.image_resize == "device" else {}),
         }
 
     def encode(self, images: list[np.ndarray]):
         """Image embeddings (B, 256, 64, 64) of a batch: ResizeLongestSide, normalise+pad, one encoder pass."""
         torch = self._torch
-        target = self.predictor.transform.target_length
-        batch = [self.sam.preprocess(resize_longest_side(image, target, self.device)) for image in images]
+        batch = [self.sam.preprocess(self._resized(image)) for image in images]
         batch = torch.cat(batch)
         with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             features = self.sam.image_encoder(batch)
         return features.float()
+
+    def _resized(self, image: np.ndarray):
+        """(1, 3, h, w) float on SAM's device, the long side at SAM's input size."""
+        transform = self.predictor.transform
+        if self.image_resize == "pil":  # the official transform, on the host
+            resized = transform.apply_image(image)
+            return self._torch.as_tensor(resized, device=self.device).permute(2, 0, 1).contiguous()[None].float()
+        return resize_longest_side(image, transform.target_length, self.device)
 
     def _prompt_tensors(self, image: np.ndarray, prompts: list[Prompt]):
         """(point coords, labels, boxes) of one image's prompts on SAM's device, in the resized image's frame."""
