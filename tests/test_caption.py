@@ -134,6 +134,34 @@ def test_rerun_after_a_kill_skips_what_is_done_and_repairs_a_cut_line(trained, t
     assert status == 2 and "max_new_tokens" in err and "--overwrite" in err
 
 
+def test_a_rerun_with_the_same_folders_given_another_way_resumes(trained, tmp_path, capsys, monkeypatch):
+    """The captions' manifest records the model and entity folders absolute: a rerun from another folder, through a
+    symlink, resumes; a manifest of an older version (a relative entity folder) resumes from the folder it names
+    from; another entity folder is refused."""
+    from davir.inference.caption_store import CaptionStore
+
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 2)
+    out = tmp_path / "out" / "captions.jsonl"
+    assert run(["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--quiet"], capsys)[0] == 0
+    manifest = json.loads(out.with_name("captions.jsonl.manifest.json").read_text())
+    assert manifest["settings"]["model"] == str((trained / "runs" / "tiny" / "last").resolve())
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "link").symlink_to(trained)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    status, _, err = run(["--checkpoint", "link/runs/tiny", "--pairs", pairs, "--out", out, "--quiet"], capsys)
+    assert status == 0 and "skipping 2 pair(s)" in err, err
+
+    (tmp_path / "cache" / "entities").mkdir(parents=True)
+    settings = {"model": str(tmp_path / "model"), "entities": str(tmp_path / "cache" / "entities")}
+    store = CaptionStore(tmp_path / "e.jsonl", settings)
+    store.manifest.write_text(json.dumps({"settings": {**settings, "entities": "cache/entities"}}))
+    monkeypatch.chdir(tmp_path)
+    store.prepare(overwrite=False, source="pairs")  # the older manifest's relative folder, from where it ran
+    store.manifest.write_text(json.dumps({"settings": {**settings, "entities": "elsewhere"}}))
+    with pytest.raises(DataError, match="entities differ"):
+        store.prepare(overwrite=False, source="pairs")
+
+
 def captioned_in_one_process(trained, tmp_path, n: int, capsys) -> tuple[list, Path]:
     """(the caption.py arguments but --out, the single-process JSONL) for `n` pairs: what sharded runs must equal."""
     pairs = pair_folder(tmp_path / "pairs", trained / "data", n)

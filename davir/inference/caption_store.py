@@ -20,9 +20,18 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from davir.errors import DataError
-from davir.io import append_whole, atomic_path, read_json, write_json_atomic
+from davir.io import append_whole, atomic_path, path_record, read_json, write_json_atomic
 
 MAX_RUNS_MERGED = 64  # more sorted runs than this (an input reordered many times): sort in memory instead
+# Settings that are folders: recorded absolute (davir.io.path_record); a manifest of an older version may hold one
+# as it was given, relative to the folder that run started in, which a resume from there still matches.
+PATH_SETTINGS = ("model", "entities")
+
+
+def _as_recorded_today(settings):
+    if not isinstance(settings, dict):
+        return settings
+    return {k: path_record(v) if k in PATH_SETTINGS and isinstance(v, str) else v for k, v in settings.items()}
 
 
 def _index_key(line: str) -> float:
@@ -138,7 +147,7 @@ class CaptionStore:
             elif self.manifest.is_file() and read_json(self.manifest).get("settings") != self.settings:
                 self.manifest.unlink(missing_ok=True)  # the siblings of this job write the same settings
         if self.manifest.is_file():
-            recorded = read_json(self.manifest).get("settings")
+            recorded = _as_recorded_today(read_json(self.manifest).get("settings"))
             if recorded != self.settings:
                 changed = sorted(
                     k

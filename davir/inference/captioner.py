@@ -24,6 +24,7 @@ from davir.data.images import array_to_rgb, load_pair, to_rgb
 from davir.data.records import ChangePair
 from davir.errors import DataError
 from davir.inference.engines import DavirEngine, LightweightEngine, load_engine
+from davir.io import path_record
 from davir.runs.paths import RunPaths, run_decoding
 from davir.runtime.devices import check_device
 
@@ -225,7 +226,7 @@ class ChangeCaptioner:
         """What decides the captions: a rerun may reuse earlier outputs only when these are equal."""
         model_files = sorted(p for p in self.run.model_dir.rglob("*") if p.is_file())
         return {
-            "model": str(self.run.model_dir),
+            "model": path_record(self.run.model_dir),
             "kind": self.engine.kind,
             "model_files": {
                 str(p.relative_to(self.run.model_dir)): [p.stat().st_size, int(p.stat().st_mtime)] for p in model_files
@@ -235,7 +236,7 @@ class ChangeCaptioner:
             "size_policy": self.size_policy,
             "max_side": self.max_side,
             "masks": None if self.masks is None else self.masks.settings_dict(),
-            "entities": None if self.entities is None else str(self.entities.cache_dir),
+            "entities": None if self.entities is None else path_record(self.entities.cache_dir),
         }
 
     def needs_masks(self, keep_images: bool) -> bool:
