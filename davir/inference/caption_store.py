@@ -147,13 +147,10 @@ class CaptionStore:
             elif self.manifest.is_file() and read_json(self.manifest).get("settings") != self.settings:
                 self.manifest.unlink(missing_ok=True)  # the siblings of this job write the same settings
         if self.manifest.is_file():
-            recorded = _as_recorded_today(read_json(self.manifest).get("settings"))
-            if recorded != self.settings:
-                changed = sorted(
-                    k
-                    for k in set(recorded or {}) | set(self.settings)
-                    if (recorded or {}).get(k) != self.settings.get(k)
-                )
+            recorded = _as_recorded_today(read_json(self.manifest).get("settings")) or {}
+            wanted = _as_recorded_today(self.settings)
+            if recorded != wanted:
+                changed = sorted(k for k in set(recorded) | set(wanted) if recorded.get(k) != wanted.get(k))
                 raise DataError(
                     f"{self.out} holds captions made with other settings ({', '.join(changed)} differ, "
                     f"see {self.manifest}): pass --overwrite to start again, or another --out"
