@@ -96,7 +96,8 @@ def resize_method(device) -> str:
 
 
 def resize_longest_side(image: np.ndarray, target_length: int, device, method: str | None = None):
-    """(1, 3, h, w) float tensor on `device`: `ResizeLongestSide.apply_image`'s resize, done by torch where SAM runs.
+    """(1, 3, h, w) float tensor on `device`: `ResizeLongestSide.apply_image`'s resize, done by torch where SAM runs
+    [D] (the official predictor resizes with PIL; `--sam-resize pil` keeps it; docs/preprocessing.md).
 
     The official transform resizes on the host with PIL (~10 ms an image to 1024 on one core), a quarter of a
     pair's time in the batched path on a GPU. Torch's antialiased bilinear is PIL's filter: in uint8 (CPU only) it
