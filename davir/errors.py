@@ -80,6 +80,18 @@ def check_output_file(path: str | Path, *, what: str = "output file", example: s
     return path
 
 
+def settings_differences(before, now, where: str = "") -> str:
+    """`key: before -> now` for each recorded setting that differs, nested keys dotted (segmenter.sam_type: …): what a
+    refusal to mix caches names."""
+    if not isinstance(before, dict) or not isinstance(now, dict):
+        return f"{where or 'settings'}: {before!r} -> {now!r}"
+    return "; ".join(
+        settings_differences(before.get(key), now.get(key), f"{where}.{key}" if where else str(key))
+        for key in sorted(set(before) | set(now))
+        if before.get(key) != now.get(key)
+    )
+
+
 def describe_os_error(error: OSError) -> str:
     """One line for an OSError a user can cause (permissions, a full disk, a file where a folder should be)."""
     reason = os.strerror(error.errno) if error.errno else str(error)

@@ -431,7 +431,7 @@ def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys, 
 
     # other settings on the same cache are refused
     code, _, err = run_cli(entities, [*base, "--masks", "gt", "--top-k", "3"], capsys)
-    assert code == 2 and "top_k" in err
+    assert code == 2 and "made with other settings (top_k: 5 -> 3)" in err
 
     # the same masks through a MaskCache (fitting on the ground truth) give the same entities
     mask_cache = MaskCache(tmp_path / "masks")
@@ -467,7 +467,7 @@ def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys, 
     assert code == 0, err
     (tmp_path / "other_masks").symlink_to(tmp_path / "entities")  # a folder, but not the one the cache used
     code, _, err = run_cli(entities, [*base2, "--masks", "other_masks", "--fit-masks", "gt"], capsys)
-    assert code == 2 and "made with other settings (masks)" in err
+    assert code == 2 and f"made with other settings (masks: {str(tmp_path / 'masks')!r} -> " in err
 
     # entity-eval over the CLI: 4 semantic pairs evaluated, 4 distractors skipped
     code, stdout, _ = run_cli(

@@ -56,7 +56,7 @@ import numpy as np
 from davir.data import read_dataset
 from davir.data.caches import EntityCache
 from davir.data.images import load_pair
-from davir.errors import DataError, check_output_dir
+from davir.errors import DataError, check_output_dir, settings_differences
 from davir.io import read_json, write_json_atomic
 from davir.jobs.component_options import (
     add_component_arguments,
@@ -340,8 +340,10 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     stored = recorded_paths_resolved(manifest.get("settings", {}))
     stored.setdefault("retrieval", REGION)  # caches written before image-level retrieval existed
     if stored != settings:
-        changed = sorted(k for k in set(settings) | set(stored) if settings.get(k) != stored.get(k))
-        raise DataError(f"{out} holds entities made with other settings ({', '.join(changed)}); use another --out")
+        raise DataError(
+            f"{out} holds entities made with other settings ({settings_differences(stored, settings)}); "
+            "use another --out"
+        )
     manifest["settings"] = settings
     progress = not args.no_progress
     masks = None if args.image_level else open_mask_source(args.masks)

@@ -45,7 +45,7 @@ import numpy as np
 
 from davir.data.caches import MaskCache, cache_key
 from davir.data.records import ChangePair
-from davir.errors import DataError, check_output_dir
+from davir.errors import DataError, check_output_dir, settings_differences
 from davir.io import path_record, read_json, write_json_atomic
 from davir.jobs.component_options import component_checkpoint, component_settings
 from davir.jobs.mask_manifest import (
@@ -251,17 +251,6 @@ def _as_recorded_today(settings):
     return {**settings, "segmenter": segmenter}
 
 
-def _differences(before, now, where: str = "") -> str:
-    """`key: before -> now` for each setting that differs, nested keys dotted (segmenter.sam_type: …)."""
-    if not isinstance(before, dict) or not isinstance(now, dict):
-        return f"{where or 'settings'}: {before!r} -> {now!r}"
-    return "; ".join(
-        _differences(before.get(key), now.get(key), f"{where}.{key}" if where else str(key))
-        for key in sorted(set(before) | set(now))
-        if before.get(key) != now.get(key)
-    )
-
-
 def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None = None) -> dict:
     """Compute (or resume) the masks of one split/shard; returns the manifest written (under `accelerate launch`:
     the whole cache's, merged from every process's share)."""
@@ -326,7 +315,7 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
         before = _as_recorded_today(read_json(previous_path).get("comparable_settings"))
         if before != comparable:
             raise DataError(
-                f"{previous_path}: this cache was made with other settings ({_differences(before, comparable)}); "
+                f"{previous_path}: this cache was made with other settings ({settings_differences(before, comparable)}); "
                 "use a new --out, or --overwrite to recompute every pair"
             )
     todo = pairs if args.overwrite else [p for p in pairs if not cache.has(p.pair_id)]
