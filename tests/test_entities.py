@@ -15,6 +15,7 @@ from davir.errors import DataError
 from davir.io import read_json
 from davir.jobs import entities, entity_eval
 from davir.preprocessing.retrievers import (
+    RETRIEVERS,
     ClipRetriever,
     EntityGate,
     FittedRetriever,
@@ -465,6 +466,9 @@ def test_entities_cli_resumes_and_matches_mask_cache(dataset, tmp_path, capsys, 
     (out2 / "entities" / "manifest.json").write_text(json.dumps(manifest))
     code, _, err = run_cli(entities, [*base2, "--masks", "masks", "--fit-masks", "gt"], capsys)
     assert code == 0, err
+    # a retriever's weights file of an older record, likewise (Component.as_recorded_today)
+    clip = RETRIEVERS["clip"].as_recorded_today({"retriever": "clip", "clip_checkpoint": "w/clip.pt"})
+    assert clip["clip_checkpoint"] == str((tmp_path / "w" / "clip.pt").resolve())
     (tmp_path / "other_masks").symlink_to(tmp_path / "entities")  # a folder, but not the one the cache used
     code, _, err = run_cli(entities, [*base2, "--masks", "other_masks", "--fit-masks", "gt"], capsys)
     assert code == 2 and f"made with other settings (masks: {str(tmp_path / 'masks')!r} -> " in err

@@ -95,15 +95,13 @@ def mask_source_record(value: str | None) -> str | None:
 
 def recorded_paths_resolved(settings: dict) -> dict:
     """A cache's recorded settings with its paths as this version records them (an older version recorded a
-    relative path as given; it resolves against the current folder)."""
-    resolved = dict(settings)
-    for key in ("masks", "fit_masks"):
-        if key in resolved:
-            resolved[key] = mask_source_record(resolved[key])
-    weights = RETRIEVERS[settings["retriever"]].weights if settings.get("retriever") in RETRIEVERS else None
-    if weights and resolved.get(weights.key) is not None:
-        resolved[weights.key] = path_record(resolved[weights.key])
-    return resolved
+    relative path as given; it resolves against the current folder): the mask caches here, the retriever's own
+    (its weights file) by `Component.as_recorded_today`."""
+    resolved = {
+        key: mask_source_record(value) if key in ("masks", "fit_masks") else value for key, value in settings.items()
+    }
+    retriever = settings.get("retriever")
+    return RETRIEVERS[retriever].as_recorded_today(resolved) if retriever in RETRIEVERS else resolved
 
 
 def load_pair_regions(

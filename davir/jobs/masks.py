@@ -46,7 +46,7 @@ import numpy as np
 from davir.data.caches import MaskCache, cache_key
 from davir.data.records import ChangePair
 from davir.errors import DataError, check_output_dir, settings_differences
-from davir.io import path_record, read_json, write_json_atomic
+from davir.io import read_json, write_json_atomic
 from davir.jobs.component_options import component_checkpoint, component_settings
 from davir.jobs.mask_manifest import (
     merge_process_manifests,
@@ -238,17 +238,12 @@ def region_settings(args: argparse.Namespace) -> RegionSettings:
 
 
 def _as_recorded_today(settings):
-    """A manifest's comparable settings as this version records them: the segmenter's settings that an older
-    version did not record, as it ran them (`Component.as_recorded_today`), and its weights path absolute (an
-    older version recorded it as given; a relative one resolves against the current folder)."""
+    """A manifest's comparable settings with the segmenter's as this version records them
+    (`Component.as_recorded_today`)."""
     segmenter = settings.get("segmenter") if isinstance(settings, dict) else None
     if not isinstance(segmenter, dict) or segmenter.get("segmenter") not in SEGMENTERS:
         return settings
-    entry = SEGMENTERS[segmenter["segmenter"]]
-    segmenter = entry.as_recorded_today(segmenter)
-    if entry.weights is not None and segmenter.get(entry.weights.key) is not None:
-        segmenter[entry.weights.key] = path_record(segmenter[entry.weights.key])
-    return {**settings, "segmenter": segmenter}
+    return {**settings, "segmenter": SEGMENTERS[segmenter["segmenter"]].as_recorded_today(segmenter)}
 
 
 def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None = None) -> dict:

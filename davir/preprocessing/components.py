@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from davir.errors import DataError
+from davir.io import path_record
 from davir.registry import Registry
 
 T = TypeVar("T")
@@ -85,10 +86,14 @@ class Component(Generic[T]):
         return {k: v for k, v in dataclasses.asdict(settings).items() if k not in skip}
 
     def as_recorded_today(self, recorded: dict) -> dict:
-        """`recorded` with the settings a record of an older version lacks, as that version ran them (the
-        component's `older_records`, declared when registered: a setting added later whose default changed what
-        the component does)."""
-        return {**self.declared.get("older_records", {}), **recorded}
+        """`recorded` as this version records it: the settings a record of an older version lacks, as that version
+        ran them (the component's `older_records`, declared when registered: a setting added later whose default
+        changed what the component does), and the weights path absolute (`davir.io.path_record`; an older version
+        recorded it as given, and a relative one resolves against the current folder)."""
+        today = {**self.declared.get("older_records", {}), **recorded}
+        if self.weights is not None and today.get(self.weights.key) is not None:
+            today[self.weights.key] = path_record(today[self.weights.key])
+        return today
 
     def settings_from_record(self, recorded: dict) -> Any:
         """Typed settings from a recorded dict: the fields it holds (not null), defaults for the others."""
