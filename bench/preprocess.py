@@ -215,9 +215,8 @@ def stage_breakdown(run: Callable[[], float], segmenter: SamSegmenter, *, sync: 
         encoder.register_forward_hook(lambda *_: end("image_encoder")),
     ]
     module = sys.modules[__name__]
-    sam_module = sys.modules[SamSegmenter.__module__]  # encode() calls its resize_longest_side
     patched = [
-        (sam_module, "resize_longest_side", "resize_to_1024"),
+        (segmenter, "_resized", "resize_to_1024"),  # either --sam-resize
         (segmenter, "_decode", "prompt_and_mask_decoder"),
         (module, "finish_pair", "eq3_select"),  # batched() calls this module's name
     ]
