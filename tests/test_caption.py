@@ -161,6 +161,17 @@ def test_a_rerun_with_the_same_folders_given_another_way_resumes(trained, tmp_pa
     with pytest.raises(DataError, match="entities differ"):
         store.prepare(overwrite=False, source="pairs")
 
+    # a shard started on its own with --overwrite keeps a sibling's manifest and shard file when only the way a
+    # folder was written differs (before, it removed the manifest, then refused the sibling's file as unexplained)
+    sibling = CaptionStore(
+        tmp_path / "s.jsonl", {**settings, "entities": "cache/entities"}, num_shards=2, shard_index=1
+    )
+    sibling.prepare(overwrite=False, source="pairs", whole_job=False)
+    sibling.append(['{"id": "a", "index": 1, "caption": "x"}'])
+    shard = CaptionStore(tmp_path / "s.jsonl", settings, num_shards=2, shard_index=0)
+    shard.prepare(overwrite=True, source="pairs", whole_job=False)
+    assert sibling.path.read_text() == '{"id": "a", "index": 1, "caption": "x"}\n'
+
 
 def captioned_in_one_process(trained, tmp_path, n: int, capsys) -> tuple[list, Path]:
     """(the caption.py arguments but --out, the single-process JSONL) for `n` pairs: what sharded runs must equal."""

@@ -144,13 +144,11 @@ class CaptionStore:
                     path.unlink(missing_ok=True)
             if whole_job:
                 self.manifest.unlink(missing_ok=True)
-            elif self.manifest.is_file() and read_json(self.manifest).get("settings") != self.settings:
+            elif self.manifest.is_file() and self.recorded_differences():
                 self.manifest.unlink(missing_ok=True)  # the siblings of this job write the same settings
         if self.manifest.is_file():
-            recorded = _as_recorded_today(read_json(self.manifest).get("settings")) or {}
-            wanted = _as_recorded_today(self.settings)
-            if recorded != wanted:
-                changed = sorted(k for k in set(recorded) | set(wanted) if recorded.get(k) != wanted.get(k))
+            changed = self.recorded_differences()
+            if changed:
                 raise DataError(
                     f"{self.out} holds captions made with other settings ({', '.join(changed)} differ, "
                     f"see {self.manifest}): pass --overwrite to start again, or another --out"
@@ -169,6 +167,13 @@ class CaptionStore:
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             },
         )
+
+    def recorded_differences(self) -> list[str]:
+        """The settings keys in which the manifest's record differs from this job's, both sides normalised the same
+        way (a path given another way is no difference)."""
+        recorded = _as_recorded_today(read_json(self.manifest).get("settings")) or {}
+        wanted = _as_recorded_today(self.settings)
+        return sorted(k for k in set(recorded) | set(wanted) if recorded.get(k) != wanted.get(k))
 
     def earlier_rows(self) -> tuple[set[str], set[str]]:
         """(ids captioned, ids that only failed) in the output and every shard file (each repaired of a cut last
