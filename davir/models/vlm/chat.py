@@ -29,6 +29,7 @@ from torch import nn
 from davir.models.families import get_family
 from davir.models.losses import IGNORE_INDEX
 from davir.models.vlm.base import DavirVLM
+from davir.models.vlm.chat_turn import cut_prompt, encode_turns, turn_text
 from davir.models.vlm.config import DavirModelConfig
 from davir.models.vlm.lora import make_family_lora_config
 from davir.models.vlm.output import DavirOutput, davir_output
@@ -96,30 +97,12 @@ class ChatDavirModel(DavirVLM):
         """The user turn (before image, after image, the prompt) and the assistant's opening, image
         placeholders expanded as the processor expands them. ``images=1``: one picture before the prompt
         (the single-image description stage of ``davir.pretrain_tiny``)."""
-        prompt = self._cut_prompt(prompt)
-        messages = [
-            {"role": "user", "content": [*({"type": "image"} for _ in range(images)), {"type": "text", "text": prompt}]}
-        ]
-        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        token = self.processor.image_token
-        if text.count(token) != images:
-            raise ValueError(
-                f"the {self.config.family} chat template put {text.count(token)} image placeholders for {images} images"
-            )
-        return text.replace(token, self.image_text)
-
-    def _cut_prompt(self, prompt: str) -> str:
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if len(ids) <= self.config.max_prompt_tokens:
-            return prompt
-        return self.tokenizer.decode(ids[: self.config.max_prompt_tokens], skip_special_tokens=True)
+        prompt = cut_prompt(self.tokenizer, prompt, self.config.max_prompt_tokens)
+        text = turn_text(self.processor, self.config.family, prompt, images)
+        return text.replace(self.processor.image_token, self.image_text)
 
     def _prompt_ids(self, prompts: Sequence[str], images: int = 2) -> list[list[int]]:
-        # As the processor's own apply_chat_template(tokenize=True): no second BOS where the template writes one.
-        texts = [self.chat_text(p, images) for p in prompts]
-        bos = self.tokenizer.bos_token
-        encoded = self.tokenizer(texts, add_special_tokens=not (bos and texts and texts[0].startswith(bos)))
-        return [list(ids) for ids in encoded["input_ids"]]
+        return encode_turns(self.tokenizer, [self.chat_text(p, images) for p in prompts])
 
     def _token_types(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         if not getattr(self.processor, "return_mm_token_type_ids", False):
