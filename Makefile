@@ -11,7 +11,7 @@ DEMO_RUN ?= runs/demo$(DEMO_SUFFIX)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install system-deps test test-all lint format demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo \
+.PHONY: install system-deps test test-all check-vllm lint format demo demo-data demo-data-check ablation-demo demo-lightweight clean-demo \
 	demo-hard ablation-hard hard-data-check clean-demo-hard
 
 $(VENV)/.installed: requirements.txt requirements-nodeps.txt pyproject.toml
@@ -45,6 +45,20 @@ test: install
 
 test-all: install
 	$(PYTEST) tests
+
+# `caption.py --engine vllm` checked against vLLM's own input processing (tests/test_vllm_inputs.py). vLLM pins its own
+# torch and transformers, so it lives in a venv of its own (about 9 GB); no GPU is needed for the check.
+VLLM_VENV ?= .venv-vllm
+VLLM_VERSION ?= 0.33.0
+
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	# num2words: SmolVLM's processor imports it
+	$(VLLM_VENV)/bin/python -m pip install vllm==$(VLLM_VERSION) num2words
+	touch $@
+
+check-vllm: install $(VLLM_VENV)/.installed
+	DAVIR_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -n 0 tests/test_vllm_inputs.py
 
 # ruff: the formatter and a small rule set (pyproject.toml [tool.ruff]); CI fails on either. `make format` fixes both.
 lint: install

@@ -105,7 +105,7 @@ def gemma_tokenizer(texts: list[str], specials: list[str], *, vocab_size: int = 
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import GemmaTokenizer
 
-    from davir.models.families.gemma3 import IMAGE_TOKENS
+    from davir.models.families.gemma3 import IMAGE_TOKENS, NEWLINE_TOKENS
 
     core = Tokenizer(models.BPE(byte_fallback=True))
     core.normalizer = normalizers.Replace(" ", "▁")
@@ -119,6 +119,7 @@ def gemma_tokenizer(texts: list[str], specials: list[str], *, vocab_size: int = 
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in learned["merges"]]
     tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True, extra_special_tokens=IMAGE_TOKENS)
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer.add_tokens(list(NEWLINE_TOKENS))  # runs of newlines are pieces of the released vocabulary
     return tokenizer
 
 

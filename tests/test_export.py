@@ -368,7 +368,10 @@ def test_vllm_engine_says_what_is_missing(exported, tmp_path, capsys):
 
     for folder, message in (
         (exported["elsewhere"] / "adapter", "serves a merged export"),
-        (exported["elsewhere"] / "merged", "model.family=instructblip is not served by vLLM"),
+        (
+            exported["elsewhere"] / "merged",
+            "model.family=instructblip is not served through vLLM (vLLM has no InstructBLIP",
+        ),
     ):
         assert (
             caption.main(

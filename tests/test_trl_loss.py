@@ -81,7 +81,7 @@ def _labelled(batch, row: int) -> list[int]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_trl_trains_on_the_caption_of_the_export(setup, family):
     """TRL's own SFTTrainer and vision collator on the export: the loss is on the caption, the end of turn and the
-    newline the template writes after it — 10 of the 71-166 tokens of a sample, none of them an image placeholder
+    newline the template writes after it — 10 of the 69-166 tokens of a sample, none of them an image placeholder
     (with `messages`, every token: 86, 166 and 71)."""
     dataset = _dataset(setup.base / "trl" / "train.jsonl")
     trainer, processor = _trainer(setup, family, dataset)
@@ -92,7 +92,7 @@ def test_trl_trains_on_the_caption_of_the_export(setup, family):
         caption = tokenizer(LEAD[family] + _caption(row), add_special_tokens=False)["input_ids"]
         expected = caption + tokenizer(end + "\n", add_special_tokens=False)["input_ids"]
         assert _labelled(batch, number) == expected and len(expected) == len(caption) + 2 == 10
-        assert int(batch["attention_mask"][number].sum()) > 70  # the prompt and both pictures are in the input
+        assert int(batch["attention_mask"][number].sum()) > 65  # the prompt and both pictures are in the input
 
 
 @pytest.mark.parametrize("family", FAMILIES)

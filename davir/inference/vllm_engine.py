@@ -16,10 +16,19 @@ from davir.data.records import ChangePair
 from davir.errors import DataError
 from davir.runs.paths import RunPaths
 
-# The chat families vLLM serves (its model registry: Qwen2_5_VLForConditionalGeneration,
-# LlavaOnevisionForConditionalGeneration, Idefics3/SmolVLM); InstructBLIP is not among them. Qwen3-VL, InternVL
-# and Gemma 3 are in vLLM's registry too but left out until run there (docs/toolkits.md says why).
-VLLM_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm")
+# The chat families whose vLLM inputs are davir's own: vLLM's input processing (its renderer, the code
+# `LLM.generate` runs before the model), given VllmEngine.requests, builds the same token ids and pixels as davir's
+# model captions from (tests/test_vllm_inputs.py, run with vLLM in its own venv: `make check-vllm`).
+VLLM_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "internvl", "smolvlm", "gemma3")
+NOT_SERVED = {
+    "instructblip": "vLLM has no InstructBLIP",
+    # Measured on the tiny preset: 293 prompt tokens a pair from vLLM against 151 from transformers.
+    "llava_onevision": (
+        "vLLM gives every picture its high-resolution tiles too, where transformers (and so davir's training) gives "
+        "a picture of a two-image turn its base view only: vLLM would caption from image tokens the model never "
+        "trained on"
+    ),
+}
 
 
 def check_vllm_available() -> None:
@@ -61,8 +70,9 @@ class VllmEngine:
             )
         config = read_davir_config(folder)
         if config.family not in VLLM_FAMILIES:
+            reason = NOT_SERVED.get(config.family, "not checked against vLLM's input processing")
             raise DataError(
-                f"--engine vllm: model.family={config.family} is not served by vLLM (it serves "
+                f"--engine vllm: model.family={config.family} is not served through vLLM ({reason}; it serves "
                 f"{', '.join(VLLM_FAMILIES)}); use --engine transformers"
             )
         if num_beams not in (None, 1):
@@ -87,21 +97,29 @@ class VllmEngine:
             after.convert("RGB").resize(side, Image.Resampling.BICUBIC),
         )
 
+    def requests(self, inputs: list, entities: list[list[str]]) -> list[dict]:
+        """vLLM's prompt of each pair: the token ids of the chat turn davir's own model encodes, with the image
+        placeholders unexpanded (vLLM expands them), and the two S×S pictures. Ids, not text: vLLM would add a
+        second BOS to a turn whose template writes one (Gemma 3)."""
+        from davir.models.vlm.chat_turn import cut_prompt, encode_turns, turn_text
+        from davir.models.vlm.epc import entity_prompts
+
+        prompts = entity_prompts(self.config.epc, entities if self.uses_entities else None, batch_size=len(inputs))
+        tokenizer = self.processor.tokenizer
+        texts = [
+            turn_text(self.processor, self.config.family, cut_prompt(tokenizer, p, self.config.max_prompt_tokens))
+            for p in prompts
+        ]
+        return [
+            {"prompt_token_ids": ids, "multi_modal_data": {"image": [before, after]}}
+            for ids, (before, after) in zip(encode_turns(tokenizer, texts), inputs)
+        ]
+
     def generate(
         self, inputs: list, entities: list[list[str]], *, num_beams: int, max_new_tokens: int, attention: bool
     ) -> tuple[list[str], list | None]:
         from vllm import SamplingParams
 
-        from davir.models.vlm.epc import entity_prompts
-
-        prompts = entity_prompts(self.config.epc, entities if self.uses_entities else None, batch_size=len(inputs))
-        requests = []
-        for (before, after), prompt in zip(inputs, prompts):
-            messages = [
-                {"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": prompt}]}
-            ]
-            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            requests.append({"prompt": text, "multi_modal_data": {"image": [before, after]}})
         settings = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=[self.end_token_id])
-        outputs = self.llm.generate(requests, settings, use_tqdm=False)
+        outputs = self.llm.generate(self.requests(inputs, entities), settings, use_tqdm=False)
         return [output.outputs[0].text.strip() for output in outputs], None

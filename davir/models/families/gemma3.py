@@ -94,6 +94,9 @@ GEMMA3_CHAT_TEMPLATE = (
 # The tokenizer's named image tokens (gemma-3's tokenizer_config.json "extra_special_tokens"); the processor reads them.
 IMAGE_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 GEMMA3_CHAT_WORDS = ("model",)  # the assistant's role in the template
+# Runs of newlines are single tokens of the released vocabulary (the picture's "\n\n<start_of_image>…"); vLLM's
+# Gemma 3 processor looks up these four by their text, so the tiny tokenizer has them too.
+NEWLINE_TOKENS = ("\n", "\n\n", "\n\n\n", "\n\n\n\n")
 REAL_IMAGE_SIZE = 896
 REAL_VOCAB = 262208
 
@@ -249,6 +252,7 @@ class Gemma3Family(ChatFamily):
         tokenizer = super().preset_tokenizer([*texts, *GEMMA3_CHAT_WORDS])
         # The processor reads tokenizer.boi_token / eoi_token / image_token (+ _id), as the released tokenizer names them.
         tokenizer._set_model_specific_special_tokens(special_tokens=IMAGE_TOKENS)
+        tokenizer.add_tokens(list(NEWLINE_TOKENS))
         return tokenizer
 
     def preset_processor(self, tokenizer, architecture: Gemma3Config) -> Gemma3Processor:
