@@ -123,6 +123,24 @@ def test_extra_values_and_unknown_columns(tmp_path):
     assert read_folder(tmp_path).pairs[0].meta == {"notes": "checked by Ann"}
 
 
+def test_an_unclosed_quote_is_an_error_naming_its_line_not_the_rest_of_the_file_in_one_caption(tmp_path):
+    for name, value in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+        solid(tmp_path / f"{name}.png", value)
+    manifest = tmp_path / "pairs.csv"
+    manifest.write_text('id,before,after,caption\nx,a.png,b.png,"a cup moved\ny,c.png,d.png,a chair left\n')
+    result = run("-m", "davir.data", "import", str(manifest), "--out", str(tmp_path / "imported"))
+    assert result.returncode == 2 and not (tmp_path / "imported").exists()
+    assert result.stderr.splitlines() == [
+        f"error: {manifest}: line 2: a quoted value is not closed before the end of the file; "
+        'close it with a " (a quote inside a quoted value is written twice: "the 5"" screen")'
+    ]
+    manifest.write_text('id,before,after,caption\nx,a.png,b.png,"the 5" screen"\ny,c.png,d.png,a chair left\n')
+    with pytest.raises(DataError, match=r"pairs\.csv: line 2: a quoted value goes on after its closing quote"):
+        read_folder(manifest)
+    manifest.write_text('id,before,after,caption\nx,a.png,b.png,"the 5"" screen, left"\ny,c.png,d.png,the 5" tv\n')
+    assert [p.captions for p in read_folder(manifest, "all")] == [('the 5" screen, left',), ('the 5" tv',)]
+
+
 def test_header_only_or_empty_manifest_is_an_error(tmp_path):
     (tmp_path / "pairs.csv").write_text("before,after,id\n")
     result = run("caption.py", "--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path / "pairs.csv"))
