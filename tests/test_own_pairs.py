@@ -357,6 +357,25 @@ def test_import_resolves_linked_folders_and_linked_files_in_the_manifest_it_writ
     assert "'zone', 'camera', 'operator'" in index.notes[0]
 
 
+def test_import_into_the_folder_of_its_own_pairs_jsonl_keeps_that_manifest(tmp_path):
+    """--out holding the manifest being imported: the normalised pairs.jsonl would replace the user's (its extra
+    columns and relative paths gone), and a failing import would delete it. Refused before anything is written."""
+    for name, value in (("a", 1), ("b", 2)):
+        solid(tmp_path / "imgs" / f"{name}.png", value)
+    manifest = tmp_path / "pairs.jsonl"
+    text = '{"id": "x", "before": "imgs/a.png", "after": "imgs/b.png", "caption": "a cup", "camera": "c1"}\n'
+    for good in (text, text + '{"id": "y", "before": "imgs/missing.png", "after": "imgs/b.png", "caption": "z"}\n'):
+        manifest.write_text(good)
+        for source in (manifest, tmp_path):
+            result = run("-m", "davir.data", "import", str(source), "--out", str(tmp_path))
+            assert result.returncode == 2 and manifest.read_text() == good
+            assert result.stderr.splitlines() == [
+                f"error: --out {tmp_path}: its pairs.jsonl is the manifest being imported ({manifest}); give "
+                f"another --out, e.g. {tmp_path / 'imported'}"
+            ]
+            assert sorted(path.name for path in tmp_path.iterdir()) == ["imgs", "pairs.jsonl"]
+
+
 # --- verify: is my download complete? ----------------------------------------------------------------------------
 
 
