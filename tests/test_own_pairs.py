@@ -193,6 +193,23 @@ def test_pairs_output_and_absolute_paths_are_accepted_anywhere(tmp_path):
 # --- dataset annotation files stay inside their root (issue 18.8) ------------------------------------------------
 
 
+def test_pairs_out_on_the_folder_manifest_it_reads_is_refused(tmp_path):
+    """`pairs --format folder --root my_pairs --num 2 --out my_pairs/pairs.csv` would cut the user's list to two
+    pairs: the manifest being read is never --out."""
+    for name, value in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+        solid(tmp_path / f"{name}.png", value)
+    manifest = tmp_path / "pairs.csv"
+    text = "id,before,after,caption,split\nx,a.png,b.png,a cup,test\ny,c.png,d.png,a chair,test\n"
+    manifest.write_text(text)
+    for root in (tmp_path, manifest):
+        args = ("--format", "folder", "--root", str(root), "--num", "1", "--out", str(manifest))
+        result = run("-m", "davir.data", "pairs", *args)
+        assert result.returncode == 2 and manifest.read_text() == text
+        assert result.stderr.splitlines() == [
+            f"error: --out {manifest} is the manifest of --root {root}, which it would replace; give another --out"
+        ]
+
+
 def test_symlink_out_of_a_dataset_root_is_refused(tmp_path):
     secret = tmp_path / "outside" / "secret.jpg"
     solid(secret, 9)
