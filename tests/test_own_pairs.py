@@ -393,6 +393,24 @@ def test_import_into_the_folder_of_its_own_pairs_jsonl_keeps_that_manifest(tmp_p
             assert sorted(path.name for path in tmp_path.iterdir()) == ["imgs", "pairs.jsonl"]
 
 
+def test_import_checks_its_out_folder_before_reading_a_pair(tmp_path, monkeypatch, capsys):
+    from davir.cli.data import main as data_main
+    from davir.data import importer
+
+    solid(tmp_path / "a.png", 1)
+    solid(tmp_path / "b.png", 2)
+    (tmp_path / "pairs.csv").write_text("id,before,after,caption\nx,a.png,b.png,a cup\n")
+    (tmp_path / "taken").write_text("a file of mine\n")
+    monkeypatch.setattr(importer, "check_pairs", lambda *args, **kwargs: pytest.fail("the pairs were read"))
+    for out in (tmp_path / "taken", tmp_path / "taken" / "imported"):
+        assert data_main(["import", str(tmp_path / "pairs.csv"), "--out", str(out)]) == 2
+        assert (
+            capsys.readouterr().err
+            == f"error: --out {out} cannot be used: {tmp_path / 'taken'} is a file, not a folder\n"
+        )
+    assert (tmp_path / "taken").read_text() == "a file of mine\n"
+
+
 # --- verify: is my download complete? ----------------------------------------------------------------------------
 
 

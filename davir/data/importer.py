@@ -22,7 +22,7 @@ from davir.data.formats.folder import SplitOptions, assign_splits, folder_conten
 from davir.data.formats.folder_rows import Problems
 from davir.data.images import upright_size
 from davir.data.stats import has_words
-from davir.errors import DataError
+from davir.errors import DataError, check_output_dir
 from davir.io import atomic_path, write_json_atomic
 
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -315,7 +315,7 @@ def import_pairs(
     `toolkit` (llamafactory, swift, trl): `source` is that toolkit's dataset, turned into `out/toolkit_pairs.jsonl`
     (a folder manifest, davir/data/toolkits; `toolkit_options`: its ImportOptions) before the same checks; its rows
     that are no pair davir can import are left out and listed (report "skipped", "toolkit_rows_skipped"): status 1."""
-    out = Path(out)
+    out = check_output_dir(out, what="--out")  # before a million rows are read, not after
     check_out_spares_source(Path(source), out, toolkit)
     skipped: list[str] = []
     if toolkit is not None:
