@@ -141,6 +141,19 @@ def test_an_unclosed_quote_is_an_error_naming_its_line_not_the_rest_of_the_file_
     assert [p.captions for p in read_folder(manifest, "all")] == [('the 5" screen, left',), ('the 5" tv',)]
 
 
+def test_a_manifest_saved_with_a_byte_order_mark_reads_as_csv_and_jsonl(tmp_path):
+    """Windows editors and Excel start UTF-8 text with a BOM: it is no part of the first row, in either manifest."""
+    solid(tmp_path / "a.png", 1)
+    solid(tmp_path / "b.png", 2)
+    (tmp_path / "pairs.csv").write_bytes(b"\xef\xbb\xbfid,before,after,caption\r\nx,a.png,b.png,a cup\r\n")
+    (tmp_path / "pairs.jsonl").write_bytes(
+        b'\xef\xbb\xbf{"id": "x", "before": "a.png", "after": "b.png", "caption": "a cup"}\r\n'
+    )
+    for name in ("pairs.csv", "pairs.jsonl"):
+        (pair,) = read_folder(tmp_path / name, "all").pairs
+        assert (pair.pair_id, pair.before, pair.captions) == ("x", tmp_path / "a.png", ("a cup",))
+
+
 def test_header_only_or_empty_manifest_is_an_error(tmp_path):
     (tmp_path / "pairs.csv").write_text("before,after,id\n")
     result = run("caption.py", "--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path / "pairs.csv"))

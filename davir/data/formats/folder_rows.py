@@ -188,7 +188,7 @@ def _rows_with_lines(reader, path: Path) -> Iterator[tuple[int, list[str]]]:
 def _jsonl_rows(path: Path, problems: Problems, encoding: str | None, columns: list[str]) -> Iterator[tuple[str, dict]]:
     """(record, row) per line, streamed; `columns` collects the keys in order of first appearance."""
     known: set[str] = set()
-    with open(path, encoding=encoding or "utf-8") as handle:
+    with open(path, encoding=encoding or "utf-8-sig") as handle:  # -sig: as for CSV, a Windows editor's BOM
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
