@@ -503,6 +503,24 @@ def test_outputs_are_checked_before_any_work(trained, tmp_path, capsys, make_rea
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith((".tmp", ".probe"))]
 
 
+def test_out_or_html_on_the_manifest_being_captioned_is_refused_whatever_the_flags(tmp_path, capsys):
+    """--overwrite replaces an earlier output, never the pairs.csv/.jsonl --pairs reads: checked before the model
+    loads (the checkpoint here does not exist), nothing written."""
+    for name, value in (("a", 10), ("b", 20)):
+        Image.new("RGB", (16, 12), (value, value, value)).save(tmp_path / f"{name}.png")
+    manifest = tmp_path / "pairs.jsonl"
+    manifest.write_text('{"id": "x", "before": "a.png", "after": "b.png"}\n')
+    for flag, pairs in (("--out", tmp_path), ("--out", manifest), ("--html", tmp_path)):
+        extra = ["--out", tmp_path / "captions.jsonl"] if flag == "--html" else []
+        argv = ["--checkpoint", tmp_path / "no_run", "--pairs", pairs, flag, manifest, *extra, "--overwrite"]
+        status, _, err = run(argv, capsys)
+        assert status == 2 and err.splitlines() == [
+            f"error: {flag} {manifest} is the manifest of the pairs being captioned; give another {flag}"
+        ]
+        assert manifest.read_text() == '{"id": "x", "before": "a.png", "after": "b.png"}\n'
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["a.png", "b.png", "pairs.jsonl"]
+
+
 def test_online_masks_rebuild_the_cache_segmenter_or_say_what_is_missing(trained, tmp_path, monkeypatch):
     from davir.preprocessing.online import OnlineMasks
     from davir.preprocessing.segmenters import SAM_TYPES

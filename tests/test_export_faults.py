@@ -119,6 +119,19 @@ def test_overwrite_replaces_only_an_earlier_export(run, tmp_path, capsys):
     assert ".davir-export-partial" not in tree(out) and ".davir-export-partial" not in (out / "README.md").read_text()
 
 
+def test_an_out_that_is_a_symlink_is_named_as_one_and_left_alone(run, tmp_path, capsys):
+    out = tmp_path / "exports" / "demo"
+    assert export("--checkpoint", run, "--out", out) == 0
+    before = tree(out)
+    link = tmp_path / "latest"
+    link.symlink_to(out, target_is_directory=True)
+    assert export("--checkpoint", run, "--out", link, "--overwrite") == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {link} is a symlink (to {out}): give the folder it leads to, or another --out\n"
+    )
+    assert tree(out) == before and link.is_symlink()
+
+
 def test_a_stale_partial_folder_not_ours_is_kept(run, tmp_path, capsys):
     out = tmp_path / "exports" / "demo"
     partial = tmp_path / "exports" / ".demo.partial"

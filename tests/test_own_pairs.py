@@ -123,6 +123,37 @@ def test_extra_values_and_unknown_columns(tmp_path):
     assert read_folder(tmp_path).pairs[0].meta == {"notes": "checked by Ann"}
 
 
+def test_an_unclosed_quote_is_an_error_naming_its_line_not_the_rest_of_the_file_in_one_caption(tmp_path):
+    for name, value in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+        solid(tmp_path / f"{name}.png", value)
+    manifest = tmp_path / "pairs.csv"
+    manifest.write_text('id,before,after,caption\nx,a.png,b.png,"a cup moved\ny,c.png,d.png,a chair left\n')
+    result = run("-m", "davir.data", "import", str(manifest), "--out", str(tmp_path / "imported"))
+    assert result.returncode == 2 and not (tmp_path / "imported").exists()
+    assert result.stderr.splitlines() == [
+        f"error: {manifest}: line 2: a quoted value is not closed before the end of the file; "
+        'close it with a " (a quote inside a quoted value is written twice: "the 5"" screen")'
+    ]
+    manifest.write_text('id,before,after,caption\nx,a.png,b.png,"the 5" screen"\ny,c.png,d.png,a chair left\n')
+    with pytest.raises(DataError, match=r"pairs\.csv: line 2: a quoted value goes on after its closing quote"):
+        read_folder(manifest)
+    manifest.write_text('id,before,after,caption\nx,a.png,b.png,"the 5"" screen, left"\ny,c.png,d.png,the 5" tv\n')
+    assert [p.captions for p in read_folder(manifest, "all")] == [('the 5" screen, left',), ('the 5" tv',)]
+
+
+def test_a_manifest_saved_with_a_byte_order_mark_reads_as_csv_and_jsonl(tmp_path):
+    """Windows editors and Excel start UTF-8 text with a BOM: it is no part of the first row, in either manifest."""
+    solid(tmp_path / "a.png", 1)
+    solid(tmp_path / "b.png", 2)
+    (tmp_path / "pairs.csv").write_bytes(b"\xef\xbb\xbfid,before,after,caption\r\nx,a.png,b.png,a cup\r\n")
+    (tmp_path / "pairs.jsonl").write_bytes(
+        b'\xef\xbb\xbf{"id": "x", "before": "a.png", "after": "b.png", "caption": "a cup"}\r\n'
+    )
+    for name in ("pairs.csv", "pairs.jsonl"):
+        (pair,) = read_folder(tmp_path / name, "all").pairs
+        assert (pair.pair_id, pair.before, pair.captions) == ("x", tmp_path / "a.png", ("a cup",))
+
+
 def test_header_only_or_empty_manifest_is_an_error(tmp_path):
     (tmp_path / "pairs.csv").write_text("before,after,id\n")
     result = run("caption.py", "--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path / "pairs.csv"))
@@ -173,6 +204,23 @@ def test_pairs_output_and_absolute_paths_are_accepted_anywhere(tmp_path):
 
 
 # --- dataset annotation files stay inside their root (issue 18.8) ------------------------------------------------
+
+
+def test_pairs_out_on_the_folder_manifest_it_reads_is_refused(tmp_path):
+    """`pairs --format folder --root my_pairs --num 2 --out my_pairs/pairs.csv` would cut the user's list to two
+    pairs: the manifest being read is never --out."""
+    for name, value in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+        solid(tmp_path / f"{name}.png", value)
+    manifest = tmp_path / "pairs.csv"
+    text = "id,before,after,caption,split\nx,a.png,b.png,a cup,test\ny,c.png,d.png,a chair,test\n"
+    manifest.write_text(text)
+    for root in (tmp_path, manifest):
+        args = ("--format", "folder", "--root", str(root), "--num", "1", "--out", str(manifest))
+        result = run("-m", "davir.data", "pairs", *args)
+        assert result.returncode == 2 and manifest.read_text() == text
+        assert result.stderr.splitlines() == [
+            f"error: --out {manifest} is the manifest of --root {root}, which it would replace; give another --out"
+        ]
 
 
 def test_symlink_out_of_a_dataset_root_is_refused(tmp_path):
@@ -337,6 +385,43 @@ def test_import_resolves_linked_folders_and_linked_files_in_the_manifest_it_writ
     index = read_folder(tmp_path / "pairs.jsonl")
     assert [p.meta for p in index.pairs] == [{"zone": 3, "camera": "c1"}, {"operator": "ann", "zone": 4}]
     assert "'zone', 'camera', 'operator'" in index.notes[0]
+
+
+def test_import_into_the_folder_of_its_own_pairs_jsonl_keeps_that_manifest(tmp_path):
+    """--out holding the manifest being imported: the normalised pairs.jsonl would replace the user's (its extra
+    columns and relative paths gone), and a failing import would delete it. Refused before anything is written."""
+    for name, value in (("a", 1), ("b", 2)):
+        solid(tmp_path / "imgs" / f"{name}.png", value)
+    manifest = tmp_path / "pairs.jsonl"
+    text = '{"id": "x", "before": "imgs/a.png", "after": "imgs/b.png", "caption": "a cup", "camera": "c1"}\n'
+    for good in (text, text + '{"id": "y", "before": "imgs/missing.png", "after": "imgs/b.png", "caption": "z"}\n'):
+        manifest.write_text(good)
+        for source in (manifest, tmp_path):
+            result = run("-m", "davir.data", "import", str(source), "--out", str(tmp_path))
+            assert result.returncode == 2 and manifest.read_text() == good
+            assert result.stderr.splitlines() == [
+                f"error: --out {tmp_path}: its pairs.jsonl is the manifest being imported ({manifest}); give "
+                f"another --out, e.g. {tmp_path / 'imported'}"
+            ]
+            assert sorted(path.name for path in tmp_path.iterdir()) == ["imgs", "pairs.jsonl"]
+
+
+def test_import_checks_its_out_folder_before_reading_a_pair(tmp_path, monkeypatch, capsys):
+    from davir.cli.data import main as data_main
+    from davir.data import importer
+
+    solid(tmp_path / "a.png", 1)
+    solid(tmp_path / "b.png", 2)
+    (tmp_path / "pairs.csv").write_text("id,before,after,caption\nx,a.png,b.png,a cup\n")
+    (tmp_path / "taken").write_text("a file of mine\n")
+    monkeypatch.setattr(importer, "check_pairs", lambda *args, **kwargs: pytest.fail("the pairs were read"))
+    for out in (tmp_path / "taken", tmp_path / "taken" / "imported"):
+        assert data_main(["import", str(tmp_path / "pairs.csv"), "--out", str(out)]) == 2
+        assert (
+            capsys.readouterr().err
+            == f"error: --out {out} cannot be used: {tmp_path / 'taken'} is a file, not a folder\n"
+        )
+    assert (tmp_path / "taken").read_text() == "a file of mine\n"
 
 
 # --- verify: is my download complete? ----------------------------------------------------------------------------

@@ -368,3 +368,32 @@ def test_a_dataset_info_file_name_leading_out_is_refused(demo, tmp_path, file_na
         "you trust it\n"
     )
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("odd", "why"),
+    [
+        ({"tags": ["role"]}, "'tags' must be a JSON object, got list"),
+        ({"columns": {"messages": "messages", "images": ["images"]}}, "columns.images must be a name, got ['images']"),
+        ({"tags": {"role_tag": ["role"]}}, "tags.role_tag must be a name, got ['role']"),
+    ],
+)
+def test_a_dataset_info_entry_of_odd_shape_is_named_not_a_traceback(demo, tmp_path, odd, why, capsys):
+    """A hand-edited dataset_info.json entry whose columns or tags are not names is an entry davir cannot read:
+    one line naming it (exit 2), read or not through --dataset, nothing written."""
+    folder = tmp_path / "download"
+    good = _downloaded(demo, folder, 1)
+    _write_rows(folder / "mine.jsonl", [_swift_row(*good[0])])
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    entry = {
+        "file_name": "mine.jsonl",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "images": "images"},
+    }
+    (folder / "dataset_info.json").write_text(json.dumps({"mine": {**entry, "tags": tags, **odd}}))
+    out = tmp_path / "o"
+    assert data_main(["import", str(folder), "--from", "llamafactory", "--dataset", "mine", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {folder / 'dataset_info.json'}: dataset 'mine': {why}\n"
+    assert data_main(["import", str(folder), "--from", "llamafactory", "--out", str(out)]) == 2
+    assert f"(e.g. 'mine': {why}); choose with --dataset NAME" in capsys.readouterr().err
+    assert not out.exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from davir.config import load_config
+from davir.config import ConfigError, load_config
 from davir.io import read_jsonl
 from davir.models.vlm.instructblip import DavirModel
 from davir.runs.config import TrainConfig
@@ -151,6 +151,31 @@ def test_two_cpu_processes(synth_root, tmp_path):
     assert [row["train/lr"] for row in rows] == pytest.approx([0.5e-3, 0.0], abs=1e-9)
     # validation captions its pairs on both processes; every val pair comes back once
     assert len(json.loads((tmp_path / "ddp" / "val" / "step_2.json").read_text())["predictions"]) == 3
+
+
+def test_overwrite_deletes_nothing_a_run_did_not_write(synth_root, tmp_path, monkeypatch):
+    """run.overwrite replaces an earlier run, not the user's files beside it (a run trained into a folder that held
+    them): it stops before the model is built, naming them, and nothing is deleted."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step_99").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("x: 1\n")
+    (run_dir / "notes.txt").write_text("my notes\n")
+    (run_dir / "photos").mkdir()
+    (run_dir / ".best.staging").mkdir()  # a killed run's own leftovers are a run's files
+    monkeypatch.setattr(train_script, "build_task", lambda *args: pytest.fail("the model was built"))
+    with pytest.raises(ConfigError) as error:
+        train_script.train(_config(synth_root, run_dir, "run.overwrite=true", "optim.max_steps=2"))
+    assert str(error.value) == (
+        f"run.overwrite: {run_dir} holds notes.txt, photos, which no run wrote; nothing was deleted: move them "
+        "out of the run folder, or give another run.output_dir"
+    )
+    assert sorted(path.name for path in run_dir.iterdir()) == [
+        ".best.staging",
+        "checkpoints",
+        "config.yaml",
+        "notes.txt",
+        "photos",
+    ]
 
 
 def test_overwrite_starts_a_clean_run_folder(synth_root, tmp_path):

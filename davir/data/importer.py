@@ -18,11 +18,11 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from davir.data.formats.folder import SplitOptions, assign_splits, folder_contents, to_change_pair
+from davir.data.formats.folder import SplitOptions, assign_splits, folder_contents, manifest_of, to_change_pair
 from davir.data.formats.folder_rows import Problems
 from davir.data.images import upright_size
 from davir.data.stats import has_words
-from davir.errors import DataError
+from davir.errors import DataError, check_output_dir
 from davir.io import atomic_path, write_json_atomic
 
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -291,6 +291,23 @@ def write_summary(path: Path, report: dict, pairs) -> None:
     write_report(path, rows, title=f"davir import — {Path(report['source']).name}", summary=summary)
 
 
+WRITTEN = ("pairs.jsonl", "report.json", "summary.html", "toolkit_pairs.jsonl")  # what an import writes into --out
+
+
+def check_out_spares_source(source: Path, out: Path, toolkit: str | None) -> None:
+    """Refuse an `out` where the import would write over the manifest it reads: the normalised pairs.jsonl would
+    replace the user's (their extra columns and relative paths gone), and a failing import would delete it."""
+    read = manifest_of(source) if toolkit is None else source if source.is_file() else None
+    if read is None:
+        return
+    for name in WRITTEN:
+        if (out / name).resolve() == read.resolve():
+            raise DataError(
+                f"--out {out}: its {name} is the manifest being imported ({read}); give another --out, "
+                f"e.g. {out / 'imported'}"
+            )
+
+
 def import_pairs(
     source: str | Path, out: str | Path, *, toolkit: str | None = None, toolkit_options=None, **kwargs
 ) -> tuple[int, dict]:
@@ -298,7 +315,8 @@ def import_pairs(
     `toolkit` (llamafactory, swift, trl): `source` is that toolkit's dataset, turned into `out/toolkit_pairs.jsonl`
     (a folder manifest, davir/data/toolkits; `toolkit_options`: its ImportOptions) before the same checks; its rows
     that are no pair davir can import are left out and listed (report "skipped", "toolkit_rows_skipped"): status 1."""
-    out = Path(out)
+    out = check_output_dir(out, what="--out")  # before a million rows are read, not after
+    check_out_spares_source(Path(source), out, toolkit)
     skipped: list[str] = []
     if toolkit is not None:
         from davir.data.toolkits import ImportOptions, toolkit_manifest

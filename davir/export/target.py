@@ -53,7 +53,11 @@ def check_out(out: Path, sources: list[Path], overwrite: bool) -> None:
             relation = "is" if resolved == source else "lies inside" if _within(resolved, source) else "holds"
             raise DataError(f"--out {out} {relation} the exported folder {source}: give an --out outside it")
     if os.path.lexists(out):
-        if out.is_symlink() or not out.is_dir():
+        if out.is_symlink():  # replacing it would replace the link, not the folder it leads to
+            raise DataError(
+                f"--out {out} is a symlink (to {os.path.realpath(out)}): give the folder it leads to, or another --out"
+            )
+        if not out.is_dir():
             raise DataError(f"--out {out} exists and is not a folder: give another --out")
         if any(out.iterdir()):
             if not overwrite:

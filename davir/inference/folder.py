@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from davir.data.formats.folder import read_folder_pairs
+from davir.data.formats.folder import manifest_of, read_folder_pairs
 from davir.data.formats.folder_table import FolderPairTable
 from davir.data.records import ChangePair, SkippedRecord
 from davir.errors import DataError, check_output_file
@@ -151,6 +151,8 @@ def caption_folder(
     html_path = Path(html or out.with_name("report.html"))
     check_output_file(out, what="--out", example="captions.jsonl")
     check_output_file(html_path, what="--html", example="report.html")
+    if not listed:
+        _check_outputs_spare_manifest(Path(pairs), {"--out": out, "--html": html_path})
     num_shards, shard_index, state = _shard_layout(num_shards, shard_index)
     # A shard locks its own share; `part-` keeps the lock apart from the store's `.shard-*` files, which go.
     job = None if num_shards == 1 else f"part-{shard_index:05d}-of-{num_shards:05d}"
@@ -184,6 +186,15 @@ def caption_folder(
             workers=workers,
             progress=progress,
         )
+
+
+def _check_outputs_spare_manifest(pairs: Path, outputs: dict[str, Path]) -> None:
+    """An output on the manifest being read would replace the user's list of pairs (`--overwrite` clears `--out`):
+    refused whatever the flags."""
+    manifest = manifest_of(pairs)
+    for flag, path in outputs.items():
+        if manifest is not None and path.resolve() == manifest.resolve():
+            raise DataError(f"{flag} {path} is the manifest of the pairs being captioned; give another {flag}")
 
 
 def _caption_locked(

@@ -27,6 +27,22 @@ RUN_INFO = "run_info.json"
 SELECTION = "selection.json"
 LIGHTWEIGHT_CONFIG = "lightweight_config.json"
 
+# What training (and evaluate.py, a sweep) writes into a run folder: all that run.overwrite may delete.
+RUN_ENTRIES = frozenset(
+    {RUN_CONFIG, RUN_INFO, "train_log.jsonl", "best", "last", "checkpoints", "logs", "val", "eval", "sweep_cell.json"}
+)
+_OWN_LEFTOVERS = (".tmp", ".staging", ".old")  # a killed run's temporaries: .NAME.<pid>.<random>.tmp, .best.staging
+
+
+def not_run_entries(run_dir: str | Path) -> list[str]:
+    """The names in `run_dir` that no run wrote (the user's files beside a run), sorted."""
+    return sorted(
+        entry.name
+        for entry in Path(run_dir).iterdir()
+        if entry.name not in RUN_ENTRIES and not (entry.name.startswith(".") and entry.name.endswith(_OWN_LEFTOVERS))
+    )
+
+
 _MISSING = object()
 _NUMBER = (int, float)
 

@@ -26,6 +26,7 @@ from davir.data.dataset import collate_examples
 from davir.errors import DataError, check_output_dir
 from davir.io import append_jsonl
 from davir.runs.config import TrainConfig
+from davir.runs.files import not_run_entries
 from davir.runtime.cost import CostMeter
 from davir.runtime.locks import output_lock
 from davir.runtime.orphans import DieWithParent
@@ -77,8 +78,16 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
     )
     if resume and checkpoint is None:
         accelerator.print(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; starting from scratch")
-    if (run_dir / "config.yaml").exists() and not resume and not config.run.overwrite:
-        raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
+    if (run_dir / "config.yaml").exists() and not resume:
+        if not config.run.overwrite:
+            raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or run.overwrite=true")
+        others = not_run_entries(run_dir)  # the old run is removed whole below: only when it is all there is
+        if others:
+            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            raise ConfigError(
+                f"run.overwrite: {run_dir} holds {shown}, which no run wrote; nothing was deleted: move them out "
+                "of the run folder, or give another run.output_dir"
+            )
     # --resume with other settings than the run's: refused where unsound, else applied and recorded (resume.py)
     plan = plan_resume(run_dir, checkpoint, config)
 

@@ -135,8 +135,9 @@ def _csv_rows(path: Path, problems: Problems, encoding: str | None, columns: lis
     """(record, row) per data line, streamed (a manifest of a million rows is never held as dicts); `columns`
     is filled from the header."""
     with open(path, newline="", encoding=encoding or "utf-8-sig") as handle:  # -sig: Excel writes a BOM
-        reader = csv.reader(handle)
-        header = next(reader, None)
+        # strict: a quote left open is an error, not the rest of the file read into one caption
+        reader = _rows_with_lines(csv.reader(handle, strict=True), path)
+        header = next(reader, (None, None))[1]
         if header is None:
             raise DataError(
                 f"{path}: the manifest is empty; it needs a header naming the columns before,after[,id,caption,split,mask]"
@@ -149,8 +150,7 @@ def _csv_rows(path: Path, problems: Problems, encoding: str | None, columns: lis
         duplicated = sorted({name for name in columns if columns.count(name) > 1 and name})
         if duplicated:
             raise DataError(f"{path}: the header names the column(s) {', '.join(duplicated)} more than once")
-        for cells in reader:
-            number = reader.line_num  # the line a spreadsheet shows (header = line 1)
+        for number, cells in reader:
             if not any(cell.strip() for cell in cells):
                 continue
             if len(cells) > len(columns):
@@ -163,10 +163,32 @@ def _csv_rows(path: Path, problems: Problems, encoding: str | None, columns: lis
             yield f"line {number}", {name: cell for name, cell in zip(columns, cells) if name}
 
 
+def _rows_with_lines(reader, path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line number, cells) of each CSV row, the line it ends on (header = line 1); a malformed quote is a DataError
+    naming the line its row starts on (csv's own position is where it gave up: for an open quote, the end)."""
+    while True:
+        start = reader.line_num + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            if "unexpected end of data" in str(error):
+                problem = 'a quoted value is not closed before the end of the file; close it with a "'
+            elif "expected after" in str(error):
+                problem = f"a quoted value goes on after its closing quote ({error})"
+            else:
+                raise
+            raise DataError(
+                f'{path}: line {start}: {problem} (a quote inside a quoted value is written twice: "the 5"" screen")'
+            ) from None
+        yield reader.line_num, cells
+
+
 def _jsonl_rows(path: Path, problems: Problems, encoding: str | None, columns: list[str]) -> Iterator[tuple[str, dict]]:
     """(record, row) per line, streamed; `columns` collects the keys in order of first appearance."""
     known: set[str] = set()
-    with open(path, encoding=encoding or "utf-8") as handle:
+    with open(path, encoding=encoding or "utf-8-sig") as handle:  # -sig: as for CSV, a Windows editor's BOM
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue

@@ -94,6 +94,13 @@ def _unreadable(entry) -> str | None:
         return f"formatting {entry.get('formatting', 'alpaca')!r}; davir reads sharegpt (multi-image conversations)"
     if not isinstance(entry.get("columns"), dict) or not entry["columns"].get("images"):
         return "no images column"
+    for field in ("columns", "tags"):  # each value is a key of the rows or a role name: a hand edit may break that
+        names = entry.get(field) or {}
+        if not isinstance(names, dict):
+            return f"{field!r} must be a JSON object, got {type(names).__name__}"
+        odd = next((key for key, value in names.items() if not isinstance(value, str)), None)
+        if odd is not None:
+            return f"{field}.{odd} must be a name, got {names[odd]!r:.40}"
     return None
 
 
