@@ -508,3 +508,17 @@ def test_evaluate_cli_per_type_table_through_the_data_layer(tmp_path, capsys, tw
     broken.write_text("{")
     assert evaluate.main(["--predictions", str(broken), "--references", str(SPOT_REFERENCES)]) == 2
     assert f"error: {broken}: malformed JSON" in capsys.readouterr().err
+
+
+def test_an_empty_split_is_named_as_empty_not_sent_looking_for_caption_files():
+    """A small folder's seeded split can hold no pair: the error says so, where a split of uncaptioned pairs points
+    at the caption files; both for the plain references and the evaluation protocol's."""
+    from davir.metrics.protocols import references_for_evaluation
+
+    empty = DatasetIndex("folder", Path("mine"), "test", [])
+    uncaptioned = DatasetIndex("folder", Path("mine"), "test", [clevr_pair("000001.png", "color", ())])
+    for read in (references_from_index, references_for_evaluation):
+        with pytest.raises(DataError, match=r"folder test at mine: the split holds no pairs, nothing to score"):
+            read(empty)
+        with pytest.raises(DataError, match=r"no pair has reference captions, .*are the caption files in place"):
+            read(uncaptioned)

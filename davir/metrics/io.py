@@ -205,11 +205,17 @@ def references_from_index(index: DatasetIndex) -> tuple[dict[str, list[str]], li
         else:
             without.append(pair.pair_id)
     if not references:
-        raise DataError(
-            f"{index.format} {index.split} at {index.root}: no pair has reference captions, nothing to score "
-            f"(are the caption files in place?)"
-        )
+        raise no_references(index, without)
     return references, without
+
+
+def no_references(index: DatasetIndex, without: list[str]) -> DataError:
+    """Nothing to score: a split with no pair at all (a small folder's seeded split can be empty) is named as such,
+    not sent looking for caption files."""
+    where = f"{index.format} {index.split} at {index.root}"
+    if not without:
+        return DataError(f"{where}: the split holds no pairs, nothing to score (score another --split)")
+    return DataError(f"{where}: no pair has reference captions, nothing to score (are the caption files in place?)")
 
 
 def groups_from_index(index: DatasetIndex) -> dict[str, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from davir.data.records import ChangePair, DatasetIndex
 from davir.errors import DataError
-from davir.metrics.io import MAX_EXAMPLES, canonical_id, groups_from_index, load_references
+from davir.metrics.io import MAX_EXAMPLES, canonical_id, groups_from_index, load_references, no_references
 
 TOKENIZER = "Stanford PTBTokenizer -lowerCase, punctuation removed (pycocoevalcap 1.2, coco-caption)"
 EMPTY_POLICIES = ("auto", "keep", "skip")
@@ -197,10 +197,7 @@ def references_for_evaluation(index: DatasetIndex) -> ReferenceSet:
         else:
             without.append(pair.pair_id)
     if not references:
-        raise DataError(
-            f"{index.format} {index.split} at {index.root}: no pair has reference captions, nothing to score "
-            f"(are the caption files in place?)"
-        )
+        raise no_references(index, without)
     where = f"{index.format} {index.split}"
     source = {
         "format": index.format,
