@@ -178,6 +178,18 @@ def test_adapter_export_captions_as_the_run_with_the_base_given(exported, tmp_pa
     assert [r.caption for r in results] == [exported["reference"][k][0] for k in ("p00", "p01")]
 
 
+def test_the_printed_caption_command_pastes_for_a_folder_with_spaces(exported, tmp_path):
+    """davir-export's closing lines: the caption command names the export so a shell reads it back whole."""
+    import shlex
+
+    from davir.export.exporter import summary
+
+    spaced = tmp_path / "my exports" / "merged é"
+    shutil.copytree(exported["elsewhere"] / "merged", spaced)
+    line = next(line for line in summary(spaced).splitlines() if line.startswith("caption with: "))
+    assert shlex.split(line.removeprefix("caption with: "))[:3] == ["davir-caption", "--checkpoint", str(spaced)]
+
+
 def test_adapter_export_without_its_base_names_the_flag(exported, tmp_path, capsys):
     folder = exported["elsewhere"] / "adapter"
     argv = ["--checkpoint", folder, "--pairs", exported["pairs"], "--out", tmp_path / "x.jsonl", "--quiet"]

@@ -9,6 +9,7 @@ What comes along, what stays, and `--overwrite`: docs/sharing.md.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -285,6 +286,6 @@ def summary(out: Path) -> str:
     flag = " --base-model BASE" if info["weights"] == "adapter" else ""
     return (
         f"exported {info['weights']} model to {out} ({size / 1e6:.1f} MB; model card {out / layout.CARD_FILE})\n"
-        f"caption with: davir-caption --checkpoint {out}{flag} --pairs PAIRS\n"
+        f"caption with: davir-caption --checkpoint {shlex.quote(str(out))}{flag} --pairs PAIRS\n"
         f"publish with: huggingface_hub.upload_folder(repo_id=..., folder_path={json.dumps(str(out))})"
     )
