@@ -238,6 +238,27 @@ def test_missing_caches_are_named(tiny_data, tmp_path):
         LightweightTask(run_config(tiny_data, "cheer", tmp_path, "data.entities=null"), Accelerator(cpu=True))
 
 
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["lightweight.feat_dim=2050", "lightweight.coord_channels=true"], "feat_dim=2050 .*feat_dim=1026"),
+        (["lightweight.feat_dim=1026", "lightweight.coord_channels=false"], "feat_dim=1026 .*feat_dim=1024"),
+        (["lightweight.grid_size=7"], "grid_size=7 .*grid_size=14"),
+        (["lightweight.frontend_init=paper", "lightweight.feat_dim=2048"], "feat_dim=2048 .*feat_dim=1024"),
+    ],
+)
+def test_settings_that_do_not_fit_the_feature_cache_are_named(tiny_data, tmp_path, overrides, named):
+    """Features of 1024 × 14 × 14 and a model built for another size: one error naming the setting and the
+    cache's shape before any training, never a shape error from inside the front-end."""
+    from accelerate import Accelerator
+
+    from davir.training.lightweight_task import LightweightTask
+
+    with pytest.raises(DataError, match=rf"are 1024 × 14 × 14: lightweight\.{named}") as error:
+        LightweightTask(run_config(tiny_data, "subtraction", tmp_path, *overrides), Accelerator(cpu=True))
+    assert str(tiny_data["features"]) in str(error.value)
+
+
 def test_one_step_on_the_real_clevr_change_images(shared_datasets, tmp_path):
     """The shared CLEVR-Change scenes (real images) with faked captions: one training step end to end."""
     from davir.jobs.features import main as features_main

@@ -193,6 +193,28 @@ def pair_scenes(
 
 
 # --- the task --------------------------------------------------------------------------------------------
+def check_feature_shape(lw: LightweightConfig, shape, cache) -> None:
+    """Refuse a model built for other grids than the cache holds, before any work: the front-end would only
+    fail at the first batch, with a shape error that names neither the setting nor the cache."""
+    if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(n, int) for n in shape)):
+        raise DataError(f"{Path(cache) / 'manifest.json'}: 'shape' must be [channels, height, width], got {shape!r}")
+    channels, height, _ = shape
+    problems = []
+    if lw.backbone_channels != channels:
+        fix = f"{channels} + the 2 coordinate channels" if lw.coord_channels else "no coordinate channels"
+        problems.append(
+            f"lightweight.feat_dim={lw.feat_dim} expects {lw.backbone_channels} feature channels; "
+            f"set lightweight.feat_dim={channels + 2 if lw.coord_channels else channels} ({fix})"
+        )
+    if lw.grid_size != height:
+        problems.append(
+            f"lightweight.grid_size={lw.grid_size} expects {lw.grid_size} × {lw.grid_size} grids; "
+            f"set lightweight.grid_size={height}"
+        )
+    if problems:
+        raise DataError(f"the features in {cache} are {' × '.join(map(str, shape))}: {'; '.join(problems)}")
+
+
 def feature_statistics(
     cache, pairs: Sequence[ChangePair], limit: int = 256, pool: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,6 +263,7 @@ class LightweightTask:
             )
         check_cache_root(data.features, data.root, key="data.features", moved_from=data.moved_from)
         self.features = FeatureCache(data.features, dataset_root=data.root)
+        check_feature_shape(config.lightweight, self.features.manifest.get("shape"), data.features)
         train_index = read_dataset(data.format, data.root, data.train_split)
         train_pairs = train_index.pairs[: data.max_train_pairs] if data.max_train_pairs else train_index.pairs
         val_pairs = read_dataset(data.format, data.root, data.val_split).pairs[: config.run.val_max_pairs]
