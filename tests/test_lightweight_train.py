@@ -238,6 +238,19 @@ def test_missing_caches_are_named(tiny_data, tmp_path):
         LightweightTask(run_config(tiny_data, "cheer", tmp_path, "data.entities=null"), Accelerator(cpu=True))
 
 
+@pytest.mark.parametrize("entities", ["null", "nowhere"])
+def test_missing_cheer_entities_name_the_image_level_command(tiny_data, tmp_path, entities):
+    """CHEER's entities are image-level (§4.8, no masks): the command the error gives makes exactly those."""
+    from accelerate import Accelerator
+
+    from davir.training.lightweight_task import LightweightTask
+
+    overrides = [f"data.entities={tmp_path / entities if entities != 'null' else 'null'}"]
+    with pytest.raises(DataError, match="preprocess entities .*--image-level --top-k 3") as error:
+        LightweightTask(run_config(tiny_data, "cheer", tmp_path, *overrides), Accelerator(cpu=True))
+    assert "--masks" not in str(error.value)
+
+
 @pytest.mark.parametrize(
     "overrides, named",
     [

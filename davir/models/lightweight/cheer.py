@@ -228,18 +228,22 @@ class EntityInputs(MethodInputs):
 
         context, data, top_k = self.context, self.context.data, settings.entities_per_pair
         self.top_k = top_k
-        command = (
-            context.command.format(cmd="entities", split=data.train_split, out=data.entities or "CACHE")
-            + f" --masks MASKS --top-k {top_k}"
-        )
+
+        def command(split: str, out: str) -> str:  # CHEER's entities are of whole frames (§4.8): no masks
+            return context.command.format(cmd="entities", split=split, out=out) + f" --image-level --top-k {top_k}"
+
         if data.entities is None:
             raise DataError(
                 f"CHEER needs the top-{top_k} retrieved change entities of every pair (§4.8) but "
-                f"data.entities is not set: run `{command}` (and for {data.val_split}), then set data.entities=CACHE"
+                f"data.entities is not set: run `{command(data.train_split, 'CACHE')}` (and for {data.val_split}), "
+                "then set data.entities=CACHE"
             )
         vocab_path = Path(data.entities) / "vocab.json"
         if not vocab_path.is_file():
-            raise DataError(f"{data.entities} has no entity vocabulary ({vocab_path}); run `{command}`")
+            raise DataError(
+                f"{data.entities} has no entity vocabulary ({vocab_path}); "
+                f"run `{command(data.train_split, data.entities)}`"
+            )
         check_cache_root(data.entities, data.root, key="data.entities", moved_from=data.moved_from)
         # Only the lexicon here (expected profile None): entities read with other word lists are another bank.
         context.check_profiles(
@@ -257,8 +261,7 @@ class EntityInputs(MethodInputs):
                 pairs,
                 self.cache.has,
                 what=f"retrieved entities in {data.entities}",
-                command=context.command.format(cmd="entities", split=split, out=data.entities)
-                + f" --image-level --top-k {top_k}",
+                command=command(split, data.entities),
             )
             short = [p.pair_id for p in pairs if len(self.cache.get(p.pair_id)) < top_k]
             if short:
