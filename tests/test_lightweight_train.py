@@ -7,6 +7,7 @@ A tiny synthetic CLEVR-Change-layout set is generated in tmp_path and its featur
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -236,6 +237,34 @@ def test_missing_caches_are_named(tiny_data, tmp_path):
         LightweightTask(run_config(tiny_data, "scorer", tmp_path, "data.features=null"), Accelerator(cpu=True))
     with pytest.raises(DataError, match="preprocess entities .*--top-k 3"):
         LightweightTask(run_config(tiny_data, "cheer", tmp_path, "data.entities=null"), Accelerator(cpu=True))
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["lightweight.text_encoder={missing}"], "lightweight.text_encoder=FILE"),
+        (["lightweight.text_encoder_config={missing}"], "lightweight.text_encoder_config"),
+        (["lightweight.text_encoder={openai}", "lightweight.text_encoder_model=ViT-B-32"], "_model=ViT-B-32-quickgelu"),
+        (
+            ["lightweight.text_encoder={openai}", "lightweight.text_encoder_model=nope"],
+            "lightweight.text_encoder_config",
+        ),
+    ],
+)
+def test_text_tower_errors_name_the_config_keys_train_py_takes(tiny_data, tmp_path, overrides, named):
+    """RDD's text tower from train.py: a missing or mismatched file names the lightweight.* key to set, not the
+    entities job's --clip-* flags, which train.py does not have."""
+    from accelerate import Accelerator
+
+    from davir.training.lightweight_task import LightweightTask
+
+    openai = tmp_path / "open_clip_vit_b32-openai.pt"
+    openai.write_bytes(b"x")
+    files = {"missing": tmp_path / "missing.json", "openai": openai}
+    config = run_config(tiny_data, "rdd", tmp_path, *(o.format(**files) for o in overrides))
+    with pytest.raises(DataError, match=re.escape(named)) as error:
+        LightweightTask(config, Accelerator(cpu=True))
+    assert "--clip" not in str(error.value)
 
 
 @pytest.mark.parametrize("entities", ["null", "nowhere"])

@@ -38,6 +38,7 @@ from davir.data.formats import read_dataset
 from davir.data.records import DISTRACTOR, ChangePair
 from davir.errors import DataError
 from davir.io import write_json_atomic
+from davir.models.clip_loader import ClipOptions, check_config_file, load_open_clip
 from davir.models.lightweight import (
     LightweightCaptioner,
     LightweightConfig,
@@ -110,6 +111,15 @@ def text_tower_dims(module: nn.Module) -> tuple[int, int]:
     return width, projection.out_features if isinstance(projection, nn.Linear) else projection.shape[1]
 
 
+# train.py's keys for the text tower, named by the messages of davir.models.clip_loader
+TEXT_TOWER_KEYS = ClipOptions(
+    checkpoint="lightweight.text_encoder",
+    config="lightweight.text_encoder_config",
+    model="lightweight.text_encoder_model",
+    joiner="=",
+)
+
+
 def load_text_encoder(
     model_name: str, checkpoint: str | None, *, config: str | None = None, seed: int = TEXT_SEED
 ) -> TextEncoder:
@@ -120,14 +130,10 @@ def load_text_encoder(
     except ImportError as error:
         raise DataError("CHEER entities and RDD attributes need open_clip (`pip install open_clip_torch`)") from error
     if checkpoint is not None:
-        from davir.models.clip_loader import load_open_clip
-
-        model, _, tokenizer = load_open_clip(model_name, checkpoint, config=config)
+        model, _, tokenizer = load_open_clip(model_name, checkpoint, config=config, options=TEXT_TOWER_KEYS)
         return TextEncoder(model.requires_grad_(False).eval(), tokenizer, model_name, str(checkpoint))
     if config is not None:
-        if not Path(config).is_file():
-            raise DataError(f"open_clip model config file is missing: {config}")
-        open_clip.add_model_config(Path(config))
+        open_clip.add_model_config(check_config_file(config, TEXT_TOWER_KEYS))
     model_config = open_clip.get_model_config(model_name)
     if model_config is None:
         raise DataError(
