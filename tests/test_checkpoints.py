@@ -148,6 +148,27 @@ def _lrs(run_dir):
     return [rows[s] for s in sorted(rows)]
 
 
+def test_resume_after_a_kill_logs_each_step_once(finished_run, synth_root, tmp_path, capsys):
+    """Killed after logging steps 3-4 but before their checkpoint: the resume from step 2 trains them again, and
+    train_log.jsonl ends as the uninterrupted run's (each step once), not with steps 3-4 twice. A --resume that
+    finds no checkpoint starts the log anew too."""
+    from davir.cli import train
+
+    run_dir = _copy(finished_run, tmp_path)
+    full = read_jsonl(finished_run / "train_log.jsonl")
+    shutil.rmtree(run_dir / "checkpoints" / "step_4")
+    assert [row["step"] for row in read_jsonl(run_dir / "train_log.jsonl")] == [1, 2, 3, 4]
+    assert train.main([*_argv(synth_root, run_dir), "--resume"]) == 0
+    rows = read_jsonl(run_dir / "train_log.jsonl")
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert [row["train/loss"] for row in rows] == pytest.approx([row["train/loss"] for row in full], rel=1e-5)
+
+    shutil.rmtree(run_dir / "checkpoints")
+    assert train.main([*_argv(synth_root, run_dir), "--resume"]) == 0
+    assert "starting from scratch" in capsys.readouterr().out
+    assert [row["step"] for row in read_jsonl(run_dir / "train_log.jsonl")] == [1, 2, 3, 4]
+
+
 def test_resume_applies_a_new_lr_from_the_resume_step_and_records_it(finished_run, synth_root, tmp_path, capsys):
     """optim.lr=5e-4 (the run's: 1e-3) on resume at step 2: the schedule's base rate is halved from step 3 on,
     run.save_every takes effect too; config.yaml holds the new values, run_info.json since which step."""

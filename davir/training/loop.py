@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from davir.config import ConfigError, save_config
 from davir.data.dataset import collate_examples
 from davir.errors import DataError, check_output_dir
-from davir.io import append_jsonl
+from davir.io import append_jsonl, iter_jsonl, write_text_atomic
 from davir.runs.config import TrainConfig
 from davir.runs.files import not_run_entries
 from davir.runtime.cost import CostMeter
@@ -59,6 +59,22 @@ def data_workers(setting: int | str, device: torch.device) -> int:
     if device.type != "cuda":
         return 0
     return max(0, min(GPU_DATA_WORKERS, (os.cpu_count() or 1) - 1))
+
+
+def drop_log_rows_after(log: Path, step: int) -> None:
+    """Keep the rows of `log` up to `step`, the step a resume starts from: a killed run logged the steps after its
+    last checkpoint, which the resume trains and logs again (the log then reads as the uninterrupted run's)."""
+    if not log.is_file():
+        return
+    later = {
+        n
+        for n, row in iter_jsonl(log)
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step
+    }
+    if later:
+        with open(log, encoding="utf-8") as handle:  # the lines as iter_jsonl numbers them
+            lines = list(handle)
+        write_text_atomic(log, "".join(line for n, line in enumerate(lines, start=1) if n not in later))
 
 
 def train(config: TrainConfig, *, resume: bool = False) -> Path:
@@ -181,6 +197,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Path:
             rates = apply_to_optimizer(plan.changes, config, optimizer, scheduler)
             accelerator.print(f"note: {describe_changes(plan.changes, rates)}")
 
+    if resume and accelerator.is_main_process:
+        drop_log_rows_after(run_dir / "train_log.jsonl", step)
     trackers.start(
         accelerator, config.run.trackers, run_dir, config=task.tracker_config(), resume=checkpoint is not None
     )
