@@ -171,6 +171,34 @@ def test_train_save_load_caption(method, tiny_data, tmp_path, capsys):
     assert {p.pair_id: p.caption for p in predictions} == in_memory
 
 
+def test_evaluating_another_dataset_root_does_not_read_the_training_feature_cache(
+    tiny_data, tmp_path, monkeypatch, capsys
+):
+    """evaluate.py --checkpoint RUN --root OTHER: OTHER's images have the same names as the training root's
+    (images/CLEVR_default_000003.png …), so the run's cache would hand back the training images' features for
+    them; they are computed from OTHER's files instead (a note says so), and the run's own root still reads it."""
+    from davir.data.feature_cache import FeatureCache
+    from davir.evaluation import evaluate_run
+    from davir.training.loop import train
+
+    run = train(run_config(tiny_data, "subtraction", tmp_path))
+    other = tmp_path / "other_copy"
+    shutil.copytree(tiny_data["root"], other)
+    read_from_cache: list[str] = []
+    original_get = FeatureCache.get
+    monkeypatch.setattr(
+        FeatureCache, "get", lambda self, path: read_from_cache.append(str(path)) or original_get(self, path)
+    )
+    options = {"format": "clevr_change", "spice": False, "echo": True, "progress": False}
+
+    capsys.readouterr()
+    result = evaluate_run(run, "val", root=other, **options)
+    assert not read_from_cache and not result.failed
+    assert f"computed from the image files of {other.resolve()}" in capsys.readouterr().err
+    evaluate_run(run, "val", root=tiny_data["root"], **options)
+    assert read_from_cache
+
+
 def test_scene_batches_pair_semantic_and_distractor(tiny_data, tmp_path):
     from accelerate import Accelerator
 

@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--masks", type=Path, help="mask cache for the localisation score when the data has no ground-truth masks"
     )
+    source.add_argument(
+        "--backbone-weights",
+        type=Path,
+        help="ResNet weights of a lightweight run, when its features are computed from the images (a --root other "
+        "than the one its feature cache was built from)",
+    )
     source.add_argument("--batch-size", type=int, default=16)
     source.add_argument(
         "--num-beams",
@@ -137,6 +143,7 @@ def evaluation_options(args: argparse.Namespace) -> EvaluationOptions:
         entities=args.entities,
         allow_profile_mismatch=args.allow_profile_mismatch,
         masks=args.masks,
+        backbone_weights=args.backbone_weights,
         batch_size=args.batch_size,
         num_beams=args.num_beams,
         max_new_tokens=args.max_new_tokens,

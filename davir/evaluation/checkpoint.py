@@ -32,6 +32,7 @@ class EvaluationOptions:
     allow_profile_mismatch: bool = False
     masks: str | Path | None = None  # mask cache for the localisation score without ground-truth masks
     pretrained: str | Path | None = None  # DAVIR's base InstructBLIP folder (default: the one it recorded)
+    backbone_weights: str | Path | None = None  # a lightweight run's ResNet weights, for features made from the files
     batch_size: int = 16  # pairs per generate call
     num_beams: int | None = None  # default: the run's decoding (how its best/ was selected)
     max_new_tokens: int | None = None
@@ -158,9 +159,25 @@ def _split_captioner(
         from davir.data.feature_cache import FeatureCache
 
         feature_cache = FeatureCache(run_data["features"], dataset_root=root)
+        built_from = Path(feature_cache.manifest.get("dataset_root", "")).resolve()
+        if built_from not in {Path(r).resolve() for r in (root, run_data.get("moved_from")) if r}:
+            # another dataset's images share the training root's file names (images/CLEVR_default_000003.png):
+            # the cache would give the training images' features for them
+            print(
+                f"note: the run's feature cache {feature_cache.root} holds the images of {built_from}; the features "
+                f"of {split} are computed from the image files of {Path(root).resolve()}",
+                file=sys.stderr,
+            )
+            feature_cache = None
     # the base InstructBLIP folder as recorded when found nowhere: evaluate.py has no flag to name
     engine = load_engine(
-        run, device, pretrained=options.pretrained, pretrained_flag=None, features=feature_cache, read_files=True
+        run,
+        device,
+        pretrained=options.pretrained,
+        pretrained_flag=None,
+        backbone_weights=options.backbone_weights,
+        features=feature_cache,
+        read_files=True,
     )
     entities = _entity_source(engine, options, run_data, run_dir, format=format, root=root, split=split, pairs=pairs)
     return ChangeCaptioner(
