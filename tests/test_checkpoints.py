@@ -369,3 +369,63 @@ def test_damaged_weight_files_name_the_file(lora_on_pretrained, synth_root, tmp_
     assert status == 2
     line = next(e for e in err if e.startswith("error:"))
     assert line.startswith(f"error: {target}:"), line
+
+
+def test_evaluate_refuses_a_mask_or_entity_cache_of_another_dataset_root(
+    finished_run, synth_root, synthetic_set, tmp_path, capsys
+):
+    """Pair ids repeat across datasets (CLEVR_default_000003.png): a mask or entity cache made from another root
+    would answer, silently, for other images. evaluate.py refuses it before any caption, naming both roots."""
+    from davir.cli import evaluate
+    from davir.errors import DataError
+    from davir.evaluation.checkpoint import EvaluationOptions, _entity_source
+    from davir.jobs import masks
+
+    other = synthetic_set(30, 1)
+    cache = tmp_path / "masks"
+    common = ["--format", "clevr_change", "--split", "test", "--limit", "2", "--workers", "1", "--no-progress"]
+    assert masks.main([*common, "--root", str(other), "--out", str(cache)]) == 0
+    capsys.readouterr()
+    argv = ["--checkpoint", str(finished_run), "--root", str(synth_root), "--split", "test", "--limit", "2"]
+    assert evaluate.main([*argv, "--no-spice", "--metrics", "BLEU", "--masks", str(cache)]) == 2
+    err = capsys.readouterr().err
+    assert f"the mask cache {cache} was made from dataset root {other}" in err and "not captioned" not in err
+    assert err.strip().splitlines()[-1].startswith("error: the mask cache")
+
+    entities = tmp_path / "entities"
+    (entities / "entities").mkdir(parents=True)
+    (entities / "entities" / "manifest.json").write_text(json.dumps({"splits": {"test": {"root": str(other)}}}))
+
+    class PromptedEngine:  # a DAVIR model trained with entity prompts
+        uses_entities = True
+
+    for run_data, options in (
+        ({"entities": str(entities)}, EvaluationOptions()),
+        ({}, EvaluationOptions(entities=entities)),
+    ):
+        with pytest.raises(DataError, match=f"the entity cache {entities} was made from dataset root {other}"):
+            _entity_source(
+                PromptedEngine(),
+                options,
+                run_data,
+                finished_run,
+                format="clevr_change",
+                root=synth_root,
+                split="test",
+                pairs=[],
+            )
+    # the run's data.moved_from counts as the evaluated root
+    moved = {"entities": str(entities), "moved_from": str(other)}
+    assert (
+        _entity_source(
+            PromptedEngine(),
+            EvaluationOptions(),
+            moved,
+            finished_run,
+            format="clevr_change",
+            root=synth_root,
+            split="test",
+            pairs=[],
+        )
+        is not None
+    )

@@ -92,6 +92,26 @@ def _options(options: EvaluationOptions | None, overrides: dict) -> EvaluationOp
     return replace_fields(EvaluationOptions, options, overrides, what="evaluation")
 
 
+def made_from_another_root(cache, root, run_data: dict) -> tuple[Path, str] | None:
+    """(manifest, root it records) when `cache` was made from another dataset root than the one evaluated (the
+    run's data.moved_from counts as its root), else None: pair ids repeat across datasets
+    (CLEVR_default_000003.png), so such a cache would answer, silently, for other images."""
+    from davir.data.caches import recorded_roots
+
+    accepted = {Path(r).resolve() for r in (root, run_data.get("moved_from")) if r}
+    return next(((m, built) for m, built in recorded_roots(cache) if Path(built).resolve() not in accepted), None)
+
+
+def check_cache_of_root(cache, root, run_data: dict, *, what: str, command: str) -> None:
+    """A DataError for a cache of another dataset root (`made_from_another_root`), saying how to make one."""
+    other = made_from_another_root(cache, root, run_data)
+    if other is not None:
+        raise DataError(
+            f"{what} {cache} was made from dataset root {other[1]} ({other[0]}), not from --root "
+            f"{Path(root).resolve()}: its pair ids name other images; make one for this root (`{command}`)"
+        )
+
+
 def _entity_source(
     engine, options: EvaluationOptions, run_data: dict, run_dir, *, format: str, root, split: str, pairs
 ):
@@ -107,12 +127,18 @@ def _entity_source(
                 "this CHEER model needs retrieved entities: pass --entities CACHE "
                 "(python -m preprocess entities … --image-level --top-k 3)"
             )
+        check_cache_of_root(
+            cache_dir, root, run_data, what="the entity cache", command=_entities_command(format, root, split, True)
+        )
         return CachedEntities(cache_dir)
     if cache_dir is None:
         raise DataError(
             "this model was trained with entity prompts: pass --entities CACHE "
             f"(python -m preprocess entities --format {format} --root {root} --split {split} …)"
         )
+    check_cache_of_root(
+        cache_dir, root, run_data, what="the entity cache", command=_entities_command(format, root, split, False)
+    )
     from davir.preprocessing.profiles import check_cache_profiles
 
     # The entities must come from the preprocessing profile the run trained on (its data.preprocessing_profile).
@@ -137,6 +163,11 @@ def _entity_source(
     return source
 
 
+def _entities_command(format: str, root, split: str, image_level: bool) -> str:
+    level = "--image-level --top-k 3" if image_level else "--masks MASKS"
+    return f"python -m preprocess entities --format {format} --root {root} --split {split} {level} --out CACHE"
+
+
 def _split_captioner(
     run,
     run_dir: Path | None,
@@ -153,22 +184,24 @@ def _split_captioner(
     """The captioner of a split: the split's caches as sources, images read at full size, the run's decoding."""
     from davir.inference import ChangeCaptioner, load_engine
 
+    if options.masks:  # read after captioning: checked before it
+        command = f"python -m preprocess masks --format {format} --root {root} --split {split} --out MASKS"
+        check_cache_of_root(options.masks, root, run_data, what="the mask cache", command=command)
+
     # subtraction / SCORER / DIRL / RDD / CHEER on the run's cached ResNet features (else computed from the files)
     feature_cache = None
     if run.lightweight and run_data.get("features"):
         from davir.data.feature_cache import FeatureCache
 
-        feature_cache = FeatureCache(run_data["features"], dataset_root=root)
-        built_from = Path(feature_cache.manifest.get("dataset_root", "")).resolve()
-        if built_from not in {Path(r).resolve() for r in (root, run_data.get("moved_from")) if r}:
-            # another dataset's images share the training root's file names (images/CLEVR_default_000003.png):
-            # the cache would give the training images' features for them
+        other = made_from_another_root(run_data["features"], root, run_data)
+        if other is None:
+            feature_cache = FeatureCache(run_data["features"], dataset_root=root)
+        else:  # features can be computed from the files, unlike entities
             print(
-                f"note: the run's feature cache {feature_cache.root} holds the images of {built_from}; the features "
-                f"of {split} are computed from the image files of {Path(root).resolve()}",
+                f"note: the run's feature cache {run_data['features']} holds the images of {other[1]}; the "
+                f"features of {split} are computed from the image files of {Path(root).resolve()}",
                 file=sys.stderr,
             )
-            feature_cache = None
     # the base InstructBLIP folder as recorded when found nowhere: evaluate.py has no flag to name
     engine = load_engine(
         run,
