@@ -173,6 +173,31 @@ def test_evaluate_prints_synthetic_accuracy(synth_root, tmp_path, capsys):
     assert overall["type_accuracy"] == 0.5 and overall["object_accuracy"] == 1.0
 
 
+def test_synthetic_accuracy_matches_ids_as_the_caption_metrics_do(synth_root, tmp_path):
+    """A predictions file naming scene 3 "3" / "3_n" (no padding, no extension) scores the same pairs as one naming
+    it "000003.png": the caption metrics align those spellings, so the accuracy table must count them too."""
+    from davir.cli import evaluate
+
+    scenes = load_scenes(synth_root)
+    test_ids = [k for k, r in scenes.items() if r["split"] == "test"]
+    overall = {}
+    for spelling, name in (("{}.png", "padded"), ("{}", "plain")):
+        predictions = {}
+        for scene_id in test_ids:
+            key = spelling.format(scene_id if name == "padded" else int(scene_id))
+            predictions[key] = scenes[scene_id]["captions"][0]
+            predictions[key + "_n"] = "the two scenes seem identical"
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(predictions))
+        out = tmp_path / f"{name}_metrics.json"
+        arguments = ["--predictions", str(path), "--format", "clevr_change", "--root", str(synth_root)]
+        arguments += ["--split", "test", "--metrics", "BLEU", "--no-spice", "--out", str(out)]
+        assert evaluate.main(arguments) == 0
+        overall[name] = json.loads(out.read_text())["synthetic"]["overall"]
+    assert overall["padded"]["pairs"] == 2 * len(test_ids)
+    assert overall["plain"] == overall["padded"]
+
+
 def test_generator_references_score_perfectly(synth_root):
     scenes = load_scenes(synth_root)
     truths = pair_truths(scenes)

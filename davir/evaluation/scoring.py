@@ -20,6 +20,7 @@ from davir.io import write_json_atomic, write_text_atomic
 from davir.metrics import (
     METRICS,
     TOTAL,
+    canonical_id,
     format_group_table,
     format_table,
     results_to_json,
@@ -185,7 +186,11 @@ def synthetic_accuracy(predictions: dict[str, str], references: ReferenceSource,
     from davir.metrics.synthetic import pair_truths, score_synthetic
 
     truths = pair_truths(load_scenes(scenes), split=references.split)
-    return score_synthetic({k: v for k, v in predictions.items() if k in truths}, truths)
+    # Ids matched as the caption metrics match them (canonical_id): "3", 3 and "000003.png" are one pair, so a
+    # file's spelling of the ids does not decide which pairs this table counts.
+    truth_key = {canonical_id(key): key for key in truths}
+    matched = {truth_key[canonical_id(k)]: v for k, v in predictions.items() if canonical_id(k) in truth_key}
+    return score_synthetic(matched, truths)
 
 
 def check_outputs(
