@@ -458,6 +458,25 @@ def test_out_on_a_file_or_a_folder_is_one_line_and_leaves_nothing(tmp_path, tiny
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.txt", "preds.json", "refs.json", "results"]
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--digits", "-1"], "argument --digits: must be 0 or more, got -1"),
+        (["--limit", "-1"], "argument --limit: must be 0 or more, got -1"),
+    ],
+)
+def test_negative_counts_are_usage_errors_before_the_work(tmp_path, capsys, flags, message):
+    """--digits -1 failed only after scoring, with Python's 'Format specifier missing precision'; --limit -1 captioned
+    every pair but the last (a slice)."""
+    predictions, references = write_scoring_inputs(tmp_path)
+    score = ["--predictions", str(predictions), "--references", str(references), "--metrics", "BLEU", "--no-spice"]
+    with pytest.raises(SystemExit) as stopped:
+        evaluate_cli.main([*score, *flags, "--out", str(tmp_path / "metrics.json")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+    assert not (tmp_path / "metrics.json").exists()
+
+
 def test_atomic_write_onto_a_folder_leaves_no_temporary(tmp_path):
     from davir.io import write_json_atomic
 

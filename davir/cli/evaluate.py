@@ -26,6 +26,22 @@ from davir.metrics import METRICS, MetricsError, load_predictions
 from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
+def at_least(minimum: int):
+    """An argparse type: an integer >= `minimum`. A negative count would not stop argparse but reach the work:
+    --limit -1 captioned all pairs but the last, --digits -1 failed only after scoring, naming no flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -66,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "best/ was selected with)",
     )
     source.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
-    source.add_argument("--limit", type=int, help="caption only the first N pairs of the split")
+    source.add_argument("--limit", type=at_least(0), help="caption only the first N pairs of the split")
     refs = parser.add_argument_group("references (a file, or a dataset split through the data layer)")
     refs.add_argument("--references", type=Path, help="COCO captions file or {id: [captions]} JSON")
     refs.add_argument("--format", help="dataset format name (python -m davir.data stats lists the readers)")
@@ -107,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     output = parser.add_argument_group("output")
     output.add_argument("--out", type=Path, help="write all scores (and per-pair CIDEr) to this JSON file")
     output.add_argument("--markdown", type=Path, help="write the table(s) to this Markdown file")
-    output.add_argument("--digits", type=int, default=1, help="decimals of the x100 table values (default: 1)")
+    output.add_argument("--digits", type=at_least(0), default=1, help="decimals of the x100 table values (default: 1)")
     return parser
 
 
