@@ -477,6 +477,23 @@ def test_negative_counts_are_usage_errors_before_the_work(tmp_path, capsys, flag
     assert not (tmp_path / "metrics.json").exists()
 
 
+def test_an_output_on_an_input_file_is_refused_and_the_input_kept(tmp_path, capsys, monkeypatch):
+    """`--out preds.json` wrote the scores over the predictions being scored (exit 0, the predictions gone)."""
+    predictions, references = write_scoring_inputs(tmp_path)
+    kept = {path: path.read_bytes() for path in (predictions, references)}
+    monkeypatch.chdir(tmp_path)
+    score = ["--predictions", "preds.json", "--references", str(references), "--metrics", "BLEU", "--no-spice"]
+    for flags, message in (
+        (["--out", str(predictions)], f"--out {predictions} is the --predictions file"),
+        (["--markdown", "./refs.json"], "--markdown refs.json is the --references file"),
+        (["--out", "m.json", "--markdown", str(tmp_path / "m.json")], f"--markdown {tmp_path / 'm.json'} is the --out"),
+    ):
+        assert evaluate_cli.main([*score, *flags]) == 2, flags
+        assert first_error_line(capsys).startswith(f"error: {message}"), flags
+    assert {path: path.read_bytes() for path in kept} == kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["preds.json", "refs.json"]
+
+
 def test_atomic_write_onto_a_folder_leaves_no_temporary(tmp_path):
     from davir.io import write_json_atomic
 

@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             evaluate_run(args.checkpoint, args.split, evaluation_options(args))
             return 0
         check_reference_args(parser, args)
-        check_outputs(args.out, args.markdown)
+        check_outputs(
+            args.out, args.markdown, inputs={"--predictions": args.predictions, "--references": args.references}
+        )
         predictions = load_predictions(args.predictions)
         references = (
             ReferenceSource.file(args.references, empty=args.empty_references, split=args.split)

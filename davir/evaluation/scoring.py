@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from davir.errors import check_output_dir, check_output_file
+from davir.errors import DataError, check_output_dir, check_output_file
 from davir.io import write_json_atomic, write_text_atomic
 from davir.metrics import (
     METRICS,
@@ -194,12 +194,24 @@ def synthetic_accuracy(predictions: dict[str, str], references: ReferenceSource,
 
 
 def check_outputs(
-    out: str | Path | None = None, markdown: str | Path | None = None, out_dir: Path | None = None
+    out: str | Path | None = None,
+    markdown: str | Path | None = None,
+    out_dir: Path | None = None,
+    inputs: dict[str, str | Path | None] | None = None,
 ) -> None:
-    """Stop before scoring or captioning when an output cannot be written (docs/errors.md)."""
+    """Stop before scoring or captioning when an output cannot be written (docs/errors.md), or would replace one of
+    `inputs` ({flag: file read}) or the other output: `--out preds.json` wrote the scores over the predictions."""
     if out_dir is not None:
         check_output_dir(out_dir, what="evaluation folder")
     if out is not None:
         check_output_file(out, what="--out")
     if markdown is not None:
         check_output_file(markdown, what="--markdown")
+    taken = {flag: Path(path) for flag, path in (inputs or {}).items() if path is not None}
+    for flag, path in (("--out", out), ("--markdown", markdown)):
+        if path is None:
+            continue
+        for other, other_path in taken.items():
+            if Path(path).resolve() == other_path.resolve():
+                raise DataError(f"{flag} {path} is the {other} file, which it would replace; give another {flag}")
+        taken[flag] = Path(path)
