@@ -391,6 +391,16 @@ def test_malformed_prediction_files_name_the_file(tmp_path, name, text, message)
     assert str(path) in str(error.value)
 
 
+@pytest.mark.parametrize("load, what", [(load_predictions, "predictions"), (load_references, "references")])
+def test_a_missing_scoring_file_is_named_for_what_it_is(tmp_path, load, what):
+    """A mistyped --predictions or --references path was reported as a missing "annotation file", which sent the
+    user to look at the dataset; a folder given for the file got the same line."""
+    with pytest.raises(DataError, match=re.escape(f"{what} file is missing: {tmp_path / 'typo.json'}")):
+        load(tmp_path / "typo.json")
+    with pytest.raises(DataError, match=re.escape(f"{what} file {tmp_path} is a folder; give the file itself")):
+        load(tmp_path)
+
+
 @pytest.mark.parametrize(
     "content, message",
     [

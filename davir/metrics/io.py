@@ -83,6 +83,14 @@ def _add_prediction(predictions: dict[str, str], pair_id: str, caption: str, *, 
     predictions[pair_id] = caption
 
 
+def _require_file(path: Path, what: str) -> None:
+    """A missing file or a folder named as the file of `what`; read_json would call it an "annotation file"."""
+    if path.is_dir():
+        raise DataError(f"{what} file {path} is a folder; give the file itself")
+    if not path.is_file():
+        raise DataError(f"{what} file is missing: {path}")
+
+
 def load_predictions(path: str | Path) -> dict[str, str]:
     """{id: caption} from a COCO results list, an {id: caption} JSON object, or a JSONL file.
 
@@ -90,6 +98,7 @@ def load_predictions(path: str | Path) -> dict[str, str]:
     Empty captions are kept (they score as empty sentences); a repeated id is an error.
     """
     path = Path(path)
+    _require_file(path, "predictions")
     source = str(path)
     predictions: dict[str, str] = {}
     if path.suffix.lower() == ".jsonl":
@@ -134,6 +143,7 @@ def load_references(path: str | Path) -> dict[str, list[str]]:
     repeated records merge). An id with no caption is an error naming the id: it cannot be scored.
     """
     path = Path(path)
+    _require_file(path, "references")
     source = str(path)
     data = read_json(path)
     references: dict[str, list[str]] = {}
