@@ -477,6 +477,21 @@ def test_negative_counts_are_usage_errors_before_the_work(tmp_path, capsys, flag
     assert not (tmp_path / "metrics.json").exists()
 
 
+@pytest.mark.parametrize("command", ["masks", "entities", "mask-eval"])
+def test_preprocess_negative_limit_is_a_usage_error(tiny_synth, tmp_path, capsys, command):
+    """`--limit -1` sliced the split to all pairs but the last and reported the cache "complete"."""
+    where = ["--format", "clevr_change", "--root", str(tiny_synth), "--split", "test"]
+    out = ["--masks", str(tmp_path / "masks")] if command == "mask-eval" else ["--out", str(tmp_path / "cache")]
+    extra = ["--image-level"] if command == "entities" else []
+    try:
+        status = preprocess_main([command, *where, *out, *extra, "--no-progress", "--limit", "-1"])
+    except SystemExit as stopped:
+        status = stopped.code
+    assert status == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("argument --limit: must be 0 or more, got -1")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_output_on_an_input_file_is_refused_and_the_input_kept(tmp_path, capsys, monkeypatch):
     """`--out preds.json` wrote the scores over the predictions being scored (exit 0, the predictions gone)."""
     predictions, references = write_scoring_inputs(tmp_path)

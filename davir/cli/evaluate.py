@@ -23,23 +23,8 @@ from davir.errors import DataError, describe_os_error
 from davir.evaluation import EvaluationOptions, ReferenceSource, evaluate_run, score_predictions
 from davir.evaluation.scoring import check_outputs
 from davir.metrics import METRICS, MetricsError, load_predictions
+from davir.runtime.arguments import at_least
 from davir.runtime.signals import START_AGAIN, stop_on_signals
-
-
-def at_least(minimum: int):
-    """An argparse type: an integer >= `minimum`. A negative count would not stop argparse but reach the work:
-    --limit -1 captioned all pairs but the last, --digits -1 failed only after scoring, naming no flag."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -93,6 +93,7 @@ from davir.preprocessing.retrievers import (
     retrieve_image_level,
     retrieve_top_k,
 )
+from davir.runtime.arguments import at_least
 from davir.runtime.locks import output_lock, shard_job
 from davir.runtime.signals import stop_on_signals
 from davir.text.extractors import BACKENDS
@@ -209,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "accelerate launch the process's own)",
     )
     parser.add_argument("--chunk-size", type=int, default=256, help="pairs per entity part file")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of --split")
+    parser.add_argument("--limit", type=at_least(0), default=None, help="only the first N pairs of --split")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument(
         "--wait-lock",

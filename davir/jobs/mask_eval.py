@@ -27,6 +27,7 @@ from davir.data.caches import MaskCache
 from davir.data.images import load_mask
 from davir.errors import DataError, check_output_file
 from davir.io import write_json_atomic
+from davir.runtime.arguments import at_least
 from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", required=True)
     parser.add_argument("--masks", required=True, help="the cache folder written by `python -m preprocess masks`")
     parser.add_argument("--out", default=None, help="write the metrics as JSON here")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of the split")
+    parser.add_argument("--limit", type=at_least(0), default=None, help="only the first N pairs of the split")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.out:

@@ -9,6 +9,7 @@ from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, Regio
 from davir.preprocessing.object_localisation import LOCALISATIONS
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT
 from davir.preprocessing.segmenters import SEGMENTERS
+from davir.runtime.arguments import at_least
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--root", required=True, help="dataset root folder")
     data.add_argument("--split", required=True)
     data.add_argument("--out", required=True, help="cache folder (MaskCache layout)")
-    data.add_argument("--limit", type=int, default=None, help="only the first N pairs of the split (after sharding)")
+    data.add_argument(
+        "--limit", type=at_least(0), default=None, help="only the first N pairs of the split (after sharding)"
+    )
 
     profile = parser.add_argument_group("profile (davir.preprocessing.profiles)")
     profile.add_argument(
