@@ -130,7 +130,7 @@ def read_json(path: Path) -> Any:
     if not path.is_file():
         raise DataError(f"annotation file is missing: {path}")
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:  # -sig: a Windows editor's byte order mark is no text
             return json.load(handle)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}") from error
@@ -142,7 +142,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     """(line number, value) of each non-blank line of a JSON Lines file, streamed; a malformed line or non-UTF-8
     text is a DataError naming the file and the line. The caller checks that the file exists."""
     path = Path(path)
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8-sig") as handle:  # as read_json
         number = 0
         try:
             for number, line in enumerate(handle, start=1):

@@ -532,3 +532,20 @@ def test_an_empty_split_is_named_as_empty_not_sent_looking_for_caption_files():
             read(empty)
         with pytest.raises(DataError, match=r"no pair has reference captions, .*are the caption files in place"):
             read(uncaptioned)
+
+
+def test_prediction_and_reference_files_saved_with_a_byte_order_mark_read_as_without(tmp_path):
+    """Notepad and PowerShell write UTF-8 with a byte order mark: the same predictions and references, with and
+    without it, are the same data (JSON and JSON Lines)."""
+    predictions = [{"image_id": "1", "caption": "the cube turned red"}]
+    references = {"1": ["the cube became red"]}
+    for name, text in (
+        ("p.json", json.dumps(predictions)),
+        ("p.jsonl", json.dumps(predictions[0]) + "\n"),
+        ("r.json", json.dumps(references)),
+    ):
+        (tmp_path / name).write_text(text, encoding="utf-8-sig")
+    assert (
+        load_predictions(tmp_path / "p.json") == load_predictions(tmp_path / "p.jsonl") == {"1": "the cube turned red"}
+    )
+    assert load_references(tmp_path / "r.json") == references
