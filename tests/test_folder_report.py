@@ -94,6 +94,18 @@ def test_compose_strip_is_the_written_strip(tmp_path):
     assert strip.getpixel((10, 10)) == (200, 0, 0) and strip.getpixel((64 + 4 + 10, 10)) == (0, 200, 0)
 
 
+def test_a_panorama_pair_gets_a_strip_a_jpeg_can_hold(tmp_path):
+    # a 4000 x 2 photo's tile at the strip's height would be 224,000 px wide, past JPEG's 65,500: the tile is
+    # shrunk to fit its shape instead, and the run goes on
+    before, after = Image.new("RGB", (4000, 2), (200, 0, 0)), Image.new("RGB", (4000, 2), (0, 200, 0))
+    path = write_strip(tmp_path, 0, before, after, mask=np.ones((2, 4000), bool), attention=(np.eye(4), np.eye(4)))
+    with Image.open(path) as strip:
+        assert strip.height == 112 and strip.width <= 5 * 4 * 112 + 4 * 4
+        assert strip.getpixel((10, 0))[0] > 150  # the before tile, at the top of the strip
+    labels, width = strip_labels(path)
+    assert labels == list(TILE_LABELS) and width <= 5 * 4 * 112 + 4 * 4
+
+
 @pytest.mark.skipif(
     chromium_path() is None,
     reason="no Chromium installed (make system-deps installs Debian's "
