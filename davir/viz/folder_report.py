@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 from PIL import Image
@@ -176,7 +177,7 @@ def write_folder_report(
     """Index page (+ pages of `PAGE_SIZE` pairs when more are shown), streamed from the JSONL (memory independent
     of its length). At most `PAGE_SIZE` captioned pairs are shown on the index page itself."""
     html_path, report_dir = Path(html_path), Path(report_dir)
-    relative = report_dir.name
+    relative = quote(report_dir.name)  # a URL: a '#' or '?' of the report's name would cut it
     total = failed = 0
     failed_html: list[str] = []
     for row in _rows(jsonl):
@@ -191,7 +192,7 @@ def write_folder_report(
     def flush() -> None:
         number = len(pages) + 1
         name = f"page-{number:04d}.html"
-        nav = f'<p><a href="../{html.escape(html_path.name)}">index</a> · page {number}</p>'
+        nav = f'<p><a href="../{html.escape(quote(html_path.name))}">index</a> · page {number}</p>'
         write_text_atomic(report_dir / name, _page(f"{title} — page {number}", nav, "\n".join(page_rows)))
         pages.append(name)
         page_rows.clear()
@@ -229,7 +230,7 @@ def write_folder_report(
         )
     if pages:
         links = " ".join(
-            f'<a href="{relative}/{p}">{i * PAGE_SIZE + 1}–{min((i + 1) * PAGE_SIZE, shown)}</a>'
+            f'<a href="{html.escape(relative)}/{p}">{i * PAGE_SIZE + 1}–{min((i + 1) * PAGE_SIZE, shown)}</a>'
             for i, p in enumerate(pages)
         )
         body.append(f'<section class="pair"><h2>Captioned pairs</h2><nav>{links}</nav></section>')
