@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--captions", type=Path, help="a captions.jsonl (caption.py --out) the browse tab opens")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: every interface)")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--port", type=port_number, default=7860, help="1-65535 (default: 7860)")
     parser.add_argument(
         "--auth",
         metavar="USER:PASSWORD",
@@ -82,6 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     moved.add_argument("--clip-checkpoint", type=Path, help="open_clip weights, when the entity cache used CLIP")
     moved.add_argument("--backbone-weights", type=Path, help="ResNet-101 weights of a lightweight model")
     return parser
+
+
+def port_number(text: str) -> int:
+    """A TCP port to listen on: Gradio takes 0 or one past 65535 as far as binding, then stops with a traceback."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {port}")
+    return port
 
 
 def user_password(text: str) -> tuple[str, str]:
