@@ -521,6 +521,27 @@ def test_out_or_html_on_the_manifest_being_captioned_is_refused_whatever_the_fla
         assert sorted(path.name for path in tmp_path.iterdir()) == ["a.png", "b.png", "pairs.jsonl"]
 
 
+@pytest.mark.parametrize(
+    "flag, value, minimum",
+    [
+        ("--batch-size", "0", 1),
+        ("--batch-size", "-3", 1),
+        ("--workers", "-1", 0),
+        ("--num-shards", "0", 1),
+        ("--report-limit", "-1", 0),
+        ("--shard-index", "-1", 0),
+    ],
+)
+def test_a_count_out_of_range_is_a_usage_error_before_the_model_loads(tmp_path, capsys, flag, value, minimum):
+    # --batch-size 0 and --workers -1 loaded the model, then stopped in torch's DataLoader with a ValueError
+    # traceback; --num-shards 0 ran as one shard and --report-limit -1 showed no pair, silently
+    with pytest.raises(SystemExit) as stopped:
+        caption_script.main(["--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path), flag, value])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and f"argument {flag}: expected a whole number >= {minimum}, got {value}" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_online_masks_rebuild_the_cache_segmenter_or_say_what_is_missing(trained, tmp_path, monkeypatch):
     from davir.preprocessing.online import OnlineMasks
     from davir.preprocessing.segmenters import SAM_TYPES

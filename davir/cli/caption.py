@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--html", type=Path, help="HTML report (default: next to --out, report.html + report_files/)")
     parser.add_argument(
         "--report-limit",
-        type=int,
+        type=whole_number(0),
         default=1000,
         help="captioned pairs shown in the report, the first N of the input (failed ones are all listed)",
     )
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="when another run writes the same --out (OUT.lock), wait for it instead of stopping",
     )
     decoding = parser.add_argument_group("decoding")
-    decoding.add_argument("--batch-size", type=int, default=32)
+    decoding.add_argument("--batch-size", type=whole_number(1), default=32)
     decoding.add_argument(
         "--engine",
         choices=("transformers", "vllm"),
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     decoding.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
     decoding.add_argument(
-        "--workers", type=int, help="DataLoader workers preparing pairs (default: CPU cores - 1, ≤ 4)"
+        "--workers", type=whole_number(0), help="DataLoader workers preparing pairs (default: CPU cores - 1, ≤ 4)"
     )
     decoding.add_argument(
         "--resize-mismatched",
@@ -89,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="resize the before image to the after image's size instead of reporting the pair",
     )
     shards = parser.add_argument_group("sharding (under `accelerate launch` each process is a shard already)")
-    shards.add_argument("--num-shards", type=int, help="split the pairs into N contiguous shards (one per job)")
-    shards.add_argument("--shard-index", type=int, default=0, help="the shard this job captions (0-based)")
+    shards.add_argument(
+        "--num-shards", type=whole_number(1), help="split the pairs into N contiguous shards (one per job)"
+    )
+    shards.add_argument("--shard-index", type=whole_number(0), default=0, help="the shard this job captions (0-based)")
     moved = parser.add_argument_group("what the run recorded, when it moved (default: the run's own paths)")
     moved.add_argument(
         "--allow-profile-mismatch",
@@ -111,6 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
+
+
+def whole_number(minimum: int):
+    """An argparse type: an integer >= `minimum` (a batch size of 0 or -1 workers reached torch's DataLoader,
+    after the model loaded, as a ValueError traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 @stop_on_signals()
