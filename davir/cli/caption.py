@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from davir.cli.arguments import whole_number
 from davir.errors import DataError, describe_os_error
 from davir.inference import CaptionerOptions, caption_folder
 from davir.runtime.signals import stop_on_signals
@@ -113,22 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
-
-
-def whole_number(minimum: int):
-    """An argparse type: an integer >= `minimum` (a batch size of 0 or -1 workers reached torch's DataLoader,
-    after the model loaded, as a ValueError traceback)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 @stop_on_signals()
