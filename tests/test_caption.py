@@ -521,6 +521,23 @@ def test_out_or_html_on_the_manifest_being_captioned_is_refused_whatever_the_fla
         assert sorted(path.name for path in tmp_path.iterdir()) == ["a.png", "b.png", "pairs.jsonl"]
 
 
+def test_html_over_the_jsonl_or_its_files_is_refused_before_the_model_loads(tmp_path, capsys):
+    """`--html` equal to `--out` wrote the report over the captions (exit 0), and the rerun stopped with a
+    JSONDecodeError traceback; over OUT.manifest.json it replaced the record of the settings. Refused, nothing
+    written (the checkpoint here does not exist: the check comes first)."""
+    for name, value in (("a", 10), ("b", 20)):
+        Image.new("RGB", (16, 12), (value, value, value)).save(tmp_path / f"{name}.png")
+    (tmp_path / "pairs.csv").write_text("id,before,after\nx,a.png,b.png\n")
+    out = tmp_path / "out" / "c.jsonl"
+    for html in (out, out.with_name("c.jsonl.manifest.json"), tmp_path / "out" / ".." / "out" / "c.jsonl.lock"):
+        argv = ["--checkpoint", tmp_path / "no_run", "--pairs", tmp_path / "pairs.csv", "--out", out, "--html", html]
+        status, _, err = run(argv, capsys)
+        assert status == 2 and err.splitlines() == [
+            f"error: --html {html} would be written over --out {out} or its c.jsonl.* files; give another --html"
+        ]
+        assert not out.parent.exists()
+
+
 @pytest.mark.parametrize(
     "flag, value, minimum",
     [

@@ -151,6 +151,7 @@ def caption_folder(
     html_path = Path(html or out.with_name("report.html"))
     check_output_file(out, what="--out", example="captions.jsonl")
     check_output_file(html_path, what="--html", example="report.html")
+    _check_html_spares_out(out, html_path)
     if not listed:
         _check_outputs_spare_manifest(Path(pairs), {"--out": out, "--html": html_path})
     num_shards, shard_index, state = _shard_layout(num_shards, shard_index)
@@ -185,6 +186,18 @@ def caption_folder(
             batch_size=batch_size,
             workers=workers,
             progress=progress,
+        )
+
+
+def _check_html_spares_out(out: Path, html: Path) -> None:
+    """The report written over the JSONL or one of its companions (OUT.manifest.json, OUT.lock, OUT.shard-*) would
+    lose the captions or the record of how they were made: refused whatever the flags."""
+    out_resolved, html_resolved = out.resolve(), html.resolve()
+    if html_resolved == out_resolved or (
+        html_resolved.parent == out_resolved.parent and html_resolved.name.startswith(out_resolved.name + ".")
+    ):
+        raise DataError(
+            f"--html {html} would be written over --out {out} or its {out.name}.* files; give another --html"
         )
 
 
