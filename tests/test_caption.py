@@ -538,6 +538,28 @@ def test_html_over_the_jsonl_or_its_files_is_refused_before_the_model_loads(tmp_
         assert not out.parent.exists()
 
 
+def test_a_jsonl_that_is_not_caption_rows_is_named_not_a_traceback(tmp_path):
+    """A rerun over an --out that holds something else (a report written over it by an earlier version, a file
+    edited by hand) stopped with a JSONDecodeError or KeyError traceback: now the file and line are named."""
+    from davir.inference.caption_store import CaptionStore
+
+    out = tmp_path / "c.jsonl"
+    row = {"id": "x", "index": 0, "caption": "c", "entities": [], "error": None}
+    for bad, reason in (
+        ("<!doctype html><html>", "JSONDecodeError"),
+        ('{"index": 1}', "KeyError"),
+        ("[1]", "TypeError"),
+    ):
+        out.write_text(json.dumps(row) + "\n\n" + bad + "\n")
+        with pytest.raises(
+            DataError, match=rf"^{out}: line 3 is not a row caption.py writes \({reason}: .*--overwrite"
+        ):
+            CaptionStore(out, {}).earlier_rows()
+    out.write_text(json.dumps(row) + "\n" + json.dumps({**row, "id": "y", "error": "bad"}) + '\n{"id": "z", "cut')
+    assert CaptionStore(out, {}).earlier_rows() == ({"x"}, {"y"})  # a killed run's cut last line is still repaired
+    assert out.read_text().endswith('"error": "bad"}\n')
+
+
 @pytest.mark.parametrize(
     "flag, value, minimum",
     [
