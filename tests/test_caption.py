@@ -13,6 +13,7 @@ import yaml
 from PIL import Image
 
 from davir.config import load_config
+from davir.data.formats.folder import read_folder_pairs
 from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.errors import DataError
 from davir.runs.config import TrainConfig
@@ -242,6 +243,65 @@ def test_two_cpu_processes_under_accelerate_give_the_single_process_captions(tra
         (r["id"], r["caption"], r["entities"]) for r in rows_of(single)
     ]
     assert not list(tmp_path.glob("two.jsonl.shard-*"))
+
+
+def test_under_accelerate_the_other_processes_wait_for_the_merge_and_leave_the_status_to_it(
+    trained, tmp_path, monkeypatch
+):
+    """A process of `accelerate launch` whose share had a failed pair exited 1 right after captioning; torch's
+    launcher then SIGTERMs the others, the main one in its merge (exit 143, no merged JSONL, and the same again on
+    every rerun). The two processes are two threads here, an accelerate state's barrier a threading.Barrier."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from davir.inference import ChangeCaptioner
+    from davir.inference.folder import _caption_locked
+    from davir.viz import folder_report
+
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 4)
+    (pairs / "before" / "p03.png").write_bytes(b"not a png")  # a failed pair in the second process's share
+    records = read_folder_pairs(pairs).pairs
+    write_report = folder_report.write_folder_report
+
+    def slow_report(*args, **kwargs):  # the main process's merge and report take a while (a big folder)
+        time.sleep(1.0)
+        return write_report(*args, **kwargs)
+
+    monkeypatch.setattr(folder_report, "write_folder_report", slow_report)
+    barrier, out, html = threading.Barrier(2), tmp_path / "c.jsonl", tmp_path / "report.html"
+    summaries, report_there = {}, {}
+
+    def process(index: int) -> None:
+        state = SimpleNamespace(wait_for_everyone=barrier.wait, device=torch.device("cpu"))
+        captioner = ChangeCaptioner.from_pretrained(trained / "runs" / "tiny")
+        summaries[index] = _caption_locked(
+            captioner,
+            records,
+            [],
+            str(pairs),
+            "pairs",
+            out,
+            html,
+            2,
+            index,
+            state,
+            report_limit=10,
+            overwrite=False,
+            batch_size=2,
+            workers=0,
+            progress=False,
+        )
+        report_there[index] = html.is_file()
+
+    other = threading.Thread(target=process, args=(1,))
+    other.start()
+    process(0)
+    other.join()
+    assert report_there[1]  # the second process returned only once the report was written
+    assert summaries[1].status == 0 and summaries[1].failed == 1 and not summaries[1].merged
+    assert summaries[0].status == 1 and summaries[0].failed == 1 and summaries[0].captioned == 3
+    assert [row["id"] for row in rows_of(out)] == ["p00", "p01", "p02", "p03"]
 
 
 def test_python_api_takes_paths_images_and_arrays_like_caption_py(trained, tmp_path, capsys):

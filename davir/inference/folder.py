@@ -303,9 +303,13 @@ def _caption_locked(
             + f" into {out}",
             file=sys.stderr,
         )
-        # docs/errors.md: 1 = done, some pairs failed (listed in the JSONL)
+        if state is not None:
+            # Stay until the main process has merged and written the report, and leave its exit status to it:
+            # torch's launcher SIGTERMs every process once one exits nonzero, which stopped the main one mid-merge.
+            state.wait_for_everyone()
+        # docs/errors.md: 1 = done, some pairs failed (listed in the JSONL); under accelerate: the main process's
         return CaptionSummary(
-            1 if counts["failed"] else 0,
+            1 if counts["failed"] and state is None else 0,
             out,
             html_path,
             pairs=len(mine),
@@ -346,6 +350,8 @@ def _caption_locked(
             notes = list(itertools.islice((row for row in map(json.loads, handle) if row.get("error")), 5))
         for row in notes:
             print(f"note: {row['id']}: {row['error']}", file=sys.stderr)
+    if state is not None:
+        state.wait_for_everyone()  # the other processes wait for the merge and the report (above)
     # docs/errors.md: 1 = done, but some pairs failed; they are listed
     return CaptionSummary(
         1 if failed > skipped else 0,
