@@ -618,6 +618,9 @@ def test_a_jsonl_that_is_not_caption_rows_is_named_not_a_traceback(tmp_path):
     out.write_text(json.dumps(row) + "\n" + json.dumps({**row, "id": "y", "error": "bad"}) + '\n{"id": "z", "cut')
     assert CaptionStore(out, {}).earlier_rows() == ({"x"}, {"y"})  # a killed run's cut last line is still repaired
     assert out.read_text().endswith('"error": "bad"}\n')
+    out.write_bytes(b'{"id": "caf\xe9", "error": null}\n')  # edited in a Latin-1 editor
+    with pytest.raises(DataError, match=rf"^{out}: not UTF-8 text as caption.py writes it .*--overwrite"):
+        CaptionStore(out, {}).earlier_rows()
 
 
 @pytest.mark.parametrize(

@@ -194,9 +194,15 @@ class CaptionStore:
             if not path.is_file():
                 continue
             read_complete_lines(path, repair=path == self.path or path == self.out)  # a killed run's cut line goes
-            for _, number, line in _numbered(path):
-                row_id, is_captioned = _id_and_captioned(line, path, number + 1)
-                (captioned if is_captioned else failed).add(row_id)
+            try:
+                for _, number, line in _numbered(path):
+                    row_id, is_captioned = _id_and_captioned(line, path, number + 1)
+                    (captioned if is_captioned else failed).add(row_id)
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}: not UTF-8 text as caption.py writes it ({error.reason} at byte {error.start} of a "
+                    "line); pass --overwrite to start again, or another --out"
+                ) from error
         return captioned, failed - captioned
 
     def append(self, lines: Iterable[str]) -> None:
