@@ -94,7 +94,13 @@ def settings_differences(before, now, where: str = "") -> str:
 
 def describe_os_error(error: OSError) -> str:
     """One line for an OSError a user can cause (permissions, a full disk, a file where a folder should be)."""
-    reason = os.strerror(error.errno) if error.errno else str(error)
+    # no errno (a library's OSError("encoder error -2")): its own message; str() would give "[Errno None] None:
+    # 'FILE'" once a writer has named the file
+    reason = (
+        os.strerror(error.errno)
+        if error.errno
+        else error.strerror or " ".join(str(a) for a in error.args if a is not None) or str(error)
+    )
     where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
     hint = {
         errno.EACCES: "check the folder's permissions",

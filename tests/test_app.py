@@ -200,6 +200,25 @@ def test_a_checkpoint_that_is_no_model_is_one_line(tmp_path, capsys):
     assert "neither a saved model" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_an_upload_limit_below_one_mb_is_a_usage_error_before_the_model_loads(tmp_path, capsys, value):
+    # it loaded the model, then Gradio stopped with a traceback (ValueError: invalid literal for int() …: '')
+    with pytest.raises(SystemExit) as stopped:
+        app_script.main(["--checkpoint", str(tmp_path), "--max-upload-mb", value], block=False)
+    assert (
+        stopped.value.code == 2
+        and f"--max-upload-mb: expected a whole number >= 1, got {value}" in capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "0"])
+def test_a_port_out_of_range_is_a_usage_error_before_the_model_loads(tmp_path, capsys, port):
+    # it loaded the model, then Gradio stopped with a traceback (OverflowError: bind(): port must be 0-65535)
+    with pytest.raises(SystemExit) as stopped:
+        app_script.main(["--checkpoint", str(tmp_path), "--port", port], block=False)
+    assert stopped.value.code == 2 and "argument --port: expected a port number 1-65535" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(
     chromium_path() is None,
     reason="no Chromium installed (make system-deps installs Debian's "

@@ -13,6 +13,7 @@ import yaml
 from PIL import Image
 
 from davir.config import load_config
+from davir.data.formats.folder import read_folder_pairs
 from davir.data.synthetic import SynthConfig, generate_dataset
 from davir.errors import DataError
 from davir.runs.config import TrainConfig
@@ -242,6 +243,65 @@ def test_two_cpu_processes_under_accelerate_give_the_single_process_captions(tra
         (r["id"], r["caption"], r["entities"]) for r in rows_of(single)
     ]
     assert not list(tmp_path.glob("two.jsonl.shard-*"))
+
+
+def test_under_accelerate_the_other_processes_wait_for_the_merge_and_leave_the_status_to_it(
+    trained, tmp_path, monkeypatch
+):
+    """A process of `accelerate launch` whose share had a failed pair exited 1 right after captioning; torch's
+    launcher then SIGTERMs the others, the main one in its merge (exit 143, no merged JSONL, and the same again on
+    every rerun). The two processes are two threads here, an accelerate state's barrier a threading.Barrier."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from davir.inference import ChangeCaptioner
+    from davir.inference.folder import _caption_locked
+    from davir.viz import folder_report
+
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 4)
+    (pairs / "before" / "p03.png").write_bytes(b"not a png")  # a failed pair in the second process's share
+    records = read_folder_pairs(pairs).pairs
+    write_report = folder_report.write_folder_report
+
+    def slow_report(*args, **kwargs):  # the main process's merge and report take a while (a big folder)
+        time.sleep(1.0)
+        return write_report(*args, **kwargs)
+
+    monkeypatch.setattr(folder_report, "write_folder_report", slow_report)
+    barrier, out, html = threading.Barrier(2), tmp_path / "c.jsonl", tmp_path / "report.html"
+    summaries, report_there = {}, {}
+
+    def process(index: int) -> None:
+        state = SimpleNamespace(wait_for_everyone=barrier.wait, device=torch.device("cpu"))
+        captioner = ChangeCaptioner.from_pretrained(trained / "runs" / "tiny")
+        summaries[index] = _caption_locked(
+            captioner,
+            records,
+            [],
+            str(pairs),
+            "pairs",
+            out,
+            html,
+            2,
+            index,
+            state,
+            report_limit=10,
+            overwrite=False,
+            batch_size=2,
+            workers=0,
+            progress=False,
+        )
+        report_there[index] = html.is_file()
+
+    other = threading.Thread(target=process, args=(1,))
+    other.start()
+    process(0)
+    other.join()
+    assert report_there[1]  # the second process returned only once the report was written
+    assert summaries[1].status == 0 and summaries[1].failed == 1 and not summaries[1].merged
+    assert summaries[0].status == 1 and summaries[0].failed == 1 and summaries[0].captioned == 3
+    assert [row["id"] for row in rows_of(out)] == ["p00", "p01", "p02", "p03"]
 
 
 def test_python_api_takes_paths_images_and_arrays_like_caption_py(trained, tmp_path, capsys):
@@ -519,6 +579,69 @@ def test_out_or_html_on_the_manifest_being_captioned_is_refused_whatever_the_fla
         ]
         assert manifest.read_text() == '{"id": "x", "before": "a.png", "after": "b.png"}\n'
         assert sorted(path.name for path in tmp_path.iterdir()) == ["a.png", "b.png", "pairs.jsonl"]
+
+
+def test_html_over_the_jsonl_or_its_files_is_refused_before_the_model_loads(tmp_path, capsys):
+    """`--html` equal to `--out` wrote the report over the captions (exit 0), and the rerun stopped with a
+    JSONDecodeError traceback; over OUT.manifest.json it replaced the record of the settings. Refused, nothing
+    written (the checkpoint here does not exist: the check comes first)."""
+    for name, value in (("a", 10), ("b", 20)):
+        Image.new("RGB", (16, 12), (value, value, value)).save(tmp_path / f"{name}.png")
+    (tmp_path / "pairs.csv").write_text("id,before,after\nx,a.png,b.png\n")
+    out = tmp_path / "out" / "c.jsonl"
+    for html in (out, out.with_name("c.jsonl.manifest.json"), tmp_path / "out" / ".." / "out" / "c.jsonl.lock"):
+        argv = ["--checkpoint", tmp_path / "no_run", "--pairs", tmp_path / "pairs.csv", "--out", out, "--html", html]
+        status, _, err = run(argv, capsys)
+        assert status == 2 and err.splitlines() == [
+            f"error: --html {html} would be written over --out {out} or its c.jsonl.* files; give another --html"
+        ]
+        assert not out.parent.exists()
+
+
+def test_a_jsonl_that_is_not_caption_rows_is_named_not_a_traceback(tmp_path):
+    """A rerun over an --out that holds something else (a report written over it by an earlier version, a file
+    edited by hand) stopped with a JSONDecodeError or KeyError traceback: now the file and line are named."""
+    from davir.inference.caption_store import CaptionStore
+
+    out = tmp_path / "c.jsonl"
+    row = {"id": "x", "index": 0, "caption": "c", "entities": [], "error": None}
+    for bad, reason in (
+        ("<!doctype html><html>", "JSONDecodeError"),
+        ('{"index": 1}', "KeyError"),
+        ("[1]", "TypeError"),
+    ):
+        out.write_text(json.dumps(row) + "\n\n" + bad + "\n")
+        with pytest.raises(
+            DataError, match=rf"^{out}: line 3 is not a row caption.py writes \({reason}: .*--overwrite"
+        ):
+            CaptionStore(out, {}).earlier_rows()
+    out.write_text(json.dumps(row) + "\n" + json.dumps({**row, "id": "y", "error": "bad"}) + '\n{"id": "z", "cut')
+    assert CaptionStore(out, {}).earlier_rows() == ({"x"}, {"y"})  # a killed run's cut last line is still repaired
+    assert out.read_text().endswith('"error": "bad"}\n')
+    out.write_bytes(b'{"id": "caf\xe9", "error": null}\n')  # edited in a Latin-1 editor
+    with pytest.raises(DataError, match=rf"^{out}: not UTF-8 text as caption.py writes it .*--overwrite"):
+        CaptionStore(out, {}).earlier_rows()
+
+
+@pytest.mark.parametrize(
+    "flag, value, minimum",
+    [
+        ("--batch-size", "0", 1),
+        ("--batch-size", "-3", 1),
+        ("--workers", "-1", 0),
+        ("--num-shards", "0", 1),
+        ("--report-limit", "-1", 0),
+        ("--shard-index", "-1", 0),
+    ],
+)
+def test_a_count_out_of_range_is_a_usage_error_before_the_model_loads(tmp_path, capsys, flag, value, minimum):
+    # --batch-size 0 and --workers -1 loaded the model, then stopped in torch's DataLoader with a ValueError
+    # traceback; --num-shards 0 ran as one shard and --report-limit -1 showed no pair, silently
+    with pytest.raises(SystemExit) as stopped:
+        caption_script.main(["--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path), flag, value])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and f"argument {flag}: expected a whole number >= {minimum}, got {value}" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_online_masks_rebuild_the_cache_segmenter_or_say_what_is_missing(trained, tmp_path, monkeypatch):

@@ -173,6 +173,19 @@ def test_a_failed_append_leaves_the_log_as_it_was(tmp_path, monkeypatch):
     assert log.read_bytes() == before
 
 
+def test_an_os_error_without_errno_keeps_its_message_when_a_write_names_its_file(tmp_path):
+    # Pillow's encoders raise OSError("encoder error -2") (no errno); atomic_path adds the file's name, and the
+    # one line a user read was "error: …/0000014.jpg: [errno none] none"
+    from davir.errors import describe_os_error
+    from davir.io import atomic_path
+
+    path = tmp_path / "strip.jpg"
+    with pytest.raises(OSError) as raised, atomic_path(path):
+        raise OSError("encoder error -2")
+    assert describe_os_error(raised.value) == f"{path}: encoder error -2"
+    assert not list(tmp_path.iterdir())
+
+
 def test_two_writers_of_one_file_never_share_a_temporary(tmp_path):
     """Threads (one pid) writing the same strip and page at once: each through its own temporary."""
     image = Image.new("RGB", (96, 72), (10, 120, 30))

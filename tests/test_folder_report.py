@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,6 +93,47 @@ def test_compose_strip_is_the_written_strip(tmp_path):
     strip, labels = compose_strip(before, after, mask=np.ones((48, 64), bool), height=48)
     assert labels == list(TILE_LABELS[:3]) and strip.size == (3 * 64 + 2 * 4, 48)
     assert strip.getpixel((10, 10)) == (200, 0, 0) and strip.getpixel((64 + 4 + 10, 10)) == (0, 200, 0)
+
+
+def test_a_panorama_pair_gets_a_strip_a_jpeg_can_hold(tmp_path):
+    # a 4000 x 2 photo's tile at the strip's height would be 224,000 px wide, past JPEG's 65,500: the tile is
+    # shrunk to fit its shape instead, and the run goes on
+    before, after = Image.new("RGB", (4000, 2), (200, 0, 0)), Image.new("RGB", (4000, 2), (0, 200, 0))
+    path = write_strip(tmp_path, 0, before, after, mask=np.ones((2, 4000), bool), attention=(np.eye(4), np.eye(4)))
+    with Image.open(path) as strip:
+        assert strip.height == 112 and strip.width <= 5 * 4 * 112 + 4 * 4
+        assert strip.getpixel((10, 0))[0] > 150  # the before tile, at the top of the strip
+    labels, width = strip_labels(path)
+    assert labels == list(TILE_LABELS) and width <= 5 * 4 * 112 + 4 * 4
+
+
+def test_the_report_finds_its_strips_whatever_its_file_is_called(tmp_path):
+    # the page's links are URLs: a '#' or '?' in the report's name must not cut them, a space or 'é' must not break them
+    from urllib.parse import urljoin
+    from urllib.request import url2pathname
+
+    image = Image.new("RGB", (32, 24), (10, 120, 200))
+    for name, pairs in (("run #2 é?.html", 3), ("100% done.html", PAGE_SIZE + 1)):
+        folder = tmp_path / name.split(".")[0]
+        html_path = folder / name
+        report_dir = html_path.with_name(html_path.stem + "_files")
+        for i in range(pairs):
+            write_strip(report_dir, i, image, image)
+        jsonl = folder / "captions.jsonl"
+        jsonl.write_text(
+            "".join(
+                json.dumps({"id": f"p{i}", "index": i, "caption": "c", "entities": [], "error": None}) + "\n"
+                for i in range(pairs)
+            )
+        )
+        write_folder_report(html_path, jsonl, report_dir, title="t", summary={}, limit=1000)
+        pages = [html_path, *sorted(report_dir.glob("page-*.html"))]
+        for page in pages:
+            links = re.findall(r'(?:src|href)="([^"]+)"', page.read_text())
+            assert links
+            for link in links:
+                target = urljoin(page.as_uri(), link.replace("&amp;", "&")).split("#")[0]
+                assert Path(url2pathname(target.removeprefix("file://"))).is_file(), (name, page.name, link)
 
 
 @pytest.mark.skipif(

@@ -246,6 +246,28 @@ def test_run_sweep_from_python_picks_seeds_and_variants_and_writes_the_summary(t
         run_sweep(sweep, variants=["c"])
 
 
+def test_a_split_or_override_no_cell_can_use_stops_the_sweep_before_any_training(tmp_path, monkeypatch):
+    """`--split vall` trained the first cell, then its scoring stopped (format 'clevr_change' has no split
+    'vall'); a bad override of the last variant let every cell before it train first. Both are checked first."""
+    from davir.sweep import grid
+
+    def no_training(run, recipe, *, label):
+        raise AssertionError(f"{label} should not be trained")
+
+    monkeypatch.setattr(grid, "_train_cell", no_training)
+    sweep = Sweep(
+        title="t",
+        out=tmp_path / "out",
+        seeds=[0],
+        variants=[Variant("A", "configs/demo.yaml"), Variant("B", "configs/demo.yaml", ["optim.lr=fast"])],
+    )
+    with pytest.raises(ConfigError, match=r"split 'vall': format 'clevr_change'.*choose from train, val, test"):
+        run_sweep(sweep, split="vall", variants=["a"])
+    with pytest.raises(ConfigError, match=r"sweep variant 'B': .*optim\.lr"):
+        run_sweep(sweep)
+    assert not (tmp_path / "out").exists()
+
+
 def test_sweep_variables_fill_configs_and_overrides(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(

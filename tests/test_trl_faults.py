@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from family_fixtures import write_chat_folder  # noqa: E402
 
-from davir.data.caches import MaskCache  # noqa: E402
+from davir.data.caches import EntityCache, MaskCache  # noqa: E402
 from davir.data.formats import read_dataset  # noqa: E402
 from davir.data.images import load_mask  # noqa: E402
 from davir.data.toolkits import export_toolkit  # noqa: E402
@@ -45,7 +45,7 @@ def _dataset(path: Path):
     return load_dataset("json", data_files={"train": str(path)})["train"].cast_column("images", Sequence(Image()))
 
 
-def _trainer(setup, masks, dataset=None):
+def _trainer(setup, masks, dataset=None, entities=None):
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
     from trl import SFTConfig
 
@@ -65,7 +65,9 @@ def _trainer(setup, masks, dataset=None):
         args=args,
         train_dataset=dataset or _dataset(setup.base / "trl" / "train.jsonl"),
         processing_class=AutoProcessor.from_pretrained(str(setup.folder)),
-        davir=DavirTrlSettings(family="qwen2_5_vl", image_size=SIZE, masks=masks, fac=FacConfig(lambda_attn=1.0)),
+        davir=DavirTrlSettings(
+            family="qwen2_5_vl", image_size=SIZE, masks=masks, entities=entities, fac=FacConfig(lambda_attn=1.0)
+        ),
     )
 
 
@@ -92,6 +94,24 @@ def test_a_mask_cache_that_is_not_there_stops_the_trainer(setup, tmp_path, caplo
     assert trainer.fac_coverage["pairs"] == total and trainer.fac_coverage["with_masks"] == total - 4
     assert sorted(trainer.fac_coverage["missing"]) == sorted(p.pair_id for p in setup.pairs[-4:])
     assert f"FAC: 4 of {total} training pairs have no change mask" in caplog.text
+
+
+def test_an_entity_cache_that_is_not_there_stops_the_trainer_at_start(setup, tmp_path):
+    """A typo in `entities=` was accepted, and the first batch of `trainer.train()` stopped with "pair … has no
+    retrieved entities in TYPO; run `preprocess entities --out TYPO …`": it is an error at construction, as for
+    `masks=`, and so is a cache lacking training pairs (EPC needs each pair's entities)."""
+    with pytest.raises(DataError, match="entities=.*no such folder"):
+        _trainer(setup, None, entities=tmp_path / "entitiez")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="not a davir entity cache"):
+        _trainer(setup, None, entities=tmp_path / "empty")
+    cache = EntityCache(tmp_path / "entities")
+    cache.write_part("train-0", {pair.pair_id: [("red cube", 0.9)] for pair in setup.pairs[:-3]})
+    with pytest.raises(DataError, match=rf"3 of {len(setup.pairs)} training pairs have no entities"):
+        _trainer(setup, None, entities=tmp_path / "entities")
+    cache.write_part("train-1", {pair.pair_id: [("red cube", 0.9)] for pair in setup.pairs[-3:]})
+    trainer = _trainer(setup, None, entities=tmp_path / "entities")
+    assert "red cube" in trainer.data_collator.prompt_for(setup.pairs[-1].pair_id)
 
 
 def _sideways_photo(path: Path) -> Path:

@@ -135,7 +135,9 @@ def test_collator_reads_masks_and_entities_by_pair_id(setup):
     and the user turn's text becomes the pair's EPC prompt from the entity cache."""
     first = setup.pairs[0]
     entities = EntityCache(setup.base / "entities")
-    entities.write_part("0", {pair_id: [["small red cube", 0.9]] for pair_id in (first.pair_id, "no-masks")})
+    # every training pair has entities (the trainer checks at start), and so has the collated "no-masks" row
+    pair_ids = [pair.pair_id for pair in setup.pairs] + ["no-masks"]
+    entities.write_part("0", {pair_id: [["small red cube", 0.9]] for pair_id in pair_ids})
     trainer, processor = _trainer(setup, 1.0, entities=setup.base / "entities")
     row = _dataset(setup)[0]
     assert row["id"] == first.pair_id

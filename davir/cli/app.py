@@ -20,6 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
+from davir.cli.arguments import whole_number
 from davir.errors import DataError, describe_os_error
 from davir.inference.captioner import CaptionerOptions
 from davir.runtime.devices import check_device
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--captions", type=Path, help="a captions.jsonl (caption.py --out) the browse tab opens")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: every interface)")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--port", type=port_number, default=7860, help="1-65535 (default: 7860)")
     parser.add_argument(
         "--auth",
         metavar="USER:PASSWORD",
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         "users of the machine cannot read in `ps`",
     )
     parser.add_argument("--device", help="cpu, cuda, cuda:1 … (default: CUDA when there is one)")
-    parser.add_argument("--max-upload-mb", type=int, default=100, help="larger uploads are refused")
+    parser.add_argument("--max-upload-mb", type=whole_number(1), default=100, help="larger uploads are refused")
     decoding = parser.add_argument_group("decoding (as caption.py)")
     decoding.add_argument(
         "--num-beams",
@@ -82,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     moved.add_argument("--clip-checkpoint", type=Path, help="open_clip weights, when the entity cache used CLIP")
     moved.add_argument("--backbone-weights", type=Path, help="ResNet-101 weights of a lightweight model")
     return parser
+
+
+def port_number(text: str) -> int:
+    """A TCP port to listen on: Gradio takes 0 or one past 65535 as far as binding, then stops with a traceback."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {port}")
+    return port
 
 
 def user_password(text: str) -> tuple[str, str]:

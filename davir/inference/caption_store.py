@@ -108,10 +108,20 @@ def _row_id(line: str) -> str:
     return json.loads(line)["id"]
 
 
-def _id_and_captioned(line: str) -> tuple[str, bool]:
-    """A row's id and whether it holds a caption (no error), from one parse of the line."""
-    row = json.loads(line)
-    return row["id"], row.get("error") is None
+def _id_and_captioned(line: str, path: Path | None = None, number: int = 0) -> tuple[str, bool]:
+    """A row's id and whether it holds a caption (no error), from one parse of the line. With `path`: a line that
+    is no row of caption.py's (the file edited by hand, or something else written over it) is a DataError naming
+    the file and the line (1-based `number`)."""
+    try:
+        row = json.loads(line)
+        return row["id"], row.get("error") is None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        if path is None:
+            raise
+        raise DataError(
+            f"{path}: line {number} is not a row caption.py writes ({type(error).__name__}: {error}); pass "
+            "--overwrite to start again, or another --out"
+        ) from error
 
 
 class CaptionStore:
@@ -181,9 +191,18 @@ class CaptionStore:
         captioned: set[str] = set()
         failed: set[str] = set()
         for path in [self.out, *self.leftovers()]:
-            for line in read_complete_lines(path, repair=path == self.path or path == self.out):
-                row_id, is_captioned = _id_and_captioned(line)
-                (captioned if is_captioned else failed).add(row_id)
+            if not path.is_file():
+                continue
+            read_complete_lines(path, repair=path == self.path or path == self.out)  # a killed run's cut line goes
+            try:
+                for _, number, line in _numbered(path):
+                    row_id, is_captioned = _id_and_captioned(line, path, number + 1)
+                    (captioned if is_captioned else failed).add(row_id)
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}: not UTF-8 text as caption.py writes it ({error.reason} at byte {error.start} of a "
+                    "line); pass --overwrite to start again, or another --out"
+                ) from error
         return captioned, failed - captioned
 
     def append(self, lines: Iterable[str]) -> None:

@@ -151,6 +151,7 @@ def caption_folder(
     html_path = Path(html or out.with_name("report.html"))
     check_output_file(out, what="--out", example="captions.jsonl")
     check_output_file(html_path, what="--html", example="report.html")
+    _check_html_spares_out(out, html_path)
     if not listed:
         _check_outputs_spare_manifest(Path(pairs), {"--out": out, "--html": html_path})
     num_shards, shard_index, state = _shard_layout(num_shards, shard_index)
@@ -185,6 +186,18 @@ def caption_folder(
             batch_size=batch_size,
             workers=workers,
             progress=progress,
+        )
+
+
+def _check_html_spares_out(out: Path, html: Path) -> None:
+    """The report written over the JSONL or one of its companions (OUT.manifest.json, OUT.lock, OUT.shard-*) would
+    lose the captions or the record of how they were made: refused whatever the flags."""
+    out_resolved, html_resolved = out.resolve(), html.resolve()
+    if html_resolved == out_resolved or (
+        html_resolved.parent == out_resolved.parent and html_resolved.name.startswith(out_resolved.name + ".")
+    ):
+        raise DataError(
+            f"--html {html} would be written over --out {out} or its {out.name}.* files; give another --html"
         )
 
 
@@ -290,9 +303,13 @@ def _caption_locked(
             + f" into {out}",
             file=sys.stderr,
         )
-        # docs/errors.md: 1 = done, some pairs failed (listed in the JSONL)
+        if state is not None:
+            # Stay until the main process has merged and written the report, and leave its exit status to it:
+            # torch's launcher SIGTERMs every process once one exits nonzero, which stopped the main one mid-merge.
+            state.wait_for_everyone()
+        # docs/errors.md: 1 = done, some pairs failed (listed in the JSONL); under accelerate: the main process's
         return CaptionSummary(
-            1 if counts["failed"] else 0,
+            1 if counts["failed"] and state is None else 0,
             out,
             html_path,
             pairs=len(mine),
@@ -333,6 +350,8 @@ def _caption_locked(
             notes = list(itertools.islice((row for row in map(json.loads, handle) if row.get("error")), 5))
         for row in notes:
             print(f"note: {row['id']}: {row['error']}", file=sys.stderr)
+    if state is not None:
+        state.wait_for_everyone()  # the other processes wait for the merge and the report (above)
     # docs/errors.md: 1 = done, but some pairs failed; they are listed
     return CaptionSummary(
         1 if failed > skipped else 0,

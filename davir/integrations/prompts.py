@@ -15,12 +15,12 @@ from davir.models.vlm.epc import EpcConfig, entity_prompts
 
 
 def epc_prompt_for(
-    entities: str | Path | None = None, epc: EpcConfig | None = None
+    entities: str | Path | EntityCache | None = None, epc: EpcConfig | None = None
 ) -> Callable[[ChangePair | str], str]:
     """pair (or pair id) → its prompt: the base prompt alone without a cache, else with the pair's top
     ``epc.num_entities`` entities (a pair missing from the cache is a DataError naming the command to run)."""
     epc = epc or EpcConfig()
-    cache = EntityCache(entities) if entities is not None else None
+    cache = entities if isinstance(entities, EntityCache) or entities is None else EntityCache(entities)
 
     def prompt_for(pair: ChangePair | str) -> str:
         pair_id = pair if isinstance(pair, str) else pair.pair_id

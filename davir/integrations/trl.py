@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from davir.data.caches import MaskCache
+from davir.data.caches import EntityCache, MaskCache
 from davir.data.images import load_rgb, to_rgb, upright
 from davir.errors import DataError, import_optional
 from davir.integrations.prompts import epc_prompt_for
@@ -38,6 +38,7 @@ SFTTrainer, DataCollatorForVisionLanguageModeling = _sft.SFTTrainer, _sft.DataCo
 
 MASK_KEYS = ("davir_masks_before", "davir_masks_after", "davir_mask_valid")
 MASKS_COMMAND = "python -m preprocess masks --format F --root R --split S --out CACHE"
+ENTITIES_COMMAND = "python -m preprocess entities --format F --root R --split S --masks MASKS --out CACHE"
 log = logging.getLogger(__name__)
 
 
@@ -92,6 +93,23 @@ def open_mask_cache(path: str | Path) -> MaskCache:
     return cache
 
 
+def open_entity_cache(path: str | Path) -> EntityCache:
+    """The entity cache at ``path``; a path that is no entity cache (a typo) is a DataError at construction, not
+    at the first batch with advice to fill the mistyped folder."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(
+            f"entities={str(path)!r}: no such folder; EPC reads a davir entity cache (`{ENTITIES_COMMAND}`)"
+        )
+    cache = EntityCache(path)
+    if not cache.folder.is_dir():
+        raise DataError(
+            f"entities={str(path)!r}: not a davir entity cache (no entities/ folder); make one with "
+            f"`{ENTITIES_COMMAND}`"
+        )
+    return cache
+
+
 def mask_coverage(cache: MaskCache, pair_ids) -> dict:
     """How many of the distinct ``pair_ids`` have an entry in ``cache`` (the rest are left out of FAC)."""
     pairs = set(map(str, pair_ids))
@@ -140,7 +158,8 @@ class DavirFacCollator:
         self.end_token_id = end_token_id
         self.image_size = image_size
         self.masks = open_mask_cache(masks) if masks is not None else None
-        self.prompt_for = epc_prompt_for(entities, epc) if entities is not None else None
+        self.entities = open_entity_cache(entities) if entities is not None else None
+        self.prompt_for = epc_prompt_for(self.entities, epc) if entities is not None else None
         self.id_key = id_key
 
     def _examples(self, examples: Sequence[dict]) -> tuple[list[dict], list[str]]:
@@ -242,6 +261,7 @@ class DavirSFTTrainer(SFTTrainer):
             end_token_id=end,
         )
         self.fac_coverage = self._check_coverage()
+        self._check_entities()
         self._captured: list[Any] = []
         self.attention_hook = self.family.attention_hook(core).attach()  # after PEFT: sees the LoRA projections
         self._vision_handle = self.family.vision_tower(core).register_forward_hook(self._keep_attention)
@@ -274,6 +294,22 @@ class DavirSFTTrainer(SFTTrainer):
                 ", ".join(coverage["missing"][:5]),
             )
         return coverage
+
+    def _check_entities(self) -> None:
+        """At start: every training pair has entities in the entity cache (EPC's prompt needs them; a pair
+        without stops training at its batch)."""
+        cache = self.data_collator.entities
+        dataset = self.train_dataset
+        if cache is None or self.davir.id_key not in (getattr(dataset, "column_names", None) or ()):
+            return
+        pairs = set(map(str, dataset[self.davir.id_key]))
+        missing = sorted(pair_id for pair_id in pairs if not cache.has(pair_id))
+        if missing:
+            raise DataError(
+                f"entities={str(cache.root)!r}: {len(missing)} of {len(pairs)} training pairs have no entities in "
+                f"it (first: {', '.join(missing[:5])}): another dataset's cache, or a split it was not run on? "
+                f"Make it with `{ENTITIES_COMMAND}` for each split of this dataset"
+            )
 
     def _keep_attention(self, module, inputs, output) -> None:
         captured = self.attention_hook.pop(missing_ok=True)

@@ -245,6 +245,29 @@ def _stale_reason(run: Path, recipe: dict[str, Any]) -> str | None:
     return None
 
 
+def check_cells(sweep: Sweep, extra: Sequence[str] = ()) -> None:
+    """Before any cell trains: each variant's config loads with its overrides, and the data it is scored on has
+    the sweep's split. Either found wrong only when its cell came up, after the cells before it had trained (a
+    typo of --split: after training the first cell)."""
+    from davir.data.formats import FORMATS
+    from davir.runs.config import TrainConfig  # torch: a sweep trains anyway
+
+    seed = sweep.seeds[0] if sweep.seeds else 0
+    for variant in sweep.variants:
+        recipe = cell_recipe(sweep, variant, seed, list(extra))
+        try:
+            config = load_config(TrainConfig, recipe["config"], recipe["overrides"])
+        except ConfigError as error:
+            raise ConfigError(f"sweep variant {variant.name!r}: {error}") from error
+        data_format = sweep.evaluate.get("format") or config.data.format
+        splits = FORMATS[data_format].splits if data_format in FORMATS else (sweep.split,)
+        if sweep.split not in splits:
+            raise ConfigError(
+                f"split {sweep.split!r}: format {data_format!r}, which variant {variant.name!r} is scored on, has "
+                f"no such split; choose from {', '.join(splits)}"
+            )
+
+
 def run_cell(sweep: Sweep, variant: Variant, seed: int, extra: list[str]) -> Path:
     """Train (from scratch; a finished training of the same recipe is kept) and score one cell; returns its metrics.json."""
     run = cell_dir(sweep, variant, seed)
@@ -430,6 +453,7 @@ def run_sweep(
         out=Path(out) if out else sweep.out,
         variants=select_variants(sweep, variants) if variants else sweep.variants,
     )
+    check_cells(sweep, extra)
     results: dict[str, list[dict[str, Any]]] = {}
     started = time.time()
     with shared_meteor():  # one METEOR java process for all the cells' evaluations

@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 from PIL import Image
@@ -27,10 +28,21 @@ STRIP_HEIGHT = 112
 STRIP_GAP = 4
 PAGE_SIZE = 100
 FAILED_LISTED = 1000
+MAX_TILE_ASPECT = 4  # a tile is at most 4 times as wide as the strip is high
 
 
 def strip_name(index: int) -> str:
     return f"{index:07d}.jpg"
+
+
+def _tile_size(image_size: tuple[int, int], height: int) -> tuple[int, int]:
+    """A tile `height` px high with the image's shape, or, for an image over MAX_TILE_ASPECT times as wide as
+    high (a panorama, a 4000 x 2 scan line), MAX_TILE_ASPECT heights wide and lower: a strip of such tiles at
+    full height would pass JPEG's 65,500 px limit and stop the run."""
+    width, image_height = image_size
+    if width <= MAX_TILE_ASPECT * image_height:
+        return max(1, round(width * height / image_height)), height
+    return MAX_TILE_ASPECT * height, max(1, round(image_height * MAX_TILE_ASPECT * height / width))
 
 
 def compose_strip(
@@ -43,8 +55,7 @@ def compose_strip(
 ) -> tuple[Image.Image, list[str]]:
     """(strip, its column labels): before | after | mask on after | attention on before | attention on after,
     `height` px high, tiles of one width `STRIP_GAP` px apart; the mask and attention tiles only when given."""
-    scale = height / after.height
-    size = (max(1, round(after.width * scale)), height)
+    size = _tile_size(after.size, height)
     small_before, small_after = before.resize(size, Image.BILINEAR), after.resize(size, Image.BILINEAR)
     tiles, labels = [small_before, small_after], list(TILE_LABELS[:2])
     if mask is not None:
@@ -56,7 +67,7 @@ def compose_strip(
     strip = Image.new("RGB", (sum(t.width for t in tiles) + STRIP_GAP * (len(tiles) - 1), height), (255, 255, 255))
     x = 0
     for tile in tiles:
-        strip.paste(tile, (x, 0))
+        strip.paste(tile, (x, (height - tile.height) // 2))
         x += tile.width + STRIP_GAP
     return strip, labels
 
@@ -166,7 +177,7 @@ def write_folder_report(
     """Index page (+ pages of `PAGE_SIZE` pairs when more are shown), streamed from the JSONL (memory independent
     of its length). At most `PAGE_SIZE` captioned pairs are shown on the index page itself."""
     html_path, report_dir = Path(html_path), Path(report_dir)
-    relative = report_dir.name
+    relative = quote(report_dir.name)  # a URL: a '#' or '?' of the report's name would cut it
     total = failed = 0
     failed_html: list[str] = []
     for row in _rows(jsonl):
@@ -181,7 +192,7 @@ def write_folder_report(
     def flush() -> None:
         number = len(pages) + 1
         name = f"page-{number:04d}.html"
-        nav = f'<p><a href="../{html.escape(html_path.name)}">index</a> · page {number}</p>'
+        nav = f'<p><a href="../{html.escape(quote(html_path.name))}">index</a> · page {number}</p>'
         write_text_atomic(report_dir / name, _page(f"{title} — page {number}", nav, "\n".join(page_rows)))
         pages.append(name)
         page_rows.clear()
@@ -219,7 +230,7 @@ def write_folder_report(
         )
     if pages:
         links = " ".join(
-            f'<a href="{relative}/{p}">{i * PAGE_SIZE + 1}–{min((i + 1) * PAGE_SIZE, shown)}</a>'
+            f'<a href="{html.escape(relative)}/{p}">{i * PAGE_SIZE + 1}–{min((i + 1) * PAGE_SIZE, shown)}</a>'
             for i, p in enumerate(pages)
         )
         body.append(f'<section class="pair"><h2>Captioned pairs</h2><nav>{links}</nav></section>')
