@@ -205,10 +205,7 @@ def test_an_upload_limit_below_one_mb_is_a_usage_error_before_the_model_loads(tm
     # it loaded the model, then Gradio stopped with a traceback (ValueError: invalid literal for int() …: '')
     with pytest.raises(SystemExit) as stopped:
         app_script.main(["--checkpoint", str(tmp_path), "--max-upload-mb", value], block=False)
-    assert (
-        stopped.value.code == 2
-        and f"--max-upload-mb: expected a whole number >= 1, got {value}" in capsys.readouterr().err
-    )
+    assert stopped.value.code == 2 and f"--max-upload-mb: must be 1 or more, got {value}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "0"])

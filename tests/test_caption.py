@@ -640,7 +640,7 @@ def test_a_count_out_of_range_is_a_usage_error_before_the_model_loads(tmp_path, 
     with pytest.raises(SystemExit) as stopped:
         caption_script.main(["--checkpoint", str(tmp_path / "no_run"), "--pairs", str(tmp_path), flag, value])
     err = capsys.readouterr().err
-    assert stopped.value.code == 2 and f"argument {flag}: expected a whole number >= {minimum}, got {value}" in err
+    assert stopped.value.code == 2 and f"argument {flag}: must be {minimum} or more, got {value}" in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -20,9 +20,9 @@ import sys
 import threading
 from pathlib import Path
 
-from davir.cli.arguments import whole_number
 from davir.errors import DataError, describe_os_error
 from davir.inference.captioner import CaptionerOptions
+from davir.runtime.arguments import at_least
 from davir.runtime.devices import check_device
 
 AUTH_VARIABLE = "DAVIR_APP_AUTH"
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         "users of the machine cannot read in `ps`",
     )
     parser.add_argument("--device", help="cpu, cuda, cuda:1 … (default: CUDA when there is one)")
-    parser.add_argument("--max-upload-mb", type=whole_number(1), default=100, help="larger uploads are refused")
+    parser.add_argument("--max-upload-mb", type=at_least(1), default=100, help="larger uploads are refused")
     decoding = parser.add_argument_group("decoding (as caption.py)")
     decoding.add_argument(
         "--num-beams",

@@ -14,9 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from davir.cli.arguments import whole_number
 from davir.errors import DataError, describe_os_error
 from davir.inference import CaptionerOptions, caption_folder
+from davir.runtime.arguments import at_least
 from davir.runtime.signals import stop_on_signals
 
 
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--html", type=Path, help="HTML report (default: next to --out, report.html + report_files/)")
     parser.add_argument(
         "--report-limit",
-        type=whole_number(0),
+        type=at_least(0),
         default=1000,
         help="captioned pairs shown in the report, the first N of the input (failed ones are all listed)",
     )
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="when another run writes the same --out (OUT.lock), wait for it instead of stopping",
     )
     decoding = parser.add_argument_group("decoding")
-    decoding.add_argument("--batch-size", type=whole_number(1), default=32)
+    decoding.add_argument("--batch-size", type=at_least(1), default=32)
     decoding.add_argument(
         "--engine",
         choices=("transformers", "vllm"),
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     decoding.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
     decoding.add_argument(
-        "--workers", type=whole_number(0), help="DataLoader workers preparing pairs (default: CPU cores - 1, ≤ 4)"
+        "--workers", type=at_least(0), help="DataLoader workers preparing pairs (default: CPU cores - 1, ≤ 4)"
     )
     decoding.add_argument(
         "--resize-mismatched",
@@ -90,10 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="resize the before image to the after image's size instead of reporting the pair",
     )
     shards = parser.add_argument_group("sharding (under `accelerate launch` each process is a shard already)")
-    shards.add_argument(
-        "--num-shards", type=whole_number(1), help="split the pairs into N contiguous shards (one per job)"
-    )
-    shards.add_argument("--shard-index", type=whole_number(0), default=0, help="the shard this job captions (0-based)")
+    shards.add_argument("--num-shards", type=at_least(1), help="split the pairs into N contiguous shards (one per job)")
+    shards.add_argument("--shard-index", type=at_least(0), default=0, help="the shard this job captions (0-based)")
     moved = parser.add_argument_group("what the run recorded, when it moved (default: the run's own paths)")
     moved.add_argument(
         "--allow-profile-mismatch",
