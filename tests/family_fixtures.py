@@ -146,3 +146,16 @@ def write_chat_folder(family_name: str, folder: Path, texts: list[str], *, seed:
     model.save_pretrained(str(folder))
     processor.save_pretrained(str(folder))
     return folder
+
+
+def mask_and_entity_caches(root: Path, base: Path) -> tuple[Path, Path, Path]:
+    """(root, masks, entities): the classical masks and the entities of every split of a synthetic set under
+    `base`, as a user's preprocessing makes them (a vocabulary of every phrase: small sets)."""
+    from davir.jobs import entities, masks
+
+    for split in ("train", "val", "test"):
+        common = ["--format", "clevr_change", "--root", str(root), "--split", split, "--no-progress"]
+        assert masks.main([*common, "--out", str(base / "masks")]) == 0
+        entity_cache = ["--masks", str(base / "masks"), "--out", str(base / "entities"), "--vocab-min-count", "1"]
+        assert entities.main([*common, *entity_cache]) == 0
+    return root, base / "masks", base / "entities"

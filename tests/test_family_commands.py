@@ -17,7 +17,7 @@ from safetensors import safe_open
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from family_fixtures import write_chat_folder  # noqa: E402
+from family_fixtures import mask_and_entity_caches, write_chat_folder  # noqa: E402
 
 from davir.models.vlm.build import load_davir_model  # noqa: E402
 from davir.models.vlm.epc import EpcConfig  # noqa: E402
@@ -28,20 +28,7 @@ CHAT_FAMILIES = ("qwen2_5_vl", "llava_onevision", "smolvlm", "qwen3_vl", "intern
 
 @pytest.fixture(scope="module")
 def caches(synthetic_set, tmp_path_factory):
-    from davir.jobs import entities, masks
-
-    root = synthetic_set(24, 0)
-    base = tmp_path_factory.mktemp("family_caches")
-    for split in ("train", "val", "test"):
-        common = ["--format", "clevr_change", "--root", str(root), "--split", split, "--no-progress"]
-        assert masks.main([*common, "--out", str(base / "masks")]) == 0
-        assert (
-            entities.main(
-                [*common, "--masks", str(base / "masks"), "--out", str(base / "entities"), "--vocab-min-count", "1"]
-            )
-            == 0
-        )
-    return root, base / "masks", base / "entities"
+    return mask_and_entity_caches(synthetic_set(24, 0), tmp_path_factory.mktemp("family_caches"))
 
 
 def _user_folder(family: str, root: Path, where: Path) -> Path:

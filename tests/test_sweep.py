@@ -209,15 +209,20 @@ def test_cell_made_with_other_settings_is_trained_again_not_reported(tmp_path, m
     assert calls == []
 
 
-def test_run_sweep_from_python_picks_seeds_and_variants_and_writes_the_summary(tmp_path, monkeypatch):
-    """The typed entry point, no command line: finished cells are read (not trained), the choice of seeds,
-    variants and split is the call's, the sweep object is left as it was."""
+@pytest.fixture
+def no_training(monkeypatch):
+    """A sweep whose cells must not train: reaching the training of one fails the test."""
     from davir.sweep import grid
 
-    def no_training(run, recipe, *, label):
+    def refuse(run, recipe, *, label):
         raise AssertionError(f"{label} should not be trained")
 
-    monkeypatch.setattr(grid, "_train_cell", no_training)
+    monkeypatch.setattr(grid, "_train_cell", refuse)
+
+
+def test_run_sweep_from_python_picks_seeds_and_variants_and_writes_the_summary(tmp_path, no_training):
+    """The typed entry point, no command line: finished cells are read (not trained), the choice of seeds,
+    variants and split is the call's, the sweep object is left as it was."""
     sweep = Sweep(
         title="t",
         out=tmp_path / "default",
@@ -246,15 +251,9 @@ def test_run_sweep_from_python_picks_seeds_and_variants_and_writes_the_summary(t
         run_sweep(sweep, variants=["c"])
 
 
-def test_a_split_or_override_no_cell_can_use_stops_the_sweep_before_any_training(tmp_path, monkeypatch):
+def test_a_split_or_override_no_cell_can_use_stops_the_sweep_before_any_training(tmp_path, no_training):
     """`--split vall` trained the first cell, then its scoring stopped (format 'clevr_change' has no split
     'vall'); a bad override of the last variant let every cell before it train first. Both are checked first."""
-    from davir.sweep import grid
-
-    def no_training(run, recipe, *, label):
-        raise AssertionError(f"{label} should not be trained")
-
-    monkeypatch.setattr(grid, "_train_cell", no_training)
     sweep = Sweep(
         title="t",
         out=tmp_path / "out",

@@ -23,7 +23,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from family_fixtures import write_chat_folder  # noqa: E402
+from family_fixtures import mask_and_entity_caches, write_chat_folder  # noqa: E402
 
 VLLM_PYTHON = os.environ.get("DAVIR_VLLM_PYTHON")
 pytestmark = [
@@ -37,16 +37,7 @@ ENTITIES = [["small red metal cube"], [], [" ".join(["large gray rubber cylinder
 
 @pytest.fixture(scope="module")
 def caches(synthetic_set, tmp_path_factory):
-    from davir.jobs import entities, masks
-
-    root = synthetic_set(12, 3)
-    base = tmp_path_factory.mktemp("vllm_caches")
-    for split in ("train", "val", "test"):
-        common = ["--format", "clevr_change", "--root", str(root), "--split", split, "--no-progress"]
-        assert masks.main([*common, "--out", str(base / "masks")]) == 0
-        entity_cache = ["--masks", str(base / "masks"), "--out", str(base / "entities"), "--vocab-min-count", "1"]
-        assert entities.main([*common, *entity_cache]) == 0
-    return root, base / "masks", base / "entities"
+    return mask_and_entity_caches(synthetic_set(12, 3), tmp_path_factory.mktemp("vllm_caches"))
 
 
 def merged_export(family: str, caches, where: Path) -> Path:
