@@ -195,7 +195,7 @@ def test_train_script_reports_a_bad_value_as_a_user_runs_it(tmp_path):
 def test_model_config_checks_name_the_key_too():
     from davir.runs.config import TrainConfig
 
-    with pytest.raises(ConfigError, match=r"defaults.model.fac: FAC lambda_attn must be >= 0"):
+    with pytest.raises(ConfigError, match=r"defaults.model.fac: FAC lambda_attn must be a finite number >= 0"):
         load_config(TrainConfig, None, ["model.fac.lambda_attn=-1"])
 
 

@@ -156,3 +156,26 @@ def test_collator_reads_pictures_upright(tmp_path):
         pixels = np.asarray(picture)
         assert pixels.shape == (SIZE, SIZE, 3) and np.array_equal(pixels, expected)
         assert pixels[4, SIZE - 5, 0] > 200 and pixels[4, 4, 0] < 50  # red at the top right, not the top left
+
+
+def _trl_settings(**settings):
+    from davir.integrations.trl import DavirTrlSettings
+
+    return DavirTrlSettings(**settings)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (lambda: FacConfig(lambda_attn=float("nan")), "lambda_attn must be a finite number >= 0, got nan"),
+        (lambda: FacConfig(lambda_attn=float("inf")), "lambda_attn must be a finite number >= 0, got inf"),
+        (lambda: FacConfig(blur_sigma=float("nan")), "blur_sigma and eps must be positive"),
+        (lambda: _trl_settings(image_size=0), "image_size must be a whole number of pixels >= 1 or None, got 0"),
+        (lambda: _trl_settings(image_size=448.0), "image_size must be a whole number"),
+    ],
+)
+def test_settings_built_in_python_refuse_what_would_train_wrong(settings, message):
+    """The TRL API's settings are built in Python, past the config loader's checks: λ = NaN trained on a NaN loss
+    (NaN < 0 is False), and image_size=0 silently meant the family's default size."""
+    with pytest.raises(ValueError, match=message):
+        settings()

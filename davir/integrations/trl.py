@@ -62,6 +62,15 @@ class DavirTrlSettings:
     epc: EpcConfig = field(default_factory=EpcConfig)
     id_key: str = "id"
 
+    def __post_init__(self) -> None:
+        # 0 would read as "not given" further on and silently give the family's default size
+        if self.image_size is not None and (
+            isinstance(self.image_size, bool) or not isinstance(self.image_size, int) or self.image_size < 1
+        ):
+            raise ValueError(
+                f"DavirTrlSettings image_size must be a whole number of pixels >= 1 or None, got {self.image_size!r}"
+            )
+
 
 def _open(image: Any, pair_id: str) -> Image.Image:
     """One picture of a pair, upright RGB as every davir reader gives it (EXIF orientation applied, as the mask

@@ -10,6 +10,7 @@ Other papers' losses (SCORER+CBR, DIRL+CCR, RDD+ACR, CHEER) get their own sectio
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,11 +92,12 @@ class FacConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"FAC {name}={value!r}; choose one of {allowed}")
-        if self.lambda_attn < 0:
-            raise ValueError(f"FAC lambda_attn must be >= 0, got {self.lambda_attn}")
+        # `not (x >= 0)`, not `x < 0`: NaN compares False either way and would train on a NaN loss
+        if not (math.isfinite(self.lambda_attn) and self.lambda_attn >= 0):
+            raise ValueError(f"FAC lambda_attn must be a finite number >= 0, got {self.lambda_attn}")
         if self.blur_kernel_size < 1 or self.blur_kernel_size % 2 == 0:
             raise ValueError(f"FAC blur_kernel_size must be a positive odd number, got {self.blur_kernel_size}")
-        if self.blur_sigma <= 0 or self.eps <= 0:
+        if not all(math.isfinite(v) and v > 0 for v in (self.blur_sigma, self.eps)):
             raise ValueError(f"FAC blur_sigma and eps must be positive, got {self.blur_sigma} and {self.eps}")
 
 
