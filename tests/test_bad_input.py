@@ -262,6 +262,18 @@ def test_folder_subfolders_with_unmatched_file(tmp_path):
     assert [stats["splits"][split]["pairs"] for split in ("train", "val", "test")] == [0, 0, 2]
 
 
+def test_a_link_to_a_missing_image_is_its_pairs_error_not_an_unmatched_partner(tmp_path):
+    """before/a.png linking to a file that is gone: the pair is read and fails on loading, naming the link; before,
+    the link was passed over and after/a.png reported as having no matching before image."""
+    solid(tmp_path / "after" / "a.png", (9, 9, 9))
+    (tmp_path / "before").mkdir()
+    (tmp_path / "before" / "a.png").symlink_to(tmp_path / "gone.png")
+    index = read_folder(tmp_path)
+    assert [(p.pair_id, p.before.name) for p in index] == [("a", "a.png")] and index.skipped == []
+    with pytest.raises(DataError, match=r"image file is missing: .*before/a\.png"):
+        load_pair(index.pairs[0])
+
+
 def test_folder_side_by_side(tmp_path):
     solid(tmp_path / "room_before.png", (0, 0, 0))
     solid(tmp_path / "room_after.png", (1, 1, 1))

@@ -74,10 +74,14 @@ class FolderContents:
 
 
 def _images_in(folder: Path) -> list[Path]:
+    # A link to a missing file is kept: its pair is then that pair's error, naming the file, not its partner
+    # reported as having no match.
     return sorted(
         path
         for path in folder.iterdir()
-        if path.is_file() and not path.name.startswith(".") and path.suffix.lower() in IMAGE_EXTENSIONS
+        if (path.is_file() or path.is_symlink())
+        and not path.name.startswith(".")
+        and path.suffix.lower() in IMAGE_EXTENSIONS
     )
 
 
