@@ -39,37 +39,28 @@ def _index_key(line: str) -> float:
     return float("inf") if index is None else index
 
 
-def read_complete_lines(path: Path, *, repair: bool) -> Iterator[str]:
-    """The complete JSON lines of `path`; with `repair`, a last line cut by a kill is truncated away first."""
-    if not path.is_file():
-        return iter(())
-    if repair:
-        with open(path, "rb+") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            if size:
-                handle.seek(max(0, size - 1))
-                if handle.read(1) != b"\n":  # find the last newline and cut after it
-                    block, position = 1 << 16, size
-                    while position > 0:
-                        start = max(0, position - block)
-                        handle.seek(start)
-                        chunk = handle.read(position - start)
-                        cut = chunk.rfind(b"\n")
-                        if cut >= 0:
-                            handle.truncate(start + cut + 1)
-                            break
-                        position = start
-                    else:
-                        handle.truncate(0)
-    return _lines(path)
-
-
-def _lines(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if line.endswith("\n") and line.strip():
-                yield line
+def cut_unfinished_line(path: Path) -> None:
+    """Truncate the last line of `path` when a kill cut it short (no newline at the end), so that the next append
+    starts a line of its own."""
+    with open(path, "rb+") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        if not size:
+            return
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return
+        block, position = 1 << 16, size  # find the last newline and cut after it
+        while position > 0:
+            start = max(0, position - block)
+            handle.seek(start)
+            chunk = handle.read(position - start)
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                handle.truncate(start + cut + 1)
+                return
+            position = start
+        handle.truncate(0)
 
 
 def _numbered(path: Path, start: int = 0, first: int = 0, stop: int | None = None) -> Iterator[tuple[int, int, str]]:
@@ -193,7 +184,8 @@ class CaptionStore:
         for path in [self.out, *self.leftovers()]:
             if not path.is_file():
                 continue
-            read_complete_lines(path, repair=path == self.path or path == self.out)  # a killed run's cut line goes
+            if path == self.path or path == self.out:
+                cut_unfinished_line(path)
             try:
                 for _, number, line in _numbered(path):
                     row_id, is_captioned = _id_and_captioned(line, path, number + 1)
