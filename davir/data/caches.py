@@ -157,14 +157,23 @@ def check_cache_root(
     cache for other data would be used silently. `moved_from` accepts caches that recorded the dataset's
     old location (the data moved, the caches did not). `key` is the config key naming the cache; `root_key`
     and `moved_hint` name the dataset root and the way to pass `moved_from` (a config key, or a command's options)."""
+    other = made_from_another_root(cache, data_root, moved_from)
+    if other is not None:
+        manifest, root = other
+        raise DataError(
+            f"{key}={cache} was built from dataset root {root} ({manifest}), but {root_key} is "
+            f"{Path(data_root).resolve()}: rebuild the cache for this dataset, or, if the dataset only moved, "
+            f"{moved_hint}{root}"
+        )
+
+
+def made_from_another_root(
+    cache: str | Path, data_root: str | Path, moved_from: str | Path | None = None
+) -> tuple[Path, str] | None:
+    """(manifest, the root it records) of the first manifest in `cache` built from another dataset root than
+    `data_root` (or `moved_from`, the dataset's old place), else None."""
     accepted = {Path(data_root).resolve()} | ({Path(moved_from).resolve()} if moved_from else set())
-    for manifest, root in recorded_roots(cache):
-        if Path(root).resolve() not in accepted:
-            raise DataError(
-                f"{key}={cache} was built from dataset root {root} ({manifest}), but {root_key} is "
-                f"{Path(data_root).resolve()}: rebuild the cache for this dataset, or, if the dataset only moved, "
-                f"{moved_hint}{root}"
-            )
+    return next(((m, root) for m, root in recorded_roots(cache) if Path(root).resolve() not in accepted), None)
 
 
 def require_cached(pairs, has, *, what: str, command: str) -> None:

@@ -92,19 +92,13 @@ def _options(options: EvaluationOptions | None, overrides: dict) -> EvaluationOp
     return replace_fields(EvaluationOptions, options, overrides, what="evaluation")
 
 
-def made_from_another_root(cache, root, run_data: dict) -> tuple[Path, str] | None:
-    """(manifest, root it records) when `cache` was made from another dataset root than the one evaluated (the
-    run's data.moved_from counts as its root), else None: pair ids repeat across datasets
-    (CLEVR_default_000003.png), so such a cache would answer, silently, for other images."""
-    from davir.data.caches import recorded_roots
-
-    accepted = {Path(r).resolve() for r in (root, run_data.get("moved_from")) if r}
-    return next(((m, built) for m, built in recorded_roots(cache) if Path(built).resolve() not in accepted), None)
-
-
 def check_cache_of_root(cache, root, run_data: dict, *, what: str, command: str) -> None:
-    """A DataError for a cache of another dataset root (`made_from_another_root`), saying how to make one."""
-    other = made_from_another_root(cache, root, run_data)
+    """A cache made from another dataset root than the one evaluated (the run's data.moved_from counts as its root):
+    pair ids repeat across datasets (CLEVR_default_000003.png), so it would answer, silently, for other images. A
+    DataError saying how to make one for this root."""
+    from davir.data.caches import made_from_another_root
+
+    other = made_from_another_root(cache, root, run_data.get("moved_from"))
     if other is not None:
         raise DataError(
             f"{what} {cache} was made from dataset root {other[1]} ({other[0]}), not from --root "
@@ -191,9 +185,10 @@ def _split_captioner(
     # subtraction / SCORER / DIRL / RDD / CHEER on the run's cached ResNet features (else computed from the files)
     feature_cache = None
     if run.lightweight and run_data.get("features"):
+        from davir.data.caches import made_from_another_root
         from davir.data.feature_cache import FeatureCache
 
-        other = made_from_another_root(run_data["features"], root, run_data)
+        other = made_from_another_root(run_data["features"], root, run_data.get("moved_from"))
         if other is None:
             feature_cache = FeatureCache(run_data["features"], dataset_root=root)
         else:  # features can be computed from the files, unlike entities
