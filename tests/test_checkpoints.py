@@ -4,6 +4,7 @@ and model folders with missing or damaged weight files fail with an error naming
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -429,3 +430,76 @@ def test_evaluate_refuses_a_mask_or_entity_cache_of_another_dataset_root(
         )
         is not None
     )
+
+
+THREADED_LOADS = """
+import sys, threading
+import torch
+from torch.nn import init
+from transformers import InstructBlipForConditionalGeneration, PreTrainedModel
+from davir.models import load_davir_model
+
+folder = sys.argv[1]
+switches = lambda: (PreTrainedModel.init_weights, PreTrainedModel.tie_weights, init.normal_, torch.get_default_dtype())
+found = switches()
+inside = {"first": threading.Event(), "second": threading.Event()}
+first_done = threading.Event()
+build = InstructBlipForConditionalGeneration.__init__
+
+def build_then_wait(self, *args, **kwargs):
+    # The worst order for transformers' switches: the second load starts inside the first, and ends after it.
+    build(self, *args, **kwargs)
+    name = threading.current_thread().name
+    if name == "first":
+        inside["first"].set()
+        inside["second"].wait(timeout=3)
+    elif name == "second":
+        inside["second"].set()
+        first_done.wait(timeout=30)
+
+InstructBlipForConditionalGeneration.__init__ = build_then_wait
+models = {}
+
+def load(name):
+    models[name] = load_davir_model(folder)
+    if name == "first":
+        first_done.set()
+
+first = threading.Thread(target=load, args=("first",), name="first")
+first.start()
+inside["first"].wait(timeout=60)
+second = threading.Thread(target=load, args=("second",), name="second")
+second.start()
+first.join(); second.join()
+print([now is then or now == then for now, then in zip(switches(), found)])
+from transformers import LlamaConfig, LlamaForCausalLM  # a model built later, with a tied LM head as Gemma 3's
+
+later = LlamaForCausalLM(
+    LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, tie_word_embeddings=True)
+)
+print(later.lm_head.weight is later.model.embed_tokens.weight)
+"""
+
+
+def test_two_threads_loading_models_leave_transformers_as_they_found_it(tmp_path):
+    """transformers loads under process-wide switches (init and tie as no-ops, torch's default dtype) that it puts
+    back on the way out; two threads loading at once put back each other's no-ops, and every model built later in
+    that process had random, untied LM heads. Loads take turns (davir.models.vlm.one_build)."""
+    import subprocess
+
+    from davir.models import DavirModelConfig, build_davir_model
+
+    config = DavirModelConfig(family="instructblip", pretrained=str(REPO / "assets" / "tiny_instructblip"))
+    build_davir_model(config).save_pretrained(tmp_path / "model")  # loading it runs transformers' from_pretrained
+    script = tmp_path / "threads.py"
+    script.write_text(THREADED_LOADS)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == ["[True, True, True, True]", "True"], result.stdout

@@ -16,6 +16,7 @@ import torch
 from davir.errors import DataError
 from davir.export.layout import ADAPTER_WEIGHTS, BASE_FLAG, DAVIR_EXTRA, EXTRA_WEIGHTS, read_export_info
 from davir.models.vlm.checkpoint import load_adapter_weights, load_extra_weights, trained_outside_lora
+from davir.models.vlm.one_build import MODEL_BUILD_LOCK
 
 
 def base_model_folder(folder: Path, info: dict, base_model: str | Path | None) -> Path:
@@ -90,10 +91,11 @@ def load_exported_model(
     else:
         config.pretrained = str(base_model_folder(folder, info, base_model))
     processor = _load_weights(folder, lambda: family.load_processor(folder), what="the tokenizers and image processor")
-    core = family.load_core(config, target)
-    with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
-        torch.manual_seed(config.seed)
-        model = davir_class(config.family)(config, core, processor).to(target)
+    with MODEL_BUILD_LOCK:  # transformers' process-wide switches and the seeded global generator (one_build.py)
+        core = family.load_core(config, target)
+        with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
+            torch.manual_seed(config.seed)
+            model = davir_class(config.family)(config, core, processor).to(target)
     if merged:
         _load_extra(model, folder / DAVIR_EXTRA, required=_outside_core(model), target=target)
         return model.eval()

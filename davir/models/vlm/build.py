@@ -10,6 +10,7 @@ import torch
 from davir.models.families import get_family
 from davir.models.vlm.base import DavirVLM
 from davir.models.vlm.config import DavirModelConfig
+from davir.models.vlm.one_build import MODEL_BUILD_LOCK
 
 
 def build_davir_model(
@@ -32,11 +33,12 @@ def build_davir_model(
     """
     target = torch.device(device) if device is not None else torch.device("cpu")
     family = get_family(config.family)
-    core, processor = family.build_core(config, captions_for_tokenizer, target)
-    model_class = davir_class(config.family)
-    with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
-        torch.manual_seed(config.seed)  # LoRA's random A matrices
-        model = model_class(config, core, processor)
+    with MODEL_BUILD_LOCK:  # transformers' process-wide switches and the seeded global generator (one_build.py)
+        core, processor = family.build_core(config, captions_for_tokenizer, target)
+        model_class = davir_class(config.family)
+        with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
+            torch.manual_seed(config.seed)  # LoRA's random A matrices
+            model = model_class(config, core, processor)
     model.imports = tuple(imports)
     return model.to(target)
 

@@ -17,6 +17,7 @@ from davir.errors import DataError
 from davir.io import follow_umask, read_json, write_json_atomic
 from davir.models.families import get_family
 from davir.models.vlm.config import DavirModelConfig
+from davir.models.vlm.one_build import MODEL_BUILD_LOCK
 from davir.registry import import_modules
 
 CONFIG_FILE = "davir_config.json"
@@ -97,17 +98,18 @@ class DavirCheckpointMixin:
         target = torch.device(device) if device is not None else torch.device("cpu")
         if target.type == "cpu":  # accelerate's CPU processes are "cpu:0"; safetensors accepts only "cpu"
             target = torch.device("cpu")
-        if config.pretrained is not None:
-            core = family.load_core(config, target)
-        else:
-            architecture_dir = directory / ARCHITECTURE_DIR
-            architecture = _load_weights(
-                architecture_dir, lambda: family.load_architecture(architecture_dir), what="the model architecture"
-            )
-            core = family.random_core(architecture, config, target)
-        with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
-            torch.manual_seed(config.seed)
-            model = cls(config, core, processor).to(target)
+        with MODEL_BUILD_LOCK:  # transformers' process-wide switches and the seeded global generator (one_build.py)
+            if config.pretrained is not None:
+                core = family.load_core(config, target)
+            else:
+                architecture_dir = directory / ARCHITECTURE_DIR
+                architecture = _load_weights(
+                    architecture_dir, lambda: family.load_architecture(architecture_dir), what="the model architecture"
+                )
+                core = family.random_core(architecture, config, target)
+            with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
+                torch.manual_seed(config.seed)
+                model = cls(config, core, processor).to(target)
         model.imports = recorded_imports(directory)
         full = directory / FULL_WEIGHTS_FILE
         if full.is_file():
