@@ -575,7 +575,8 @@ def test_out_or_html_on_the_manifest_being_captioned_is_refused_whatever_the_fla
         argv = ["--checkpoint", tmp_path / "no_run", "--pairs", pairs, flag, manifest, *extra, "--overwrite"]
         status, _, err = run(argv, capsys)
         assert status == 2 and err.splitlines() == [
-            f"error: {flag} {manifest} is the manifest of the pairs being captioned; give another {flag}"
+            f"error: {flag} {manifest} is the manifest of the pairs being captioned, which it would replace; "
+            f"give another {flag}"
         ]
         assert manifest.read_text() == '{"id": "x", "before": "a.png", "after": "b.png"}\n'
         assert sorted(path.name for path in tmp_path.iterdir()) == ["a.png", "b.png", "pairs.jsonl"]
@@ -593,9 +594,21 @@ def test_html_over_the_jsonl_or_its_files_is_refused_before_the_model_loads(tmp_
         argv = ["--checkpoint", tmp_path / "no_run", "--pairs", tmp_path / "pairs.csv", "--out", out, "--html", html]
         status, _, err = run(argv, capsys)
         assert status == 2 and err.splitlines() == [
-            f"error: --html {html} would be written over --out {out} or its c.jsonl.* files; give another --html"
+            f"error: --html {html} is the --out file, which it would replace; give another --html"
+            if html == out
+            else f"error: --html {html} would be written over --out {out} or its c.jsonl.* files; give another --html"
         ]
         assert not out.parent.exists()
+    # the same file through a symlinked folder: the paths are compared resolved, and the --out text is named
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    out, html = tmp_path / "real" / "c.jsonl", tmp_path / "link" / "c.jsonl"
+    argv = ["--checkpoint", tmp_path / "no_run", "--pairs", tmp_path / "pairs.csv", "--out", out, "--html", html]
+    status, _, err = run(argv, capsys)
+    assert status == 2 and err.splitlines() == [
+        f"error: --html {html} is the --out file ({out}), which it would replace; give another --html"
+    ]
+    assert list((tmp_path / "real").iterdir()) == []
 
 
 def test_a_jsonl_that_is_not_caption_rows_is_named_not_a_traceback(tmp_path):

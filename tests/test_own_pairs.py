@@ -400,8 +400,8 @@ def test_import_into_the_folder_of_its_own_pairs_jsonl_keeps_that_manifest(tmp_p
             result = run("-m", "davir.data", "import", str(source), "--out", str(tmp_path))
             assert result.returncode == 2 and manifest.read_text() == good
             assert result.stderr.splitlines() == [
-                f"error: --out {tmp_path}: its pairs.jsonl is the manifest being imported ({manifest}); give "
-                f"another --out, e.g. {tmp_path / 'imported'}"
+                f"error: --out {manifest} is the manifest being imported, which it would replace; give another "
+                f"--out, e.g. {tmp_path / 'imported'}"
             ]
             assert sorted(path.name for path in tmp_path.iterdir()) == ["imgs", "pairs.jsonl"]
 

@@ -22,7 +22,7 @@ from davir.data.formats.folder import SplitOptions, assign_splits, folder_conten
 from davir.data.formats.folder_rows import Problems
 from davir.data.images import upright_size
 from davir.data.stats import has_words
-from davir.errors import DataError, check_output_dir
+from davir.errors import DataError, check_output_dir, refuse_outputs_over_inputs
 from davir.io import atomic_path, write_json_atomic
 
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -298,14 +298,10 @@ def check_out_spares_source(source: Path, out: Path, toolkit: str | None) -> Non
     """Refuse an `out` where the import would write over the manifest it reads: the normalised pairs.jsonl would
     replace the user's (their extra columns and relative paths gone), and a failing import would delete it."""
     read = manifest_of(source) if toolkit is None else source if source.is_file() else None
-    if read is None:
-        return
     for name in WRITTEN:
-        if (out / name).resolve() == read.resolve():
-            raise DataError(
-                f"--out {out}: its {name} is the manifest being imported ({read}); give another --out, "
-                f"e.g. {out / 'imported'}"
-            )
+        refuse_outputs_over_inputs(
+            {"--out": out / name}, {"the manifest being imported": read}, hint=f"e.g. {out / 'imported'}"
+        )
 
 
 def import_pairs(

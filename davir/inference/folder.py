@@ -23,7 +23,7 @@ from pathlib import Path
 from davir.data.formats.folder import manifest_of, read_folder_pairs
 from davir.data.formats.folder_table import FolderPairTable
 from davir.data.records import ChangePair, SkippedRecord
-from davir.errors import DataError, check_output_file
+from davir.errors import DataError, check_output_file, refuse_outputs_over_inputs
 from davir.inference.caption_store import CaptionStore
 from davir.inference.captioner import CaptionerOptions, ChangeCaptioner
 from davir.io import remove_temporaries
@@ -192,10 +192,9 @@ def caption_folder(
 def _check_html_spares_out(out: Path, html: Path) -> None:
     """The report written over the JSONL or one of its companions (OUT.manifest.json, OUT.lock, OUT.shard-*) would
     lose the captions or the record of how they were made: refused whatever the flags."""
+    refuse_outputs_over_inputs({"--html": html}, {"the --out file": out})
     out_resolved, html_resolved = out.resolve(), html.resolve()
-    if html_resolved == out_resolved or (
-        html_resolved.parent == out_resolved.parent and html_resolved.name.startswith(out_resolved.name + ".")
-    ):
+    if html_resolved.parent == out_resolved.parent and html_resolved.name.startswith(out_resolved.name + "."):
         raise DataError(
             f"--html {html} would be written over --out {out} or its {out.name}.* files; give another --html"
         )
@@ -204,10 +203,7 @@ def _check_html_spares_out(out: Path, html: Path) -> None:
 def _check_outputs_spare_manifest(pairs: Path, outputs: dict[str, Path]) -> None:
     """An output on the manifest being read would replace the user's list of pairs (`--overwrite` clears `--out`):
     refused whatever the flags."""
-    manifest = manifest_of(pairs)
-    for flag, path in outputs.items():
-        if manifest is not None and path.resolve() == manifest.resolve():
-            raise DataError(f"{flag} {path} is the manifest of the pairs being captioned; give another {flag}")
+    refuse_outputs_over_inputs(outputs, {"the manifest of the pairs being captioned": manifest_of(pairs)})
 
 
 def _caption_locked(
