@@ -292,6 +292,36 @@ def write_summary(path: Path, report: dict, pairs) -> None:
 
 
 WRITTEN = ("pairs.jsonl", "report.json", "summary.html", "toolkit_pairs.jsonl")  # what an import writes into --out
+WRITER = "davir import"  # report.json's "written_by": the folder is an import's output, its files the import's own
+# The keys every import's report.json has held since the first version: a report from before "written_by".
+REPORT_KEYS = frozenset(
+    ("source", "pairs", "rows_merged", "pairs_by_split", "pairs_without_captions", "images_checked")
+    + ("split_options", "captions", "skipped", "notes", "problems")
+)
+
+
+def is_import_output(out: Path) -> bool:
+    """Whether `out` holds the report.json of an earlier import (its files are then the import's to replace)."""
+    try:
+        report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, a folder, unreadable, not JSON (not UTF-8 included)
+        return False
+    return isinstance(report, dict) and (report.get("written_by") == WRITER or REPORT_KEYS <= report.keys())
+
+
+def check_out_holds_no_foreign_files(out: Path) -> None:
+    """Refuse an `out` holding a file of an import's name (WRITTEN) when `out` is no earlier import's output: the
+    import would replace it (a failing one deletes pairs.jsonl), e.g. a hand-written pairs.jsonl of the user's.
+    Importing again into an import's own --out (the way to import a fixed manifest) is the normal case."""
+    found = [out / name for name in WRITTEN if os.path.lexists(out / name)]
+    if not found or is_import_output(out):
+        return
+    why = "is not an import's report" if os.path.lexists(out / "report.json") else "is missing"
+    it = "it" if len(found) == 1 else "them"
+    raise DataError(
+        f"--out {out}: {', '.join(str(path) for path in found)} would be replaced, and no davir import wrote {it} "
+        f"({out / 'report.json'} {why}); give a new or empty --out, e.g. {out / 'imported'}, or move {it} away"
+    )
 
 
 def check_out_spares_source(source: Path, out: Path, toolkit: str | None) -> None:
@@ -313,6 +343,7 @@ def import_pairs(
     that are no pair davir can import are left out and listed (report "skipped", "toolkit_rows_skipped"): status 1."""
     out = check_output_dir(out, what="--out")  # before a million rows are read, not after
     check_out_spares_source(Path(source), out, toolkit)
+    check_out_holds_no_foreign_files(out)
     skipped: list[str] = []
     if toolkit is not None:
         from davir.data.toolkits import ImportOptions, toolkit_manifest
@@ -325,6 +356,7 @@ def import_pairs(
     if toolkit is not None:
         report["toolkit_rows_skipped"] = len(skipped)
         report["skipped"] = skipped + report["skipped"]
+    report = {"written_by": WRITER, **report}
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "report.json", report)
     write_summary(out / "summary.html", report, pairs)
