@@ -231,7 +231,9 @@ def _caption_locked(
 
     report_dir = html_path.with_name(html_path.stem + "_files")
     main_process = shard_index == 0
-    store = CaptionStore(out, captioner.settings(), num_shards=num_shards, shard_index=shard_index)
+    store = CaptionStore(
+        out, captioner.settings(), num_shards=num_shards, shard_index=shard_index, html=html_path, report_dir=report_dir
+    )
     if main_process or state is None:
         whole_job = state is not None or num_shards == 1
         store.prepare(overwrite=overwrite, source=source, whole_job=whole_job)
