@@ -157,8 +157,9 @@ def test_a_resume_with_another_html_is_refused_and_the_same_one_given_another_wa
     strips = sorted((work / "out" / "first_files" / "strips").iterdir())
     assert len(strips) == 4
 
-    for other in ("out/second.html", tmp_path / "elsewhere" / "first.html"):
-        status, _, err = run(base + ["--out", "out/c.jsonl", "--html", other, "--quiet"], capsys)
+    no_model = ["--checkpoint", tmp_path / "no_run", *base[2:]]  # the check comes before the model loads
+    for other, argv in (("out/second.html", base), (tmp_path / "elsewhere" / "first.html", no_model)):
+        status, _, err = run(argv + ["--out", "out/c.jsonl", "--html", other, "--quiet"], capsys)
         assert status == 2 and error_line(err) == (
             f"error: out/c.jsonl was captioned with --html {first} (its pairs' pictures are in "
             f"{work / 'out' / 'first_files'}); resuming with --html {other} would leave those pairs without pictures: "

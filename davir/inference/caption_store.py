@@ -166,14 +166,7 @@ class CaptionStore:
                     f"{self.out} holds captions made with other settings ({', '.join(changed)} differ, "
                     f"see {self.manifest}): pass --overwrite to start again, or another --out"
                 )
-            earlier = self.earlier_report()
-            if earlier and any(path.is_file() and path.stat().st_size for path in [self.out, *self.leftovers()]):
-                old_html, old_files = earlier
-                raise DataError(
-                    f"{self.out} was captioned with --html {old_html} (its pairs' pictures are in {old_files}); "
-                    f"resuming with --html {self.html} would leave those pairs without pictures: give --html "
-                    f"{old_html} to resume, or --overwrite to start again"
-                )
+            self.check_report()
         elif self.out.exists() or self.leftovers():
             raise DataError(
                 f"{self.out} exists but has no manifest ({self.manifest.name}) saying how it was made: "
@@ -190,6 +183,21 @@ class CaptionStore:
         if self.html is not None and self.report_dir is not None:
             record.update(html=os.path.abspath(self.html), report_files=path_record(self.report_dir))
         return record
+
+    def check_report(self) -> None:
+        """Refuse to resume captions whose strips are in another folder than this job's report's (see
+        `earlier_report`), when there are captions to resume; needs no model, so caption_folder calls it before
+        loading one (`prepare` calls it too)."""
+        if not self.manifest.is_file():
+            return
+        earlier = self.earlier_report()
+        if earlier and any(path.is_file() and path.stat().st_size for path in [self.out, *self.leftovers()]):
+            old_html, old_files = earlier
+            raise DataError(
+                f"{self.out} was captioned with --html {old_html} (its pairs' pictures are in {old_files}); "
+                f"resuming with --html {self.html} would leave those pairs without pictures: give --html "
+                f"{old_html} to resume, or --overwrite to start again"
+            )
 
     def earlier_report(self) -> tuple[str, str] | None:
         """(--html, strips folder) of the run that wrote the manifest when its strips are in another folder than this

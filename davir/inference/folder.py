@@ -160,6 +160,9 @@ def caption_folder(
     with output_lock(
         out, what=f"--out {out}" + (f" (shard {shard_index + 1}/{num_shards})" if job else ""), job=job, wait=wait_lock
     ):
+        if not overwrite:  # a resume with another report: refused before the pairs are read and the model loads
+            store = CaptionStore(out, {}, num_shards=num_shards, html=html_path, report_dir=report_files(html_path))
+            store.check_report()
         if listed:
             records, skipped = pairs if isinstance(pairs, FolderPairTable) else list(pairs), []
         else:  # a manifest's pairs stay a compact table: each record is made when its pair is prepared
@@ -187,6 +190,11 @@ def caption_folder(
             workers=workers,
             progress=progress,
         )
+
+
+def report_files(html: Path) -> Path:
+    """The folder of the report's strips and pages: REPORT_files/ beside REPORT.html."""
+    return html.with_name(html.stem + "_files")
 
 
 def _check_html_spares_out(out: Path, html: Path) -> None:
@@ -229,7 +237,7 @@ def _caption_locked(
 
     from davir.viz.folder_report import write_folder_report, write_strip
 
-    report_dir = html_path.with_name(html_path.stem + "_files")
+    report_dir = report_files(html_path)
     main_process = shard_index == 0
     store = CaptionStore(
         out, captioner.settings(), num_shards=num_shards, shard_index=shard_index, html=html_path, report_dir=report_dir
