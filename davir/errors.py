@@ -7,6 +7,7 @@ import errno
 import importlib
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -78,6 +79,30 @@ def check_output_file(path: str | Path, *, what: str = "output file", example: s
         verb = "is not writable" if problem.startswith("permission") else "cannot be written"
         raise OutputError(f"{what} {path} {verb}: {problem}")
     return path
+
+
+def refuse_outputs_over_inputs(
+    outputs: Mapping[str, str | Path | None], inputs: Mapping[str, str | Path | None], *, hint: str = ""
+) -> None:
+    """Stop before any work when an output would be written over a file the command reads: `outputs` maps a flag
+    (`--out`) to the path it writes, `inputs` a description (`the --predictions file`, `the manifest being imported`)
+    to the path read; None entries are left out. The paths are compared resolved, so the same file given relative,
+    absolute or through a symlink is caught. One message for every command:
+    `--out X is the --predictions file (Y), which it would replace; give another --out[, HINT]` (`(Y)` only when
+    its text differs from X's)."""
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        path = Path(path)
+        resolved = path.expanduser().resolve()
+        for what, read in inputs.items():
+            if read is None or Path(read).expanduser().resolve() != resolved:
+                continue
+            named = "" if Path(read) == path else f" ({read})"
+            raise DataError(
+                f"{flag} {path} is {what}{named}, which it would replace; give another {flag}"
+                + (f", {hint}" if hint else "")
+            )
 
 
 def settings_differences(before, now, where: str = "") -> str:

@@ -521,6 +521,32 @@ def test_an_output_on_an_input_file_is_refused_and_the_input_kept(tmp_path, caps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["preds.json", "refs.json"]
 
 
+def test_one_check_refuses_an_output_over_an_input_however_the_path_is_written(tmp_path, monkeypatch):
+    """davir.errors.refuse_outputs_over_inputs, which `davir.data pairs|import`, caption.py and evaluate.py share:
+    relative, absolute and symlinked texts of one file are one file; the message names the flag, both texts and
+    what to do."""
+    from davir.errors import refuse_outputs_over_inputs
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "pairs.csv").write_text("id,before,after\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.chdir(tmp_path)
+    manifest = tmp_path / "real" / "pairs.csv"
+    for out in ("real/pairs.csv", str(manifest), "link/pairs.csv", "link/../real/./pairs.csv"):
+        with pytest.raises(DataError) as refused:
+            refuse_outputs_over_inputs({"--out": out}, {"the manifest being read": manifest}, hint="e.g. out.csv")
+        named = "" if Path(out) == manifest else f" ({manifest})"  # the file read named when written otherwise
+        assert str(refused.value) == (
+            f"--out {Path(out)} is the manifest being read{named}, which it would replace; give another --out, "
+            "e.g. out.csv"
+        )
+    with pytest.raises(DataError, match=rf"^--html {manifest} is the manifest being read, which it would replace; "):
+        refuse_outputs_over_inputs({"--out": "other.csv", "--html": manifest}, {"the manifest being read": manifest})
+    # outputs elsewhere, and absent (None) inputs or outputs, pass; nothing is created by the check
+    refuse_outputs_over_inputs({"--out": "real/other.csv", "--markdown": None}, {"a": manifest, "b": None})
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["pairs.csv"]
+
+
 def test_atomic_write_onto_a_folder_leaves_no_temporary(tmp_path):
     from davir.io import write_json_atomic
 

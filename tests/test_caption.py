@@ -135,6 +135,61 @@ def test_rerun_after_a_kill_skips_what_is_done_and_repairs_a_cut_line(trained, t
     assert status == 2 and "max_new_tokens" in err and "--overwrite" in err
 
 
+def test_a_resume_with_another_html_is_refused_and_the_same_one_given_another_way_resumes(
+    trained, tmp_path, capsys, monkeypatch
+):
+    """Strips go to REPORT_files/ beside --html as pairs are captioned, and a resumed run skips the pairs already in
+    the JSONL: resumed with another --html, its report showed the earlier pairs without pictures (exit 0). Refused
+    now (exit 2, both reports named, nothing written); the same --html given another way resumes and its report
+    shows every pair; --overwrite starts again with the new one."""
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 4)
+    work = tmp_path / "work"
+    (work / "out").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(work)
+    monkeypatch.chdir(work)
+    base = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--batch-size", "2", "--workers", "0"]
+    out, first = work / "out" / "c.jsonl", work / "out" / "first.html"
+    assert run(base + ["--out", out, "--html", first, "--quiet"], capsys)[0] == 0
+    manifest = json.loads(out.with_name("c.jsonl.manifest.json").read_text())
+    assert (manifest["html"], manifest["report_files"]) == (str(first), str(work / "out" / "first_files"))
+    full = out.read_text()
+    out.write_text("".join(full.splitlines(keepends=True)[:2]))  # killed after the first batch
+    strips = sorted((work / "out" / "first_files" / "strips").iterdir())
+    assert len(strips) == 4
+
+    no_model = ["--checkpoint", tmp_path / "no_run", *base[2:]]  # the check comes before the model loads
+    for other, argv in (("out/second.html", base), (tmp_path / "elsewhere" / "first.html", no_model)):
+        status, _, err = run(argv + ["--out", "out/c.jsonl", "--html", other, "--quiet"], capsys)
+        assert status == 2 and error_line(err) == (
+            f"error: out/c.jsonl was captioned with --html {first} (its pairs' pictures are in "
+            f"{work / 'out' / 'first_files'}); resuming with --html {other} would leave those pairs without pictures: "
+            f"give --html {first} to resume, or --overwrite to start again"
+        )
+        assert out.read_text() == "".join(full.splitlines(keepends=True)[:2])
+        assert sorted(p.name for p in (work / "out").iterdir()) == [
+            "c.jsonl",
+            "c.jsonl.manifest.json",
+            "first.html",
+            "first_files",
+        ]
+        assert not (tmp_path / "elsewhere").exists()
+
+    # the same report given relative, or through a symlinked folder: resumed, every pair with its picture
+    status, _, err = run(base + ["--out", out, "--html", tmp_path / "link" / "out" / "first.html", "--quiet"], capsys)
+    assert status == 0 and "skipping 2 pair(s) already captioned" in err
+    assert out.read_text() == full
+    assert first.read_text().count('<img class="strip"') == 4
+    out.write_text("".join(full.splitlines(keepends=True)[:2]))
+    status, _, err = run(base + ["--out", "out/c.jsonl", "--html", "out/first.html", "--quiet"], capsys)
+    assert status == 0 and "skipping 2 pair(s) already captioned" in err and out.read_text() == full
+
+    status, _, err = run(base + ["--out", out, "--html", "out/second.html", "--overwrite", "--quiet"], capsys)
+    assert status == 0 and out.read_text() == full
+    assert (work / "out" / "second.html").read_text().count('<img class="strip"') == 4
+    manifest = json.loads(out.with_name("c.jsonl.manifest.json").read_text())
+    assert manifest["html"] == str(work / "out" / "second.html")
+
+
 def test_a_rerun_with_the_same_folders_given_another_way_resumes(trained, tmp_path, capsys, monkeypatch):
     """The captions' manifest records the model and entity folders absolute: a rerun from another folder, through a
     symlink, resumes; a manifest of an older version (a relative entity folder) resumes from the folder it names
@@ -575,7 +630,8 @@ def test_out_or_html_on_the_manifest_being_captioned_is_refused_whatever_the_fla
         argv = ["--checkpoint", tmp_path / "no_run", "--pairs", pairs, flag, manifest, *extra, "--overwrite"]
         status, _, err = run(argv, capsys)
         assert status == 2 and err.splitlines() == [
-            f"error: {flag} {manifest} is the manifest of the pairs being captioned; give another {flag}"
+            f"error: {flag} {manifest} is the manifest of the pairs being captioned, which it would replace; "
+            f"give another {flag}"
         ]
         assert manifest.read_text() == '{"id": "x", "before": "a.png", "after": "b.png"}\n'
         assert sorted(path.name for path in tmp_path.iterdir()) == ["a.png", "b.png", "pairs.jsonl"]
@@ -593,9 +649,21 @@ def test_html_over_the_jsonl_or_its_files_is_refused_before_the_model_loads(tmp_
         argv = ["--checkpoint", tmp_path / "no_run", "--pairs", tmp_path / "pairs.csv", "--out", out, "--html", html]
         status, _, err = run(argv, capsys)
         assert status == 2 and err.splitlines() == [
-            f"error: --html {html} would be written over --out {out} or its c.jsonl.* files; give another --html"
+            f"error: --html {html} is the --out file, which it would replace; give another --html"
+            if html == out
+            else f"error: --html {html} would be written over --out {out} or its c.jsonl.* files; give another --html"
         ]
         assert not out.parent.exists()
+    # the same file through a symlinked folder: the paths are compared resolved, and the --out text is named
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    out, html = tmp_path / "real" / "c.jsonl", tmp_path / "link" / "c.jsonl"
+    argv = ["--checkpoint", tmp_path / "no_run", "--pairs", tmp_path / "pairs.csv", "--out", out, "--html", html]
+    status, _, err = run(argv, capsys)
+    assert status == 2 and err.splitlines() == [
+        f"error: --html {html} is the --out file ({out}), which it would replace; give another --html"
+    ]
+    assert list((tmp_path / "real").iterdir()) == []
 
 
 def test_a_jsonl_that_is_not_caption_rows_is_named_not_a_traceback(tmp_path):

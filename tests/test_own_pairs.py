@@ -400,10 +400,69 @@ def test_import_into_the_folder_of_its_own_pairs_jsonl_keeps_that_manifest(tmp_p
             result = run("-m", "davir.data", "import", str(source), "--out", str(tmp_path))
             assert result.returncode == 2 and manifest.read_text() == good
             assert result.stderr.splitlines() == [
-                f"error: --out {tmp_path}: its pairs.jsonl is the manifest being imported ({manifest}); give "
-                f"another --out, e.g. {tmp_path / 'imported'}"
+                f"error: --out {manifest} is the manifest being imported, which it would replace; give another "
+                f"--out, e.g. {tmp_path / 'imported'}"
             ]
             assert sorted(path.name for path in tmp_path.iterdir()) == ["imgs", "pairs.jsonl"]
+
+
+def test_import_replaces_only_the_files_of_an_earlier_import(tmp_path):
+    """An --out holding a pairs.jsonl (or report.json, summary.html, toolkit_pairs.jsonl) that no import wrote, e.g.
+    the user's own manifest in the folder they point --out at: the import replaced it, and a failing import deleted
+    it. Refused (exit 2, the file named, nothing written); an import's own --out (its report.json says so, or has the
+    keys an older import's report has) is imported into again, the normal way to import a fixed manifest."""
+    for name, value in (("a", 1), ("b", 2)):
+        solid(tmp_path / "imgs" / f"{name}.png", value)
+    source = tmp_path / "src" / "pairs.csv"
+    source.parent.mkdir()
+    good = f"id,before,after,caption\nx,{tmp_path / 'imgs' / 'a.png'},{tmp_path / 'imgs' / 'b.png'},a cup\n"
+    bad = good + f"y,{tmp_path / 'imgs' / 'missing.png'},{tmp_path / 'imgs' / 'b.png'},a chair\n"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    hand_written = '{"id": "z", "before": "../imgs/a.png", "after": "../imgs/b.png", "caption": "my own"}\n'
+    (mine / "pairs.jsonl").write_text(hand_written)
+    (tmp_path / "link").symlink_to(mine)
+    for text in (good, bad):  # a clean import replaced it, a failing one deleted it
+        source.write_text(text)
+        for out, cwd in ((mine, REPO), (Path("mine"), tmp_path), (tmp_path / "link", REPO)):
+            result = run("-m", "davir.data", "import", str(source), "--out", str(out), cwd=cwd)
+            assert result.returncode == 2 and result.stderr.splitlines() == [
+                f"error: --out {out}: {out / 'pairs.jsonl'} would be replaced, and no davir import wrote it "
+                f"({out / 'report.json'} is missing); give a new or empty --out, e.g. {out / 'imported'}, or move "
+                "it away"
+            ]
+            assert sorted(p.name for p in mine.iterdir()) == ["pairs.jsonl"]
+            assert (mine / "pairs.jsonl").read_text() == hand_written
+    # a report.json of the user's own, beside their summary.html: both named, both kept
+    (mine / "pairs.jsonl").unlink()
+    (mine / "report.json").write_text('{"source": "my lab notebook"}\n')
+    (mine / "summary.html").write_text("<p>mine</p>\n")
+    result = run("-m", "davir.data", "import", str(source), "--out", str(mine))
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"error: --out {mine}: {mine / 'report.json'}, {mine / 'summary.html'} would be replaced, and no davir import "
+        f"wrote them ({mine / 'report.json'} is not an import's report); give a new or empty --out, e.g. "
+        f"{mine / 'imported'}, or move them away"
+    ]
+    assert (mine / "report.json").read_text() == '{"source": "my lab notebook"}\n'
+
+    # an import's own --out: imported into again, fixed or broken, through any path to it
+    out = tmp_path / "imported"
+    source.write_text(good)
+    assert run("-m", "davir.data", "import", str(source), "--out", str(out)).returncode == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["written_by"] == "davir import"
+    result = run("-m", "davir.data", "import", str(source), "--out", "imported", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    source.write_text(bad)
+    result = run("-m", "davir.data", "import", str(source), "--out", str(out))
+    assert result.returncode == 2 and result.stderr.startswith(f"error: 1 problem(s) in {source}; nothing imported")
+    assert not (out / "pairs.jsonl").exists()  # the import's own earlier manifest goes, never left beside a failure
+    # a report of a version before "written_by", recognised by its keys
+    source.write_text(good)
+    del report["written_by"]
+    (out / "report.json").write_text(json.dumps(report))
+    assert run("-m", "davir.data", "import", str(source), "--out", str(out)).returncode == 0
+    assert [p.pair_id for p in read_folder(out)] == ["x"]
 
 
 def test_import_checks_its_out_folder_before_reading_a_pair(tmp_path, monkeypatch, capsys):

@@ -256,3 +256,34 @@ def test_only_empty_references_is_an_error_naming_the_file(tmp_path, capsys):
         capsys.readouterr().err.splitlines()[0]
         == f"error: {references}: every reference sentence is empty, nothing to score"
     )
+
+
+def test_empty_references_policy_with_a_dataset_split_is_a_usage_error(tmp_path, capsys):
+    """--empty-references keep|skip with --format/--root (or --checkpoint) was silently ignored: the split is scored
+    under its protocol whatever the flag says. A usage error now, before anything is read or written; `auto`, the
+    rule the split follows, is accepted."""
+    from PIL import Image
+
+    for name in ("a", "b"):
+        Image.new("RGB", (8, 6), (1, 2, 3) if name == "a" else (4, 5, 6)).save(tmp_path / f"{name}.png")
+    (tmp_path / "pairs.csv").write_text("id,before,after,caption,split\nx,a.png,b.png,a cup appeared,test\n")
+    predictions = tmp_path / "preds.json"
+    predictions.write_text(json.dumps({"x": "a cup appeared"}))
+    out = tmp_path / "metrics.json"
+    dataset = ["--format", "folder", "--root", str(tmp_path), "--split", "test"]
+    for source, name in (
+        (["--predictions", str(predictions), *dataset], "--format/--root"),
+        (["--checkpoint", str(tmp_path / "no_run")], "--checkpoint"),
+    ):
+        for policy in ("keep", "skip"):
+            with pytest.raises(SystemExit) as stopped:
+                evaluate.main([*source, "--empty-references", policy, "--no-spice", "--out", str(out)])
+            assert stopped.value.code == 2
+            assert capsys.readouterr().err.splitlines()[-1] == (
+                f"evaluate.py: error: --empty-references {policy} applies to a --references file only; the dataset "
+                f"split of {name} is scored under its protocol (empty sentences as its official reference file has "
+                "them, else skipped: auto's rule)"
+            )
+            assert not out.exists()
+    document = run_evaluate(tmp_path, "auto", predictions, *dataset, "--empty-references", "auto", *FAST)
+    assert document["references"]["empty_references"]["policy"] == "skipped"

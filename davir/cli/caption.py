@@ -32,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--pairs", required=True, type=Path, help="folder of pairs or a pairs.csv/.jsonl manifest")
     parser.add_argument("--out", type=Path, help="JSONL output (default: PAIRS/captions.jsonl)")
-    parser.add_argument("--html", type=Path, help="HTML report (default: next to --out, report.html + report_files/)")
+    parser.add_argument(
+        "--html",
+        type=Path,
+        help="HTML report (default: next to --out, report.html + report_files/); a rerun that resumes needs the same one",
+    )
     parser.add_argument(
         "--report-limit",
         type=at_least(0),

@@ -160,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         "write a normalised pairs.jsonl, report.json and summary.html; exit 2 on problems",
     )
     importer.add_argument("source", help="a pairs.csv / pairs.jsonl manifest, or a folder of pairs")
-    importer.add_argument("--out", required=True, help="folder for pairs.jsonl, report.json and summary.html")
+    importer.add_argument(
+        "--out",
+        required=True,
+        help="folder for pairs.jsonl, report.json and summary.html: a new one, or an earlier import's (its files are "
+        "replaced; files of those names that no import wrote are refused)",
+    )
     importer.add_argument("--val-fraction", type=float, default=0.1, help="seeded split of pairs without a split")
     importer.add_argument("--test-fraction", type=float, default=0.1)
     importer.add_argument("--split-seed", type=int, default=0)

@@ -76,10 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     refs.add_argument(
         "--empty-references",
         choices=("auto", "keep", "skip"),
-        default="auto",
+        default=None,
         help="empty sentences of a --references file: auto (default) keeps them in an official "
         "reference file, as its published numbers do, and skips them (with the pairs left without "
-        "any) in any other file; always counted and reported (docs/experiments/results.md, Protocols)",
+        "any) in any other file; always counted and reported (docs/experiments/results.md, Protocols). "
+        "A dataset split (--format/--root, --checkpoint) always follows auto's rule, by its protocol",
     )
     scoring = parser.add_argument_group("scoring")
     scoring.add_argument(
@@ -120,6 +121,19 @@ def check_reference_args(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error("references are required: --references FILE or --format NAME --root DIR --split S")
     if args.format is not None and args.root is None:
         parser.error("--format needs --root")
+
+
+def check_empty_references(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--empty-references keep|skip rules a --references file only. A dataset split's references are its protocol's
+    (davir.metrics.protocols.references_for_evaluation: empty sentences as the split's official reference file has
+    them, else skipped by the reader), which is `auto`'s rule; keep or skip would silently change nothing there."""
+    if args.references is None and args.empty_references not in (None, "auto"):
+        source = "--checkpoint" if args.checkpoint is not None else "--format/--root"
+        parser.error(
+            f"--empty-references {args.empty_references} applies to a --references file only; the dataset split of "
+            f"{source} is scored under its protocol (empty sentences as its official reference file has them, else "
+            "skipped: auto's rule)"
+        )
 
 
 def scoring_options(args: argparse.Namespace) -> dict:
@@ -164,15 +178,17 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(
                     "--checkpoint scores against the dataset split (--format/--root/--split), not --references"
                 )
+            check_empty_references(parser, args)
             evaluate_run(args.checkpoint, args.split, evaluation_options(args))
             return 0
         check_reference_args(parser, args)
+        check_empty_references(parser, args)
         check_outputs(
             args.out, args.markdown, inputs={"--predictions": args.predictions, "--references": args.references}
         )
         predictions = load_predictions(args.predictions)
         references = (
-            ReferenceSource.file(args.references, empty=args.empty_references, split=args.split)
+            ReferenceSource.file(args.references, empty=args.empty_references or "auto", split=args.split)
             if args.references is not None
             else ReferenceSource.dataset(args.format, args.root, args.split)
         )

@@ -18,7 +18,7 @@ from pathlib import Path
 from davir.data.formats import read_dataset
 from davir.data.formats.folder import manifest_of
 from davir.data.records import ChangePair
-from davir.errors import DataError
+from davir.errors import DataError, refuse_outputs_over_inputs
 from davir.io import write_text_atomic
 
 
@@ -53,9 +53,10 @@ def write_pairs_manifest(
 ) -> str:
     """Write the first `num` pairs (0 = all) of each split as a pairs.csv; returns `out`."""
     splits = [splits] if isinstance(splits, str) else list(splits)
-    source = manifest_of(root) if format == "folder" else None
-    if source is not None and Path(out).resolve() == source.resolve():  # a cut or reordered copy of the user's list
-        raise DataError(f"--out {out} is the manifest of --root {root}, which it would replace; give another --out")
+    # a cut or reordered copy of the user's list over the list itself
+    refuse_outputs_over_inputs(
+        {"--out": out}, {f"the manifest of --root {root}": manifest_of(root) if format == "folder" else None}
+    )
     folder = Path(out).resolve().parent
     copier = _Copier(folder) if copy_images else None
     pairs: list[ChangePair] = []

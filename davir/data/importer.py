@@ -22,7 +22,7 @@ from davir.data.formats.folder import SplitOptions, assign_splits, folder_conten
 from davir.data.formats.folder_rows import Problems
 from davir.data.images import upright_size
 from davir.data.stats import has_words
-from davir.errors import DataError, check_output_dir
+from davir.errors import DataError, check_output_dir, refuse_outputs_over_inputs
 from davir.io import atomic_path, write_json_atomic
 
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -292,20 +292,46 @@ def write_summary(path: Path, report: dict, pairs) -> None:
 
 
 WRITTEN = ("pairs.jsonl", "report.json", "summary.html", "toolkit_pairs.jsonl")  # what an import writes into --out
+WRITER = "davir import"  # report.json's "written_by": the folder is an import's output, its files the import's own
+# The keys every import's report.json has held since the first version: a report from before "written_by".
+REPORT_KEYS = frozenset(
+    ("source", "pairs", "rows_merged", "pairs_by_split", "pairs_without_captions", "images_checked")
+    + ("split_options", "captions", "skipped", "notes", "problems")
+)
+
+
+def is_import_output(out: Path) -> bool:
+    """Whether `out` holds the report.json of an earlier import (its files are then the import's to replace)."""
+    try:
+        report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, a folder, unreadable, not JSON (not UTF-8 included)
+        return False
+    return isinstance(report, dict) and (report.get("written_by") == WRITER or REPORT_KEYS <= report.keys())
+
+
+def check_out_holds_no_foreign_files(out: Path) -> None:
+    """Refuse an `out` holding a file of an import's name (WRITTEN) when `out` is no earlier import's output: the
+    import would replace it (a failing one deletes pairs.jsonl), e.g. a hand-written pairs.jsonl of the user's.
+    Importing again into an import's own --out (the way to import a fixed manifest) is the normal case."""
+    found = [out / name for name in WRITTEN if os.path.lexists(out / name)]
+    if not found or is_import_output(out):
+        return
+    why = "is not an import's report" if os.path.lexists(out / "report.json") else "is missing"
+    it = "it" if len(found) == 1 else "them"
+    raise DataError(
+        f"--out {out}: {', '.join(str(path) for path in found)} would be replaced, and no davir import wrote {it} "
+        f"({out / 'report.json'} {why}); give a new or empty --out, e.g. {out / 'imported'}, or move {it} away"
+    )
 
 
 def check_out_spares_source(source: Path, out: Path, toolkit: str | None) -> None:
     """Refuse an `out` where the import would write over the manifest it reads: the normalised pairs.jsonl would
     replace the user's (their extra columns and relative paths gone), and a failing import would delete it."""
     read = manifest_of(source) if toolkit is None else source if source.is_file() else None
-    if read is None:
-        return
     for name in WRITTEN:
-        if (out / name).resolve() == read.resolve():
-            raise DataError(
-                f"--out {out}: its {name} is the manifest being imported ({read}); give another --out, "
-                f"e.g. {out / 'imported'}"
-            )
+        refuse_outputs_over_inputs(
+            {"--out": out / name}, {"the manifest being imported": read}, hint=f"e.g. {out / 'imported'}"
+        )
 
 
 def import_pairs(
@@ -317,6 +343,7 @@ def import_pairs(
     that are no pair davir can import are left out and listed (report "skipped", "toolkit_rows_skipped"): status 1."""
     out = check_output_dir(out, what="--out")  # before a million rows are read, not after
     check_out_spares_source(Path(source), out, toolkit)
+    check_out_holds_no_foreign_files(out)
     skipped: list[str] = []
     if toolkit is not None:
         from davir.data.toolkits import ImportOptions, toolkit_manifest
@@ -329,6 +356,7 @@ def import_pairs(
     if toolkit is not None:
         report["toolkit_rows_skipped"] = len(skipped)
         report["skipped"] = skipped + report["skipped"]
+    report = {"written_by": WRITER, **report}
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "report.json", report)
     write_summary(out / "summary.html", report, pairs)

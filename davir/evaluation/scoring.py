@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from davir.errors import DataError, check_output_dir, check_output_file
+from davir.errors import check_output_dir, check_output_file, refuse_outputs_over_inputs
 from davir.io import write_json_atomic, write_text_atomic
 from davir.metrics import (
     METRICS,
@@ -207,11 +207,6 @@ def check_outputs(
         check_output_file(out, what="--out")
     if markdown is not None:
         check_output_file(markdown, what="--markdown")
-    taken = {flag: Path(path) for flag, path in (inputs or {}).items() if path is not None}
-    for flag, path in (("--out", out), ("--markdown", markdown)):
-        if path is None:
-            continue
-        for other, other_path in taken.items():
-            if Path(path).resolve() == other_path.resolve():
-                raise DataError(f"{flag} {path} is the {other} file, which it would replace; give another {flag}")
-        taken[flag] = Path(path)
+    read = {f"the {flag} file": path for flag, path in (inputs or {}).items()}
+    refuse_outputs_over_inputs({"--out": out}, read)
+    refuse_outputs_over_inputs({"--markdown": markdown}, {**read, "the --out file": out})

@@ -116,9 +116,21 @@ def _id_and_captioned(line: str, path: Path | None = None, number: int = 0) -> t
 
 
 class CaptionStore:
-    def __init__(self, out: Path, settings: dict, *, num_shards: int = 1, shard_index: int = 0):
+    def __init__(
+        self,
+        out: Path,
+        settings: dict,
+        *,
+        num_shards: int = 1,
+        shard_index: int = 0,
+        html: Path | None = None,
+        report_dir: Path | None = None,
+    ):
+        """`html`, `report_dir`: the report and the folder its pairs' strips are written to as they are captioned; a
+        resume must write its report beside the same strips (`prepare`)."""
         self.out = Path(out)
         self.settings = settings
+        self.html, self.report_dir = html, report_dir
         self.num_shards, self.shard_index = num_shards, shard_index
         self.manifest = self.out.with_name(self.out.name + ".manifest.json")
         self.path = self.out if num_shards == 1 else self.shard_path(shard_index)
@@ -145,7 +157,7 @@ class CaptionStore:
                     path.unlink(missing_ok=True)
             if whole_job:
                 self.manifest.unlink(missing_ok=True)
-            elif self.manifest.is_file() and self.recorded_differences():
+            elif self.manifest.is_file() and (self.recorded_differences() or self.earlier_report()):
                 self.manifest.unlink(missing_ok=True)  # the siblings of this job write the same settings
         if self.manifest.is_file():
             changed = self.recorded_differences()
@@ -154,6 +166,7 @@ class CaptionStore:
                     f"{self.out} holds captions made with other settings ({', '.join(changed)} differ, "
                     f"see {self.manifest}): pass --overwrite to start again, or another --out"
                 )
+            self.check_report()
         elif self.out.exists() or self.leftovers():
             raise DataError(
                 f"{self.out} exists but has no manifest ({self.manifest.name}) saying how it was made: "
@@ -161,13 +174,40 @@ class CaptionStore:
             )
         write_json_atomic(
             self.manifest,
-            {
-                "settings": self.settings,
-                "pairs": source,
-                "status": "running",
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            },
+            {**self.record(), "pairs": source, "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S")},
         )
+
+    def record(self) -> dict:
+        """What the manifest records of this job: the settings, and where its report and strips go."""
+        record: dict = {"settings": self.settings}
+        if self.html is not None and self.report_dir is not None:
+            record.update(html=os.path.abspath(self.html), report_files=path_record(self.report_dir))
+        return record
+
+    def check_report(self) -> None:
+        """Refuse to resume captions whose strips are in another folder than this job's report's (see
+        `earlier_report`), when there are captions to resume; needs no model, so caption_folder calls it before
+        loading one (`prepare` calls it too)."""
+        if not self.manifest.is_file():
+            return
+        earlier = self.earlier_report()
+        if earlier and any(path.is_file() and path.stat().st_size for path in [self.out, *self.leftovers()]):
+            old_html, old_files = earlier
+            raise DataError(
+                f"{self.out} was captioned with --html {old_html} (its pairs' pictures are in {old_files}); "
+                f"resuming with --html {self.html} would leave those pairs without pictures: give --html "
+                f"{old_html} to resume, or --overwrite to start again"
+            )
+
+    def earlier_report(self) -> tuple[str, str] | None:
+        """(--html, strips folder) of the run that wrote the manifest when its strips are in another folder than this
+        job's: the earlier pairs' strips would be missing from this job's report. None when they are in the same
+        folder, or either side does not say (a manifest of a version before it recorded them)."""
+        recorded = read_json(self.manifest)
+        files = recorded.get("report_files") if isinstance(recorded, dict) else None
+        if not isinstance(files, str) or self.report_dir is None or files == path_record(self.report_dir):
+            return None
+        return str(recorded.get("html")), files
 
     def recorded_differences(self) -> list[str]:
         """The settings keys in which the manifest's record differs from this job's, both sides normalised the same
@@ -244,6 +284,6 @@ class CaptionStore:
             os.fsync(handle.fileno())
         for path in self.out.parent.glob(self.out.name + ".shard-*"):
             path.unlink(missing_ok=True)
-        manifest = read_json(self.manifest) if self.manifest.is_file() else {"settings": self.settings}
+        manifest = read_json(self.manifest) if self.manifest.is_file() else self.record()
         manifest.update(status="complete", counts=counts, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
         write_json_atomic(self.manifest, manifest)

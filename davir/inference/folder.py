@@ -23,7 +23,7 @@ from pathlib import Path
 from davir.data.formats.folder import manifest_of, read_folder_pairs
 from davir.data.formats.folder_table import FolderPairTable
 from davir.data.records import ChangePair, SkippedRecord
-from davir.errors import DataError, check_output_file
+from davir.errors import DataError, check_output_file, refuse_outputs_over_inputs
 from davir.inference.caption_store import CaptionStore
 from davir.inference.captioner import CaptionerOptions, ChangeCaptioner
 from davir.io import remove_temporaries
@@ -160,6 +160,9 @@ def caption_folder(
     with output_lock(
         out, what=f"--out {out}" + (f" (shard {shard_index + 1}/{num_shards})" if job else ""), job=job, wait=wait_lock
     ):
+        if not overwrite:  # a resume with another report: refused before the pairs are read and the model loads
+            store = CaptionStore(out, {}, num_shards=num_shards, html=html_path, report_dir=report_files(html_path))
+            store.check_report()
         if listed:
             records, skipped = pairs if isinstance(pairs, FolderPairTable) else list(pairs), []
         else:  # a manifest's pairs stay a compact table: each record is made when its pair is prepared
@@ -189,13 +192,17 @@ def caption_folder(
         )
 
 
+def report_files(html: Path) -> Path:
+    """The folder of the report's strips and pages: REPORT_files/ beside REPORT.html."""
+    return html.with_name(html.stem + "_files")
+
+
 def _check_html_spares_out(out: Path, html: Path) -> None:
     """The report written over the JSONL or one of its companions (OUT.manifest.json, OUT.lock, OUT.shard-*) would
     lose the captions or the record of how they were made: refused whatever the flags."""
+    refuse_outputs_over_inputs({"--html": html}, {"the --out file": out})
     out_resolved, html_resolved = out.resolve(), html.resolve()
-    if html_resolved == out_resolved or (
-        html_resolved.parent == out_resolved.parent and html_resolved.name.startswith(out_resolved.name + ".")
-    ):
+    if html_resolved.parent == out_resolved.parent and html_resolved.name.startswith(out_resolved.name + "."):
         raise DataError(
             f"--html {html} would be written over --out {out} or its {out.name}.* files; give another --html"
         )
@@ -204,10 +211,7 @@ def _check_html_spares_out(out: Path, html: Path) -> None:
 def _check_outputs_spare_manifest(pairs: Path, outputs: dict[str, Path]) -> None:
     """An output on the manifest being read would replace the user's list of pairs (`--overwrite` clears `--out`):
     refused whatever the flags."""
-    manifest = manifest_of(pairs)
-    for flag, path in outputs.items():
-        if manifest is not None and path.resolve() == manifest.resolve():
-            raise DataError(f"{flag} {path} is the manifest of the pairs being captioned; give another {flag}")
+    refuse_outputs_over_inputs(outputs, {"the manifest of the pairs being captioned": manifest_of(pairs)})
 
 
 def _caption_locked(
@@ -233,9 +237,11 @@ def _caption_locked(
 
     from davir.viz.folder_report import write_folder_report, write_strip
 
-    report_dir = html_path.with_name(html_path.stem + "_files")
+    report_dir = report_files(html_path)
     main_process = shard_index == 0
-    store = CaptionStore(out, captioner.settings(), num_shards=num_shards, shard_index=shard_index)
+    store = CaptionStore(
+        out, captioner.settings(), num_shards=num_shards, shard_index=shard_index, html=html_path, report_dir=report_dir
+    )
     if main_process or state is None:
         whole_job = state is not None or num_shards == 1
         store.prepare(overwrite=overwrite, source=source, whole_job=whole_job)
