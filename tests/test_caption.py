@@ -188,6 +188,12 @@ def test_a_resume_with_another_html_is_refused_and_the_same_one_given_another_wa
     assert (work / "out" / "second.html").read_text().count('<img class="strip"') == 4
     manifest = json.loads(out.with_name("c.jsonl.manifest.json").read_text())
     assert manifest["html"] == str(work / "out" / "second.html")
+    # the app's browse tab, given only the captions, shows the strips of the report they were made with
+    from davir.app.browse import strip_of
+    from davir.viz.folder_report import strip_name
+
+    row = rows_of(out)[0]
+    assert strip_of(out, row) == (work / "out" / "second_files" / "strips" / strip_name(row["index"])).resolve()
 
 
 def test_a_rerun_with_the_same_folders_given_another_way_resumes(trained, tmp_path, capsys, monkeypatch):

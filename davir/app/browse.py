@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from davir.errors import DataError
+from davir.inference.caption_store import CaptionStore
 from davir.io import iter_jsonl
-from davir.viz.folder_report import strip_name
+from davir.viz.folder_report import report_files, strip_name
 
 
 @dataclass
@@ -72,9 +73,12 @@ def read_captions(path: str | Path, *, failed_only: bool = False, word: str = ""
 
 
 def report_dir_of(jsonl: Path, html: str | Path | None = None) -> Path:
-    """The report's files folder: REPORT_files beside `html` (default: report.html beside the JSONL)."""
-    html_path = Path(html) if html else Path(jsonl).with_name("report.html")
-    return html_path.with_name(html_path.stem + "_files")
+    """The report's files folder: REPORT_files beside `html`; without it, the folder the JSONL's manifest records
+    (caption.py's --html), else that of report.html beside the JSONL (caption.py's default)."""
+    if html:
+        return report_files(Path(html))
+    recorded = CaptionStore.recorded_report_files(Path(jsonl))
+    return Path(recorded) if recorded else report_files(Path(jsonl).with_name("report.html"))
 
 
 def strip_of(jsonl: Path, row: dict, html: str | Path | None = None) -> Path | None:

@@ -199,6 +199,18 @@ class CaptionStore:
                 f"{old_html} to resume, or --overwrite to start again"
             )
 
+    @staticmethod
+    def recorded_report_files(out: Path) -> str | None:
+        """The strips folder of the report the captions `out` were made with, as its manifest records it (None when
+        it records none: no manifest, or one of a version before it did)."""
+        manifest = out.with_name(out.name + ".manifest.json")
+        try:
+            recorded = read_json(manifest) if manifest.is_file() else None
+        except DataError:
+            return None
+        files = recorded.get("report_files") if isinstance(recorded, dict) else None
+        return files if isinstance(files, str) else None
+
     def earlier_report(self) -> tuple[str, str] | None:
         """(--html, strips folder) of the run that wrote the manifest when its strips are in another folder than this
         job's: the earlier pairs' strips would be missing from this job's report. None when they are in the same

@@ -161,6 +161,8 @@ def caption_folder(
         out, what=f"--out {out}" + (f" (shard {shard_index + 1}/{num_shards})" if job else ""), job=job, wait=wait_lock
     ):
         if not overwrite:  # a resume with another report: refused before the pairs are read and the model loads
+            from davir.viz.folder_report import report_files
+
             store = CaptionStore(out, {}, num_shards=num_shards, html=html_path, report_dir=report_files(html_path))
             store.check_report()
         if listed:
@@ -190,11 +192,6 @@ def caption_folder(
             workers=workers,
             progress=progress,
         )
-
-
-def report_files(html: Path) -> Path:
-    """The folder of the report's strips and pages: REPORT_files/ beside REPORT.html."""
-    return html.with_name(html.stem + "_files")
 
 
 def _check_html_spares_out(out: Path, html: Path) -> None:
@@ -235,7 +232,7 @@ def _caption_locked(
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from davir.viz.folder_report import write_folder_report, write_strip
+    from davir.viz.folder_report import report_files, write_folder_report, write_strip
 
     report_dir = report_files(html_path)
     main_process = shard_index == 0

@@ -31,6 +31,11 @@ FAILED_LISTED = 1000
 MAX_TILE_ASPECT = 4  # a tile is at most 4 times as wide as the strip is high
 
 
+def report_files(html: Path) -> Path:
+    """The folder of a report's strips and pages: REPORT_files/ beside REPORT.html."""
+    return html.with_name(html.stem + "_files")
+
+
 def strip_name(index: int) -> str:
     return f"{index:07d}.jpg"
 
