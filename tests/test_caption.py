@@ -196,6 +196,24 @@ def test_a_resume_with_another_html_is_refused_and_the_same_one_given_another_wa
     assert strip_of(out, row) == (work / "out" / "second_files" / "strips" / strip_name(row["index"])).resolve()
 
 
+def test_a_captions_manifest_that_is_no_json_object_is_named_and_overwrite_replaces_it(trained, tmp_path, capsys):
+    """OUT.manifest.json holding a list (edited by hand, another file written over it) gave an AttributeError
+    traceback on the rerun; now one line naming it (exit 2), and --overwrite starts again."""
+    pairs = pair_folder(tmp_path / "pairs", trained / "data", 2)
+    out = tmp_path / "c.jsonl"
+    argv = ["--checkpoint", trained / "runs" / "tiny", "--pairs", pairs, "--out", out, "--workers", "0", "--quiet"]
+    assert run(argv, capsys)[0] == 0
+    manifest = out.with_name("c.jsonl.manifest.json")
+    manifest.write_text("[1, 2]")
+    status, _, err = run(argv, capsys)
+    assert status == 2 and error_line(err) == (
+        f"error: {manifest}: expected a JSON object (how c.jsonl was made), got list: pass --overwrite to start "
+        "again, or another --out"
+    )
+    assert manifest.read_text() == "[1, 2]"
+    assert run(argv + ["--overwrite"], capsys)[0] == 0 and json.loads(manifest.read_text())["status"] == "complete"
+
+
 def test_a_rerun_with_the_same_folders_given_another_way_resumes(trained, tmp_path, capsys, monkeypatch):
     """The captions' manifest records the model and entity folders absolute: a rerun from another folder, through a
     symlink, resumes; a manifest of an older version (a relative entity folder) resumes from the folder it names

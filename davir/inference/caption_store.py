@@ -157,7 +157,7 @@ class CaptionStore:
                     path.unlink(missing_ok=True)
             if whole_job:
                 self.manifest.unlink(missing_ok=True)
-            elif self.manifest.is_file() and (self.recorded_differences() or self.earlier_report()):
+            elif self.manifest.is_file() and self._differs_from_this_job():
                 self.manifest.unlink(missing_ok=True)  # the siblings of this job write the same settings
         if self.manifest.is_file():
             changed = self.recorded_differences()
@@ -176,6 +176,12 @@ class CaptionStore:
             self.manifest,
             {**self.record(), "pairs": source, "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S")},
         )
+
+    def _differs_from_this_job(self) -> bool:
+        try:
+            return bool(self.recorded_differences() or self.earlier_report())
+        except DataError:  # no record at all: --overwrite replaces it
+            return True
 
     def record(self) -> dict:
         """What the manifest records of this job: the settings, and where its report and strips go."""
@@ -215,16 +221,28 @@ class CaptionStore:
         """(--html, strips folder) of the run that wrote the manifest when its strips are in another folder than this
         job's: the earlier pairs' strips would be missing from this job's report. None when they are in the same
         folder, or either side does not say (a manifest of a version before it recorded them)."""
-        recorded = read_json(self.manifest)
-        files = recorded.get("report_files") if isinstance(recorded, dict) else None
+        recorded = self.recorded()
+        files = recorded.get("report_files")
         if not isinstance(files, str) or self.report_dir is None or files == path_record(self.report_dir):
             return None
         return str(recorded.get("html")), files
 
+    def recorded(self) -> dict:
+        """The manifest's record of how the captions were made; one that is no JSON object (edited by hand, or
+        another file written over it) is a DataError naming it."""
+        record = read_json(self.manifest)
+        if not isinstance(record, dict):
+            raise DataError(
+                f"{self.manifest}: expected a JSON object (how {self.out.name} was made), got "
+                f"{type(record).__name__}: pass --overwrite to start again, or another --out"
+            )
+        return record
+
     def recorded_differences(self) -> list[str]:
         """The settings keys in which the manifest's record differs from this job's, both sides normalised the same
         way (a path given another way is no difference)."""
-        recorded = _as_recorded_today(read_json(self.manifest).get("settings")) or {}
+        recorded = _as_recorded_today(self.recorded().get("settings"))
+        recorded = recorded if isinstance(recorded, dict) else {}
         wanted = _as_recorded_today(self.settings)
         return sorted(k for k in set(recorded) | set(wanted) if recorded.get(k) != wanted.get(k))
 
@@ -296,6 +314,6 @@ class CaptionStore:
             os.fsync(handle.fileno())
         for path in self.out.parent.glob(self.out.name + ".shard-*"):
             path.unlink(missing_ok=True)
-        manifest = read_json(self.manifest) if self.manifest.is_file() else self.record()
+        manifest = self.recorded() if self.manifest.is_file() else self.record()
         manifest.update(status="complete", counts=counts, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
         write_json_atomic(self.manifest, manifest)
