@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -199,3 +200,60 @@ def test_captioning_finds_the_shipped_tiny_backbone_by_its_hash_and_names_the_fl
     other = SHIPPED_BACKBONE.with_name("head.pth")  # a file given by hand is checked against the model's backbone
     with pytest.raises(DataError, match="head.pth is not the backbone the model was trained on"):
         OnlineFeatures(other, trained_with=f"sha256:{file_sha256(SHIPPED_BACKBONE)}")
+
+
+# --- a bad image, a stopped run, another dataset (a small synthetic set: 6 images in its test split) -----------
+def extract(root, out, *extra: str) -> int:
+    return main(
+        [
+            "--format",
+            "clevr_change",
+            "--root",
+            str(root),
+            "--split",
+            "test",
+            "--out",
+            str(out),
+            "--random-init",
+            "--batch-size",
+            "2",
+            "--chunk-size",
+            "2",
+            "--no-progress",
+            *extra,
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def small_set(synthetic_set):
+    """A 16-scene synthetic set (read only): test pairs 000002.png(_n) and 000005.png(_n), whose before image
+    images/CLEVR_default_00000N.png each pair and its no-change pair `_n` share."""
+    return synthetic_set(16, 5, width=64, height=48)
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_an_unreadable_image_names_its_pairs_and_file(small_set, tmp_path, capsys, workers):
+    """The error named the image's key as its 'record' and no pair; with loader workers (the default) it was
+    torch's "Caught DataError in DataLoader worker process 1" and the worker's traceback."""
+    root = tmp_path / "data"
+    shutil.copytree(small_set, root)
+    bad = root / "images" / "CLEVR_default_000005.png"
+    bad.write_bytes(b"not a png")
+    out = tmp_path / "features"
+    assert extract(root, out, "--workers", workers) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "DataLoader" not in err
+    assert err.startswith(f"error: record '000005.png': image file is corrupt or not an image: {bad} (")
+    assert err.endswith(" (the image of 1 other pair too: '000005.png_n')\n")
+
+
+def test_a_missing_image_names_its_pair(small_set, tmp_path, capsys):
+    root = tmp_path / "data"
+    shutil.copytree(small_set, root)
+    (root / "sc_images" / "CLEVR_semantic_000002.png").unlink()
+    assert extract(root, tmp_path / "features") == 2
+    assert capsys.readouterr().err == (
+        f"error: 1 of 6 images to extract are missing (e.g. {root}/sc_images/CLEVR_semantic_000002.png of pair "
+        "'000002.png'); pass --skip-missing to extract the others and count these in the run record\n"
+    )

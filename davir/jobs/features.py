@@ -74,17 +74,36 @@ MISSING_EXAMPLES = 20
 
 
 class _ImageList(torch.utils.data.Dataset):
-    """(row, uint8 CHW tensor) per image; decoding and resizing run in the loader workers."""
+    """(row, uint8 CHW tensor, error) per image; decoding and resizing run in the loader workers.
 
-    def __init__(self, items: list[tuple[str, Path]]):
+    An image that cannot be read gives a blank tensor and its error's one line (naming the pair, from `pairs`:
+    key → the ids of the pairs using it, and the file), which the main process raises: a DataError raised in a
+    worker would reach the user as torch's "Caught DataError in DataLoader worker" with the worker's traceback."""
+
+    def __init__(self, items: list[tuple[str, Path]], pairs: dict[str, list[str]] | None = None):
         self.items = items
+        self.pairs = pairs or {}
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: int):
         key, path = self.items[index]
-        return index, torch.from_numpy(load_resized(path, record=key)).permute(2, 0, 1).contiguous()
+        users = self.pairs.get(key) or [key]
+        try:
+            image = load_resized(path, record=users[0])
+        except DataError as error:
+            blank = torch.zeros(3, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.uint8)
+            return index, blank, f"{error}{also_used_by(users[1:])}"
+        return index, torch.from_numpy(image).permute(2, 0, 1).contiguous(), ""
+
+
+def also_used_by(others: list[str]) -> str:
+    """The other pairs an image belongs to, for its error message ('' for none)."""
+    if not others:
+        return ""
+    shown = ", ".join(repr(pair_id) for pair_id in others[:3]) + (", …" if len(others) > 3 else "")
+    return f" (the image of {len(others)} other pair{'s' if len(others) > 1 else ''} too: {shown})"
 
 
 @dataclass
@@ -158,8 +177,11 @@ def extract_images(
     chunk_size: int = 256,
     progress: bool = True,
     description: str = "features",
+    pairs: dict[str, list[str]] | None = None,
 ) -> int:
-    """Run the backbone over (key, path) items and store fp16 chunks of `chunk_size`; returns images written."""
+    """Run the backbone over (key, path) items and store fp16 chunks of `chunk_size`; returns images written.
+    An unreadable image stops it with a DataError naming the image's pair (`pairs`: key → pair ids) and file;
+    the chunks written before stay (a rerun resumes after them)."""
     if not items:
         return 0
     cuda = device.type == "cuda"
@@ -167,7 +189,7 @@ def extract_images(
     if cuda:
         backbone = backbone.to(memory_format=torch.channels_last)
     loader = torch.utils.data.DataLoader(
-        _ImageList(items), batch_size=batch_size, num_workers=workers, pin_memory=cuda, persistent_workers=False
+        _ImageList(items, pairs), batch_size=batch_size, num_workers=workers, pin_memory=cuda, persistent_workers=False
     )
     number = next_chunk_number(cache, chunk_prefix)
     pending: list[torch.Tensor] = []
@@ -186,7 +208,11 @@ def extract_images(
         number, written = number + 1, written + count
 
     with torch.no_grad(), tqdm(total=len(items), desc=description, unit="image", disable=not progress) as bar:
-        for rows, images in loader:
+        for rows, images, errors in loader:
+            failed = [error for error in errors if error]
+            if failed:
+                more = f" ({len(failed) - 1} more unreadable image(s) in this batch)" if len(failed) > 1 else ""
+                raise DataError(f"{failed[0]}{more}")
             x = normalize_batch(images.to(device, non_blocking=cuda), std)
             if cuda:
                 with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -203,14 +229,20 @@ def extract_images(
     return written
 
 
-def split_images(index, dataset_root: Path) -> list[tuple[str, Path]]:
-    """Every image a split uses (before, after, distractor), deduplicated by key, in first-use order."""
+def images_and_pairs(index, dataset_root: Path) -> tuple[dict[str, Path], dict[str, list[str]]]:
+    """({key: path} of every image a split uses, in first-use order; {key: ids of the pairs using it}): an
+    image that cannot be read is named with its pair, as the other preprocessing jobs name it."""
     seen: dict[str, Path] = {}
+    users: dict[str, list[str]] = {}
     for pair in index.pairs:
         for path in (pair.before, pair.after, pair.distractor):
             if path is not None:
-                seen.setdefault(image_key(path, dataset_root), Path(path))
-    return list(seen.items())
+                key = image_key(path, dataset_root)
+                seen.setdefault(key, Path(path))
+                pair_ids = users.setdefault(key, [])
+                if not pair_ids or pair_ids[-1] != pair.pair_id:  # a pair's distractor may be its after image
+                    pair_ids.append(pair.pair_id)
+    return seen, users
 
 
 def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
@@ -224,7 +256,8 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
     started = time.perf_counter()
     root, cache = Path(args.root), check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
     index = read_dataset(args.format, root, args.split)
-    images = split_images(index, root)
+    paths, pairs_of = images_and_pairs(index, root)
+    images = list(paths.items())
     mine = layout.share(images)
     layout.announce(len(mine), len(images), "images")
 
@@ -244,7 +277,7 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
     todo = [(key, path) for key, path in mine if key not in done]
     missing = [(key, path) for key, path in todo if not path.is_file()]
     if missing and not args.skip_missing:
-        examples = ", ".join(str(p) for _, p in missing[:3])
+        examples = ", ".join(f"{path} of pair {pairs_of[key][0]!r}" for key, path in missing[:3])
         raise DataError(
             f"{len(missing)} of {len(todo)} images to extract are missing (e.g. {examples}); "
             "pass --skip-missing to extract the others and count these in the run record"
@@ -267,6 +300,7 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
             chunk_size=args.chunk_size,
             progress=not args.no_progress,
             description=f"features {args.split}",
+            pairs=pairs_of,
         )
     entries = {} if layout.launched else write_index(cache)  # a launch: the main process, once all are done
     seconds = time.perf_counter() - started
