@@ -20,11 +20,19 @@ processes of ``accelerate launch -m preprocess features …`` split the images (
 its own device; the main process writes index.json once all are stored), as K hand-started processes with
 ``--num-shards K --shard-index I`` do):
 
-    CACHE/manifest.json                         extraction settings (identical for every run into CACHE)
+    CACHE/manifest.json                         extraction settings (identical for every run into CACHE),
+                                                written once a run has stored every image of its share
+    CACHE/manifest.incomplete.json              the same settings, "status": "incomplete", while the first
+                                                run (or its rerun) has not finished: not a cache yet
     CACHE/features/s{I}of{K}-{n}.safetensors    tensor "features" (N, 1024, 14, 14) fp16; metadata "keys"
                                                 = JSON list of the N image keys, row order
     CACHE/index.json                            {"chunks": [...], "entries": {key: [chunk file, row]}}
     CACHE/runs/{split}-s{I}of{K}.json           counts of one run (extracted, already there, missing)
+
+A run that stops (an unreadable image: exit 2, its pair and file named; a kill) keeps the chunks it finished;
+a first run leaves no manifest.json, so `FeatureCache` and train.py say the extraction has not finished
+rather than reading it as a cache, and the rerun resumes after the stored chunks (a killed write's temporary
+is removed, never read).
 
 An image key is the image path relative to the dataset root (POSIX separators). `FeatureCache(CACHE)
 .get(image_path)` returns the stored (1024, 14, 14) tensor for a path under the dataset root or a key.
@@ -46,6 +54,8 @@ from tqdm import tqdm
 from davir.data.feature_cache import (
     FEATURE_SHAPE,
     FORMAT_VERSION,
+    MANIFEST,
+    UNFINISHED_MANIFEST,
     image_key,
     next_chunk_number,
     scan_index,
@@ -129,21 +139,40 @@ class Settings:
 
 
 def check_manifest(cache: Path, settings: Settings, write: bool = True) -> None:
-    """Write manifest.json (`write`: the main process of a launch), or refuse a cache made with other settings
-    (mixed features would be silent garbage)."""
-    path = cache / "manifest.json"
+    """Refuse a cache made with other settings (mixed features would be silent garbage), or, in a folder that is
+    no cache yet, record the settings in manifest.incomplete.json (`write`: not a launch's other processes), so
+    that a rerun after a failure or a kill compares against them. manifest.json is written only by
+    `finish_manifest`, once a run has stored its images: a first run that stops leaves no manifest.json, so the
+    folder is not taken for a cache (`FeatureCache`, train.py name the unfinished extraction instead)."""
     wanted = settings.manifest()
-    if path.is_file():
-        existing = read_json(path)
-        differing = [k for k in wanted if k != "dataset_root" and existing.get(k) != wanted[k]]
-        if differing:
-            raise DataError(
-                f"{path}: the cache was made with other settings ({', '.join(differing)}: "
-                f"{[existing.get(k) for k in differing]} vs {[wanted[k] for k in differing]}); use another --out"
-            )
-        return
+    for path in (cache / MANIFEST, cache / UNFINISHED_MANIFEST):
+        if path.is_file():
+            existing = read_json(path)
+            differing = [k for k in wanted if k != "dataset_root" and existing.get(k) != wanted[k]]
+            if differing:
+                raise DataError(
+                    f"{path}: the cache was made with other settings ({', '.join(differing)}: "
+                    f"{[existing.get(k) for k in differing]} vs {[wanted[k] for k in differing]}); use another --out"
+                )
+            return
     if write:
-        write_json_atomic(path, wanted)
+        write_json_atomic(
+            cache / UNFINISHED_MANIFEST,
+            {
+                **wanted,
+                "status": "incomplete",
+                "note": "a run of `python -m preprocess features` into this folder has not finished; rerun it to "
+                "resume (manifest.json replaces this file once every image of a run is stored)",
+            },
+        )
+
+
+def finish_manifest(cache: Path, settings: Settings) -> None:
+    """After a run has stored every image of its share: manifest.json (if the cache had none yet), and the
+    unfinished record gone."""
+    if not (cache / MANIFEST).is_file():
+        write_json_atomic(cache / MANIFEST, settings.manifest())
+    (cache / UNFINISHED_MANIFEST).unlink(missing_ok=True)
 
 
 # --- extraction ------------------------------------------------------------------------------------
@@ -245,6 +274,24 @@ def images_and_pairs(index, dataset_root: Path) -> tuple[dict[str, Path], dict[s
     return seen, users
 
 
+def chunk_prefix(layout: ProcessLayout) -> str:
+    """The name of a shard's chunk files (s000of001-000003.safetensors): each shard writes only its own."""
+    return f"s{layout.index:03d}of{layout.count:03d}"
+
+
+def remove_stale_temporaries(cache: Path, layout: ProcessLayout) -> int:
+    """Remove the temporaries a killed run of this shard left (`.s000of001-000003.safetensors.<pid>.<random>.tmp`;
+    its lock is held, so no live writer owns them), and, where this process alone writes the cache's shared files
+    (one shard, or a launch's main process), those of manifest.json, manifest.incomplete.json and index.json.
+    Returns how many went."""
+    stale = list((cache / "features").glob(f".{chunk_prefix(layout)}-*.tmp"))
+    if layout.count == 1 or (layout.launched and layout.is_main):
+        stale += [p for name in (MANIFEST, UNFINISHED_MANIFEST, "index.json") for p in cache.glob(f".{name}.*.tmp")]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
+
+
 def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
     """The `features` command: returns the run record (also written to CACHE/runs/; under `accelerate launch` the
     whole run's, merged by the main process, which also writes index.json once every share is stored)."""
@@ -271,8 +318,12 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
         weights_id = f"sha256:{file_sha256(Path(args.weights))}"
     std = AUTHORS_STD if args.std_typo else IMAGENET_STD
     cache.mkdir(parents=True, exist_ok=True)
-    check_manifest(cache, Settings(weights_id, tuple(std), str(root.resolve())), write=layout.is_main)
+    settings = Settings(weights_id, tuple(std), str(root.resolve()))
+    # Hand-set shards each record the settings (one may start alone); in a launch only the main process writes.
+    writes_manifest = layout.is_main or not layout.launched
+    check_manifest(cache, settings, write=writes_manifest)
 
+    remove_stale_temporaries(cache, layout)
     done = scan_index(cache)
     todo = [(key, path) for key, path in mine if key not in done]
     missing = [(key, path) for key, path in todo if not path.is_file()]
@@ -293,7 +344,7 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
             cache,
             backbone,
             std=std,
-            chunk_prefix=f"s{layout.index:03d}of{layout.count:03d}",
+            chunk_prefix=chunk_prefix(layout),
             device=device,
             batch_size=args.batch_size or default_batch_size(device),
             workers=args.workers,
@@ -303,6 +354,8 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
             pairs=pairs_of,
         )
     entries = {} if layout.launched else write_index(cache)  # a launch: the main process, once all are done
+    if not layout.launched:
+        finish_manifest(cache, settings)
     seconds = time.perf_counter() - started
     record = {
         "format": args.format,
@@ -322,9 +375,12 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
     write_json_atomic(cache / "runs" / f"{args.split}-s{layout.index:03d}of{layout.count:03d}.json", record)
     if not layout.launched:
         return record
-    return merge_process_records(
+    merged = merge_process_records(
         layout.gather(record), cache, split=args.split, write=layout.is_main, seconds=time.perf_counter() - started
     )
+    if layout.is_main:  # every process has stored its share now
+        finish_manifest(cache, settings)
+    return merged
 
 
 def merge_process_records(records: list[dict], cache: Path, *, split: str, write: bool, seconds: float) -> dict:
