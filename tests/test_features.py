@@ -311,3 +311,38 @@ def test_a_rerun_after_a_kill_removes_its_temporaries_and_reads_only_whole_chunk
     assert list(out.rglob("*.tmp")) == [] and not (out / "manifest.incomplete.json").exists()
     assert tree(out / "features") == tree(small_cache / "features")
     assert (out / "manifest.json").read_bytes() == (small_cache / "manifest.json").read_bytes()
+
+
+def test_another_dataset_root_is_refused_before_any_work(small_set, small_cache, tmp_path, capsys, monkeypatch):
+    """Extracting another dataset into a cache skipped every image name it already held (images/000002.png is
+    in every CLEVR-layout set) and stored the others beside them: two datasets mixed under one manifest."""
+    other = tmp_path / "other"
+    shutil.copytree(small_set, other)
+    out = tmp_path / "features"
+    shutil.copytree(small_cache, out)
+    kept = tree(out)
+    assert extract(other, out, "--workers", "0") == 2
+    recorded = small_set.resolve()
+    assert capsys.readouterr().err == (
+        f"error: --out {out} holds the features of dataset root {recorded} ({out / 'manifest.json'}), but --root "
+        f"is {other}: image names repeat across datasets, so the cache would mix the two; use another --out for "
+        f"this dataset, or, if the dataset only moved, pass --moved-from {recorded}\n"
+    )
+    assert tree(out) == kept
+    # the same root given relative, or through a symlink, is that dataset; --moved-from accepts a moved one
+    link = tmp_path / "link"
+    link.symlink_to(small_set, target_is_directory=True)
+    monkeypatch.chdir(small_set.parent)
+    for root, extra in ((small_set.name, []), (link, []), (other, ["--moved-from", str(recorded)])):
+        assert extract(root, out, "--workers", "0", *extra) == 0, root
+        record = json.loads((out / "runs" / "test-s000of001.json").read_text())
+        assert (record["extracted"], record["already_cached"]) == (0, 6)
+    # an unfinished first run records its root too
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "manifest.incomplete.json").write_text(json.dumps({"dataset_root": str(recorded)}))
+    assert extract(other, unfinished, "--workers", "0") == 2
+    assert f"holds the features of dataset root {recorded} ({unfinished / 'manifest.incomplete.json'})" in (
+        capsys.readouterr().err
+    )
+    assert sorted(p.name for p in unfinished.iterdir()) == ["manifest.incomplete.json"]
