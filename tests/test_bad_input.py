@@ -533,6 +533,22 @@ def test_preprocess_limit_one_takes_exactly_one_pair(tiny_synth, tmp_path, capsy
     assert (result["pairs"], result["missing_from_cache"]) == (1, 0)
 
 
+@pytest.mark.parametrize("command", ["pretrain_tiny", "pretrain_backbone"])
+def test_train_limit_below_one_is_a_usage_error(capsys, command):
+    """`python -m davir.pretrain_tiny --train-limit 0` trained on no scene (-1: all but the last); the flag reads
+    as every command's --limit."""
+    import importlib
+
+    main = importlib.import_module(f"davir.cli.{command}").main
+    with pytest.raises(SystemExit) as stopped:
+        main(["--train-limit", "0"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"python -m davir.{command}: error: argument --train-limit: must be 1 or more, got 0; "
+        "omit --train-limit for every train scene"
+    )
+
+
 def test_library_limits_take_none_or_one_or_more(tiny_synth, tmp_path):
     """The library side agrees with the flags: `limit=0` was "all" to evaluate_run (`if limit:`) and "none" to
     mask_eval.evaluate (`pairs[:0]`)."""
