@@ -474,12 +474,13 @@ def test_out_on_a_file_or_a_folder_is_one_line_and_leaves_nothing(tmp_path, tiny
     ("flags", "message"),
     [
         (["--digits", "-1"], "argument --digits: must be 0 or more, got -1"),
-        (["--limit", "-1"], "argument --limit: must be 0 or more, got -1"),
+        (["--limit", "-1"], "argument --limit: must be 1 or more, got -1; omit --limit for all pairs"),
+        (["--limit", "0"], "argument --limit: must be 1 or more, got 0; omit --limit for all pairs"),
     ],
 )
 def test_negative_counts_are_usage_errors_before_the_work(tmp_path, capsys, flags, message):
     """--digits -1 failed only after scoring, with Python's 'Format specifier missing precision'; --limit -1 captioned
-    every pair but the last (a slice)."""
+    every pair but the last (a slice), and --limit 0 every pair, where `preprocess masks --limit 0` made none."""
     predictions, references = write_scoring_inputs(tmp_path)
     score = ["--predictions", str(predictions), "--references", str(references), "--metrics", "BLEU", "--no-spice"]
     with pytest.raises(SystemExit) as stopped:
@@ -489,19 +490,78 @@ def test_negative_counts_are_usage_errors_before_the_work(tmp_path, capsys, flag
     assert not (tmp_path / "metrics.json").exists()
 
 
-@pytest.mark.parametrize("command", ["masks", "entities", "mask-eval"])
-def test_preprocess_negative_limit_is_a_usage_error(tiny_synth, tmp_path, capsys, command):
-    """`--limit -1` sliced the split to all pairs but the last and reported the cache "complete"."""
+@pytest.mark.parametrize("value", ["0", "-1"])
+@pytest.mark.parametrize("command", ["masks", "entities", "mask-eval", "entities --fit-limit"])
+def test_preprocess_limit_below_one_is_a_usage_error(tiny_synth, tmp_path, capsys, command, value):
+    """`--limit -1` sliced the split to all pairs but the last and reported the cache "complete"; `--limit 0` made
+    a "complete" cache of no pair (evaluate.py's --limit 0 captioned them all); `--fit-limit -1` fitted on all but
+    the last pair."""
+    command, _, flag = command.partition(" ")
+    flag = flag or "--limit"
     where = ["--format", "clevr_change", "--root", str(tiny_synth), "--split", "test"]
     out = ["--masks", str(tmp_path / "masks")] if command == "mask-eval" else ["--out", str(tmp_path / "cache")]
-    extra = ["--image-level"] if command == "entities" else []
+    extra = ["--image-level"] if flag == "--limit" and command == "entities" else []
     try:
-        status = preprocess_main([command, *where, *out, *extra, "--no-progress", "--limit", "-1"])
+        status = preprocess_main([command, *where, *out, *extra, "--no-progress", flag, value])
     except SystemExit as stopped:
         status = stopped.code
     assert status == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("argument --limit: must be 0 or more, got -1")
+    everything = "every pair of --fit-split" if flag == "--fit-limit" else "all pairs"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"python -m preprocess {command}: error: argument {flag}: must be 1 or more, got {value}; "
+        f"omit {flag} for {everything}"
+    )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_preprocess_limit_one_takes_exactly_one_pair(tiny_synth, tmp_path, capsys):
+    """One meaning of --limit in every command: N >= 1 pairs (evaluate.py's: tests/test_inference.py)."""
+    where = ["--format", "clevr_change", "--root", str(tiny_synth), "--split", "test", "--no-progress"]
+    first = read_dataset("clevr_change", tiny_synth, "test").pairs[0].pair_id
+    masks = tmp_path / "masks"
+    assert preprocess_main(["masks", *where, "--out", str(masks), "--limit", "1"]) == 0
+    manifest = json.loads((masks / "manifest.json").read_text())
+    assert manifest["counts"]["pairs"] == manifest["counts"]["computed"] == 1
+    assert sorted(p.name for p in (masks / "masks").glob("*.json")) == [f"{first}.json"]
+    entities = tmp_path / "entities"
+    assert preprocess_main(["entities", *where, "--image-level", "--out", str(entities), "--limit", "1"]) == 0
+    assert list(EntityCache(entities).table()) == [first]
+    capsys.readouterr()
+    assert preprocess_main(["mask-eval", *where[:-1], "--masks", str(masks), "--limit", "1"]) == 0
+    table = capsys.readouterr().out
+    result = json.loads(table[table.index("\n{") + 1 :])
+    assert (result["pairs"], result["missing_from_cache"]) == (1, 0)
+
+
+@pytest.mark.parametrize("command", ["pretrain_tiny", "pretrain_backbone"])
+def test_train_limit_below_one_is_a_usage_error(capsys, command):
+    """`python -m davir.pretrain_tiny --train-limit 0` trained on no scene (-1: all but the last); the flag reads
+    as every command's --limit."""
+    import importlib
+
+    main = importlib.import_module(f"davir.cli.{command}").main
+    with pytest.raises(SystemExit) as stopped:
+        main(["--train-limit", "0"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"python -m davir.{command}: error: argument --train-limit: must be 1 or more, got 0; "
+        "omit --train-limit for every train scene"
+    )
+
+
+def test_library_limits_take_none_or_one_or_more(tiny_synth, tmp_path):
+    """The library side agrees with the flags: `limit=0` was "all" to evaluate_run (`if limit:`) and "none" to
+    mask_eval.evaluate (`pairs[:0]`)."""
+    from davir.evaluation import evaluate_run
+    from davir.jobs.mask_eval import evaluate
+
+    for limit in (0, -1, 1.5, True):
+        with pytest.raises(
+            DataError, match=rf"^limit must be a whole number of 1 or more \(None for every pair\), got {limit!r}$"
+        ):
+            evaluate("clevr_change", tiny_synth, "test", tmp_path / "masks", limit)
+        with pytest.raises(DataError, match=r"^limit must be a whole number of 1 or more"):
+            evaluate_run(tmp_path / "no-run-read", "test", limit=limit)
 
 
 def test_an_output_on_an_input_file_is_refused_and_the_input_kept(tmp_path, capsys, monkeypatch):

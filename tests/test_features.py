@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -199,3 +200,149 @@ def test_captioning_finds_the_shipped_tiny_backbone_by_its_hash_and_names_the_fl
     other = SHIPPED_BACKBONE.with_name("head.pth")  # a file given by hand is checked against the model's backbone
     with pytest.raises(DataError, match="head.pth is not the backbone the model was trained on"):
         OnlineFeatures(other, trained_with=f"sha256:{file_sha256(SHIPPED_BACKBONE)}")
+
+
+# --- a bad image, a stopped run, another dataset (a small synthetic set: 6 images in its test split) -----------
+def extract(root, out, *extra: str) -> int:
+    return main(
+        [
+            "--format",
+            "clevr_change",
+            "--root",
+            str(root),
+            "--split",
+            "test",
+            "--out",
+            str(out),
+            "--random-init",
+            "--batch-size",
+            "2",
+            "--chunk-size",
+            "2",
+            "--no-progress",
+            *extra,
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def small_set(synthetic_set):
+    """A 16-scene synthetic set (read only): test pairs 000002.png(_n) and 000005.png(_n), whose before image
+    images/CLEVR_default_00000N.png each pair and its no-change pair `_n` share."""
+    return synthetic_set(16, 5, width=64, height=48)
+
+
+@pytest.fixture(scope="module")
+def small_cache(small_set, tmp_path_factory):
+    out = tmp_path_factory.mktemp("small") / "features"
+    assert extract(small_set, out, "--workers", "0") == 0
+    return out
+
+
+def tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_an_unreadable_image_names_its_pairs_and_file_and_leaves_no_manifest(
+    small_set, small_cache, tmp_path, capsys, workers
+):
+    """The error named the image's key as its 'record' and no pair; with loader workers (the default) it was
+    torch's "Caught DataError in DataLoader worker process 1" and the worker's traceback. The stopped run left
+    manifest.json, so the folder passed for a finished cache."""
+    root = tmp_path / "data"
+    shutil.copytree(small_set, root)
+    bad = root / "images" / "CLEVR_default_000005.png"
+    bad.write_bytes(b"not a png")
+    out = tmp_path / "features"
+    assert extract(root, out, "--workers", workers) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "DataLoader" not in err
+    assert err.startswith(f"error: record '000005.png': image file is corrupt or not an image: {bad} (")
+    assert err.endswith(" (the image of 1 other pair too: '000005.png_n')\n")
+    # the chunk of the images before it was stored; no manifest.json, the settings in the unfinished record
+    assert sorted(p.name for p in (out / "features").iterdir()) == ["s000of001-000000.safetensors"]
+    assert not (out / "manifest.json").exists() and not (out / "index.json").exists()
+    unfinished = json.loads((out / "manifest.incomplete.json").read_text())
+    assert unfinished["status"] == "incomplete" and unfinished["dataset_root"] == str(root.resolve())
+    with pytest.raises(DataError, match=r"its feature extraction has not finished .*rerun `python -m preprocess"):
+        FeatureCache(out)
+
+    shutil.copyfile(small_set / "images" / "CLEVR_default_000005.png", bad)  # fixed: the rerun resumes
+    assert extract(root, out, "--workers", workers) == 0
+    record = json.loads((out / "runs" / "test-s000of001.json").read_text())
+    assert (record["already_cached"], record["extracted"]) == (2, 4)
+    assert not (out / "manifest.incomplete.json").exists()
+    got, want = FeatureCache(out), FeatureCache(small_cache)
+    assert got.manifest == {**want.manifest, "dataset_root": str(root.resolve())}
+    assert sorted(got.entries) == sorted(want.entries) and len(got) == 6
+    for key in want.entries:
+        assert torch.equal(got.get(key), want.get(key)), key
+
+
+def test_a_missing_image_names_its_pair(small_set, tmp_path, capsys):
+    root = tmp_path / "data"
+    shutil.copytree(small_set, root)
+    (root / "sc_images" / "CLEVR_semantic_000002.png").unlink()
+    assert extract(root, tmp_path / "features") == 2
+    assert capsys.readouterr().err == (
+        f"error: 1 of 6 images to extract are missing (e.g. {root}/sc_images/CLEVR_semantic_000002.png of pair "
+        "'000002.png'); pass --skip-missing to extract the others and count these in the run record\n"
+    )
+
+
+def test_a_rerun_after_a_kill_removes_its_temporaries_and_reads_only_whole_chunks(small_set, small_cache, tmp_path):
+    """What SIGKILL leaves mid-extraction (tests/test_faults.py kills real runs): the unfinished record, whole
+    chunks, and a chunk's temporary half written. The rerun removes the temporary and stores the rest."""
+    out = tmp_path / "features"
+    shutil.copytree(small_cache, out)
+    for name in ("manifest.json", "index.json", "features/s000of001-000002.safetensors"):
+        (out / name).unlink()
+    shutil.rmtree(out / "runs")
+    unfinished = {**json.loads((small_cache / "manifest.json").read_text()), "status": "incomplete"}
+    (out / "manifest.incomplete.json").write_text(json.dumps(unfinished))
+    half = out / "features" / ".s000of001-000002.safetensors.4242.0badcafe.tmp"
+    half.write_bytes((small_cache / "features" / "s000of001-000002.safetensors").read_bytes()[:1000])
+    (out / ".index.json.4242.0badcafe.tmp").write_text('{"chunks": [')
+    with pytest.raises(DataError, match="has not finished"):
+        FeatureCache(out)
+    assert extract(small_set, out, "--workers", "0") == 0
+    assert json.loads((out / "runs" / "test-s000of001.json").read_text())["extracted"] == 2
+    assert list(out.rglob("*.tmp")) == [] and not (out / "manifest.incomplete.json").exists()
+    assert tree(out / "features") == tree(small_cache / "features")
+    assert (out / "manifest.json").read_bytes() == (small_cache / "manifest.json").read_bytes()
+
+
+def test_another_dataset_root_is_refused_before_any_work(small_set, small_cache, tmp_path, capsys, monkeypatch):
+    """Extracting another dataset into a cache skipped every image name it already held (images/000002.png is
+    in every CLEVR-layout set) and stored the others beside them: two datasets mixed under one manifest."""
+    other = tmp_path / "other"
+    shutil.copytree(small_set, other)
+    out = tmp_path / "features"
+    shutil.copytree(small_cache, out)
+    kept = tree(out)
+    assert extract(other, out, "--workers", "0") == 2
+    recorded = small_set.resolve()
+    assert capsys.readouterr().err == (
+        f"error: --out {out} holds the features of dataset root {recorded} ({out / 'manifest.json'}), but --root "
+        f"is {other}: image names repeat across datasets, so the cache would mix the two; use another --out for "
+        f"this dataset, or, if the dataset only moved, pass --moved-from {recorded}\n"
+    )
+    assert tree(out) == kept
+    # the same root given relative, or through a symlink, is that dataset; --moved-from accepts a moved one
+    link = tmp_path / "link"
+    link.symlink_to(small_set, target_is_directory=True)
+    monkeypatch.chdir(small_set.parent)
+    for root, extra in ((small_set.name, []), (link, []), (other, ["--moved-from", str(recorded)])):
+        assert extract(root, out, "--workers", "0", *extra) == 0, root
+        record = json.loads((out / "runs" / "test-s000of001.json").read_text())
+        assert (record["extracted"], record["already_cached"]) == (0, 6)
+    # an unfinished first run records its root too
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "manifest.incomplete.json").write_text(json.dumps({"dataset_root": str(recorded)}))
+    assert extract(other, unfinished, "--workers", "0") == 2
+    assert f"holds the features of dataset root {recorded} ({unfinished / 'manifest.incomplete.json'})" in (
+        capsys.readouterr().err
+    )
+    assert sorted(p.name for p in unfinished.iterdir()) == ["manifest.incomplete.json"]

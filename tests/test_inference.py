@@ -94,6 +94,25 @@ def test_evaluate_checkpoint_writes_predictions_metrics_and_types(trained_run):
     assert (out / "metrics.md").read_text().count("|") > 10
 
 
+def test_evaluate_checkpoint_limit_is_one_or_more_pairs(trained_run, capsys):
+    """`--limit 0` captioned and scored every pair (`if limit:`), where preprocess's --limit 0 made none; now it
+    is a usage error in every command, and `--limit 1` captions exactly the split's first pair."""
+    run_dir, root = trained_run
+    argv = ["--checkpoint", str(run_dir), "--split", "test", "--metrics", "BLEU", "--no-spice", "--limit"]
+    with pytest.raises(SystemExit) as stopped:
+        evaluate_script.main([*argv, "0"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "evaluate.py: error: argument --limit: must be 1 or more, got 0; omit --limit for all pairs"
+    )
+    assert not (run_dir / "eval" / "clevr_change_test-limit0").exists()
+    assert evaluate_script.main([*argv, "1"]) == 0
+    from davir.data.formats import read_dataset
+
+    predictions = json.loads((run_dir / "eval" / "clevr_change_test-limit1" / "predictions.json").read_text())
+    assert [row["image_id"] for row in predictions] == [read_dataset("clevr_change", root, "test").pairs[0].pair_id]
+
+
 def test_evaluate_checkpoint_records_cost_and_faithfulness(trained_run, capsys):
     """Issue 33: metrics.json holds the captioning cost beside the training cost (run_info.json) and the
     stated-difference faithfulness block is printed."""

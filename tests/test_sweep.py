@@ -320,6 +320,11 @@ def test_makefile_splits_each_sweep_into_variants_it_has_and_covers_them_all():
         ("variants: [{name: a}]", "needs a name and a config"),
         ("variants: [{name: a, config: x}, {name: A, config: y}]", "must differ"),
         ("colour: red\nvariants: [{name: a, config: x}]", "unknown sweep keys"),
+        # --limit's meaning: 0 was "every pair" to evaluate_run, found only after the first cell had trained
+        (
+            "evaluate: {limit: 0}\nvariants: [{name: a, config: x}]",
+            r"s\.yaml: evaluate: limit must be a whole number of 1 or more \(None for every pair\), got 0$",
+        ),
     ],
 )
 def test_bad_sweep_files_name_the_problem(tmp_path, text, message):

@@ -23,7 +23,7 @@ from davir.errors import DataError, describe_os_error
 from davir.evaluation import EvaluationOptions, ReferenceSource, evaluate_run, score_predictions
 from davir.evaluation.scoring import check_outputs
 from davir.metrics import METRICS, MetricsError, load_predictions
-from davir.runtime.arguments import at_least
+from davir.runtime.arguments import at_least, limit_type
 from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         "best/ was selected with)",
     )
     source.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
-    source.add_argument("--limit", type=at_least(0), help="caption only the first N pairs of the split")
+    source.add_argument(
+        "--limit", type=limit_type(), help="caption only the first N pairs of the split (N >= 1; default: all)"
+    )
     refs = parser.add_argument_group("references (a file, or a dataset split through the data layer)")
     refs.add_argument("--references", type=Path, help="COCO captions file or {id: [captions]} JSON")
     refs.add_argument("--format", help="dataset format name (python -m davir.data stats lists the readers)")

@@ -18,6 +18,7 @@ import sys
 from davir.config import ConfigError
 from davir.errors import DataError
 from davir.pretrain_backbone.train import PretrainSettings, ProbeSettings, pretrain_backbone, probe_backbone
+from davir.runtime.arguments import limit_type
 
 PROG = "python -m davir.pretrain_backbone"
 DESCRIPTION = "Pretrain the tiny ResNet backbone whose layer3 grid features the lightweight demo methods read."
@@ -39,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--threads", type=int, default=1)
         sub.add_argument("--eval-every", type=int, default=200)
         sub.add_argument("--eval-scenes", type=int, default=60, help="held-out test scenes (3 images each)")
-        sub.add_argument("--train-limit", type=int, default=None, help="use only the first N train scenes")
+        sub.add_argument(
+            "--train-limit",
+            type=limit_type("--train-limit", "every train scene"),
+            default=None,
+            help="use only the first N train scenes (N >= 1; default: all)",
+        )
     probe_parser = commands.add_parser("probe", help="linear probes of a backbone's layer3 cells")
     probe_parser.add_argument("--data", required=True, help="a synthetic set (train and test splits are probed)")
     probe_parser.add_argument("--weights", help="backbone state dict (default: a random-init ResNet-101)")

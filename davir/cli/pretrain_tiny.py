@@ -11,6 +11,7 @@ from davir.errors import DataError
 from davir.pretrain_tiny.batches import EntityNoise
 from davir.pretrain_tiny.data import DESCRIPTION_ORDERS
 from davir.pretrain_tiny.loop import TinyPretrainSettings, pretrain
+from davir.runtime.arguments import limit_type
 
 
 def type_weights(text: str) -> dict[str, float]:
@@ -98,7 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--eval-scenes", type=int, default=100, help="test scenes scored (2 pairs each)")
-    parser.add_argument("--train-limit", type=int, default=None, help="use only the first N train scenes")
+    parser.add_argument(
+        "--train-limit",
+        type=limit_type("--train-limit", "every train scene"),
+        default=None,
+        help="use only the first N train scenes (N >= 1; default: all)",
+    )
     parser.add_argument(
         "--no-cider", dest="cider", action="store_false", help="skip BLEU/CIDEr in the final evaluation (needs Java)"
     )

@@ -125,10 +125,13 @@ def read_entity_part(path: Path) -> dict[str, list[tuple[str, float]]]:
 def recorded_roots(cache: str | Path) -> list[tuple[Path, str]]:
     """(manifest, dataset root) for every manifest in a cache folder that records the root it was built from:
     masks (`manifest.json`, `manifest-shard-I.json`: "root"), entities (`entities/manifest.json`: each
-    split's "root"), features (`manifest.json`: "dataset_root")."""
+    split's "root"), features (`manifest.json`, and `manifest.incomplete.json` of an unfinished first run:
+    "dataset_root")."""
+    from davir.data.feature_cache import UNFINISHED_MANIFEST
+
     cache = Path(cache)
     found = []
-    for path in [cache / "manifest.json", *sorted(cache.glob("manifest-shard-*.json"))]:
+    for path in [cache / "manifest.json", cache / UNFINISHED_MANIFEST, *sorted(cache.glob("manifest-shard-*.json"))]:
         if path.is_file():
             manifest = read_json(path)
             for key in ("root", "dataset_root"):

@@ -22,6 +22,23 @@ FEATURE_SHAPE = (1024, 14, 14)
 FEATURE_TENSOR = "features"
 KEYS_METADATA = "keys"
 FORMAT_VERSION = 1
+MANIFEST = "manifest.json"  # written once a run into the cache has finished: the folder is a feature cache
+UNFINISHED_MANIFEST = "manifest.incomplete.json"  # the settings of a first run that has not finished (yet)
+
+
+def not_a_cache(root: str | Path, *, what: str, command: str) -> DataError | None:
+    """Why `root` cannot be read as a feature cache (None when it can): no folder or no manifest.json, or a
+    first extraction that stopped (a bad image, a kill) and left only manifest.incomplete.json. `what` names
+    the cache in the message (`data.features=CACHE`); `command` is the extraction to run."""
+    root = Path(root)
+    if (root / MANIFEST).is_file():
+        return None
+    if (root / UNFINISHED_MANIFEST).is_file():
+        return DataError(
+            f"{what}: its feature extraction has not finished ({root / UNFINISHED_MANIFEST}: the run stopped before "
+            f"every image was stored); rerun `{command}` to resume it"
+        )
+    return DataError(f"{what} is not a feature cache (no {MANIFEST}); run `{command}` first")
 
 
 def image_key(path: str | Path, dataset_root: str | Path) -> str:
@@ -97,13 +114,12 @@ class FeatureCache:
 
     def __init__(self, root: str | Path, *, dataset_root: str | Path | None = None, dtype: torch.dtype = torch.float32):
         self.root = Path(root)
-        manifest_path = self.root / "manifest.json"
-        if not manifest_path.is_file():
-            raise DataError(
-                f"{self.root} is not a feature cache (no manifest.json); run "
-                f"`python -m preprocess features --out {self.root} …` first"
-            )
-        self.manifest = read_json(manifest_path)
+        problem = not_a_cache(
+            self.root, what=str(self.root), command=f"python -m preprocess features --out {self.root} …"
+        )
+        if problem is not None:
+            raise problem
+        self.manifest = read_json(self.root / MANIFEST)
         self.dataset_root = Path(dataset_root or self.manifest["dataset_root"])
         self.dtype = dtype
         self._entries: dict[str, tuple[str, int]] | None = None

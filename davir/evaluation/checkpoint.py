@@ -19,6 +19,7 @@ from davir.config import replace_fields
 from davir.errors import DataError
 from davir.evaluation.scoring import ReferenceSource, check_outputs, score_predictions
 from davir.metrics import METRICS
+from davir.runtime.arguments import check_limit
 
 
 @dataclass
@@ -27,7 +28,7 @@ class EvaluationOptions:
 
     format: str | None = None  # dataset format and root: default the run's data.format / data.root
     root: str | Path | None = None
-    limit: int | None = None  # caption only the first N pairs of the split (its own eval folder)
+    limit: int | None = None  # caption only the first N pairs of the split, N >= 1 (its own eval folder); None: all
     entities: str | Path | None = None  # entity cache for the split (default: the run's data.entities)
     allow_profile_mismatch: bool = False
     masks: str | Path | None = None  # mask cache for the localisation score without ground-truth masks
@@ -71,7 +72,7 @@ def eval_folder_name(format: str, root: str | Path, split: str, limit: int | Non
     own_root = run_data.get("root") and Path(run_data["root"]).resolve() == root and run_data.get("format") == format
     if not own_root:
         name += f"-{root.name}-{hashlib.sha1(str(root).encode()).hexdigest()[:8]}"
-    if limit:
+    if limit is not None:
         name += f"-limit{limit}"
     return name
 
@@ -238,6 +239,7 @@ def evaluate_run(
     from davir.runtime.cost import CostMeter
 
     options = _options(options, overrides)
+    check_limit(options.limit)  # 0 is no number of pairs (evaluate.py's --limit: N >= 1, or left out for all)
     say = print if options.echo else (lambda *args, **kwargs: None)
     model_dir = resolve_model_dir(checkpoint)
     run_dir = run_dir_of(model_dir)
@@ -272,7 +274,7 @@ def evaluate_run(
     markdown = Path(options.markdown or out_dir / "metrics.md")
     accelerator = Accelerator()
     index = read_dataset(format, root, split)
-    pairs = index.pairs[: options.limit] if options.limit else index.pairs
+    pairs = index.pairs[: options.limit] if options.limit is not None else index.pairs
     captioner = _split_captioner(
         run,
         run_dir,

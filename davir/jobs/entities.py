@@ -93,7 +93,7 @@ from davir.preprocessing.retrievers import (
     retrieve_image_level,
     retrieve_top_k,
 )
-from davir.runtime.arguments import at_least
+from davir.runtime.arguments import limit_type
 from davir.runtime.locks import output_lock, shard_job
 from davir.runtime.signals import stop_on_signals
 from davir.text.extractors import BACKENDS
@@ -130,10 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--fit-limit",
-        type=int,
+        type=limit_type("--fit-limit", "every pair of --fit-split"),
         default=None,
-        help="fit the fitted retriever on the first N pairs of --fit-split only (the vocabulary "
-        "still uses all its captions)",
+        help="fit the fitted retriever on the first N pairs of --fit-split only (N >= 1; default: all; the "
+        "vocabulary still uses all its captions)",
     )
     parser.add_argument(
         "--profile",
@@ -210,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
         "accelerate launch the process's own)",
     )
     parser.add_argument("--chunk-size", type=int, default=256, help="pairs per entity part file")
-    parser.add_argument("--limit", type=at_least(0), default=None, help="only the first N pairs of --split")
+    parser.add_argument(
+        "--limit", type=limit_type(), default=None, help="only the first N pairs of --split (N >= 1; default: all)"
+    )
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument(
         "--wait-lock",

@@ -20,13 +20,23 @@ processes of ``accelerate launch -m preprocess features …`` split the images (
 its own device; the main process writes index.json once all are stored), as K hand-started processes with
 ``--num-shards K --shard-index I`` do):
 
-    CACHE/manifest.json                         extraction settings (identical for every run into CACHE)
+    CACHE/manifest.json                         extraction settings (identical for every run into CACHE),
+                                                written once a run has stored every image of its share
+    CACHE/manifest.incomplete.json              the same settings, "status": "incomplete", while the first
+                                                run (or its rerun) has not finished: not a cache yet
     CACHE/features/s{I}of{K}-{n}.safetensors    tensor "features" (N, 1024, 14, 14) fp16; metadata "keys"
                                                 = JSON list of the N image keys, row order
     CACHE/index.json                            {"chunks": [...], "entries": {key: [chunk file, row]}}
     CACHE/runs/{split}-s{I}of{K}.json           counts of one run (extracted, already there, missing)
 
-An image key is the image path relative to the dataset root (POSIX separators). `FeatureCache(CACHE)
+A run that stops (an unreadable image: exit 2, its pair and file named; a kill) keeps the chunks it finished;
+a first run leaves no manifest.json, so `FeatureCache` and train.py say the extraction has not finished
+rather than reading it as a cache, and the rerun resumes after the stored chunks (a killed write's temporary
+is removed, never read).
+
+An image key is the image path relative to the dataset root (POSIX separators), so keys repeat across datasets:
+a cache takes the images of the one dataset root its manifest records, and a run with another `--root` is
+refused before any work (`--moved-from RECORDED_ROOT` when the dataset only moved). `FeatureCache(CACHE)
 .get(image_path)` returns the stored (1024, 14, 14) tensor for a path under the dataset root or a key.
 """
 
@@ -43,9 +53,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from davir.data.caches import made_from_another_root
 from davir.data.feature_cache import (
     FEATURE_SHAPE,
     FORMAT_VERSION,
+    MANIFEST,
+    UNFINISHED_MANIFEST,
     image_key,
     next_chunk_number,
     scan_index,
@@ -74,17 +87,36 @@ MISSING_EXAMPLES = 20
 
 
 class _ImageList(torch.utils.data.Dataset):
-    """(row, uint8 CHW tensor) per image; decoding and resizing run in the loader workers."""
+    """(row, uint8 CHW tensor, error) per image; decoding and resizing run in the loader workers.
 
-    def __init__(self, items: list[tuple[str, Path]]):
+    An image that cannot be read gives a blank tensor and its error's one line (naming the pair, from `pairs`:
+    key → the ids of the pairs using it, and the file), which the main process raises: a DataError raised in a
+    worker would reach the user as torch's "Caught DataError in DataLoader worker" with the worker's traceback."""
+
+    def __init__(self, items: list[tuple[str, Path]], pairs: dict[str, list[str]] | None = None):
         self.items = items
+        self.pairs = pairs or {}
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: int):
         key, path = self.items[index]
-        return index, torch.from_numpy(load_resized(path, record=key)).permute(2, 0, 1).contiguous()
+        users = self.pairs.get(key) or [key]
+        try:
+            image = load_resized(path, record=users[0])
+        except DataError as error:
+            blank = torch.zeros(3, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.uint8)
+            return index, blank, f"{error}{also_used_by(users[1:])}"
+        return index, torch.from_numpy(image).permute(2, 0, 1).contiguous(), ""
+
+
+def also_used_by(others: list[str]) -> str:
+    """The other pairs an image belongs to, for its error message ('' for none)."""
+    if not others:
+        return ""
+    shown = ", ".join(repr(pair_id) for pair_id in others[:3]) + (", …" if len(others) > 3 else "")
+    return f" (the image of {len(others)} other pair{'s' if len(others) > 1 else ''} too: {shown})"
 
 
 @dataclass
@@ -110,21 +142,55 @@ class Settings:
 
 
 def check_manifest(cache: Path, settings: Settings, write: bool = True) -> None:
-    """Write manifest.json (`write`: the main process of a launch), or refuse a cache made with other settings
-    (mixed features would be silent garbage)."""
-    path = cache / "manifest.json"
+    """Refuse a cache made with other settings (mixed features would be silent garbage), or, in a folder that is
+    no cache yet, record the settings in manifest.incomplete.json (`write`: not a launch's other processes), so
+    that a rerun after a failure or a kill compares against them. manifest.json is written only by
+    `finish_manifest`, once a run has stored its images: a first run that stops leaves no manifest.json, so the
+    folder is not taken for a cache (`FeatureCache`, train.py name the unfinished extraction instead)."""
     wanted = settings.manifest()
-    if path.is_file():
-        existing = read_json(path)
-        differing = [k for k in wanted if k != "dataset_root" and existing.get(k) != wanted[k]]
-        if differing:
-            raise DataError(
-                f"{path}: the cache was made with other settings ({', '.join(differing)}: "
-                f"{[existing.get(k) for k in differing]} vs {[wanted[k] for k in differing]}); use another --out"
-            )
-        return
+    for path in (cache / MANIFEST, cache / UNFINISHED_MANIFEST):
+        if path.is_file():
+            existing = read_json(path)
+            differing = [k for k in wanted if k != "dataset_root" and existing.get(k) != wanted[k]]
+            if differing:
+                raise DataError(
+                    f"{path}: the cache was made with other settings ({', '.join(differing)}: "
+                    f"{[existing.get(k) for k in differing]} vs {[wanted[k] for k in differing]}); use another --out"
+                )
+            return
     if write:
-        write_json_atomic(path, wanted)
+        write_json_atomic(
+            cache / UNFINISHED_MANIFEST,
+            {
+                **wanted,
+                "status": "incomplete",
+                "note": "a run of `python -m preprocess features` into this folder has not finished; rerun it to "
+                "resume (manifest.json replaces this file once every image of a run is stored)",
+            },
+        )
+
+
+def finish_manifest(cache: Path, settings: Settings) -> None:
+    """After a run has stored every image of its share: manifest.json (if the cache had none yet), and the
+    unfinished record gone."""
+    if not (cache / MANIFEST).is_file():
+        write_json_atomic(cache / MANIFEST, settings.manifest())
+    (cache / UNFINISHED_MANIFEST).unlink(missing_ok=True)
+
+
+def check_dataset_root(cache: Path, root: Path, moved_from: str | None) -> None:
+    """Refuse to add another dataset's images to a cache: image keys are paths relative to the dataset root
+    (images/000123.png), the same in every dataset, so the cache would mix two datasets under one set of names
+    (train.py would refuse it only later, or read the wrong one's features). `moved_from`: the cache's recorded
+    root, where the dataset was before it moved."""
+    other = made_from_another_root(cache, root, moved_from)
+    if other is not None:
+        manifest, recorded = other
+        raise DataError(
+            f"--out {cache} holds the features of dataset root {recorded} ({manifest}), but --root is "
+            f"{root.resolve()}: image names repeat across datasets, so the cache would mix the two; use another "
+            f"--out for this dataset, or, if the dataset only moved, pass --moved-from {recorded}"
+        )
 
 
 # --- extraction ------------------------------------------------------------------------------------
@@ -158,8 +224,11 @@ def extract_images(
     chunk_size: int = 256,
     progress: bool = True,
     description: str = "features",
+    pairs: dict[str, list[str]] | None = None,
 ) -> int:
-    """Run the backbone over (key, path) items and store fp16 chunks of `chunk_size`; returns images written."""
+    """Run the backbone over (key, path) items and store fp16 chunks of `chunk_size`; returns images written.
+    An unreadable image stops it with a DataError naming the image's pair (`pairs`: key → pair ids) and file;
+    the chunks written before stay (a rerun resumes after them)."""
     if not items:
         return 0
     cuda = device.type == "cuda"
@@ -167,7 +236,7 @@ def extract_images(
     if cuda:
         backbone = backbone.to(memory_format=torch.channels_last)
     loader = torch.utils.data.DataLoader(
-        _ImageList(items), batch_size=batch_size, num_workers=workers, pin_memory=cuda, persistent_workers=False
+        _ImageList(items, pairs), batch_size=batch_size, num_workers=workers, pin_memory=cuda, persistent_workers=False
     )
     number = next_chunk_number(cache, chunk_prefix)
     pending: list[torch.Tensor] = []
@@ -186,7 +255,11 @@ def extract_images(
         number, written = number + 1, written + count
 
     with torch.no_grad(), tqdm(total=len(items), desc=description, unit="image", disable=not progress) as bar:
-        for rows, images in loader:
+        for rows, images, errors in loader:
+            failed = [error for error in errors if error]
+            if failed:
+                more = f" ({len(failed) - 1} more unreadable image(s) in this batch)" if len(failed) > 1 else ""
+                raise DataError(f"{failed[0]}{more}")
             x = normalize_batch(images.to(device, non_blocking=cuda), std)
             if cuda:
                 with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -203,14 +276,38 @@ def extract_images(
     return written
 
 
-def split_images(index, dataset_root: Path) -> list[tuple[str, Path]]:
-    """Every image a split uses (before, after, distractor), deduplicated by key, in first-use order."""
+def images_and_pairs(index, dataset_root: Path) -> tuple[dict[str, Path], dict[str, list[str]]]:
+    """({key: path} of every image a split uses, in first-use order; {key: ids of the pairs using it}): an
+    image that cannot be read is named with its pair, as the other preprocessing jobs name it."""
     seen: dict[str, Path] = {}
+    users: dict[str, list[str]] = {}
     for pair in index.pairs:
         for path in (pair.before, pair.after, pair.distractor):
             if path is not None:
-                seen.setdefault(image_key(path, dataset_root), Path(path))
-    return list(seen.items())
+                key = image_key(path, dataset_root)
+                seen.setdefault(key, Path(path))
+                pair_ids = users.setdefault(key, [])
+                if not pair_ids or pair_ids[-1] != pair.pair_id:  # a pair's distractor may be its after image
+                    pair_ids.append(pair.pair_id)
+    return seen, users
+
+
+def chunk_prefix(layout: ProcessLayout) -> str:
+    """The name of a shard's chunk files (s000of001-000003.safetensors): each shard writes only its own."""
+    return f"s{layout.index:03d}of{layout.count:03d}"
+
+
+def remove_stale_temporaries(cache: Path, layout: ProcessLayout) -> int:
+    """Remove the temporaries a killed run of this shard left (`.s000of001-000003.safetensors.<pid>.<random>.tmp`;
+    its lock is held, so no live writer owns them), and, where this process alone writes the cache's shared files
+    (one shard, or a launch's main process), those of manifest.json, manifest.incomplete.json and index.json.
+    Returns how many went."""
+    stale = list((cache / "features").glob(f".{chunk_prefix(layout)}-*.tmp"))
+    if layout.count == 1 or (layout.launched and layout.is_main):
+        stale += [p for name in (MANIFEST, UNFINISHED_MANIFEST, "index.json") for p in cache.glob(f".{name}.*.tmp")]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
 
 
 def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
@@ -223,8 +320,10 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
         raise DataError("--weights and --random-init exclude each other")
     started = time.perf_counter()
     root, cache = Path(args.root), check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
+    check_dataset_root(cache, root, args.moved_from)
     index = read_dataset(args.format, root, args.split)
-    images = split_images(index, root)
+    paths, pairs_of = images_and_pairs(index, root)
+    images = list(paths.items())
     mine = layout.share(images)
     layout.announce(len(mine), len(images), "images")
 
@@ -238,13 +337,17 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
         weights_id = f"sha256:{file_sha256(Path(args.weights))}"
     std = AUTHORS_STD if args.std_typo else IMAGENET_STD
     cache.mkdir(parents=True, exist_ok=True)
-    check_manifest(cache, Settings(weights_id, tuple(std), str(root.resolve())), write=layout.is_main)
+    settings = Settings(weights_id, tuple(std), str(root.resolve()))
+    # Hand-set shards each record the settings (one may start alone); in a launch only the main process writes.
+    writes_manifest = layout.is_main or not layout.launched
+    check_manifest(cache, settings, write=writes_manifest)
 
+    remove_stale_temporaries(cache, layout)
     done = scan_index(cache)
     todo = [(key, path) for key, path in mine if key not in done]
     missing = [(key, path) for key, path in todo if not path.is_file()]
     if missing and not args.skip_missing:
-        examples = ", ".join(str(p) for _, p in missing[:3])
+        examples = ", ".join(f"{path} of pair {pairs_of[key][0]!r}" for key, path in missing[:3])
         raise DataError(
             f"{len(missing)} of {len(todo)} images to extract are missing (e.g. {examples}); "
             "pass --skip-missing to extract the others and count these in the run record"
@@ -260,15 +363,18 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
             cache,
             backbone,
             std=std,
-            chunk_prefix=f"s{layout.index:03d}of{layout.count:03d}",
+            chunk_prefix=chunk_prefix(layout),
             device=device,
             batch_size=args.batch_size or default_batch_size(device),
             workers=args.workers,
             chunk_size=args.chunk_size,
             progress=not args.no_progress,
             description=f"features {args.split}",
+            pairs=pairs_of,
         )
     entries = {} if layout.launched else write_index(cache)  # a launch: the main process, once all are done
+    if not layout.launched:
+        finish_manifest(cache, settings)
     seconds = time.perf_counter() - started
     record = {
         "format": args.format,
@@ -288,9 +394,12 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
     write_json_atomic(cache / "runs" / f"{args.split}-s{layout.index:03d}of{layout.count:03d}.json", record)
     if not layout.launched:
         return record
-    return merge_process_records(
+    merged = merge_process_records(
         layout.gather(record), cache, split=args.split, write=layout.is_main, seconds=time.perf_counter() - started
     )
+    if layout.is_main:  # every process has stored its share now
+        finish_manifest(cache, settings)
+    return merged
 
 
 def merge_process_records(records: list[dict], cache: Path, *, split: str, write: bool, seconds: float) -> dict:
@@ -333,6 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--random-init", action="store_true", help="seeded random backbone (tests/demo only)")
     parser.add_argument("--seed", type=int, default=0, help="seed of --random-init")
     parser.add_argument("--std-typo", action="store_true", help="the authors' std (0.229, 0.224, 0.224)")
+    parser.add_argument(
+        "--moved-from",
+        default=None,
+        help="the dataset root the --out cache was made from, when the dataset only moved since (as train.py's "
+        "data.moved_from); another dataset's images are refused",
+    )
     parser.add_argument(
         "--batch-size",
         type=int,

@@ -27,7 +27,7 @@ from davir.data.caches import MaskCache
 from davir.data.images import load_mask
 from davir.errors import DataError, check_output_file
 from davir.io import write_json_atomic
-from davir.runtime.arguments import at_least
+from davir.runtime.arguments import check_limit, limit_type
 from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
@@ -38,9 +38,11 @@ def iou(pred: np.ndarray, gt: np.ndarray) -> float:
 
 
 def evaluate(format: str, root: str | Path, split: str, masks: str | Path, limit: int | None = None) -> dict:
-    """All metrics of the module docstring for one split and one mask cache."""
+    """All metrics of the module docstring for one split and one mask cache (`limit`: its first N pairs, N >= 1;
+    None: all)."""
     from davir.data import read_dataset
 
+    limit = check_limit(limit)
     index = read_dataset(format, root, split)
     pairs = index.pairs if limit is None else index.pairs[:limit]
     cache = MaskCache(masks)
@@ -159,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", required=True)
     parser.add_argument("--masks", required=True, help="the cache folder written by `python -m preprocess masks`")
     parser.add_argument("--out", default=None, help="write the metrics as JSON here")
-    parser.add_argument("--limit", type=at_least(0), default=None, help="only the first N pairs of the split")
+    parser.add_argument(
+        "--limit", type=limit_type(), default=None, help="only the first N pairs of the split (N >= 1; default: all)"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.out:

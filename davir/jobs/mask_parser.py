@@ -9,7 +9,7 @@ from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, Regio
 from davir.preprocessing.object_localisation import LOCALISATIONS
 from davir.preprocessing.profiles import PROFILE_NAMES, TOOLKIT
 from davir.preprocessing.segmenters import SEGMENTERS
-from davir.runtime.arguments import at_least
+from davir.runtime.arguments import limit_type
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--split", required=True)
     data.add_argument("--out", required=True, help="cache folder (MaskCache layout)")
     data.add_argument(
-        "--limit", type=at_least(0), default=None, help="only the first N pairs of the split (after sharding)"
+        "--limit",
+        type=limit_type(),
+        default=None,
+        help="only the first N pairs of the split (after sharding; N >= 1; default: all)",
     )
 
     profile = parser.add_argument_group("profile (davir.preprocessing.profiles)")

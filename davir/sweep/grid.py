@@ -31,6 +31,7 @@ from davir.config import ConfigError, load_config
 from davir.errors import DataError, describe_os_error
 from davir.io import read_json, same_place, write_json_atomic, write_text_atomic
 from davir.metrics.captions import shared_meteor
+from davir.runtime.arguments import check_limit
 from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
 
 
@@ -318,6 +319,10 @@ def _evaluation_settings(raw: Any, path: Path) -> dict[str, Any]:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"{path}: unknown evaluate option(s) {unknown}; known: {', '.join(sorted(known))}")
+    try:  # before any cell trains: evaluate_run would refuse it only after the first cell's training
+        check_limit(raw.get("limit"))
+    except DataError as error:
+        raise ConfigError(f"{path}: evaluate: {error}") from None
     return {"spice": False, **raw}
 
 

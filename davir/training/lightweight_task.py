@@ -248,7 +248,7 @@ class LightweightTask:
     """One lightweight change captioner on cached grid features (see the module docstring)."""
 
     def __init__(self, config, accelerator: Accelerator):
-        from davir.data.feature_cache import FeatureCache
+        from davir.data.feature_cache import FeatureCache, not_a_cache
 
         self.config = config
         self.accelerator = accelerator
@@ -262,11 +262,14 @@ class LightweightTask:
                 f"{data.train_split} --out CACHE --weights resnet101.pth` (and for {data.val_split}), "
                 "then set data.features=CACHE"
             )
-        if not (Path(data.features) / "manifest.json").is_file():
-            raise DataError(
-                f"data.features={data.features} is not a feature cache; run `python -m preprocess features "
-                f"--format {data.format} --root {data.root} --split {data.train_split} --out {data.features} …`"
-            )
+        problem = not_a_cache(
+            data.features,
+            what=f"data.features={data.features}",
+            command=f"python -m preprocess features --format {data.format} --root {data.root} --split "
+            f"{data.train_split} --out {data.features} …",
+        )
+        if problem is not None:
+            raise problem
         check_cache_root(data.features, data.root, key="data.features", moved_from=data.moved_from)
         self.features = FeatureCache(data.features, dataset_root=data.root)
         check_feature_shape(config.lightweight, self.features.manifest.get("shape"), data.features)
