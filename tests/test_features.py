@@ -325,7 +325,7 @@ def test_another_dataset_root_is_refused_before_any_work(small_set, small_cache,
     recorded = small_set.resolve()
     assert capsys.readouterr().err == (
         f"error: --out {out} holds the features of dataset root {recorded} ({out / 'manifest.json'}), but --root "
-        f"is {other}: image names repeat across datasets, so the cache would mix the two; use another --out for "
+        f"is {other}: pair and image names repeat across datasets, so the cache would mix the two; use another --out for "
         f"this dataset, or, if the dataset only moved, pass --moved-from {recorded}\n"
     )
     assert tree(out) == kept

@@ -499,3 +499,45 @@ def test_sam_cli_loads_the_checkpoint_and_writes_masks(synth_root, tiny_sam_chec
     # caption.py's online masks rebuild SAM from a cache's record: an old one as it ran (PIL), a new one as recorded
     assert SEGMENTERS["sam"].settings_from_record({"sam_type": "tiny_test"}).image_resize == "pil"
     assert SEGMENTERS["sam"].settings_from_record(manifest["settings"]["segmenter"]).image_resize == "device"
+
+
+def test_another_dataset_root_is_refused_before_any_work(synth_root, tmp_path, capsys, monkeypatch):
+    """Masks of another dataset into a cache took the pair ids already there as done (000002.png is in every
+    CLEVR-layout set) and rewrote the manifest to the new root, so train.py's root check then passed on the old
+    dataset's masks; entities read a --masks cache of another root the same way. Both are refused now, before
+    any work, and --moved-from accepts a dataset that only moved."""
+    import shutil
+
+    from davir.jobs import entities
+
+    other = tmp_path / "other dataset"
+    shutil.copytree(synth_root, other)
+    out = tmp_path / "cache"
+    base = ["--format", "clevr_change", "--split", "train", "--out", str(out), "--limit", "2"]
+    assert _run(base + ["--root", str(synth_root)]) == 0
+    manifest = (out / "manifest.json").read_bytes()
+    recorded = synth_root.resolve()
+    capsys.readouterr()
+    assert _run(base + ["--root", str(other)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {out} holds the change masks of dataset root {recorded} ({out / 'manifest.json'}), but "
+        f"--root is {other}: pair and image names repeat across datasets, so the cache would mix the two; use "
+        f"another --out for this dataset, or, if the dataset only moved, pass --moved-from {recorded}\n"
+    )
+    assert (out / "manifest.json").read_bytes() == manifest
+
+    entity_argv = ["--format", "clevr_change", "--root", str(other), "--split", "train", "--out", str(tmp_path / "e")]
+    assert entities.main(entity_argv + ["--masks", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: --masks {out} holds the change masks of dataset root {recorded} ({out / 'manifest.json'}), but "
+        f"--root is {other}:"
+    )
+    assert not (tmp_path / "e").exists()
+
+    # the same root through a symlink, relative, and a moved dataset with --moved-from: resumed
+    link = tmp_path / "link"
+    link.symlink_to(synth_root, target_is_directory=True)
+    monkeypatch.chdir(synth_root.parent)
+    for root, extra in ((link, []), (synth_root.name, []), (other, ["--moved-from", str(recorded)])):
+        assert _run(base + ["--root", str(root), *extra]) == 0, root
+        assert json.loads((out / "manifest.json").read_text())["counts"]["reused"] == 2

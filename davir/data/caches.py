@@ -179,6 +179,33 @@ def made_from_another_root(
     return next(((m, root) for m, root in recorded_roots(cache) if Path(root).resolve() not in accepted), None)
 
 
+def refuse_another_root(
+    cache: str | Path, data_root: str | Path, moved_from: str | Path | None, *, what: str, flag: str = "--out"
+) -> None:
+    """Stop before any work when the cache `flag` holds `what` (masks, entities, features) of another dataset root:
+    pair ids and image names repeat across datasets, so the pairs already there would be skipped as done (or read)
+    and the cache would mix two datasets under one set of names. `moved_from`: the cache's recorded root, when the
+    dataset only moved since (`--moved-from`, as train.py's data.moved_from)."""
+    other = made_from_another_root(cache, data_root, moved_from)
+    if other is not None:
+        manifest, recorded = other
+        raise DataError(
+            f"{flag} {cache} holds the {what} of dataset root {recorded} ({manifest}), but --root is "
+            f"{Path(data_root).resolve()}: pair and image names repeat across datasets, so the cache would mix the "
+            f"two; use another {flag} for this dataset, or, if the dataset only moved, pass --moved-from {recorded}"
+        )
+
+
+def add_moved_from_argument(parser) -> None:
+    """`--moved-from OLD_ROOT` of the preprocessing jobs that add to a cache (see `refuse_another_root`)."""
+    parser.add_argument(
+        "--moved-from",
+        default=None,
+        help="the dataset root the --out cache was made from, when the dataset only moved since (as train.py's "
+        "data.moved_from); another dataset's pairs are refused",
+    )
+
+
 def require_cached(pairs, has, *, what: str, command: str) -> None:
     """Refuse to start when a cache lacks pairs (ChangePairs; `has(pair_id)`): computing them silently on the fly
     is not allowed."""

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from davir.data import read_dataset
-from davir.data.caches import EntityCache
+from davir.data.caches import EntityCache, add_moved_from_argument, refuse_another_root
 from davir.data.images import load_pair
 from davir.errors import DataError, check_output_dir, settings_differences
 from davir.io import read_json, write_json_atomic
@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="MaskCache folder, or 'gt' for the dataset's ground-truth masks (required unless --image-level)",
     )
     parser.add_argument("--out", required=True, help="entity cache folder (vocab.json, retriever/, entities/)")
+    add_moved_from_argument(parser)
     parser.add_argument(
         "--fit-masks",
         default=None,
@@ -337,6 +338,10 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     check_mode_arguments(args)
     deviations = apply_profile(args)
     out = check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
+    refuse_another_root(out, args.root, args.moved_from, what="entities")
+    for flag, masks in (("--masks", args.masks), ("--fit-masks", args.fit_masks)):
+        if masks not in (None, "gt"):  # a region of another dataset's mask would be retrieved from
+            refuse_another_root(masks, args.root, args.moved_from, what="change masks", flag=flag)
     manifest_path = out / "entities" / "manifest.json"
     settings = run_settings(args)
     manifest = read_json(manifest_path) if manifest_path.is_file() else {"settings": settings, "splits": {}}

@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from davir.data.caches import made_from_another_root
+from davir.data.caches import add_moved_from_argument, refuse_another_root
 from davir.data.feature_cache import (
     FEATURE_SHAPE,
     FORMAT_VERSION,
@@ -176,21 +176,6 @@ def finish_manifest(cache: Path, settings: Settings) -> None:
     if not (cache / MANIFEST).is_file():
         write_json_atomic(cache / MANIFEST, settings.manifest())
     (cache / UNFINISHED_MANIFEST).unlink(missing_ok=True)
-
-
-def check_dataset_root(cache: Path, root: Path, moved_from: str | None) -> None:
-    """Refuse to add another dataset's images to a cache: image keys are paths relative to the dataset root
-    (images/000123.png), the same in every dataset, so the cache would mix two datasets under one set of names
-    (train.py would refuse it only later, or read the wrong one's features). `moved_from`: the cache's recorded
-    root, where the dataset was before it moved."""
-    other = made_from_another_root(cache, root, moved_from)
-    if other is not None:
-        manifest, recorded = other
-        raise DataError(
-            f"--out {cache} holds the features of dataset root {recorded} ({manifest}), but --root is "
-            f"{root.resolve()}: image names repeat across datasets, so the cache would mix the two; use another "
-            f"--out for this dataset, or, if the dataset only moved, pass --moved-from {recorded}"
-        )
 
 
 # --- extraction ------------------------------------------------------------------------------------
@@ -320,7 +305,7 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
         raise DataError("--weights and --random-init exclude each other")
     started = time.perf_counter()
     root, cache = Path(args.root), check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
-    check_dataset_root(cache, root, args.moved_from)
+    refuse_another_root(cache, root, args.moved_from, what="features")
     index = read_dataset(args.format, root, args.split)
     paths, pairs_of = images_and_pairs(index, root)
     images = list(paths.items())
@@ -442,12 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--random-init", action="store_true", help="seeded random backbone (tests/demo only)")
     parser.add_argument("--seed", type=int, default=0, help="seed of --random-init")
     parser.add_argument("--std-typo", action="store_true", help="the authors' std (0.229, 0.224, 0.224)")
-    parser.add_argument(
-        "--moved-from",
-        default=None,
-        help="the dataset root the --out cache was made from, when the dataset only moved since (as train.py's "
-        "data.moved_from); another dataset's images are refused",
-    )
+    add_moved_from_argument(parser)
     parser.add_argument(
         "--batch-size",
         type=int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from davir.data.caches import add_moved_from_argument
 from davir.jobs.component_options import add_component_arguments
 from davir.preprocessing.change_regions import PHOTOMETRIC, REGISTRATIONS, RegionSettings
 from davir.preprocessing.object_localisation import LOCALISATIONS
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--root", required=True, help="dataset root folder")
     data.add_argument("--split", required=True)
     data.add_argument("--out", required=True, help="cache folder (MaskCache layout)")
+    add_moved_from_argument(data)
     data.add_argument(
         "--limit",
         type=limit_type(),

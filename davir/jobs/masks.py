@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from davir.data.caches import MaskCache, cache_key
+from davir.data.caches import MaskCache, cache_key, refuse_another_root
 from davir.data.records import ChangePair
 from davir.errors import DataError, check_output_dir, settings_differences
 from davir.io import read_json, write_json_atomic
@@ -255,6 +255,7 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
 
     started = time.time()
     check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
+    refuse_another_root(args.out, args.root, args.moved_from, what="change masks")
     if args.viz:
         check_output_dir(args.viz, what="--viz")
     deviations = apply_profile(args)
