@@ -287,3 +287,29 @@ def test_empty_references_policy_with_a_dataset_split_is_a_usage_error(tmp_path,
             assert not out.exists()
     document = run_evaluate(tmp_path, "auto", predictions, *dataset, "--empty-references", "auto", *FAST)
     assert document["references"]["empty_references"]["policy"] == "skipped"
+
+
+def test_flags_of_generating_predictions_with_a_predictions_file_are_a_usage_error(tmp_path, capsys):
+    """--limit, --batch-size, --num-beams … with --predictions were silently ignored (the file was scored whole, as
+    it is); a usage error now, naming them, before anything is read or written."""
+    predictions = tmp_path / "preds.json"
+    predictions.write_text(json.dumps({"x": "a cup appeared"}))
+    references = tmp_path / "refs.json"
+    references.write_text(json.dumps({"x": ["a cup appeared"]}))
+    out = tmp_path / "metrics.json"
+    base = ["--predictions", str(predictions), "--references", str(references), "--no-spice", "--out", str(out)]
+    for extra, named in (
+        (["--limit", "1"], "--limit applies"),
+        (
+            ["--batch-size", "4", "--num-beams", "3", "--masks", str(tmp_path)],
+            "--masks, --batch-size, --num-beams apply",
+        ),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            evaluate.main(base + extra)
+        assert stopped.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"evaluate.py: error: {named} to generating predictions with --checkpoint; --predictions scores a file "
+            "of captions as it is"
+        )
+        assert not out.exists()

@@ -58,15 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="ResNet weights of a lightweight run, when its features are computed from the images (a --root other "
         "than the one its feature cache was built from)",
     )
-    source.add_argument("--batch-size", type=int, default=16)
+    source.add_argument("--batch-size", type=at_least(1), default=None, help="pairs per generate call (default: 16)")
     source.add_argument(
         "--num-beams",
-        type=int,
+        type=at_least(1),
         default=None,
         help="1 = greedy, >1 = beam search (default: the run's run.num_beams, the decoding its "
         "best/ was selected with)",
     )
-    source.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's run.max_new_tokens")
+    source.add_argument(
+        "--max-new-tokens", type=at_least(1), default=None, help="default: the run's run.max_new_tokens"
+    )
     source.add_argument(
         "--limit", type=limit_type(), help="caption only the first N pairs of the split (N >= 1; default: all)"
     )
@@ -125,6 +127,28 @@ def check_reference_args(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error("--format needs --root")
 
 
+CHECKPOINT_ONLY = (
+    "entities",
+    "allow_profile_mismatch",
+    "masks",
+    "backbone_weights",
+    "batch_size",
+    "num_beams",
+    "max_new_tokens",
+    "limit",
+)  # the flags of generating predictions with --checkpoint
+
+
+def check_predictions_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A flag of generating predictions given with a --predictions file would change nothing: a usage error."""
+    given = ["--" + name.replace("_", "-") for name in CHECKPOINT_ONLY if getattr(args, name) not in (None, False)]
+    if given:
+        parser.error(
+            f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to generating predictions with --checkpoint; "
+            "--predictions scores a file of captions as it is"
+        )
+
+
 def check_empty_references(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--empty-references keep|skip rules a --references file only. A dataset split's references are its protocol's
     (davir.metrics.protocols.references_for_evaluation: empty sentences as the split's official reference file has
@@ -161,7 +185,7 @@ def evaluation_options(args: argparse.Namespace) -> EvaluationOptions:
         allow_profile_mismatch=args.allow_profile_mismatch,
         masks=args.masks,
         backbone_weights=args.backbone_weights,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size or EvaluationOptions.batch_size,
         num_beams=args.num_beams,
         max_new_tokens=args.max_new_tokens,
         **scoring_options(args),
@@ -184,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluate_run(args.checkpoint, args.split, evaluation_options(args))
             return 0
         check_reference_args(parser, args)
+        check_predictions_args(parser, args)
         check_empty_references(parser, args)
         check_outputs(
             args.out, args.markdown, inputs={"--predictions": args.predictions, "--references": args.references}
