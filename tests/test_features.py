@@ -324,9 +324,8 @@ def test_another_dataset_root_is_refused_before_any_work(small_set, small_cache,
     assert extract(other, out, "--workers", "0") == 2
     recorded = small_set.resolve()
     assert capsys.readouterr().err == (
-        f"error: --out {out} holds the features of dataset root {recorded} ({out / 'manifest.json'}), but --root "
-        f"is {other}: pair and image names repeat across datasets, so the cache would mix the two; use another --out for "
-        f"this dataset, or, if the dataset only moved, pass --moved-from {recorded}\n"
+        f"error: --out={out} was built from dataset root {recorded} ({out / 'manifest.json'}), but --root is "
+        f"{other}: use another --out for this dataset, or, if the dataset only moved, pass --moved-from {recorded}\n"
     )
     assert tree(out) == kept
     # the same root given relative, or through a symlink, is that dataset; --moved-from accepts a moved one
@@ -342,7 +341,7 @@ def test_another_dataset_root_is_refused_before_any_work(small_set, small_cache,
     unfinished.mkdir()
     (unfinished / "manifest.incomplete.json").write_text(json.dumps({"dataset_root": str(recorded)}))
     assert extract(other, unfinished, "--workers", "0") == 2
-    assert f"holds the features of dataset root {recorded} ({unfinished / 'manifest.incomplete.json'})" in (
+    assert f"was built from dataset root {recorded} ({unfinished / 'manifest.incomplete.json'})" in (
         capsys.readouterr().err
     )
     assert sorted(p.name for p in unfinished.iterdir()) == ["manifest.incomplete.json"]

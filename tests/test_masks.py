@@ -520,17 +520,16 @@ def test_another_dataset_root_is_refused_before_any_work(synth_root, tmp_path, c
     capsys.readouterr()
     assert _run(base + ["--root", str(other)]) == 2
     assert capsys.readouterr().err == (
-        f"error: --out {out} holds the change masks of dataset root {recorded} ({out / 'manifest.json'}), but "
-        f"--root is {other}: pair and image names repeat across datasets, so the cache would mix the two; use "
-        f"another --out for this dataset, or, if the dataset only moved, pass --moved-from {recorded}\n"
+        f"error: --out={out} was built from dataset root {recorded} ({out / 'manifest.json'}), but --root is "
+        f"{other}: use another --out for this dataset, or, if the dataset only moved, pass --moved-from {recorded}\n"
     )
     assert (out / "manifest.json").read_bytes() == manifest
 
     entity_argv = ["--format", "clevr_change", "--root", str(other), "--split", "train", "--out", str(tmp_path / "e")]
     assert entities.main(entity_argv + ["--masks", str(out), "--no-progress"]) == 2
     assert capsys.readouterr().err.startswith(
-        f"error: --masks {out} holds the change masks of dataset root {recorded} ({out / 'manifest.json'}), but "
-        f"--root is {other}:"
+        f"error: --masks={out} was built from dataset root {recorded} ({out / 'manifest.json'}), but --root is "
+        f"{other}: use another --masks for this dataset"
     )
     assert not (tmp_path / "e").exists()
 

@@ -155,18 +155,19 @@ def check_cache_root(
     moved_from: str | Path | None = None,
     root_key: str = "data.root",
     moved_hint: str = "set data.moved_from=",
+    remedy: str = "rebuild the cache for this dataset",
 ) -> None:
     """Refuse a cache built from another dataset: pair ids repeat across datasets (000123.png …), so a
     cache for other data would be used silently. `moved_from` accepts caches that recorded the dataset's
-    old location (the data moved, the caches did not). `key` is the config key naming the cache; `root_key`
-    and `moved_hint` name the dataset root and the way to pass `moved_from` (a config key, or a command's options)."""
+    old location (the data moved, the caches did not). `key` names the cache (a config key, or a command's flag
+    such as --out); `root_key`, `moved_hint` and `remedy` name the dataset root, the way to pass `moved_from` and
+    what to do instead, in the words of the config or the command."""
     other = made_from_another_root(cache, data_root, moved_from)
     if other is not None:
         manifest, root = other
         raise DataError(
             f"{key}={cache} was built from dataset root {root} ({manifest}), but {root_key} is "
-            f"{Path(data_root).resolve()}: rebuild the cache for this dataset, or, if the dataset only moved, "
-            f"{moved_hint}{root}"
+            f"{Path(data_root).resolve()}: {remedy}, or, if the dataset only moved, {moved_hint}{root}"
         )
 
 
@@ -180,20 +181,21 @@ def made_from_another_root(
 
 
 def refuse_another_root(
-    cache: str | Path, data_root: str | Path, moved_from: str | Path | None, *, what: str, flag: str = "--out"
+    cache: str | Path, data_root: str | Path, moved_from: str | Path | None, *, flag: str = "--out"
 ) -> None:
-    """Stop before any work when the cache `flag` holds `what` (masks, entities, features) of another dataset root:
-    pair ids and image names repeat across datasets, so the pairs already there would be skipped as done (or read)
-    and the cache would mix two datasets under one set of names. `moved_from`: the cache's recorded root, when the
-    dataset only moved since (`--moved-from`, as train.py's data.moved_from)."""
-    other = made_from_another_root(cache, data_root, moved_from)
-    if other is not None:
-        manifest, recorded = other
-        raise DataError(
-            f"{flag} {cache} holds the {what} of dataset root {recorded} ({manifest}), but --root is "
-            f"{Path(data_root).resolve()}: pair and image names repeat across datasets, so the cache would mix the "
-            f"two; use another {flag} for this dataset, or, if the dataset only moved, pass --moved-from {recorded}"
-        )
+    """A preprocessing job adding to the cache `flag` (or reading it) stops before any work when the cache holds
+    another dataset root's pairs: their ids and image names repeat across datasets, so the pairs already there
+    would be skipped as done and the cache would mix two datasets. `moved_from`: `--moved-from`, the cache's
+    recorded root when the dataset only moved since (as train.py's data.moved_from)."""
+    check_cache_root(
+        cache,
+        data_root,
+        key=flag,
+        moved_from=moved_from,
+        root_key="--root",
+        moved_hint="pass --moved-from ",
+        remedy=f"use another {flag} for this dataset",
+    )
 
 
 def add_moved_from_argument(parser) -> None:

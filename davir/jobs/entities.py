@@ -338,10 +338,10 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
     check_mode_arguments(args)
     deviations = apply_profile(args)
     out = check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
-    refuse_another_root(out, args.root, args.moved_from, what="entities")
+    refuse_another_root(out, args.root, args.moved_from)
     for flag, masks in (("--masks", args.masks), ("--fit-masks", args.fit_masks)):
         if masks not in (None, "gt"):  # a region of another dataset's mask would be retrieved from
-            refuse_another_root(masks, args.root, args.moved_from, what="change masks", flag=flag)
+            refuse_another_root(masks, args.root, args.moved_from, flag=flag)
     manifest_path = out / "entities" / "manifest.json"
     settings = run_settings(args)
     manifest = read_json(manifest_path) if manifest_path.is_file() else {"settings": settings, "splits": {}}

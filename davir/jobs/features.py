@@ -305,7 +305,7 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
         raise DataError("--weights and --random-init exclude each other")
     started = time.perf_counter()
     root, cache = Path(args.root), check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
-    refuse_another_root(cache, root, args.moved_from, what="features")
+    refuse_another_root(cache, root, args.moved_from)
     index = read_dataset(args.format, root, args.split)
     paths, pairs_of = images_and_pairs(index, root)
     images = list(paths.items())

@@ -255,7 +255,7 @@ def run(args: argparse.Namespace, argv: list[str], layout: ProcessLayout | None 
 
     started = time.time()
     check_output_dir(args.out, what="--out")  # before any work (docs/errors.md)
-    refuse_another_root(args.out, args.root, args.moved_from, what="change masks")
+    refuse_another_root(args.out, args.root, args.moved_from)
     if args.viz:
         check_output_dir(args.viz, what="--viz")
     deviations = apply_profile(args)
