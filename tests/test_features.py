@@ -43,23 +43,11 @@ def clevr_root(shared_datasets):
     return shared_datasets / "clevr_change"
 
 
-def run_cli(root, out, *extra: str) -> int:
+def run_cli(root, out, *extra: str, split: str = "val") -> int:
+    """`preprocess features` of a CLEVR-layout set; a later flag in `extra` overrides one given here."""
     return main(
-        [
-            "--format",
-            "clevr_change",
-            "--root",
-            str(root),
-            "--split",
-            "val",
-            "--out",
-            str(out),
-            "--workers",
-            "0",
-            "--batch-size",
-            "4",
-            *extra,
-        ]
+        ["--format", "clevr_change", "--root", str(root), "--split", split, "--out", str(out), "--workers", "0"]
+        + ["--batch-size", "4", *extra]
     )
 
 
@@ -204,24 +192,9 @@ def test_captioning_finds_the_shipped_tiny_backbone_by_its_hash_and_names_the_fl
 
 # --- a bad image, a stopped run, another dataset (a small synthetic set: 6 images in its test split) -----------
 def extract(root, out, *extra: str) -> int:
-    return main(
-        [
-            "--format",
-            "clevr_change",
-            "--root",
-            str(root),
-            "--split",
-            "test",
-            "--out",
-            str(out),
-            "--random-init",
-            "--batch-size",
-            "2",
-            "--chunk-size",
-            "2",
-            "--no-progress",
-            *extra,
-        ]
+    """The small set's test split, a random backbone, chunks of 2 images (three chunks from its 6)."""
+    return run_cli(
+        root, out, "--random-init", "--batch-size", "2", "--chunk-size", "2", "--no-progress", *extra, split="test"
     )
 
 
@@ -284,7 +257,7 @@ def test_a_missing_image_names_its_pair(small_set, tmp_path, capsys):
     root = tmp_path / "data"
     shutil.copytree(small_set, root)
     (root / "sc_images" / "CLEVR_semantic_000002.png").unlink()
-    assert extract(root, tmp_path / "features") == 2
+    assert extract(root, tmp_path / "features", "--workers", "2") == 2
     assert capsys.readouterr().err == (
         f"error: 1 of 6 images to extract are missing (e.g. {root}/sc_images/CLEVR_semantic_000002.png of pair "
         "'000002.png'); pass --skip-missing to extract the others and count these in the run record\n"
