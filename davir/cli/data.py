@@ -14,9 +14,12 @@ from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 def _verify(args) -> int:
     from davir.data.verify import format_checks, verify_dataset
+    from davir.errors import check_output_file
     from davir.io import write_json_atomic
 
-    checks = verify_dataset(args.format, args.root, args.split, decode=not args.quick)
+    if args.out:  # before the images are looked at (minutes on a whole benchmark)
+        check_output_file(args.out, what="--out", example="verify.json")
+    checks = verify_dataset(args.format, args.root, args.split, decode=not args.quick, out=args.out)
     summary, problems = format_checks(args.format, checks)
     print("\n".join(summary))
     for line in problems:
@@ -152,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--root", required=True)
     verify.add_argument("--split", action="append", help="split(s) to check (default: all of the format's)")
     verify.add_argument("--quick", action="store_true", help="check existence and size only, do not decode images")
-    verify.add_argument("--out", help="write every split's counts and problems to this JSON file")
+    verify.add_argument(
+        "--out",
+        help="write every split's counts and problems to this JSON file (never a file of the dataset: "
+        "inside --root only a new file or an earlier report)",
+    )
 
     importer = commands.add_parser(
         "import",
