@@ -272,11 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     synth.add_argument("--workers", type=int, default=0, help="processes (0 = one per core)")
 
     show = commands.add_parser("show", help="draw a grid of before/after/mask thumbnails with captions")
-    show.add_argument("--format", required=True)
-    show.add_argument("--root", required=True)
-    show.add_argument("--split", default="test")
-    show.add_argument("--out", required=True)
-    show.add_argument("--num", type=int, default=12)
+    show.add_argument("--format", required=True, help="the dataset's format (clevr_change, spot_the_diff, folder, …)")
+    show.add_argument("--root", required=True, help="the dataset's folder")
+    show.add_argument("--split", default="test", help="the split to draw (default: test)")
+    show.add_argument(
+        "--out",
+        required=True,
+        help="the PNG to write (never a file of the dataset: inside --root only a new file or an earlier grid)",
+    )
+    show.add_argument("--num", type=int, default=12, help="pairs to draw, one row each: 1 to 500 (default: 12)")
 
     pairs = commands.add_parser(
         "pairs",
