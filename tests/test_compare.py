@@ -144,3 +144,46 @@ def test_compare_runs_from_python_reads_the_runs_and_names_the_paper_dataset(tmp
 def test_compare_command_errors_name_the_problem(argv, message, capsys):
     assert main(argv) == 2
     assert f"error: {message}" in capsys.readouterr().err
+
+
+def test_outputs_never_replace_a_file_of_a_run_and_plot_takes_its_format_from_the_suffix(tmp_path, capsys):
+    """`--out RUN/config.yaml` (or an eval's metrics.json) wrote the table over the run's file, exit 0; `--plot
+    table.md` (or the --out path) stopped in matplotlib with a traceback after --out was written, and `--plot
+    bars` wrote bars.png. All are refused before any run is read (exit 2, the flag and file named); a new file of
+    the user's beside the run's is fine, and --plot writes the format of its suffix."""
+    run = _run(tmp_path / "run é" / "seed0", "scorer", 1.2)
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    metrics = run / "eval" / "clevr_change_test" / "metrics.json"
+    kept = {path: path.read_bytes() for path in (run / "config.yaml", metrics)}
+    for argv, message in [
+        (
+            ["--out", str(run / "config.yaml")],
+            f"--out {run / 'config.yaml'} is config.yaml of the run {run}, which it would replace; give another --out",
+        ),
+        (
+            ["--plot", str(link / "eval" / "clevr_change_test" / "metrics.json")],
+            f"--plot {link / 'eval' / 'clevr_change_test' / 'metrics.json'}: matplotlib cannot write a .json; "
+            "give a .png path (or ",
+        ),
+        (
+            ["--out", str(link / "eval" / "clevr_change_test" / "metrics.json")],
+            f"--out {link / 'eval' / 'clevr_change_test' / 'metrics.json'} is "
+            f"{Path('eval', 'clevr_change_test', 'metrics.json')} of the run {run}, which it would replace",
+        ),
+        (
+            ["--out", str(tmp_path / "t.md"), "--plot", str(tmp_path / "t.md")],
+            f"--plot {tmp_path / 't.md'} is the --out file, which it would replace; give another --plot",
+        ),
+        (["--plot", str(tmp_path / "bars")], f"--plot {tmp_path / 'bars'}: matplotlib cannot write a file without"),
+    ]:
+        assert main([str(run), *argv]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith(f"error: {message}")
+    assert {path: path.read_bytes() for path in kept} == kept
+    assert not (tmp_path / "t.md").exists() and not list(tmp_path.glob("bars*"))
+
+    for _ in range(2):  # beside the run's files, and again over them
+        assert main([str(run), "--out", str(run / "table.md"), "--plot", str(run / "bars.svg")]) == 0
+    assert (run / "table.md").read_text().startswith("| source |")
+    assert (run / "bars.svg").read_text().lstrip().startswith("<?xml")

@@ -4,8 +4,9 @@ davir.compare` (davir.cli.compare, whose help says what is read and how seeds ar
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ import yaml
 from davir.compare.paper_results import METRIC_COLUMNS, paper_results
 from davir.compare.seed_spread import inside_spread_lines, metric_at, spread_text, value_at
 from davir.errors import DataError
-from davir.io import read_json
+from davir.io import atomic_path, read_json
+from davir.runs.files import RUN_ENTRIES
 from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
 
 SETTINGS = ("total", "semantic", "distractor")
@@ -195,8 +197,47 @@ def _device(document: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def picture_formats() -> dict[str, str]:
+    """The file suffixes matplotlib writes a figure as (png, pdf, svg, …) → what each is."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return FigureCanvasBase.get_supported_filetypes()
+
+
+def check_outputs(outputs: Mapping[str, str | Path | None], runs: Sequence[str | Path]) -> None:
+    """Before any run is read: no two outputs ({flag: path}) are one file, `--plot` has a suffix matplotlib
+    writes, and no output replaces a file a run wrote (its config.yaml, an eval's metrics.json, its weights: a
+    path under one of the run's own entries, `davir.runs.files.RUN_ENTRIES`). A new file of the user's beside
+    them in the run folder is fine."""
+    given = {flag: Path(path) for flag, path in outputs.items() if path is not None}
+    seen: dict[str, str] = {}
+    for flag, path in given.items():
+        real = os.path.realpath(path)
+        if real in seen:
+            raise DataError(f"{flag} {path} is the {seen[real]} file, which it would replace; give another {flag}")
+        seen[real] = flag
+        if flag == "--plot":
+            suffix = path.suffix.lower().lstrip(".")
+            formats = picture_formats()
+            if suffix not in formats:
+                raise DataError(
+                    f"--plot {path}: matplotlib cannot write a {'.' + suffix if suffix else 'file without a suffix'}"
+                    f"; give a .png path (or {', '.join('.' + name for name in sorted(formats) if name != 'png')})"
+                )
+        if not os.path.lexists(path):
+            continue
+        for run in runs:
+            for inside, folder in ((os.path.abspath(path), os.path.abspath(run)), (real, os.path.realpath(run))):
+                relative = os.path.relpath(inside, folder)
+                if relative.split(os.sep)[0] in RUN_ENTRIES:
+                    raise DataError(
+                        f"{flag} {path} is {relative} of the run {run}, which it would replace; give another {flag}"
+                    )
+
+
 def bar_chart(results: list[RunResult], dataset: str, path: Path) -> None:
-    """Grouped bars: each run's total-row metrics, and CIDEr beside the paper's CIDEr for its method."""
+    """Grouped bars: each run's total-row metrics, and CIDEr beside the paper's CIDEr for its method; written
+    atomically in the format of `path`'s suffix (png, pdf, svg, …)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,9 +271,12 @@ def bar_chart(results: list[RunResult], dataset: str, path: Path) -> None:
     right.set_title("CIDEr: ours vs paper (0 = not reported)")
     right.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    path = Path(path)
+    try:
+        with atomic_path(path) as tmp:  # a Ctrl-C mid-save leaves no half picture
+            fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
 
 
 @dataclass(frozen=True)
