@@ -23,9 +23,11 @@ def _run(
     data_format: str = "clevr_change",
     references: dict | None = None,
     synthetic: bool = False,
+    seed: int | None = None,
 ) -> Path:
     (folder / "eval" / f"{data_format}_test").mkdir(parents=True)
-    (folder / "config.yaml").write_text(f"method: {method}\ndata:\n  format: {data_format}\n")
+    run_seed = "" if seed is None else f"run:\n  seed: {seed}\n"
+    (folder / "config.yaml").write_text(f"method: {method}\ndata:\n  format: {data_format}\n{run_seed}")
     document = {
         "rows": {
             "total": {"metrics": {"BLEU-4": 0.5, "METEOR": 0.3, "ROUGE_L": 0.6, "CIDEr": cider}, "num_pairs": 300}
@@ -187,3 +189,25 @@ def test_outputs_never_replace_a_file_of_a_run_and_plot_takes_its_format_from_th
         assert main([str(run), "--out", str(run / "table.md"), "--plot", str(run / "bars.svg")]) == 0
     assert (run / "table.md").read_text().startswith("| source |")
     assert (run / "bars.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_one_run_twice_or_two_runs_of_one_seed_are_never_pooled_as_seeds(tmp_path, capsys):
+    """The same run given twice (relative and through a link) was one row of "2 seeds" with a spread of 0, and
+    runs/a/demo and runs/b/demo (two runs both trained with seed 0) were pooled as two seeds of "demo": now the
+    first is refused (exit 2, both names), the second gives one row per run, named by its folder."""
+    run = _run(tmp_path / "x" / "seed0", "scorer", 1.2, seed=0)
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    assert main([str(run), str(link)]) == 2
+    assert capsys.readouterr().err == f"error: {link} is the run {run} again ({run}); give each run once\n"
+
+    first = _run(tmp_path / "a" / "demo", "scorer", 1.2, seed=0)
+    second = _run(tmp_path / "b" / "demo", "scorer", 1.4, seed=0)
+    table = compare_runs([first, second]).table
+    assert "seeds" not in table.split("\n\n")[0]
+    assert f"| ours: {first} (test) | scorer | total | 50.0 | 30.0 | 60.0 | 120.0 |" in table
+    assert f"| ours: {second} (test) | scorer | total | 50.0 | 30.0 | 60.0 | 140.0 |" in table
+    assert f"Not pooled: {first}, {second} share a name but not seeds of one variant" in table
+    # seeds of one variant still pool
+    seeds = [_run(tmp_path / "v" / f"seed{s}", "scorer", c, seed=s) for s, c in enumerate([1.2, 1.4])]
+    assert "| ours: v (test, 2 seeds) | scorer | total |" in compare_runs(seeds).table

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ class RunResult:
     path: Path
     document: dict[str, Any] = field(default_factory=dict)  # the whole metrics.json
     group: str = ""  # the run's name without its seed: runs of one group are one table row
+    seed: int | None = None  # config.yaml run.seed (None where the config does not say)
+    folder: Path | None = None  # the run folder as given
 
 
 def seed_group(run: Path) -> str:
@@ -81,6 +83,8 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     if "total" not in rows:
         raise DataError(f"{found[0]}: no 'total' row; not written by evaluate.py")
     data_format = config.get("data", {}).get("format", "?")
+    seed = (config.get("run") or {}).get("seed")
+    seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else None
     return RunResult(
         run.name,
         method,
@@ -91,6 +95,8 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
         found[0],
         metrics,
         seed_group(run),
+        seed,
+        run,
     )
 
 
@@ -99,11 +105,32 @@ def _cell(value) -> str:
 
 
 def group_runs(results: list[RunResult]) -> dict[str, list[RunResult]]:
-    """Runs keyed by seed group (and method and split, so that two methods never share a row), in input order."""
+    """Runs keyed by seed group (and method and split, so that two methods never share a row), in input order. A
+    group holding two runs of one seed (`runs/a/demo` and `runs/b/demo`, both seed 0) is not seeds of one
+    variant: each of its runs is a row of its own, named by its folder (`unpooled`)."""
+    rows: dict[str, list[RunResult]] = {}
+    for key, runs in group_runs_by_name(results).items():
+        if unpooled(runs):
+            for run in runs:
+                named = replace(run, name=str(run.folder or run.path), group=str(run.folder or run.path))
+                rows[f"{named.group} ({run.method}, {run.split})"] = [named]
+        else:
+            rows[key] = runs
+    return rows
+
+
+def group_runs_by_name(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """Runs keyed by seed group, method and split, as given (no run split off)."""
     groups: dict[str, list[RunResult]] = {}
     for result in results:
         groups.setdefault(f"{result.group} ({result.method}, {result.split})", []).append(result)
     return groups
+
+
+def unpooled(runs: list[RunResult]) -> bool:
+    """Whether runs of one seed group share a seed, so are not seeds of one variant."""
+    seeds = [run.seed for run in runs if run.seed is not None]
+    return len(seeds) != len(set(seeds))
 
 
 def _label(runs: list[RunResult]) -> str:
@@ -156,6 +183,12 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
         "(docs/methods/README.md); runs on other data are comparable in ordering, not in absolute value."
     )
     text = "\n".join(lines) + "\n\n" + note + "\n"
+    for runs in group_runs_by_name(results).values():
+        if unpooled(runs):
+            text += (
+                f"\nNot pooled: {', '.join(str(r.folder or r.path) for r in runs)} share a name but not seeds of one "
+                "variant (two of them trained with one seed); each is a row of its own.\n"
+            )
     text += cost_table(groups)
     flags = inside_spread_lines(spread)
     if flags and len(groups) > 1:
@@ -295,6 +328,12 @@ def compare_runs(
     first run's data format), or with `leaderboard` the leaderboard of that benchmark with the runs in it."""
     if not runs and not leaderboard:
         raise DataError("give the run folders to compare, or --leaderboard BENCHMARK")
+    given: dict[str, Path] = {}
+    for run in map(Path, runs):  # one run twice (a glob and its path, a link) would count as two seeds
+        real = os.path.realpath(run)
+        if real in given:
+            raise DataError(f"{run} is the run {given[real]} again ({real}); give each run once")
+        given[real] = run
     results = [read_run(Path(run), split=split) for run in runs]
     if leaderboard:
         from davir.compare.leaderboard import leaderboard_table
