@@ -4,6 +4,7 @@ seed spread cannot settle, compute cost beside the scores, and the leaderboard w
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,43 @@ def test_one_run_twice_or_two_runs_of_one_seed_are_never_pooled_as_seeds(tmp_pat
     # seeds of one variant still pool
     seeds = [_run(tmp_path / "v" / f"seed{s}", "scorer", c, seed=s) for s, c in enumerate([1.2, 1.4])]
     assert "| ours: v (test, 2 seeds) | scorer | total |" in compare_runs(seeds).table
+
+
+@pytest.mark.parametrize(
+    "config, metrics, message",
+    [
+        (": : :\n", None, "config.yaml: not a readable run config (line 1, column 1: expected <block end>, but found"),
+        ("- [1]\n", None, "config.yaml: expected an object of keys, got list"),
+        (b"method: \xe9\n", None, "config.yaml: not a readable run config ('utf-8' codec can't decode byte 0xe9"),
+        (None, {"rows": []}, "metrics.json: key 'rows' must be a mapping, got []"),
+        (None, {"rows": {"total": {}}}, "metrics.json: missing key 'rows.total.metrics'"),
+        (None, {"rows": {"total": {"metrics": [1]}}}, "metrics.json: key 'rows.total.metrics' must be a mapping"),
+        (
+            None,
+            {"rows": {"total": {"metrics": {"CIDEr": "high"}}}},
+            "metrics.json: key 'rows.total.metrics.CIDEr' must be an integer or a number or null, got 'high'",
+        ),
+    ],
+)
+def test_a_damaged_run_file_is_one_line_naming_the_file_and_key(tmp_path, capsys, config, metrics, message):
+    """A config.yaml that is not YAML or not a mapping, or a metrics.json whose rows are not evaluate.py's, stopped
+    with a YAMLError / AttributeError / KeyError / TypeError traceback; now exit 2, the file and key named."""
+    run = _run(tmp_path / "run", "scorer", 1.2)
+    if config is not None:
+        (run / "config.yaml").write_bytes(config if isinstance(config, bytes) else config.encode())
+    if metrics is not None:
+        (run / "eval" / "clevr_change_test" / "metrics.json").write_text(json.dumps(metrics))
+    assert main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run}{os.sep}") and message in err and len(err.splitlines()) == 1
+
+
+def test_a_missing_run_and_a_hint_with_a_space(tmp_path, capsys):
+    assert main([str(tmp_path / "absent")]) == 2
+    assert capsys.readouterr().err == f"error: run folder {tmp_path / 'absent'} does not exist\n"
+    run = _run(tmp_path / "my run", "scorer", 1.2)
+    assert main([str(run), "--split", "val"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {run} has no eval/*_val/metrics.json; run `python evaluate.py --checkpoint '{run}' --split val` "
+        "first\n"
+    )

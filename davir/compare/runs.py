@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from davir.compare.paper_results import METRIC_COLUMNS, paper_results
 from davir.compare.seed_spread import inside_spread_lines, metric_at, spread_text, value_at
 from davir.errors import DataError
 from davir.io import atomic_path, read_json
-from davir.runs.files import RUN_ENTRIES
+from davir.runs.files import RUN_ENTRIES, check_keys
 from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
 
 SETTINGS = ("total", "semantic", "distractor")
@@ -56,9 +57,18 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     """The scored evaluation of one run folder (the only one, or the one of `split`)."""
     run = Path(run)
     config_path = run / "config.yaml"
+    if not run.exists():
+        raise DataError(f"run folder {run} does not exist")
     if not config_path.is_file():
         raise DataError(f"{run} is not a run folder (no config.yaml)")
-    config = yaml.safe_load(config_path.read_text()) or {}
+    try:
+        config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        reason = getattr(error, "problem", None) or str(error)
+        raise DataError(f"{config_path}: not a readable run config ({where}{reason})") from error
+    check_keys(config, config_path, {"method": (str,), "data": (dict,), "data.format": (str,), "run": (dict,)})
     method = config.get("method", "?")
     found = sorted((run / "eval").glob("*/metrics.json"))
     if split is not None:
@@ -66,7 +76,7 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     if not found:
         raise DataError(
             f"{run} has no eval/*{'_' + split if split else ''}/metrics.json; run "
-            f"`python evaluate.py --checkpoint {run} --split {split or 'test'}` first"
+            f"`python evaluate.py --checkpoint {shlex.quote(str(run))} --split {shlex.quote(split or 'test')}` first"
         )
     if len(found) > 1:
         raise DataError(
@@ -75,9 +85,14 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     metrics = read_json(found[0])
     if not isinstance(metrics, dict):
         raise DataError(f"{found[0]}: expected a JSON object written by evaluate.py")
+    check_keys(metrics, found[0], {"rows": (dict,)})
     rows, pairs = {}, {}
     for setting in SETTINGS:
         if setting in metrics.get("rows", {}):
+            row = f"rows.{setting}"
+            numbers = {f"{row}.metrics.{name}": (int, float, type(None)) for name in METRIC_COLUMNS}
+            schema = {row: (dict,), f"{row}.metrics": (dict,), f"{row}.num_pairs": (int,), **numbers}
+            check_keys(metrics, found[0], schema, (f"{row}.metrics",))
             rows[setting] = metrics["rows"][setting]["metrics"]
             pairs[setting] = metrics["rows"][setting].get("num_pairs", 0)
     if "total" not in rows:
