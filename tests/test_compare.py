@@ -252,3 +252,17 @@ def test_a_missing_run_and_a_hint_with_a_space(tmp_path, capsys):
         f"error: {run} has no eval/*_val/metrics.json; run `python evaluate.py --checkpoint '{run}' --split val` "
         "first\n"
     )
+
+
+def test_a_dataset_that_is_no_format_is_refused(tmp_path, capsys):
+    """--dataset clevr-change (a typo) printed the table without a single paper row and a note about the papers
+    "on clevr-change", exit 0; now exit 2 with the formats named. A format no paper reports on says so."""
+    run = _run(tmp_path / "run", "scorer", 1.2)
+    assert main([str(run), "--dataset", "clevr-change"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --dataset='clevr-change' is not a registered dataset format; choose from clevr_change, clevr_dc, "
+        "folder, ier, levir_cc, spot_the_diff\n"
+    )
+    assert main([str(run), "--dataset", "folder"]) == 0
+    out = capsys.readouterr().out
+    assert "| paper:" not in out and "No paper reports numbers on folder" in out

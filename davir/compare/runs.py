@@ -192,10 +192,15 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
             "",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    papers = (
+        f"Paper rows: each method's own paper on {dataset} (docs/methods/README.md); runs on other data are "
+        "comparable in ordering, not in absolute value."
+        if paper_results(dataset)
+        else f"No paper reports numbers on {dataset} (davir/compare/paper_results.py); --dataset names another."
+    )
     note = (
-        f"Scores x100 (CIDEr = CIDEr-D); ours: mean ± std (min–max) over seeds; object F1 / hallucinated: "
-        f"stated-difference faithfulness. Paper rows: each method's own paper on {dataset} "
-        "(docs/methods/README.md); runs on other data are comparable in ordering, not in absolute value."
+        "Scores x100 (CIDEr = CIDEr-D); ours: mean ± std (min–max) over seeds; object F1 / hallucinated: "
+        f"stated-difference faithfulness. {papers}"
     )
     text = "\n".join(lines) + "\n\n" + note + "\n"
     for runs in group_runs_by_name(results).values():
@@ -343,6 +348,10 @@ def compare_runs(
     first run's data format), or with `leaderboard` the leaderboard of that benchmark with the runs in it."""
     if not runs and not leaderboard:
         raise DataError("give the run folders to compare, or --leaderboard BENCHMARK")
+    if dataset is not None:  # a typo (clevr-change) gave a table without a single paper row
+        from davir.data.formats import FORMATS
+
+        FORMATS.check(dataset, key="--dataset")
     given: dict[str, Path] = {}
     for run in map(Path, runs):  # one run twice (a glob and its path, a link) would count as two seeds
         real = os.path.realpath(run)
