@@ -537,3 +537,45 @@ def test_demo_config_fine_tunes_the_shipped_checkpoint():
     assert model.tokenizer.unk_token_id not in tokens
     trainable, total = model.trainable_parameter_summary()["all"]
     assert 0 < trainable < 0.2 * total  # adapters + projection + query tokens, not the whole model
+
+
+def test_out_is_never_the_init_folder_nor_a_folder_of_someone_else(tmp_path, capsys):
+    """--out equal to --init (or holding it as last/) saved over the weights the run trains from, and --out a
+    folder of other files (a real model's, the current folder) had its config.json and model.safetensors replaced;
+    --out a file ran the whole first stage before a FileExistsError traceback. All are refused before any data is
+    read (exit 2, one line); a folder this command wrote is written again, as the docs' --out assets/… does."""
+    mine = tmp_path / "my model é"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}\n')
+    earlier = tmp_path / "earlier"
+    (earlier / LAST_FOLDER).mkdir(parents=True)
+    (earlier / INFO_FILE).write_text(json.dumps({"describe_prompt": "Describe the image."}))
+    (tmp_path / "a_file").write_text("mine\n")
+    data = ["--data", str(tmp_path / "no data here"), "--quiet"]
+    for argv, message in [
+        (
+            ["--out", str(earlier), "--init", str(earlier)],
+            f"--out {earlier} is the --init folder {earlier} (or holds it as last/), whose weights the run would "
+            "replace while it trains from them; give another --out",
+        ),
+        (
+            ["--out", str(earlier), "--init", str(earlier / LAST_FOLDER)],
+            f"--out {earlier} is the --init folder {earlier / LAST_FOLDER} (or holds it as last/)",
+        ),
+        (
+            ["--out", str(mine)],
+            f"--out {mine} holds files that python -m davir.pretrain_tiny did not write (no {INFO_FILE} of its "
+            "own), which the checkpoint would replace; give a new or empty folder",
+        ),
+        (
+            ["--out", str(tmp_path / "a_file")],
+            f"--out {tmp_path / 'a_file'} cannot be used: {tmp_path / 'a_file'} is a file, not a folder",
+        ),
+    ]:
+        assert main([*argv, *data]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and len(err.splitlines()) == 1
+    assert (mine / "config.json").read_text() == '{"mine": true}\n'
+    # a folder this command wrote is taken (the data, absent here, is what stops it)
+    assert main(["--out", str(earlier), *data]) == 2
+    assert "scenes.json" in capsys.readouterr().err

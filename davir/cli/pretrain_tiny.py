@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from davir.errors import DataError
+from davir.config import ConfigError
+from davir.errors import DataError, describe_os_error
 from davir.pretrain_tiny.batches import EntityNoise
 from davir.pretrain_tiny.data import DESCRIPTION_ORDERS
 from davir.pretrain_tiny.loop import TinyPretrainSettings, pretrain
@@ -27,7 +28,11 @@ def type_weights(text: str) -> dict[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m davir.pretrain_tiny", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder to write the checkpoint into")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="folder to write the checkpoint into: new, empty, or one this command wrote (never the --init folder)",
+    )
     parser.add_argument(
         "--family",
         default="instructblip",
@@ -115,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--{error}")
     try:
         pretrain(settings)
-    except DataError as err:
+    except (DataError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a full disk, permissions changed mid-run
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
         return 2
     return 0
 

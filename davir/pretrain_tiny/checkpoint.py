@@ -2,18 +2,50 @@
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from davir.errors import DataError, check_output_dir
 from davir.io import write_json_atomic
 from davir.models.vlm.instructblip import DavirModel
 
 INFO_FILE = "pretrain_info.json"
 # The final step's weights, beside the best ones: a stage still improving when it ends continues from here (--init).
 LAST_FOLDER = "last"
+# A key only this command's pretrain_info.json has (davir.pretrain_backbone's has "layout" instead).
+INFO_MARK = "describe_prompt"
+
+
+def written_here(folder: Path) -> bool:
+    """Whether `folder` holds a pretrain_info.json of this command (a folder it wrote)."""
+    try:
+        with open(Path(folder) / INFO_FILE, encoding="utf-8") as handle:
+            info = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and INFO_MARK in info
+
+
+def check_out(out: str | Path, init: str | Path | None = None) -> Path:
+    """Before any work: `out` can become a folder, is not the `--init` folder being trained from (nor holds it as
+    last/), and is new, empty or a folder this command wrote; nothing else in it is ever replaced."""
+    out = check_output_dir(out, what="--out")
+    if init is not None and os.path.realpath(init) in {os.path.realpath(out), os.path.realpath(out / LAST_FOLDER)}:
+        raise DataError(
+            f"--out {out} is the --init folder {init} (or holds it as {LAST_FOLDER}/), whose weights the run "
+            "would replace while it trains from them; give another --out"
+        )
+    if out.is_dir() and any(out.iterdir()) and not written_here(out):
+        raise DataError(
+            f"--out {out} holds files that python -m davir.pretrain_tiny did not write (no {INFO_FILE} of its "
+            "own), which the checkpoint would replace; give a new or empty folder"
+        )
+    return out
 
 
 def save_checkpoint(model: DavirModel, out: str | Path, info: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from davir.pretrain_tiny.batches import (
     sample_change_batch,
     sample_description_batch,
 )
-from davir.pretrain_tiny.checkpoint import INFO_FILE, LAST_FOLDER, package_versions, save_checkpoint
+from davir.pretrain_tiny.checkpoint import INFO_FILE, LAST_FOLDER, check_out, package_versions, save_checkpoint
 from davir.pretrain_tiny.data import ModelPixels, canonical_description, load_split
 from davir.pretrain_tiny.evaluation import description_accuracy, evaluate
 from davir.pretrain_tiny.model import (
@@ -109,7 +109,7 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
-    out = Path(settings.out)
+    out = check_out(settings.out, settings.init)
     log = print if not settings.quiet else (lambda *a, **k: None)
 
     if settings.data is None:
