@@ -579,3 +579,29 @@ def test_out_is_never_the_init_folder_nor_a_folder_of_someone_else(tmp_path, cap
     # a folder this command wrote is taken (the data, absent here, is what stops it)
     assert main(["--out", str(earlier), *data]) == 2
     assert "scenes.json" in capsys.readouterr().err
+
+
+def test_a_save_stopped_midway_leaves_the_earlier_checkpoint_whole(tmp_path, monkeypatch):
+    """Each better score saves over OUT: model.safetensors was written in place, so Ctrl-C (or a kill) during a
+    save left the best checkpoint half old, half new. The folder is written beside OUT and moved in at the end."""
+    out = tmp_path / "tiny"
+    model = build_tiny_model(image_size=32, patch_size=8, seed=1)
+    save_checkpoint(model, out, {"describe_prompt": "x", "best": {"step": 1}})
+    saved = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt  # as Ctrl-C arriving while the processor is written, after the weights
+
+    monkeypatch.setattr(model.processor, "save_pretrained", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(model, out, {"describe_prompt": "x", "best": {"step": 2}})
+    assert {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()} == saved
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny"]  # no temporary folder left
+    monkeypatch.undo()
+    save_checkpoint(model, out, {"describe_prompt": "x", "best": {"step": 2}})
+    assert json.loads((out / INFO_FILE).read_text())["best"] == {"step": 2}
+    assert (out / "model.safetensors").read_bytes() != saved["model.safetensors"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny"]

@@ -18,6 +18,7 @@ import sys
 from davir.config import ConfigError
 from davir.errors import DataError
 from davir.pretrain_backbone.train import PretrainSettings, ProbeSettings, pretrain_backbone, probe_backbone
+from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 PROG = "python -m davir.pretrain_backbone"
 DESCRIPTION = "Pretrain the tiny ResNet backbone whose layer3 grid features the lightweight demo methods read."
@@ -53,6 +54,7 @@ def _settings(cls: type, args: argparse.Namespace):
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
+@stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = " ".join([PROG, *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])

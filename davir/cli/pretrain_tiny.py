@@ -12,6 +12,7 @@ from davir.errors import DataError, describe_os_error
 from davir.pretrain_tiny.batches import EntityNoise
 from davir.pretrain_tiny.data import DESCRIPTION_ORDERS
 from davir.pretrain_tiny.loop import TinyPretrainSettings, pretrain
+from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
 def type_weights(text: str) -> dict[str, float]:
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from davir.errors import DataError, check_output_dir
-from davir.io import write_json_atomic
+from davir.io import follow_umask, write_json_atomic
 from davir.models.vlm.instructblip import DavirModel
+from davir.runtime.signals import stop_signals_held
 
 INFO_FILE = "pretrain_info.json"
 # The final step's weights, beside the best ones: a stage still improving when it ends continues from here (--init).
@@ -49,12 +52,34 @@ def check_out(out: str | Path, init: str | Path | None = None) -> Path:
 
 
 def save_checkpoint(model: DavirModel, out: str | Path, info: dict[str, Any]) -> None:
-    """Write the HF folder (model safetensors + processor) and ``pretrain_info.json`` into ``out``."""
+    """Write the HF folder (model safetensors + processor) and ``pretrain_info.json`` into ``out``: into a
+    temporary folder beside it first, then moved in file by file (the info last, Ctrl-C and SIGTERM held for
+    the moves), so a kill mid-save leaves the earlier checkpoint whole rather than half a model.safetensors."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model.core.save_pretrained(str(out), safe_serialization=True)
-    model.processor.save_pretrained(str(out))
-    write_json_atomic(out / INFO_FILE, info)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".staging", dir=out.parent))
+    try:
+        model.core.save_pretrained(str(staging), safe_serialization=True)
+        model.processor.save_pretrained(str(staging))
+        write_json_atomic(staging / INFO_FILE, info)
+        follow_umask(staging)  # safetensors writes 0600
+        with stop_signals_held():
+            for entry in sorted(staging.iterdir(), key=lambda entry: entry.name == INFO_FILE):
+                _move_into(entry, out / entry.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into(entry: Path, target: Path) -> None:
+    """Rename `entry` onto `target`; a folder in the way (qformer_tokenizer/) is set aside and removed."""
+    if target.is_dir() and not target.is_symlink():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+        entry.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(entry, target)
 
 
 def package_versions() -> dict[str, str]:
