@@ -605,3 +605,29 @@ def test_a_save_stopped_midway_leaves_the_earlier_checkpoint_whole(tmp_path, mon
     assert json.loads((out / INFO_FILE).read_text())["best"] == {"step": 2}
     assert (out / "model.safetensors").read_bytes() != saved["model.safetensors"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--desc-steps", "-1"], "--desc-steps must be 0 or more, got -1"),  # the stage was skipped, exit 0
+        (["--desc-steps", "0", "--change-steps", "0"], "--desc-steps and --change-steps are both 0: nothing to train"),
+        (["--eval-every", "-1"], "--eval-every must be 1 or more, got -1"),  # scored every step, exit 0
+        (["--eval-every", "0"], "--eval-every must be 1 or more, got 0"),  # ZeroDivisionError
+        (["--train-limit", "-1"], "--train-limit must be 1 or more, got -1"),  # dropped the last scene, exit 0
+        (["--batch-size", "0"], "--batch-size must be 1 or more, got 0"),  # IndexError
+        (["--threads", "0"], "--threads must be 1 or more, got 0"),  # RuntimeError
+        (["--image-size", "0"], "--image-size must be 1 or more, got 0"),  # ValueError in PIL
+        (["--patch-size", "0"], "--patch-size must be 1 or more, got 0"),  # ConfigError traceback
+        (["--query-tokens", "-1"], "--query-tokens must be 0 or more, got -1"),  # RuntimeError
+        (["--eval-scenes", "0"], "--eval-scenes must be 1 or more, got 0"),  # "no scenes in split 'test'"
+        (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),  # AdamW's ValueError
+        (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),  # trained on NaN weights, exit 0
+    ],
+)
+def test_counts_and_the_rate_out_of_range_are_usage_errors(tmp_path, capsys, flags, message):
+    """Each was a traceback or a silently other run before any check; now argparse's usage error (exit 2) naming
+    the flag, before any data is read or generated."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "x"), "--data", str(tmp_path / "absent"), "--quiet", *flags])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")

@@ -101,6 +101,31 @@ class TinyPretrainSettings:
                 raise ValueError(f"type-weights: {kind}={weight}; give positive weights of {', '.join(CHANGE_TYPES)}")
         if self.add_llm_layers < 0:
             raise ValueError(f"add-llm-layers must be ≥ 0, got {self.add_llm_layers}")
+        # counts a negative or zero value of which did something else: --desc-steps -1 skipped the stage,
+        # --eval-every -1 scored every step, --train-limit -1 dropped the last scene, --batch-size 0 and
+        # --threads 0 ended in tracebacks
+        least = {
+            "scenes": 1,
+            "workers": 0,
+            "desc_steps": 0,
+            "change_steps": 0,
+            "batch_size": 1,
+            "image_size": 1,
+            "patch_size": 1,
+            "query_tokens": 0,
+            "threads": 1,
+            "eval_every": 1,
+            "eval_scenes": 1,
+            "train_limit": 1,
+        }
+        for name, minimum in least.items():
+            value = getattr(self, name)
+            if value is not None and value < minimum:
+                raise ValueError(f"{name.replace('_', '-')} must be {minimum} or more, got {value}")
+        if self.desc_steps == self.change_steps == 0:
+            raise ValueError("desc-steps and --change-steps are both 0: nothing to train")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
 
 
 def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
