@@ -175,3 +175,17 @@ def test_random_resnet101_branches_contribute_and_stay_in_fp16_range():
     assert float(changed.abs().max()) < 6e4
     rows, cols = np.nonzero(moved.numpy())
     assert rows.max() - rows.min() >= 2 and cols.max() - cols.min() >= 2
+
+
+def test_flags_before_the_train_command_are_kept(tmp_path, capsys):
+    """`--data D --out O train` (the flags, then the command its help lists) stopped with "--data and --out are
+    required": the train subcommand's defaults set both back to None. Flags on either side are kept now."""
+    from davir.cli.pretrain_backbone import build_parser
+
+    args = build_parser().parse_args(["--data", "D", "--out", "O", "--max-steps", "3", "train", "--lr", "0.1"])
+    assert (args.data, args.out, args.max_steps, args.lr, args.minutes) == ("D", "O", 3, 0.1, 15.0)
+    args = build_parser().parse_args(["train", "--data", "D", "--out", "O"])
+    assert (args.data, args.out, args.max_steps, args.batch_size) == ("D", "O", 0, 24)
+    assert main(["--data", str(tmp_path / "absent"), "--out", str(tmp_path / "o"), "train"]) == 2
+    err = capsys.readouterr().err
+    assert "required" not in err and str(tmp_path / "absent") in err

@@ -29,18 +29,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     train = commands.add_parser("train", help="pretrain (the default command)")
     for sub in (parser, train):
-        sub.add_argument("--data", help="a synthetic set (python -m davir.data synth), not the demo's seed")
-        sub.add_argument("--out", help="folder for backbone.pth, head.pth, pretrain_info.json")
-        sub.add_argument("--minutes", type=float, default=15.0, help="wall-clock training budget")
-        sub.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time only)")
-        sub.add_argument("--batch-size", type=int, default=24)
-        sub.add_argument("--crop-cells", type=int, default=7, help="crop side in 16-pixel cells (14 = whole image)")
-        sub.add_argument("--lr", type=float, default=2e-3)
-        sub.add_argument("--seed", type=int, default=0)
-        sub.add_argument("--threads", type=int, default=1)
-        sub.add_argument("--eval-every", type=int, default=200)
-        sub.add_argument("--eval-scenes", type=int, default=60, help="held-out test scenes (3 images each)")
-        sub.add_argument("--train-limit", type=int, default=None, help="use only the first N train scenes")
+        # `--data D --out O train` gives the flags before the command: the subcommand's defaults are SUPPRESS so
+        # that they do not set them back (argparse gave "--data and --out are required" though both were given)
+        def default(value, sub=sub):
+            return value if sub is parser else argparse.SUPPRESS
+
+        sub.add_argument(
+            "--data", default=default(None), help="a synthetic set (python -m davir.data synth), not the demo's seed"
+        )
+        sub.add_argument("--out", default=default(None), help="folder for backbone.pth, head.pth, pretrain_info.json")
+        sub.add_argument("--minutes", type=float, default=default(15.0), help="wall-clock training budget")
+        sub.add_argument("--max-steps", type=int, default=default(0), help="stop after this many steps (0 = time only)")
+        sub.add_argument("--batch-size", type=int, default=default(24))
+        sub.add_argument(
+            "--crop-cells", type=int, default=default(7), help="crop side in 16-pixel cells (14 = whole image)"
+        )
+        sub.add_argument("--lr", type=float, default=default(2e-3))
+        sub.add_argument("--seed", type=int, default=default(0))
+        sub.add_argument("--threads", type=int, default=default(1))
+        sub.add_argument("--eval-every", type=int, default=default(200))
+        sub.add_argument("--eval-scenes", type=int, default=default(60), help="held-out test scenes (3 images each)")
+        sub.add_argument("--train-limit", type=int, default=default(None), help="use only the first N train scenes")
     probe_parser = commands.add_parser("probe", help="linear probes of a backbone's layer3 cells")
     probe_parser.add_argument("--data", required=True, help="a synthetic set (train and test splits are probed)")
     probe_parser.add_argument("--weights", help="backbone state dict (default: a random-init ResNet-101)")
