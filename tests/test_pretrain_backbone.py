@@ -189,3 +189,31 @@ def test_flags_before_the_train_command_are_kept(tmp_path, capsys):
     assert main(["--data", str(tmp_path / "absent"), "--out", str(tmp_path / "o"), "train"]) == 2
     err = capsys.readouterr().err
     assert "required" not in err and str(tmp_path / "absent") in err
+
+
+def test_out_is_never_a_folder_of_other_files(tmp_path, capsys):
+    """--out a folder this command did not write (a pretrain_tiny model, whose pretrain_info.json it replaced with
+    its own; the synthetic set itself; a user's backbone.pth) was written into at the first evaluation, and --out a
+    file stopped there with a FileExistsError traceback. Both are refused before the data is read (exit 2)."""
+    tiny = tmp_path / "tiny model"
+    tiny.mkdir()
+    (tiny / "pretrain_info.json").write_text('{"describe_prompt": "Describe the image."}\n')
+    (tiny / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "a_file").write_text("mine\n")
+    for out, message in [
+        (
+            tiny,
+            f"--out {tiny} holds files that python -m davir.pretrain_backbone did not write (no pretrain_info.json "
+            "of its own), where its backbone.pth, head.pth, pretrain_info.json would go; give a new or empty folder",
+        ),
+        (tmp_path / "a_file", f"--out {tmp_path / 'a_file'} cannot be used: {tmp_path / 'a_file'} is a file"),
+    ]:
+        assert main(["--data", str(tmp_path / "absent"), "--out", str(out), "--max-steps", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and len(err.splitlines()) == 1
+    assert (tiny / "pretrain_info.json").read_text() == '{"describe_prompt": "Describe the image."}\n'
+    ours = tmp_path / "ours"  # a folder it wrote is written again (the data, absent here, stops it)
+    ours.mkdir()
+    (ours / "pretrain_info.json").write_text('{"layout": {}}\n')
+    assert main(["--data", str(tmp_path / "absent"), "--out", str(ours), "--max-steps", "1"]) == 2
+    assert "absent" in capsys.readouterr().err
