@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from davir.config import require
+from davir.config import FieldError, require
 from davir.data.images import load_rgb
 from davir.data.synthetic import COLORS, MATERIALS, SHAPES, SIZES, load_synthetic_set
 from davir.errors import DataError, check_output_dir
@@ -184,6 +184,9 @@ class PretrainSettings:
 
     def __post_init__(self) -> None:
         require("minutes", self.minutes, at_least=0)
+        require("lr", self.lr, above=0)  # -1 and nan stopped in AdamW with a traceback
+        if not math.isfinite(self.lr):  # inf trained the weights to NaN, exit 0
+            raise FieldError("lr", f"must be a finite number, got {self.lr}")
         require("max_steps", self.max_steps, at_least=0)
         require("batch_size", self.batch_size, at_least=1)
         require("crop_cells", self.crop_cells, at_least=1, at_most=GRID)
