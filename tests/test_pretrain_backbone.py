@@ -127,6 +127,7 @@ def test_cli_reports_a_missing_set(tmp_path, capsys):
     [
         ("eval_every", 0, "eval_every: must be ≥ 1, got 0"),
         ("crop_cells", 15, r"crop_cells: must be in \[1, 14\], got 15"),
+        ("minutes", 0, "minutes: must be > 0, got 0"),  # no step trained, the random weights saved, exit 0
         ("lr", -1.0, "lr: must be > 0, got -1"),  # AdamW's ValueError traceback
         ("lr", float("nan"), "lr: must be > 0, got nan"),
         ("lr", float("inf"), "lr: must be a finite number, got inf"),  # NaN weights, exit 0

@@ -38,7 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--data", default=default(None), help="a synthetic set (python -m davir.data synth), not the demo's seed"
         )
         sub.add_argument("--out", default=default(None), help="folder for backbone.pth, head.pth, pretrain_info.json")
-        sub.add_argument("--minutes", type=float, default=default(15.0), help="wall-clock training budget")
+        sub.add_argument(
+            "--minutes",
+            type=float,
+            default=default(15.0),
+            help="wall-clock training budget (> 0; --max-steps can end it sooner)",
+        )
         sub.add_argument("--max-steps", type=int, default=default(0), help="stop after this many steps (0 = time only)")
         sub.add_argument("--batch-size", type=int, default=default(24))
         sub.add_argument(

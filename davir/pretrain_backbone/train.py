@@ -183,7 +183,7 @@ class PretrainSettings:
     train_limit: int | None = None  # use only the first N train scenes
 
     def __post_init__(self) -> None:
-        require("minutes", self.minutes, at_least=0)
+        require("minutes", self.minutes, above=0)  # 0 trained no step and saved the random weights, exit 0
         require("lr", self.lr, above=0)  # -1 and nan stopped in AdamW with a traceback
         if not math.isfinite(self.lr):  # inf trained the weights to NaN, exit 0
             raise FieldError("lr", f"must be a finite number, got {self.lr}")
