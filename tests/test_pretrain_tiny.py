@@ -623,6 +623,7 @@ def test_a_save_stopped_midway_leaves_the_earlier_checkpoint_whole(tmp_path, mon
         (["--eval-scenes", "0"], "--eval-scenes must be 1 or more, got 0"),  # "no scenes in split 'test'"
         (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),  # AdamW's ValueError
         (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),  # trained on NaN weights, exit 0
+        (["--data-seed", "-1"], "--data-seed must be 0 or more, got -1"),  # numpy's traceback after the check
     ],
 )
 def test_counts_and_the_rate_out_of_range_are_usage_errors(tmp_path, capsys, flags, message):

@@ -106,6 +106,7 @@ class TinyPretrainSettings:
         # --threads 0 ended in tracebacks
         least = {
             "scenes": 1,
+            "data_seed": 0,
             "workers": 0,
             "desc_steps": 0,
             "change_steps": 0,
