@@ -503,6 +503,25 @@ def test_verify_out_never_replaces_a_file_of_the_dataset(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_verify_says_why_a_split_is_incomplete():
+    """A split whose images all decode but that lacks pairs was "INCOMPLETE: 0 unusable image(s)"; the summary now
+    names each shortfall."""
+    from davir.data.verify import SplitCheck, format_checks
+
+    checks = [
+        SplitCheck("train", pairs=2_400, images=3_600, expected_pairs=67_660, expected_images=101_490),
+        SplitCheck("val", pairs=3_976, images=5_964, expected_pairs=3_976, expected_images=5_964, problems=["x"]),
+        SplitCheck("test", pairs=7_970, images=11_955, expected_pairs=7_970, expected_images=11_955),
+    ]
+    summary, _ = format_checks("clevr_change", checks)
+    assert summary == [
+        "clevr_change train: 2,400 pairs of 67,660, 3,600 images of 101,490: INCOMPLETE: 65,260 pairs short; "
+        "97,890 images short",
+        "clevr_change val: 3,976 pairs of 3,976, 5,964 images of 5,964: INCOMPLETE: 1 unusable image(s)",
+        "clevr_change test: 7,970 pairs of 7,970, 11,955 images of 11,955: complete",
+    ]
+
+
 # --- a user's own masks as FAC's target (data.fac_masks: ground_truth) -------------------------------------------
 
 

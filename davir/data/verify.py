@@ -200,6 +200,23 @@ def verify_dataset(
     return [verify_split(format, root, split, decode=decode, index=indexes[split]) for split in splits]
 
 
+def _shortfalls(check: SplitCheck) -> list[str]:
+    """Why a split is not complete: its unusable images, and counts that are not the official ones (a download
+    whose every file decodes but that lacks pairs said "0 unusable image(s)")."""
+    reasons = [f"{len(check.problems):,} unusable image(s)"] if check.problems else []
+    for what, found, expected in (
+        ("pairs", check.pairs, check.expected_pairs),
+        ("images", check.images, check.expected_images),
+    ):
+        if expected is not None and found != expected:
+            reasons.append(
+                f"{expected - found:,} {what} short"
+                if found < expected
+                else f"{found - expected:,} {what} more than the official count"
+            )
+    return reasons
+
+
 def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], list[str]]:
     """(summary lines for stdout, problem lines for stderr)."""
     summary, problems = [], []
@@ -211,7 +228,7 @@ def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], lis
         images = f"{check.images:,} images" + (
             f" of {check.expected_images:,}" if check.expected_images is not None else ""
         )
-        state = "complete" if check.complete else f"INCOMPLETE: {len(check.problems):,} unusable image(s)"
+        state = "complete" if check.complete else "INCOMPLETE: " + "; ".join(_shortfalls(check))
         summary.append(f"{format} {check.split}: {pairs}, {images}: {state}")
         problems.extend(f"{format} {check.split}: {line}" for line in check.problems[:SHOWN])
         if len(check.problems) > SHOWN:
