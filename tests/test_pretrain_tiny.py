@@ -632,3 +632,26 @@ def test_counts_and_the_rate_out_of_range_are_usage_errors(tmp_path, capsys, fla
     with pytest.raises(SystemExit) as exit_info:
         main(["--out", str(tmp_path / "x"), "--data", str(tmp_path / "absent"), "--quiet", *flags])
     assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
+
+
+def test_an_init_folder_it_did_not_write_or_of_another_size_is_one_line(synth_root, tmp_path, capsys):
+    """--init a model folder without this command's pretrain_info.json loaded the model, then stopped with "annotation
+    file is missing: …/pretrain_info.json"; --init the shipped 64-px checkpoint with --image-size 32 stopped with a
+    ValueError traceback. Now the first is refused before any data is read, the second names --init, both exit 2."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "assets" / "tiny_instructblip"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    assert main(["--out", str(tmp_path / "o"), "--init", str(bare), "--data", str(tmp_path / "absent"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --init {bare} is not a folder python -m davir.pretrain_tiny wrote (no {INFO_FILE} of its own); give "
+        "one it wrote (OUT or OUT/last), or leave --init out to start from random weights\n"
+    )
+    assert _quick_pretrain(tmp_path / "o", synth_root, "--init", str(shipped), "--desc-steps", "1") == 2
+    err = capsys.readouterr().err  # after transformers' progress bar
+    assert "Traceback" not in err and err.endswith(
+        f"error: --init {shipped}: image_size=32 but the pretrained model at {shipped} was built for 64; give its "
+        "--image-size and --patch-size\n"
+    )

@@ -43,6 +43,11 @@ def check_out(out: str | Path, init: str | Path | None = None) -> Path:
             f"--out {out} is the --init folder {init} (or holds it as {LAST_FOLDER}/), whose weights the run "
             "would replace while it trains from them; give another --out"
         )
+    if init is not None and not written_here(init):  # its pretrain_info.json is read once the model is built
+        raise DataError(
+            f"--init {init} is not a folder python -m davir.pretrain_tiny wrote (no {INFO_FILE} of its own); "
+            "give one it wrote (OUT or OUT/last), or leave --init out to start from random weights"
+        )
     if out.is_dir() and any(out.iterdir()) and not written_here(out):
         raise DataError(
             f"--out {out} holds files that python -m davir.pretrain_tiny did not write (no {INFO_FILE} of its "

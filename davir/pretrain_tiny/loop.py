@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
+from davir.config import ConfigError
 from davir.data.records import CHANGE_TYPES
 from davir.data.synthetic import SynthConfig, generate_dataset, load_synthetic_set
+from davir.errors import DataError
 from davir.io import read_json, write_json_atomic
 from davir.metrics.synthetic import pair_truths
 from davir.models.losses import FacConfig
@@ -158,18 +160,25 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
     log(f"loaded {len(train.ids)} train / {len(test.ids)} test scenes in {time.time() - started:.0f}s", flush=True)
 
     if settings.init is not None:  # continue from an earlier checkpoint of this command (its curve is kept)
-        model = build_davir_model(
-            DavirModelConfig(
-                family=settings.family,
-                pretrained=str(settings.init),
-                image_size=settings.image_size,
-                patch_size=settings.patch_size if settings.family == "instructblip" else None,
-                train_mode="full",
-                fac=FacConfig(lambda_attn=0.0),
-                epc=EpcConfig(use_entities=False),
-                seed=settings.seed,
+        try:
+            model = build_davir_model(
+                DavirModelConfig(
+                    family=settings.family,
+                    pretrained=str(settings.init),
+                    image_size=settings.image_size,
+                    patch_size=settings.patch_size if settings.family == "instructblip" else None,
+                    train_mode="full",
+                    fac=FacConfig(lambda_attn=0.0),
+                    epc=EpcConfig(use_entities=False),
+                    seed=settings.seed,
+                )
             )
-        )
+        except ValueError as error:
+            # the instructblip family's check of the folder against the sizes asked for is a plain ValueError
+            # (davir/models/families/instructblip.py); anything else is not the user's to fix
+            if isinstance(error, (DataError, ConfigError)) or "but the pretrained model at" not in str(error):
+                raise
+            raise DataError(f"--init {settings.init}: {error}; give its --image-size and --patch-size") from None
     else:
         model = build_tiny_model(
             image_size=settings.image_size,
