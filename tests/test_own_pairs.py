@@ -522,6 +522,19 @@ def test_verify_says_why_a_split_is_incomplete():
     ]
 
 
+@pytest.mark.parametrize("command", ["stats", "verify", "show"])
+def test_the_dataset_commands_say_what_format_and_root_take(command, capsys):
+    from davir.cli.data import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--format FORMAT the dataset's format: clevr_change, clevr_dc, spot_the_diff, ier, levir_cc or folder" in text
+    )
+    assert "--root ROOT the folder holding the dataset's annotation files" in text
+
+
 # --- a user's own masks as FAC's target (data.fac_masks: ground_truth) -------------------------------------------
 
 

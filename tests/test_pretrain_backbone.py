@@ -221,3 +221,12 @@ def test_out_is_never_a_folder_of_other_files(tmp_path, capsys):
     (ours / "pretrain_info.json").write_text('{"layout": {}}\n')
     assert main(["--data", str(tmp_path / "absent"), "--out", str(ours), "--max-steps", "1"]) == 2
     assert "absent" in capsys.readouterr().err
+
+
+def test_every_option_says_what_it_takes():
+    from davir.cli.pretrain_backbone import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    parsers = (parser, commands["train"], commands["probe"])
+    assert [action.dest for p in parsers for action in p._actions if not action.help] == []

@@ -655,3 +655,9 @@ def test_an_init_folder_it_did_not_write_or_of_another_size_is_one_line(synth_ro
         f"error: --init {shipped}: image_size=32 but the pretrained model at {shipped} was built for 64; give its "
         "--image-size and --patch-size\n"
     )
+
+
+def test_every_option_says_what_it_takes():
+    from davir.cli.pretrain_tiny import build_parser
+
+    assert [action.dest for action in build_parser()._actions if not action.help] == []

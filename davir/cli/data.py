@@ -136,14 +136,18 @@ def _export(args) -> int:
     return 0
 
 
+FORMAT_HELP = "the dataset's format: clevr_change, clevr_dc, spot_the_diff, ier, levir_cc or folder (docs/datasets.md)"
+ROOT_HELP = "the folder holding the dataset's annotation files, in the layout docs/datasets.md gives for its format"
+
+
 @stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m davir.data", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     stats = commands.add_parser("stats", help="per-split counts as JSON; works on annotations alone")
-    stats.add_argument("--format", required=True)
-    stats.add_argument("--root", required=True)
+    stats.add_argument("--format", required=True, help=FORMAT_HELP)
+    stats.add_argument("--root", required=True, help=ROOT_HELP)
     stats.add_argument("--split", action="append", help="split(s) to count (default: all of the format's)")
 
     verify = commands.add_parser(
@@ -151,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         help="is my download complete? official pair/image counts per split, "
         "every missing, empty or undecodable image with its record; exit 1 when short",
     )
-    verify.add_argument("--format", required=True)
-    verify.add_argument("--root", required=True)
+    verify.add_argument("--format", required=True, help=FORMAT_HELP)
+    verify.add_argument("--root", required=True, help=ROOT_HELP)
     verify.add_argument("--split", action="append", help="split(s) to check (default: all of the format's)")
     verify.add_argument("--quick", action="store_true", help="check existence and size only, do not decode images")
     verify.add_argument(
@@ -272,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     synth.add_argument("--workers", type=int, default=0, help="processes (0 = one per core)")
 
     show = commands.add_parser("show", help="draw a grid of before/after/mask thumbnails with captions")
-    show.add_argument("--format", required=True, help="the dataset's format (clevr_change, spot_the_diff, folder, …)")
-    show.add_argument("--root", required=True, help="the dataset's folder")
+    show.add_argument("--format", required=True, help=FORMAT_HELP)
+    show.add_argument("--root", required=True, help=ROOT_HELP)
     show.add_argument("--split", default="test", help="the split to draw (default: test)")
     show.add_argument(
         "--out",

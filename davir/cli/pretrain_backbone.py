@@ -26,7 +26,7 @@ DESCRIPTION = "Pretrain the tiny ResNet backbone whose layer3 grid features the 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
-    commands = parser.add_subparsers(dest="command")
+    commands = parser.add_subparsers(dest="command", help="train (the default: the flags alone) or probe")
     train = commands.add_parser("train", help="pretrain (the default command)")
     for sub in (parser, train):
         # `--data D --out O train` gives the flags before the command: the subcommand's defaults are SUPPRESS so
@@ -45,14 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
             help="wall-clock training budget (> 0; --max-steps can end it sooner)",
         )
         sub.add_argument("--max-steps", type=int, default=default(0), help="stop after this many steps (0 = time only)")
-        sub.add_argument("--batch-size", type=int, default=default(24))
+        sub.add_argument("--batch-size", type=int, default=default(24), help="crops a step")
         sub.add_argument(
             "--crop-cells", type=int, default=default(7), help="crop side in 16-pixel cells (14 = whole image)"
         )
-        sub.add_argument("--lr", type=float, default=default(2e-3))
-        sub.add_argument("--seed", type=int, default=default(0))
-        sub.add_argument("--threads", type=int, default=default(1))
-        sub.add_argument("--eval-every", type=int, default=default(200))
+        sub.add_argument("--lr", type=float, default=default(2e-3), help="AdamW's peak rate (warm-up, then cosine)")
+        sub.add_argument("--seed", type=int, default=default(0), help="seed of the weights and the crops")
+        sub.add_argument("--threads", type=int, default=default(1), help="torch CPU threads")
+        sub.add_argument(
+            "--eval-every", type=int, default=default(200), help="score the held-out images and save every N steps"
+        )
         sub.add_argument("--eval-scenes", type=int, default=default(60), help="held-out test scenes (3 images each)")
         sub.add_argument("--train-limit", type=int, default=default(None), help="use only the first N train scenes")
     probe_parser = commands.add_parser("probe", help="linear probes of a backbone's layer3 cells")
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe_parser.add_argument("--weights", help="backbone state dict (default: a random-init ResNet-101)")
     probe_parser.add_argument("--seed", type=int, default=0, help="seed of the random-init backbone")
     probe_parser.add_argument("--scenes", type=int, default=150, help="scenes per split (their before images)")
-    probe_parser.add_argument("--threads", type=int, default=1)
+    probe_parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     return parser
 
 
