@@ -200,6 +200,60 @@ def test_a_checkpoint_that_is_no_model_is_one_line(tmp_path, capsys):
     assert "neither a saved model" in capsys.readouterr().err
 
 
+def test_screenshots_errors_are_one_line_and_a_failed_page_writes_no_picture(tmp_path, capsys, monkeypatch):
+    """`python -m davir.cli.screenshots`: a missing --before, a checkpoint that is no model (DataError) or a page that
+    never shows what it waits for (BrowserError) ended in a traceback; the pictures were written one by one into
+    --out (docs/images), so a failure after the first left a mixed set. Now one line, exit 2, and --out gets the three
+    pictures only when all were taken."""
+    from davir.app import screenshots as shots_module
+    from davir.app import serve
+    from davir.app.browser import BrowserError
+    from davir.cli import screenshots as screenshots_script
+
+    for name in ("before.png", "after.png"):
+        Image.new("RGB", (32, 24), (90, 90, 90)).save(tmp_path / name)
+    (tmp_path / "captions.jsonl").write_text("")
+    out = tmp_path / "images é"
+    out.mkdir()
+    (out / "app_caption.png").write_bytes(b"the picture of the docs")
+    argv = ["--checkpoint", str(tmp_path), "--compare", str(tmp_path), "--captions", str(tmp_path / "captions.jsonl")]
+    argv += ["--before", str(tmp_path / "before.png"), "--after", str(tmp_path / "after.png"), "--out", str(out)]
+
+    missing = [*argv[:6], "--before", str(tmp_path / "absent.png"), *argv[8:]]
+    assert screenshots_script.main(missing) == 2
+    assert capsys.readouterr().err == f"error: --before {tmp_path / 'absent.png'}: no such file\n"
+    assert screenshots_script.main(argv) == 2  # the real app on a folder that is no model
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "neither a saved model" in err and "Traceback" not in err
+
+    class Demo:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(serve, "start", lambda *args, **kwargs: (Demo(), "http://127.0.0.1:1"))
+
+    def one_then_stuck(url, folder, before, after, *, word, width):
+        Image.new("RGB", (64, 48), (200, 10, 10)).save(folder / "app_caption.png")
+        raise BrowserError("waited 30 s for: the browse tab's strips")
+
+    monkeypatch.setattr(shots_module, "_take", one_then_stuck)
+    assert screenshots_script.main(argv) == 2
+    assert capsys.readouterr().err == "error: waited 30 s for: the browse tab's strips\n"
+    assert [p.name for p in out.iterdir()] == ["app_caption.png"]
+    assert (out / "app_caption.png").read_bytes() == b"the picture of the docs"
+
+    def all_three(url, folder, before, after, *, word, width):
+        names = ("app_caption.png", "app_browse.png", "app_compare.png")
+        for name in names:
+            Image.new("RGB", (64, 48), (200, 10, 10)).save(folder / name)
+        return [folder / name for name in names]
+
+    monkeypatch.setattr(shots_module, "_take", all_three)
+    assert screenshots_script.main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["app_browse.png", "app_caption.png", "app_compare.png"]
+    assert Image.open(out / "app_caption.png").mode == "P"  # reduced to a palette
+
+
 @pytest.mark.parametrize("value", ["-1", "0"])
 def test_an_upload_limit_below_one_mb_is_a_usage_error_before_the_model_loads(tmp_path, capsys, value):
     # it loaded the model, then Gradio stopped with a traceback (ValueError: invalid literal for int() …: '')

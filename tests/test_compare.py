@@ -4,6 +4,7 @@ seed spread cannot settle, compute cost beside the scores, and the leaderboard w
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,11 @@ def _run(
     data_format: str = "clevr_change",
     references: dict | None = None,
     synthetic: bool = False,
+    seed: int | None = None,
 ) -> Path:
     (folder / "eval" / f"{data_format}_test").mkdir(parents=True)
-    (folder / "config.yaml").write_text(f"method: {method}\ndata:\n  format: {data_format}\n")
+    run_seed = "" if seed is None else f"run:\n  seed: {seed}\n"
+    (folder / "config.yaml").write_text(f"method: {method}\ndata:\n  format: {data_format}\n{run_seed}")
     document = {
         "rows": {
             "total": {"metrics": {"BLEU-4": 0.5, "METEOR": 0.3, "ROUGE_L": 0.6, "CIDEr": cider}, "num_pairs": 300}
@@ -144,3 +147,122 @@ def test_compare_runs_from_python_reads_the_runs_and_names_the_paper_dataset(tmp
 def test_compare_command_errors_name_the_problem(argv, message, capsys):
     assert main(argv) == 2
     assert f"error: {message}" in capsys.readouterr().err
+
+
+def test_outputs_never_replace_a_file_of_a_run_and_plot_takes_its_format_from_the_suffix(tmp_path, capsys):
+    """`--out RUN/config.yaml` (or an eval's metrics.json) wrote the table over the run's file, exit 0; `--plot
+    table.md` (or the --out path) stopped in matplotlib with a traceback after --out was written, and `--plot
+    bars` wrote bars.png. All are refused before any run is read (exit 2, the flag and file named); a new file of
+    the user's beside the run's is fine, and --plot writes the format of its suffix."""
+    run = _run(tmp_path / "run é" / "seed0", "scorer", 1.2)
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    metrics = run / "eval" / "clevr_change_test" / "metrics.json"
+    kept = {path: path.read_bytes() for path in (run / "config.yaml", metrics)}
+    for argv, message in [
+        (
+            ["--out", str(run / "config.yaml")],
+            f"--out {run / 'config.yaml'} is config.yaml of the run {run}, which it would replace; give another --out",
+        ),
+        (
+            ["--plot", str(link / "eval" / "clevr_change_test" / "metrics.json")],
+            f"--plot {link / 'eval' / 'clevr_change_test' / 'metrics.json'}: matplotlib cannot write a .json; "
+            "give a .png path (or ",
+        ),
+        (
+            ["--out", str(link / "eval" / "clevr_change_test" / "metrics.json")],
+            f"--out {link / 'eval' / 'clevr_change_test' / 'metrics.json'} is "
+            f"{Path('eval', 'clevr_change_test', 'metrics.json')} of the run {run}, which it would replace",
+        ),
+        (
+            ["--out", str(tmp_path / "t.md"), "--plot", str(tmp_path / "t.md")],
+            f"--plot {tmp_path / 't.md'} is the --out file, which it would replace; give another --plot",
+        ),
+        (["--plot", str(tmp_path / "bars")], f"--plot {tmp_path / 'bars'}: matplotlib cannot write a file without"),
+    ]:
+        assert main([str(run), *argv]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith(f"error: {message}")
+    assert {path: path.read_bytes() for path in kept} == kept
+    assert not (tmp_path / "t.md").exists() and not list(tmp_path.glob("bars*"))
+
+    for _ in range(2):  # beside the run's files, and again over them
+        assert main([str(run), "--out", str(run / "table.md"), "--plot", str(run / "bars.svg")]) == 0
+    assert (run / "table.md").read_text().startswith("| source |")
+    assert (run / "bars.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_one_run_twice_or_two_runs_of_one_seed_are_never_pooled_as_seeds(tmp_path, capsys):
+    """The same run given twice (relative and through a link) was one row of "2 seeds" with a spread of 0, and
+    runs/a/demo and runs/b/demo (two runs both trained with seed 0) were pooled as two seeds of "demo": now the
+    first is refused (exit 2, both names), the second gives one row per run, named by its folder."""
+    run = _run(tmp_path / "x" / "seed0", "scorer", 1.2, seed=0)
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    assert main([str(run), str(link)]) == 2
+    assert capsys.readouterr().err == f"error: {link} is the run {run} again ({run}); give each run once\n"
+
+    first = _run(tmp_path / "a" / "demo", "scorer", 1.2, seed=0)
+    second = _run(tmp_path / "b" / "demo", "scorer", 1.4, seed=0)
+    table = compare_runs([first, second]).table
+    assert "seeds" not in table.split("\n\n")[0]
+    assert f"| ours: {first} (test) | scorer | total | 50.0 | 30.0 | 60.0 | 120.0 |" in table
+    assert f"| ours: {second} (test) | scorer | total | 50.0 | 30.0 | 60.0 | 140.0 |" in table
+    assert f"Not pooled: {first}, {second} share a name but not seeds of one variant" in table
+    # seeds of one variant still pool
+    seeds = [_run(tmp_path / "v" / f"seed{s}", "scorer", c, seed=s) for s, c in enumerate([1.2, 1.4])]
+    assert "| ours: v (test, 2 seeds) | scorer | total |" in compare_runs(seeds).table
+
+
+@pytest.mark.parametrize(
+    "config, metrics, message",
+    [
+        (": : :\n", None, "config.yaml: not a readable run config (line 1, column 1: expected <block end>, but found"),
+        ("- [1]\n", None, "config.yaml: expected an object of keys, got list"),
+        (b"method: \xe9\n", None, "config.yaml: not a readable run config ('utf-8' codec can't decode byte 0xe9"),
+        (None, {"rows": []}, "metrics.json: key 'rows' must be a mapping, got []"),
+        (None, {"rows": {"total": {}}}, "metrics.json: missing key 'rows.total.metrics'"),
+        (None, {"rows": {"total": {"metrics": [1]}}}, "metrics.json: key 'rows.total.metrics' must be a mapping"),
+        (
+            None,
+            {"rows": {"total": {"metrics": {"CIDEr": "high"}}}},
+            "metrics.json: key 'rows.total.metrics.CIDEr' must be an integer or a number or null, got 'high'",
+        ),
+    ],
+)
+def test_a_damaged_run_file_is_one_line_naming_the_file_and_key(tmp_path, capsys, config, metrics, message):
+    """A config.yaml that is not YAML or not a mapping, or a metrics.json whose rows are not evaluate.py's, stopped
+    with a YAMLError / AttributeError / KeyError / TypeError traceback; now exit 2, the file and key named."""
+    run = _run(tmp_path / "run", "scorer", 1.2)
+    if config is not None:
+        (run / "config.yaml").write_bytes(config if isinstance(config, bytes) else config.encode())
+    if metrics is not None:
+        (run / "eval" / "clevr_change_test" / "metrics.json").write_text(json.dumps(metrics))
+    assert main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run}{os.sep}") and message in err and len(err.splitlines()) == 1
+
+
+def test_a_missing_run_and_a_hint_with_a_space(tmp_path, capsys):
+    assert main([str(tmp_path / "absent")]) == 2
+    assert capsys.readouterr().err == f"error: run folder {tmp_path / 'absent'} does not exist\n"
+    run = _run(tmp_path / "my run", "scorer", 1.2)
+    assert main([str(run), "--split", "val"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {run} has no eval/*_val/metrics.json; run `python evaluate.py --checkpoint '{run}' --split val` "
+        "first\n"
+    )
+
+
+def test_a_dataset_that_is_no_format_is_refused(tmp_path, capsys):
+    """--dataset clevr-change (a typo) printed the table without a single paper row and a note about the papers
+    "on clevr-change", exit 0; now exit 2 with the formats named. A format no paper reports on says so."""
+    run = _run(tmp_path / "run", "scorer", 1.2)
+    assert main([str(run), "--dataset", "clevr-change"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --dataset='clevr-change' is not a registered dataset format; choose from clevr_change, clevr_dc, "
+        "folder, ier, levir_cc, spot_the_diff\n"
+    )
+    assert main([str(run), "--dataset", "folder"]) == 0
+    out = capsys.readouterr().out
+    assert "| paper:" not in out and "No paper reports numbers on folder" in out

@@ -111,6 +111,8 @@ LONG_COMMAND_MAINS = [
     "davir/jobs/entity_eval.py",
     "davir/cli/data.py",
     "davir/cli/sweep.py",
+    "davir/cli/pretrain_tiny.py",
+    "davir/cli/pretrain_backbone.py",
 ]
 
 
@@ -151,6 +153,25 @@ def test_a_stopped_main_returns_the_status_with_one_line_and_restores_the_handle
     assert reached == ["outer finally"]
     assert capsys.readouterr().err == "stopped by SIGINT; rerun it\n"
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_held_stop_signals_arrive_after_the_block(capsys):
+    """stop_signals_held (the moves that put a saved checkpoint in place, davir.pretrain_tiny.save_checkpoint): a
+    Ctrl-C during the block ends the command once the block is done, never between two of its moves."""
+    from davir.runtime.signals import stop_on_signals, stop_signals_held
+
+    reached = []
+
+    @stop_on_signals(rerun="rerun it")
+    def main() -> int:
+        with stop_signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("the rest of the block")
+        reached.append("after the block")  # never: the held signal arrives as the block ends
+        return 0
+
+    assert main() == 130 and reached == ["the rest of the block"]
+    assert capsys.readouterr().err == "stopped by SIGINT; rerun it\n"
 
 
 # ---- real commands, signalled while they work ----------------------------------------------------------------

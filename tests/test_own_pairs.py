@@ -517,6 +517,83 @@ def test_verify_lists_missing_and_broken_images_with_their_records(tmp_path):
     assert problems[-1] == f"error: clevr_change at {root} is incomplete in train"
 
 
+def _verify_folder(root: Path, *, outside: Path) -> Path:
+    """A folder of two pairs whose manifest names one image outside the folder (`outside`)."""
+    solid(root / "a.png", 10), solid(root / "b.png", 20), solid(outside, 30)
+    (root / "pairs.csv").write_text(f"id,before,after,caption\np1,a.png,b.png,x\np2,a.png,{outside},y\n")
+    return root
+
+
+def test_verify_out_never_replaces_a_file_of_the_dataset(tmp_path, capsys):
+    """`verify --out` on the dataset's annotation file or one of its images (a folder's manifest may name one
+    anywhere) wrote the report over it, exit 1: exit 2 now, the file named, nothing written; a new file inside
+    --root and a rerun over the earlier report are fine."""
+    from davir.cli.data import main
+
+    root = _verify_folder(tmp_path / "my pairs é", outside=tmp_path / "elsewhere" / "c.png")
+    before = {p: p.read_bytes() for p in (root / "pairs.csv", root / "b.png", tmp_path / "elsewhere" / "c.png")}
+    link = tmp_path / "link"
+    link.symlink_to(root)
+    for out, message in [
+        (
+            root / "pairs.csv",
+            f"--out {root / 'pairs.csv'} is a file of the dataset at --root {root} (not an earlier "
+            "`davir.data verify` output), which it would replace; give another --out",
+        ),
+        (link / "pairs.csv", f"--out {link / 'pairs.csv'} is a file of the dataset at --root {root}"),
+        (root / "b.png", f"--out {root / 'b.png'} is the after image of record 'p1', which it would replace"),
+        (
+            tmp_path / "elsewhere" / "c.png",
+            f"--out {tmp_path / 'elsewhere' / 'c.png'} is the after image of record 'p2'",
+        ),
+    ]:
+        assert main(["verify", "--format", "folder", "--root", str(root), "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith(f"error: {message}")
+    assert {p: p.read_bytes() for p in before} == before
+    assert main(["verify", "--format", "folder", "--root", str(root), "--out", str(root)]) == 2
+    assert (
+        capsys.readouterr().err == f"error: --out {root} is a folder; give a file path (e.g. {root / 'verify.json'})\n"
+    )
+
+    for _ in range(2):  # a new report inside the dataset, then the rerun over it
+        assert main(["verify", "--format", "folder", "--root", str(root), "--out", str(root / "verify.json")]) == 0
+        assert sum(split["pairs"] for split in json.loads((root / "verify.json").read_text())["splits"]) == 2
+    capsys.readouterr()
+
+
+def test_verify_says_why_a_split_is_incomplete():
+    """A split whose images all decode but that lacks pairs was "INCOMPLETE: 0 unusable image(s)"; the summary now
+    names each shortfall."""
+    from davir.data.verify import SplitCheck, format_checks
+
+    checks = [
+        SplitCheck("train", pairs=2_400, images=3_600, expected_pairs=67_660, expected_images=101_490),
+        SplitCheck("val", pairs=3_976, images=5_964, expected_pairs=3_976, expected_images=5_964, problems=["x"]),
+        SplitCheck("test", pairs=7_970, images=11_955, expected_pairs=7_970, expected_images=11_955),
+    ]
+    summary, _ = format_checks("clevr_change", checks)
+    assert summary == [
+        "clevr_change train: 2,400 pairs of 67,660, 3,600 images of 101,490: INCOMPLETE: 65,260 pairs short; "
+        "97,890 images short",
+        "clevr_change val: 3,976 pairs of 3,976, 5,964 images of 5,964: INCOMPLETE: 1 unusable image(s)",
+        "clevr_change test: 7,970 pairs of 7,970, 11,955 images of 11,955: complete",
+    ]
+
+
+@pytest.mark.parametrize("command", ["stats", "verify", "show"])
+def test_the_dataset_commands_say_what_format_and_root_take(command, capsys):
+    from davir.cli.data import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--format FORMAT the dataset's format: clevr_change, clevr_dc, spot_the_diff, ier, levir_cc or folder" in text
+    )
+    assert "--root ROOT the folder holding the dataset's annotation files" in text
+
+
 # --- a user's own masks as FAC's target (data.fac_masks: ground_truth) -------------------------------------------
 
 

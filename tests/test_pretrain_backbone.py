@@ -127,6 +127,10 @@ def test_cli_reports_a_missing_set(tmp_path, capsys):
     [
         ("eval_every", 0, "eval_every: must be ≥ 1, got 0"),
         ("crop_cells", 15, r"crop_cells: must be in \[1, 14\], got 15"),
+        ("minutes", 0, "minutes: must be > 0, got 0"),  # no step trained, the random weights saved, exit 0
+        ("lr", -1.0, "lr: must be > 0, got -1"),  # AdamW's ValueError traceback
+        ("lr", float("nan"), "lr: must be > 0, got nan"),
+        ("lr", float("inf"), "lr: must be a finite number, got inf"),  # NaN weights, exit 0
     ],
 )
 def test_settings_out_of_range_name_the_field(tmp_path, capsys, field, value, message):
@@ -175,3 +179,54 @@ def test_random_resnet101_branches_contribute_and_stay_in_fp16_range():
     assert float(changed.abs().max()) < 6e4
     rows, cols = np.nonzero(moved.numpy())
     assert rows.max() - rows.min() >= 2 and cols.max() - cols.min() >= 2
+
+
+def test_flags_before_the_train_command_are_kept(tmp_path, capsys):
+    """`--data D --out O train` (the flags, then the command its help lists) stopped with "--data and --out are
+    required": the train subcommand's defaults set both back to None. Flags on either side are kept now."""
+    from davir.cli.pretrain_backbone import build_parser
+
+    args = build_parser().parse_args(["--data", "D", "--out", "O", "--max-steps", "3", "train", "--lr", "0.1"])
+    assert (args.data, args.out, args.max_steps, args.lr, args.minutes) == ("D", "O", 3, 0.1, 15.0)
+    args = build_parser().parse_args(["train", "--data", "D", "--out", "O"])
+    assert (args.data, args.out, args.max_steps, args.batch_size) == ("D", "O", 0, 24)
+    assert main(["--data", str(tmp_path / "absent"), "--out", str(tmp_path / "o"), "train"]) == 2
+    err = capsys.readouterr().err
+    assert "required" not in err and str(tmp_path / "absent") in err
+
+
+def test_out_is_never_a_folder_of_other_files(tmp_path, capsys):
+    """--out a folder this command did not write (a pretrain_tiny model, whose pretrain_info.json it replaced with
+    its own; the synthetic set itself; a user's backbone.pth) was written into at the first evaluation, and --out a
+    file stopped there with a FileExistsError traceback. Both are refused before the data is read (exit 2)."""
+    tiny = tmp_path / "tiny model"
+    tiny.mkdir()
+    (tiny / "pretrain_info.json").write_text('{"describe_prompt": "Describe the image."}\n')
+    (tiny / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "a_file").write_text("mine\n")
+    for out, message in [
+        (
+            tiny,
+            f"--out {tiny} holds files that python -m davir.pretrain_backbone did not write (no pretrain_info.json "
+            "of its own), where its backbone.pth, head.pth, pretrain_info.json would go; give a new or empty folder",
+        ),
+        (tmp_path / "a_file", f"--out {tmp_path / 'a_file'} cannot be used: {tmp_path / 'a_file'} is a file"),
+    ]:
+        assert main(["--data", str(tmp_path / "absent"), "--out", str(out), "--max-steps", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and len(err.splitlines()) == 1
+    assert (tiny / "pretrain_info.json").read_text() == '{"describe_prompt": "Describe the image."}\n'
+    ours = tmp_path / "ours"  # a folder it wrote is written again (the data, absent here, stops it)
+    ours.mkdir()
+    (ours / "pretrain_info.json").write_text('{"layout": {}}\n')
+    assert main(["--data", str(tmp_path / "absent"), "--out", str(ours), "--max-steps", "1"]) == 2
+    assert "absent" in capsys.readouterr().err
+
+
+def test_every_option_says_what_it_takes():
+    from davir.cli.pretrain_backbone import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    parsers = (parser, commands["train"], commands["probe"])
+    assert [action.dest for p in parsers for action in p._actions if not action.help] == []

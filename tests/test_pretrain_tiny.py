@@ -537,3 +537,127 @@ def test_demo_config_fine_tunes_the_shipped_checkpoint():
     assert model.tokenizer.unk_token_id not in tokens
     trainable, total = model.trainable_parameter_summary()["all"]
     assert 0 < trainable < 0.2 * total  # adapters + projection + query tokens, not the whole model
+
+
+def test_out_is_never_the_init_folder_nor_a_folder_of_someone_else(tmp_path, capsys):
+    """--out equal to --init (or holding it as last/) saved over the weights the run trains from, and --out a
+    folder of other files (a real model's, the current folder) had its config.json and model.safetensors replaced;
+    --out a file ran the whole first stage before a FileExistsError traceback. All are refused before any data is
+    read (exit 2, one line); a folder this command wrote is written again, as the docs' --out assets/… does."""
+    mine = tmp_path / "my model é"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}\n')
+    earlier = tmp_path / "earlier"
+    (earlier / LAST_FOLDER).mkdir(parents=True)
+    (earlier / INFO_FILE).write_text(json.dumps({"describe_prompt": "Describe the image."}))
+    (tmp_path / "a_file").write_text("mine\n")
+    data = ["--data", str(tmp_path / "no data here"), "--quiet"]
+    for argv, message in [
+        (
+            ["--out", str(earlier), "--init", str(earlier)],
+            f"--out {earlier} is the --init folder {earlier} (or holds it as last/), whose weights the run would "
+            "replace while it trains from them; give another --out",
+        ),
+        (
+            ["--out", str(earlier), "--init", str(earlier / LAST_FOLDER)],
+            f"--out {earlier} is the --init folder {earlier / LAST_FOLDER} (or holds it as last/)",
+        ),
+        (
+            ["--out", str(mine)],
+            f"--out {mine} holds files that python -m davir.pretrain_tiny did not write (no {INFO_FILE} of its "
+            "own), which the checkpoint would replace; give a new or empty folder",
+        ),
+        (
+            ["--out", str(tmp_path / "a_file")],
+            f"--out {tmp_path / 'a_file'} cannot be used: {tmp_path / 'a_file'} is a file, not a folder",
+        ),
+    ]:
+        assert main([*argv, *data]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and len(err.splitlines()) == 1
+    assert (mine / "config.json").read_text() == '{"mine": true}\n'
+    # a folder this command wrote is taken (the data, absent here, is what stops it)
+    assert main(["--out", str(earlier), *data]) == 2
+    assert "scenes.json" in capsys.readouterr().err
+
+
+def test_a_save_stopped_midway_leaves_the_earlier_checkpoint_whole(tmp_path, monkeypatch):
+    """Each better score saves over OUT: model.safetensors was written in place, so Ctrl-C (or a kill) during a
+    save left the best checkpoint half old, half new. The folder is written beside OUT and moved in at the end."""
+    out = tmp_path / "tiny"
+    model = build_tiny_model(image_size=32, patch_size=8, seed=1)
+    save_checkpoint(model, out, {"describe_prompt": "x", "best": {"step": 1}})
+    saved = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt  # as Ctrl-C arriving while the processor is written, after the weights
+
+    monkeypatch.setattr(model.processor, "save_pretrained", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(model, out, {"describe_prompt": "x", "best": {"step": 2}})
+    assert {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()} == saved
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny"]  # no temporary folder left
+    monkeypatch.undo()
+    save_checkpoint(model, out, {"describe_prompt": "x", "best": {"step": 2}})
+    assert json.loads((out / INFO_FILE).read_text())["best"] == {"step": 2}
+    assert (out / "model.safetensors").read_bytes() != saved["model.safetensors"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--desc-steps", "-1"], "--desc-steps must be 0 or more, got -1"),  # the stage was skipped, exit 0
+        (["--desc-steps", "0", "--change-steps", "0"], "--desc-steps and --change-steps are both 0: nothing to train"),
+        (["--eval-every", "-1"], "--eval-every must be 1 or more, got -1"),  # scored every step, exit 0
+        (["--eval-every", "0"], "--eval-every must be 1 or more, got 0"),  # ZeroDivisionError
+        (["--train-limit", "-1"], "--train-limit must be 1 or more, got -1"),  # dropped the last scene, exit 0
+        (["--batch-size", "0"], "--batch-size must be 1 or more, got 0"),  # IndexError
+        (["--threads", "0"], "--threads must be 1 or more, got 0"),  # RuntimeError
+        (["--image-size", "0"], "--image-size must be 1 or more, got 0"),  # ValueError in PIL
+        (["--patch-size", "0"], "--patch-size must be 1 or more, got 0"),  # ConfigError traceback
+        (["--query-tokens", "-1"], "--query-tokens must be 0 or more, got -1"),  # RuntimeError
+        (["--eval-scenes", "0"], "--eval-scenes must be 1 or more, got 0"),  # "no scenes in split 'test'"
+        (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),  # AdamW's ValueError
+        (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),  # trained on NaN weights, exit 0
+        (["--data-seed", "-1"], "--data-seed must be 0 or more, got -1"),  # numpy's traceback after the check
+    ],
+)
+def test_counts_and_the_rate_out_of_range_are_usage_errors(tmp_path, capsys, flags, message):
+    """Each was a traceback or a silently other run before any check; now argparse's usage error (exit 2) naming
+    the flag, before any data is read or generated."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "x"), "--data", str(tmp_path / "absent"), "--quiet", *flags])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
+
+
+def test_an_init_folder_it_did_not_write_or_of_another_size_is_one_line(synth_root, tmp_path, capsys):
+    """--init a model folder without this command's pretrain_info.json loaded the model, then stopped with "annotation
+    file is missing: …/pretrain_info.json"; --init the shipped 64-px checkpoint with --image-size 32 stopped with a
+    ValueError traceback. Now the first is refused before any data is read, the second names --init, both exit 2."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "assets" / "tiny_instructblip"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    assert main(["--out", str(tmp_path / "o"), "--init", str(bare), "--data", str(tmp_path / "absent"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --init {bare} is not a folder python -m davir.pretrain_tiny wrote (no {INFO_FILE} of its own); give "
+        "one it wrote (OUT or OUT/last), or leave --init out to start from random weights\n"
+    )
+    assert _quick_pretrain(tmp_path / "o", synth_root, "--init", str(shipped), "--desc-steps", "1") == 2
+    err = capsys.readouterr().err  # after transformers' progress bar
+    assert "Traceback" not in err and err.endswith(
+        f"error: --init {shipped}: image_size=32 but the pretrained model at {shipped} was built for 64; give its "
+        "--image-size and --patch-size\n"
+    )
+
+
+def test_every_option_says_what_it_takes():
+    from davir.cli.pretrain_tiny import build_parser
+
+    assert [action.dest for action in build_parser()._actions if not action.help] == []

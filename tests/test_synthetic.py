@@ -264,3 +264,34 @@ def test_draw_grid_shows_before_after_and_the_mask_in_red(generated, tmp_path):
     reddened = (overlay != after).any(axis=2)
     assert reddened.any() == has_mask
     assert (overlay[reddened][:, 0] >= after[reddened][:, 0]).all()
+
+
+def test_show_never_writes_its_grid_over_a_file_of_the_dataset(generated, tmp_path, capsys):
+    """`davir.data show --out` on one of the dataset's images (of any split) or its annotation file wrote the grid
+    over it, exit 0: exit 2 now, the file named, nothing written; a new grid inside --root, and the rerun over
+    it, are fine. --num above one picture's rows (100000: every thumbnail held at once) is refused too."""
+    import shutil
+
+    from davir.cli.data import main
+
+    root = tmp_path / "synth é"
+    shutil.copytree(generated["root"], root)
+    test_pair = read_dataset("clevr_change", root, "test").pairs[0]
+    train_pair = read_dataset("clevr_change", root, "train").pairs[0]
+    of_the_dataset = f"is a file of the dataset at --root {root} (not an earlier `davir.data show` output)"
+    kept = {
+        root / "splits.json": of_the_dataset,
+        test_pair.after: f"is the after image of record {test_pair.pair_id!r}",  # a pair being drawn
+        train_pair.before: of_the_dataset,  # an image of another split
+    }
+    kept = {path: (path.read_bytes(), message) for path, message in kept.items()}
+    for out, (_, message) in kept.items():
+        assert main(["show", "--format", "clevr_change", "--root", str(root), "--out", str(out)]) == 2
+        assert capsys.readouterr().err == f"error: --out {out} {message}, which it would replace; give another --out\n"
+    assert all(path.read_bytes() == data for path, (data, _) in kept.items())
+    for _ in range(2):
+        assert main(["show", "--format", "clevr_change", "--root", str(root), "--out", str(root / "grid.png")]) == 0
+    assert Image.open(root / "grid.png").size[0] == 3 * 160 + 4 * 4
+    capsys.readouterr()
+    assert main(["show", "--format", "clevr_change", "--root", str(root), "--out", "g.png", "--num", "100000"]) == 2
+    assert capsys.readouterr().err == "error: show: --num must be 1 to 500 (the rows of one picture), got 100000\n"

@@ -11,10 +11,14 @@ reduced to a 256-colour palette (a page is mostly flat colour) to stay small.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 from PIL import Image
+
+from davir.io import atomic_path
 
 IMAGES_LOADED = (
     "[...document.querySelectorAll('{0} img')].length > 0 && "
@@ -28,15 +32,30 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _small_png(path: Path) -> None:
-    with Image.open(path) as image:
-        image.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+def _small_png(shot: Path, path: Path) -> Path:
+    """`shot` reduced to a 256-colour palette, written atomically to `path` (a picture of the repository's docs
+    is never left half written)."""
+    with Image.open(shot) as image, atomic_path(path) as tmp:
+        image.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(
+            tmp, format="PNG", optimize=True
+        )
+    return path
 
 
 def take(url: str, out: Path, before: Path, after: Path, *, word: str = "", width: int = 1280) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".screenshots.", dir=out))
+    try:
+        return [
+            _small_png(shot, out / shot.name) for shot in _take(url, staging, before, after, word=word, width=width)
+        ]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _take(url: str, out: Path, before: Path, after: Path, *, word: str, width: int) -> list[Path]:
     from davir.app.browser import Chromium
 
-    out.mkdir(parents=True, exist_ok=True)
     shots = []
     with Chromium(width=width, height=900) as browser:
         browser.open(url)
@@ -74,8 +93,6 @@ def take(url: str, out: Path, before: Path, after: Path, *, word: str = "", widt
         browser.wait_for("document.querySelector('#caption-b textarea').value", timeout=120)
         browser.wait_for(IMAGES_LOADED.format("#strip-a") + " && " + IMAGES_LOADED.format("#strip-b"))
         shots.append(browser.screenshot(out / "app_compare.png"))
-    for shot in shots:
-        _small_png(shot)
     return shots
 
 

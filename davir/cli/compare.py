@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from davir.compare.runs import bar_chart, compare_runs
+from davir.compare.runs import bar_chart, check_outputs, compare_runs
 from davir.errors import DataError, check_output_file, describe_os_error
 from davir.io import write_text_atomic
 
@@ -33,8 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--dataset", help="dataset of the paper rows (default: the runs' data.format)")
     parser.add_argument("--split", help="which evaluation of each run (when a run has several)")
-    parser.add_argument("--out", type=Path, help="write the Markdown table here")
-    parser.add_argument("--plot", type=Path, help="write a bar chart PNG here")
+    parser.add_argument("--out", type=Path, help="write the Markdown table here (never a file of a RUN)")
+    parser.add_argument(
+        "--plot", type=Path, help="write a bar chart here, in the format of its suffix (.png, .pdf, .svg, …)"
+    )
     return parser
 
 
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             check_output_file(args.out, what="--out", example="table.md")
         if args.plot:
             check_output_file(args.plot, what="--plot", example="bars.png")
+        check_outputs({"--out": args.out, "--plot": args.plot}, args.runs)
         comparison = compare_runs(args.runs, dataset=args.dataset, split=args.split, leaderboard=args.leaderboard)
         print(comparison.table, end="")
         if args.out:

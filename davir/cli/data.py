@@ -14,9 +14,12 @@ from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 def _verify(args) -> int:
     from davir.data.verify import format_checks, verify_dataset
+    from davir.errors import check_output_file
     from davir.io import write_json_atomic
 
-    checks = verify_dataset(args.format, args.root, args.split, decode=not args.quick)
+    if args.out:  # before the images are looked at (minutes on a whole benchmark)
+        check_output_file(args.out, what="--out", example="verify.json")
+    checks = verify_dataset(args.format, args.root, args.split, decode=not args.quick, out=args.out)
     summary, problems = format_checks(args.format, checks)
     print("\n".join(summary))
     for line in problems:
@@ -133,14 +136,18 @@ def _export(args) -> int:
     return 0
 
 
+FORMAT_HELP = "the dataset's format: clevr_change, clevr_dc, spot_the_diff, ier, levir_cc or folder (docs/datasets.md)"
+ROOT_HELP = "the folder holding the dataset's annotation files, in the layout docs/datasets.md gives for its format"
+
+
 @stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m davir.data", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     stats = commands.add_parser("stats", help="per-split counts as JSON; works on annotations alone")
-    stats.add_argument("--format", required=True)
-    stats.add_argument("--root", required=True)
+    stats.add_argument("--format", required=True, help=FORMAT_HELP)
+    stats.add_argument("--root", required=True, help=ROOT_HELP)
     stats.add_argument("--split", action="append", help="split(s) to count (default: all of the format's)")
 
     verify = commands.add_parser(
@@ -148,11 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         help="is my download complete? official pair/image counts per split, "
         "every missing, empty or undecodable image with its record; exit 1 when short",
     )
-    verify.add_argument("--format", required=True)
-    verify.add_argument("--root", required=True)
+    verify.add_argument("--format", required=True, help=FORMAT_HELP)
+    verify.add_argument("--root", required=True, help=ROOT_HELP)
     verify.add_argument("--split", action="append", help="split(s) to check (default: all of the format's)")
     verify.add_argument("--quick", action="store_true", help="check existence and size only, do not decode images")
-    verify.add_argument("--out", help="write every split's counts and problems to this JSON file")
+    verify.add_argument(
+        "--out",
+        help="write every split's counts and problems to this JSON file (never a file of the dataset: "
+        "inside --root only a new file or an earlier report)",
+    )
 
     importer = commands.add_parser(
         "import",
@@ -270,11 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     synth.add_argument("--workers", type=int, default=0, help="processes (0 = one per core)")
 
     show = commands.add_parser("show", help="draw a grid of before/after/mask thumbnails with captions")
-    show.add_argument("--format", required=True)
-    show.add_argument("--root", required=True)
-    show.add_argument("--split", default="test")
-    show.add_argument("--out", required=True)
-    show.add_argument("--num", type=int, default=12)
+    show.add_argument("--format", required=True, help=FORMAT_HELP)
+    show.add_argument("--root", required=True, help=ROOT_HELP)
+    show.add_argument("--split", default="test", help="the split to draw (default: test)")
+    show.add_argument(
+        "--out",
+        required=True,
+        help="the PNG to write (never a file of the dataset: inside --root only a new file or an earlier grid)",
+    )
+    show.add_argument("--num", type=int, default=12, help="pairs to draw, one row each: 1 to 500 (default: 12)")
 
     pairs = commands.add_parser(
         "pairs",

@@ -14,7 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from davir.errors import DataError, check_output_dir, describe_os_error
+from davir.runtime.signals import START_AGAIN, stop_on_signals
 
+
+@stop_on_signals(rerun=START_AGAIN)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m davir.cli.screenshots",
@@ -27,19 +31,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", required=True, type=Path)
     parser.add_argument("--after", required=True, type=Path)
     parser.add_argument("--word", default="", help="the browse tab's word filter")
-    parser.add_argument("--out", type=Path, default=Path("docs/images"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/images"),
+        help="folder for app_caption.png, app_browse.png, app_compare.png (default: docs/images of the current folder)",
+    )
     args = parser.parse_args(argv)
-    from davir.app.screenshots import screenshots
+    from davir.app.browser import BrowserError
 
-    for shot in screenshots(
-        args.checkpoint,
-        compare=args.compare,
-        captions=args.captions,
-        before=args.before,
-        after=args.after,
-        out=args.out,
-        word=args.word,
-    ):
+    try:
+        # before the app starts (a model load, a browser): a typo is one line, never a traceback
+        for flag, path in (("--before", args.before), ("--after", args.after), ("--captions", args.captions)):
+            if not Path(path).is_file():
+                raise DataError(f"{flag} {path}: no such file")
+        check_output_dir(args.out, what="--out")
+        from davir.app.screenshots import screenshots
+
+        shots = screenshots(
+            args.checkpoint,
+            compare=args.compare,
+            captions=args.captions,
+            before=args.before,
+            after=args.after,
+            out=args.out,
+            word=args.word,
+        )
+    except (DataError, BrowserError) as error:  # a run folder that is none, no Chromium
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
+        return 2
+    for shot in shots:
         print(f"{shot} ({shot.stat().st_size // 1024} KB)")
     return 0
 

@@ -4,9 +4,11 @@ davir.compare` (davir.cli.compare, whose help says what is read and how seeds ar
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,8 @@ import yaml
 from davir.compare.paper_results import METRIC_COLUMNS, paper_results
 from davir.compare.seed_spread import inside_spread_lines, metric_at, spread_text, value_at
 from davir.errors import DataError
-from davir.io import read_json
+from davir.io import atomic_path, read_json
+from davir.runs.files import RUN_ENTRIES, check_keys
 from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
 
 SETTINGS = ("total", "semantic", "distractor")
@@ -38,6 +41,8 @@ class RunResult:
     path: Path
     document: dict[str, Any] = field(default_factory=dict)  # the whole metrics.json
     group: str = ""  # the run's name without its seed: runs of one group are one table row
+    seed: int | None = None  # config.yaml run.seed (None where the config does not say)
+    folder: Path | None = None  # the run folder as given
 
 
 def seed_group(run: Path) -> str:
@@ -52,9 +57,18 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     """The scored evaluation of one run folder (the only one, or the one of `split`)."""
     run = Path(run)
     config_path = run / "config.yaml"
+    if not run.exists():
+        raise DataError(f"run folder {run} does not exist")
     if not config_path.is_file():
         raise DataError(f"{run} is not a run folder (no config.yaml)")
-    config = yaml.safe_load(config_path.read_text()) or {}
+    try:
+        config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        reason = getattr(error, "problem", None) or str(error)
+        raise DataError(f"{config_path}: not a readable run config ({where}{reason})") from error
+    check_keys(config, config_path, {"method": (str,), "data": (dict,), "data.format": (str,), "run": (dict,)})
     method = config.get("method", "?")
     found = sorted((run / "eval").glob("*/metrics.json"))
     if split is not None:
@@ -62,7 +76,7 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     if not found:
         raise DataError(
             f"{run} has no eval/*{'_' + split if split else ''}/metrics.json; run "
-            f"`python evaluate.py --checkpoint {run} --split {split or 'test'}` first"
+            f"`python evaluate.py --checkpoint {shlex.quote(str(run))} --split {shlex.quote(split or 'test')}` first"
         )
     if len(found) > 1:
         raise DataError(
@@ -71,14 +85,21 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
     metrics = read_json(found[0])
     if not isinstance(metrics, dict):
         raise DataError(f"{found[0]}: expected a JSON object written by evaluate.py")
+    check_keys(metrics, found[0], {"rows": (dict,)})
     rows, pairs = {}, {}
     for setting in SETTINGS:
         if setting in metrics.get("rows", {}):
+            row = f"rows.{setting}"
+            numbers = {f"{row}.metrics.{name}": (int, float, type(None)) for name in METRIC_COLUMNS}
+            schema = {row: (dict,), f"{row}.metrics": (dict,), f"{row}.num_pairs": (int,), **numbers}
+            check_keys(metrics, found[0], schema, (f"{row}.metrics",))
             rows[setting] = metrics["rows"][setting]["metrics"]
             pairs[setting] = metrics["rows"][setting].get("num_pairs", 0)
     if "total" not in rows:
         raise DataError(f"{found[0]}: no 'total' row; not written by evaluate.py")
     data_format = config.get("data", {}).get("format", "?")
+    seed = (config.get("run") or {}).get("seed")
+    seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else None
     return RunResult(
         run.name,
         method,
@@ -89,6 +110,8 @@ def read_run(run: Path, *, split: str | None = None) -> RunResult:
         found[0],
         metrics,
         seed_group(run),
+        seed,
+        run,
     )
 
 
@@ -97,11 +120,32 @@ def _cell(value) -> str:
 
 
 def group_runs(results: list[RunResult]) -> dict[str, list[RunResult]]:
-    """Runs keyed by seed group (and method and split, so that two methods never share a row), in input order."""
+    """Runs keyed by seed group (and method and split, so that two methods never share a row), in input order. A
+    group holding two runs of one seed (`runs/a/demo` and `runs/b/demo`, both seed 0) is not seeds of one
+    variant: each of its runs is a row of its own, named by its folder (`unpooled`)."""
+    rows: dict[str, list[RunResult]] = {}
+    for key, runs in group_runs_by_name(results).items():
+        if unpooled(runs):
+            for run in runs:
+                named = replace(run, name=str(run.folder or run.path), group=str(run.folder or run.path))
+                rows[f"{named.group} ({run.method}, {run.split})"] = [named]
+        else:
+            rows[key] = runs
+    return rows
+
+
+def group_runs_by_name(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """Runs keyed by seed group, method and split, as given (no run split off)."""
     groups: dict[str, list[RunResult]] = {}
     for result in results:
         groups.setdefault(f"{result.group} ({result.method}, {result.split})", []).append(result)
     return groups
+
+
+def unpooled(runs: list[RunResult]) -> bool:
+    """Whether runs of one seed group share a seed, so are not seeds of one variant."""
+    seeds = [run.seed for run in runs if run.seed is not None]
+    return len(seeds) != len(set(seeds))
 
 
 def _label(runs: list[RunResult]) -> str:
@@ -148,12 +192,23 @@ def comparison_table(results: list[RunResult], dataset: str) -> str:
             "",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    papers = (
+        f"Paper rows: each method's own paper on {dataset} (docs/methods/README.md); runs on other data are "
+        "comparable in ordering, not in absolute value."
+        if paper_results(dataset)
+        else f"No paper reports numbers on {dataset} (davir/compare/paper_results.py); --dataset names another."
+    )
     note = (
-        f"Scores x100 (CIDEr = CIDEr-D); ours: mean ± std (min–max) over seeds; object F1 / hallucinated: "
-        f"stated-difference faithfulness. Paper rows: each method's own paper on {dataset} "
-        "(docs/methods/README.md); runs on other data are comparable in ordering, not in absolute value."
+        "Scores x100 (CIDEr = CIDEr-D); ours: mean ± std (min–max) over seeds; object F1 / hallucinated: "
+        f"stated-difference faithfulness. {papers}"
     )
     text = "\n".join(lines) + "\n\n" + note + "\n"
+    for runs in group_runs_by_name(results).values():
+        if unpooled(runs):
+            text += (
+                f"\nNot pooled: {', '.join(str(r.folder or r.path) for r in runs)} share a name but not seeds of one "
+                "variant (two of them trained with one seed); each is a row of its own.\n"
+            )
     text += cost_table(groups)
     flags = inside_spread_lines(spread)
     if flags and len(groups) > 1:
@@ -195,8 +250,47 @@ def _device(document: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def picture_formats() -> dict[str, str]:
+    """The file suffixes matplotlib writes a figure as (png, pdf, svg, …) → what each is."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return FigureCanvasBase.get_supported_filetypes()
+
+
+def check_outputs(outputs: Mapping[str, str | Path | None], runs: Sequence[str | Path]) -> None:
+    """Before any run is read: no two outputs ({flag: path}) are one file, `--plot` has a suffix matplotlib
+    writes, and no output replaces a file a run wrote (its config.yaml, an eval's metrics.json, its weights: a
+    path under one of the run's own entries, `davir.runs.files.RUN_ENTRIES`). A new file of the user's beside
+    them in the run folder is fine."""
+    given = {flag: Path(path) for flag, path in outputs.items() if path is not None}
+    seen: dict[str, str] = {}
+    for flag, path in given.items():
+        real = os.path.realpath(path)
+        if real in seen:
+            raise DataError(f"{flag} {path} is the {seen[real]} file, which it would replace; give another {flag}")
+        seen[real] = flag
+        if flag == "--plot":
+            suffix = path.suffix.lower().lstrip(".")
+            formats = picture_formats()
+            if suffix not in formats:
+                raise DataError(
+                    f"--plot {path}: matplotlib cannot write a {'.' + suffix if suffix else 'file without a suffix'}"
+                    f"; give a .png path (or {', '.join('.' + name for name in sorted(formats) if name != 'png')})"
+                )
+        if not os.path.lexists(path):
+            continue
+        for run in runs:
+            for inside, folder in ((os.path.abspath(path), os.path.abspath(run)), (real, os.path.realpath(run))):
+                relative = os.path.relpath(inside, folder)
+                if relative.split(os.sep)[0] in RUN_ENTRIES:
+                    raise DataError(
+                        f"{flag} {path} is {relative} of the run {run}, which it would replace; give another {flag}"
+                    )
+
+
 def bar_chart(results: list[RunResult], dataset: str, path: Path) -> None:
-    """Grouped bars: each run's total-row metrics, and CIDEr beside the paper's CIDEr for its method."""
+    """Grouped bars: each run's total-row metrics, and CIDEr beside the paper's CIDEr for its method; written
+    atomically in the format of `path`'s suffix (png, pdf, svg, …)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,9 +324,12 @@ def bar_chart(results: list[RunResult], dataset: str, path: Path) -> None:
     right.set_title("CIDEr: ours vs paper (0 = not reported)")
     right.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    path = Path(path)
+    try:
+        with atomic_path(path) as tmp:  # a Ctrl-C mid-save leaves no half picture
+            fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
 
 
 @dataclass(frozen=True)
@@ -251,6 +348,16 @@ def compare_runs(
     first run's data format), or with `leaderboard` the leaderboard of that benchmark with the runs in it."""
     if not runs and not leaderboard:
         raise DataError("give the run folders to compare, or --leaderboard BENCHMARK")
+    if dataset is not None:  # a typo (clevr-change) gave a table without a single paper row
+        from davir.data.formats import FORMATS
+
+        FORMATS.check(dataset, key="--dataset")
+    given: dict[str, Path] = {}
+    for run in map(Path, runs):  # one run twice (a glob and its path, a link) would count as two seeds
+        real = os.path.realpath(run)
+        if real in given:
+            raise DataError(f"{run} is the run {given[real]} again ({real}); give each run once")
+        given[real] = run
     results = [read_run(Path(run), split=split) for run in runs]
     if leaderboard:
         from davir.compare.leaderboard import leaderboard_table

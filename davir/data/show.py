@@ -13,16 +13,32 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFont, PngImagePlugin
 
 from davir.data.formats import read_dataset
-from davir.data.images import load_mask, load_pair, save_png_atomic
+from davir.data.images import load_mask, load_pair
 from davir.data.records import ChangePair
-from davir.errors import DataError
+from davir.data.verify import refuse_dataset_file
+from davir.errors import DataError, check_output_file
+from davir.io import atomic_path
 
 RED = np.array([255, 0, 0], np.float32)
 BLANK = (235, 235, 235)
 GAP = 4
+# Rows of one picture: 500 rows of 160-px tiles are ~90,000 px tall, what PIL opens without its decompression-bomb
+# warning; --num 100000 on a 67k-pair split held every thumbnail and a canvas of tens of GB in memory.
+MAX_ROWS = 500
+# The PNG text chunk that marks a grid this command wrote: only such a file inside --root may be replaced.
+MARK = ("Software", "davir data show")
+
+
+def is_grid(path: Path) -> bool:
+    """Whether `path` is a PNG that `draw_grid` wrote (its text chunk says so)."""
+    try:
+        with Image.open(path) as image:
+            return image.format == "PNG" and image.text.get(MARK[0]) == MARK[1]
+    except (OSError, ValueError, SyntaxError):
+        return False
 
 
 def _thumbnail(image: Image.Image, tile: int) -> np.ndarray:
@@ -65,12 +81,15 @@ def pair_row(pair: ChangePair, tile: int) -> list[np.ndarray]:
 def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: int = 12, tile: int = 160) -> Path:
     """Draw the first `num` pairs of a split (read with `read_dataset`) as rows of
     before | after | mask-overlay thumbnails (`tile` pixels square) with the first caption under each
-    row; save the PNG atomically to `out` and return its path."""
-    if num < 1:
-        raise DataError(f"show: num must be at least 1, got {num}")
+    row; save the PNG atomically to `out` and return its path. `out` is never a file of the dataset
+    (`davir.data.verify.refuse_dataset_file`): inside `root` only a new file or an earlier grid."""
+    if not 1 <= num <= MAX_ROWS:
+        raise DataError(f"show: --num must be 1 to {MAX_ROWS} (the rows of one picture), got {num}")
     if tile < 16:
         raise DataError(f"show: tile must be at least 16 pixels, got {tile}")
+    check_output_file(out, what="--out", example="grid.png")
     index = read_dataset(format, root, split)
+    refuse_dataset_file(out, root, index.pairs, command="davir.data show", own=is_grid)
     pairs = index.pairs[:num]
     if not pairs:
         raise DataError(f"{root}: split {split!r} of format {format!r} has no pairs to draw")
@@ -98,5 +117,8 @@ def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: i
             y += line_height
         y += GAP
     out = Path(out)
-    save_png_atomic(canvas, out)
+    info = PngImagePlugin.PngInfo()
+    info.add_text(*MARK)
+    with atomic_path(out) as tmp:
+        canvas.save(tmp, format="PNG", pnginfo=info)
     return out

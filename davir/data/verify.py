@@ -9,13 +9,16 @@ it. Exit status 1 when anything is short or broken (2 for bad arguments), 0 when
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
 from davir.data.formats import FORMATS, read_dataset
+from davir.data.records import ChangePair, DatasetIndex
 from davir.errors import DataError
 
 # format -> split -> (pairs, distinct image files); None where no count is published.
@@ -80,13 +83,80 @@ def image_problem(path: Path, *, decode: bool) -> str | None:
     return None
 
 
-def verify_split(format: str, root: Path, split: str, *, decode: bool = True) -> SplitCheck:
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether `path` lies in `folder`, as typed (absolute) or with links resolved."""
+    for a, b in ((os.path.abspath(path), os.path.abspath(folder)), (os.path.realpath(path), os.path.realpath(folder))):
+        if a == b or a.startswith(b.rstrip(os.sep) + os.sep):
+            return True
+    return False
+
+
+def refuse_dataset_file(
+    out: str | Path,
+    root: str | Path,
+    pairs: Iterable[ChangePair] = (),
+    *,
+    flag: str = "--out",
+    command: str,
+    own: Callable[[Path], bool] = lambda path: False,
+) -> None:
+    """An output of `davir.data verify|show` never replaces a file of the dataset it reads: a DataError when
+    `out` is an image or mask of `pairs` (wherever a folder's manifest put it), or an existing file inside `root`
+    (an annotation file, an image of another split) that `own` does not recognise as this command's earlier
+    output. Nothing is read or written but the names (and `own`'s look at the file)."""
+    out, root = Path(out), Path(root)
+    real = os.path.realpath(out)
+    folders: dict[str, str] = {}  # each folder resolved once: 100k images share a few folders
+
+    def resolved(path: Path) -> str:
+        folder, name = os.path.split(os.path.abspath(path))
+        if folder not in folders:
+            folders[folder] = os.path.realpath(folder)
+        joined = os.path.join(folders[folder], name)
+        return os.path.realpath(joined) if os.path.islink(joined) else joined
+
+    for pair in pairs:
+        roles = (("before", pair.before), ("after", pair.after), ("distractor", pair.distractor))
+        roles += (("before mask", pair.gt_mask_before), ("after mask", pair.gt_mask_after))
+        for role, path in roles:
+            if path is not None and resolved(path) == real:
+                raise DataError(
+                    f"{flag} {out} is the {role} image of record {pair.pair_id!r}, which it would replace; "
+                    f"give another {flag}"
+                )
+    if os.path.lexists(out) and _inside(out, root) and not own(out):
+        raise DataError(
+            f"{flag} {out} is a file of the dataset at --root {root} (not an earlier `{command}` output), "
+            f"which it would replace; give another {flag}"
+        )
+
+
+REPORT_KEYS = {"format", "root", "decoded", "splits"}
+
+
+def is_verify_report(path: Path) -> bool:
+    """Whether `path` holds what `verify --out` writes (a JSON object of exactly its keys)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and set(document) == REPORT_KEYS
+
+
+def verify_split(
+    format: str, root: Path, split: str, *, decode: bool = True, index: DatasetIndex | DataError | None = None
+) -> SplitCheck:
+    """`index`: the split as `read_dataset` read it (or the DataError it raised), when the caller has it."""
     expected = OFFICIAL_COUNTS.get(format, {}).get(split, (None, None))
     check = SplitCheck(split, expected_pairs=expected[0], expected_images=expected[1])
-    try:
-        index = read_dataset(format, root, split)
-    except DataError as error:
-        check.error = str(error)
+    if index is None:
+        try:
+            index = read_dataset(format, root, split)
+        except DataError as error:
+            index = error
+    if isinstance(index, DataError):
+        check.error = str(index)
         return check
     check.pairs = len(index.pairs)
     seen: dict[Path, str | None] = {}
@@ -104,14 +174,47 @@ def verify_split(format: str, root: Path, split: str, *, decode: bool = True) ->
 
 
 def verify_dataset(
-    format: str, root: str | Path, splits: list[str] | None = None, *, decode: bool = True
+    format: str,
+    root: str | Path,
+    splits: list[str] | None = None,
+    *,
+    decode: bool = True,
+    out: str | Path | None = None,
 ) -> list[SplitCheck]:
+    """Every split's check. `out`: where the caller will write the report; refused before any image is looked
+    at when it would replace a file of the dataset (`refuse_dataset_file`)."""
     FORMATS.check(format, key="--format")
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"dataset root {root} does not exist or is not a folder")
     splits = splits or [split for split in FORMATS[format].splits if split != "all"]
-    return [verify_split(format, root, split, decode=decode) for split in splits]
+    indexes: dict[str, DatasetIndex | DataError] = {}
+    for split in splits:
+        try:
+            indexes[split] = read_dataset(format, root, split)
+        except DataError as error:
+            indexes[split] = error
+    if out is not None:
+        pairs = (pair for index in indexes.values() if not isinstance(index, DataError) for pair in index.pairs)
+        refuse_dataset_file(out, root, pairs, command="davir.data verify", own=is_verify_report)
+    return [verify_split(format, root, split, decode=decode, index=indexes[split]) for split in splits]
+
+
+def _shortfalls(check: SplitCheck) -> list[str]:
+    """Why a split is not complete: its unusable images, and counts that are not the official ones (a download
+    whose every file decodes but that lacks pairs said "0 unusable image(s)")."""
+    reasons = [f"{len(check.problems):,} unusable image(s)"] if check.problems else []
+    for what, found, expected in (
+        ("pairs", check.pairs, check.expected_pairs),
+        ("images", check.images, check.expected_images),
+    ):
+        if expected is not None and found != expected:
+            reasons.append(
+                f"{expected - found:,} {what} short"
+                if found < expected
+                else f"{found - expected:,} {what} more than the official count"
+            )
+    return reasons
 
 
 def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], list[str]]:
@@ -125,7 +228,7 @@ def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], lis
         images = f"{check.images:,} images" + (
             f" of {check.expected_images:,}" if check.expected_images is not None else ""
         )
-        state = "complete" if check.complete else f"INCOMPLETE: {len(check.problems):,} unusable image(s)"
+        state = "complete" if check.complete else "INCOMPLETE: " + "; ".join(_shortfalls(check))
         summary.append(f"{format} {check.split}: {pairs}, {images}: {state}")
         problems.extend(f"{format} {check.split}: {line}" for line in check.problems[:SHOWN])
         if len(check.problems) > SHOWN:

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from davir.config import require
+from davir.config import FieldError, require
 from davir.data.images import load_rgb
 from davir.data.synthetic import COLORS, MATERIALS, SHAPES, SIZES, load_synthetic_set
-from davir.errors import DataError
+from davir.errors import DataError, check_output_dir
 from davir.io import atomic_path, read_json, write_json_atomic
 from davir.models.resnet_layout import build_resnet, truncate_at_layer3
 
@@ -183,7 +183,10 @@ class PretrainSettings:
     train_limit: int | None = None  # use only the first N train scenes
 
     def __post_init__(self) -> None:
-        require("minutes", self.minutes, at_least=0)
+        require("minutes", self.minutes, above=0)  # 0 trained no step and saved the random weights, exit 0
+        require("lr", self.lr, above=0)  # -1 and nan stopped in AdamW with a traceback
+        if not math.isfinite(self.lr):  # inf trained the weights to NaN, exit 0
+            raise FieldError("lr", f"must be a finite number, got {self.lr}")
         require("max_steps", self.max_steps, at_least=0)
         require("batch_size", self.batch_size, at_least=1)
         require("crop_cells", self.crop_cells, at_least=1, at_most=GRID)
@@ -219,6 +222,29 @@ def package_versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__}
 
 
+INFO_FILE = "pretrain_info.json"
+OUTPUTS = ("backbone.pth", "head.pth", INFO_FILE)
+
+
+def check_out(out: str | Path) -> Path:
+    """Before any work: `out` can become a folder and is new, empty or a folder this command wrote (its
+    pretrain_info.json records the "layout"); a folder of other files (a model of pretrain_tiny, whose
+    pretrain_info.json it would replace, or a user's backbone.pth) is refused, nothing in it replaced."""
+    out = check_output_dir(out, what="--out")
+    if not out.is_dir() or not any(out.iterdir()):
+        return out
+    try:
+        info = read_json(out / INFO_FILE)
+    except DataError:
+        info = None
+    if not (isinstance(info, dict) and "layout" in info):
+        raise DataError(
+            f"--out {out} holds files that python -m davir.pretrain_backbone did not write (no {INFO_FILE} of "
+            f"its own), where its {', '.join(OUTPUTS)} would go; give a new or empty folder"
+        )
+    return out
+
+
 def save(model: CellClassifier, out: Path, info: dict[str, Any]) -> None:
     """Write backbone.pth, head.pth and pretrain_info.json (each to a temporary name, then renamed)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -231,8 +257,8 @@ def save(model: CellClassifier, out: Path, info: dict[str, Any]) -> None:
 def pretrain_backbone(settings: PretrainSettings, *, command: str | None = None) -> dict[str, Any]:
     """Train until the time budget (or `max_steps`) is spent, saving at every held-out evaluation; returns the
     info written to OUT/pretrain_info.json. `command`: the command line recorded there (None from Python)."""
+    root, out = Path(settings.data), check_out(settings.out)
     torch.set_num_threads(settings.threads)
-    root, out = Path(settings.data), Path(settings.out)
     config = load_synthetic_set(root)["config"]
     started = time.perf_counter()
     train_images, train_labels = load_cells(root, "train", limit=settings.train_limit)

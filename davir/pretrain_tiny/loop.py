@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
+from davir.config import ConfigError
 from davir.data.records import CHANGE_TYPES
 from davir.data.synthetic import SynthConfig, generate_dataset, load_synthetic_set
+from davir.errors import DataError
 from davir.io import read_json, write_json_atomic
 from davir.metrics.synthetic import pair_truths
 from davir.models.losses import FacConfig
@@ -30,7 +32,7 @@ from davir.pretrain_tiny.batches import (
     sample_change_batch,
     sample_description_batch,
 )
-from davir.pretrain_tiny.checkpoint import INFO_FILE, LAST_FOLDER, package_versions, save_checkpoint
+from davir.pretrain_tiny.checkpoint import INFO_FILE, LAST_FOLDER, check_out, package_versions, save_checkpoint
 from davir.pretrain_tiny.data import ModelPixels, canonical_description, load_split
 from davir.pretrain_tiny.evaluation import description_accuracy, evaluate
 from davir.pretrain_tiny.model import (
@@ -101,6 +103,32 @@ class TinyPretrainSettings:
                 raise ValueError(f"type-weights: {kind}={weight}; give positive weights of {', '.join(CHANGE_TYPES)}")
         if self.add_llm_layers < 0:
             raise ValueError(f"add-llm-layers must be ≥ 0, got {self.add_llm_layers}")
+        # counts a negative or zero value of which did something else: --desc-steps -1 skipped the stage,
+        # --eval-every -1 scored every step, --train-limit -1 dropped the last scene, --batch-size 0 and
+        # --threads 0 ended in tracebacks
+        least = {
+            "scenes": 1,
+            "data_seed": 0,
+            "workers": 0,
+            "desc_steps": 0,
+            "change_steps": 0,
+            "batch_size": 1,
+            "image_size": 1,
+            "patch_size": 1,
+            "query_tokens": 0,
+            "threads": 1,
+            "eval_every": 1,
+            "eval_scenes": 1,
+            "train_limit": 1,
+        }
+        for name, minimum in least.items():
+            value = getattr(self, name)
+            if value is not None and value < minimum:
+                raise ValueError(f"{name.replace('_', '-')} must be {minimum} or more, got {value}")
+        if self.desc_steps == self.change_steps == 0:
+            raise ValueError("desc-steps and --change-steps are both 0: nothing to train")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
 
 
 def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
@@ -109,7 +137,7 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
-    out = Path(settings.out)
+    out = check_out(settings.out, settings.init)
     log = print if not settings.quiet else (lambda *a, **k: None)
 
     if settings.data is None:
@@ -132,18 +160,25 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
     log(f"loaded {len(train.ids)} train / {len(test.ids)} test scenes in {time.time() - started:.0f}s", flush=True)
 
     if settings.init is not None:  # continue from an earlier checkpoint of this command (its curve is kept)
-        model = build_davir_model(
-            DavirModelConfig(
-                family=settings.family,
-                pretrained=str(settings.init),
-                image_size=settings.image_size,
-                patch_size=settings.patch_size if settings.family == "instructblip" else None,
-                train_mode="full",
-                fac=FacConfig(lambda_attn=0.0),
-                epc=EpcConfig(use_entities=False),
-                seed=settings.seed,
+        try:
+            model = build_davir_model(
+                DavirModelConfig(
+                    family=settings.family,
+                    pretrained=str(settings.init),
+                    image_size=settings.image_size,
+                    patch_size=settings.patch_size if settings.family == "instructblip" else None,
+                    train_mode="full",
+                    fac=FacConfig(lambda_attn=0.0),
+                    epc=EpcConfig(use_entities=False),
+                    seed=settings.seed,
+                )
             )
-        )
+        except ValueError as error:
+            # the instructblip family's check of the folder against the sizes asked for is a plain ValueError
+            # (davir/models/families/instructblip.py); anything else is not the user's to fix
+            if isinstance(error, (DataError, ConfigError)) or "but the pretrained model at" not in str(error):
+                raise
+            raise DataError(f"--init {settings.init}: {error}; give its --image-size and --patch-size") from None
     else:
         model = build_tiny_model(
             image_size=settings.image_size,

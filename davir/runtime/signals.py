@@ -10,13 +10,14 @@ traceback. A leaf module: it imports nothing from davir.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 RESUME = "rerun the same command to resume"
@@ -53,6 +54,20 @@ def _raise_stopped(signum: int, frame) -> None:
             os.kill(os.getpid(), signum)
         return
     raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait while the block runs (a few renames that must all happen), then arrive as usual;
+    elsewhere than Linux's main thread the block runs as it is."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def ignore_interrupts() -> None:
