@@ -614,7 +614,6 @@ def test_a_save_stopped_midway_leaves_the_earlier_checkpoint_whole(tmp_path, mon
         (["--desc-steps", "0", "--change-steps", "0"], "--desc-steps and --change-steps are both 0: nothing to train"),
         (["--eval-every", "-1"], "--eval-every must be 1 or more, got -1"),  # scored every step, exit 0
         (["--eval-every", "0"], "--eval-every must be 1 or more, got 0"),  # ZeroDivisionError
-        (["--train-limit", "-1"], "--train-limit must be 1 or more, got -1"),  # dropped the last scene, exit 0
         (["--batch-size", "0"], "--batch-size must be 1 or more, got 0"),  # IndexError
         (["--threads", "0"], "--threads must be 1 or more, got 0"),  # RuntimeError
         (["--image-size", "0"], "--image-size must be 1 or more, got 0"),  # ValueError in PIL
