@@ -103,6 +103,14 @@ def test_presets_reject_bad_sizes_and_names():
         build_preset_config("vicuna13b", vocab_size=10, pad_token_id=0, bos_token_id=2, eos_token_id=3)
     with pytest.raises(ValueError, match="captions_for_tokenizer"):
         build_davir_model(DavirModelConfig())
+    # a pretrained folder of another size is the user's config to fix (one line), not a ValueError traceback
+    from pathlib import Path
+
+    from davir.config import ConfigError
+
+    shipped = Path(__file__).resolve().parents[1] / "assets" / "tiny_instructblip"
+    with pytest.raises(ConfigError, match=f"image_size=32 but the pretrained model at {shipped} was built for 64"):
+        build_davir_model(DavirModelConfig(pretrained=str(shipped), image_size=32))
 
 
 # ---------------------------------------------------------------------------------------- preprocessing, Eq. 10

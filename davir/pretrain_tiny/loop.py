@@ -173,10 +173,9 @@ def pretrain(settings: TinyPretrainSettings) -> dict[str, Any]:
                     seed=settings.seed,
                 )
             )
-        except ValueError as error:
-            # the instructblip family's check of the folder against the sizes asked for is a plain ValueError
-            # (davir/models/families/instructblip.py); anything else is not the user's to fix
-            if isinstance(error, (DataError, ConfigError)) or "but the pretrained model at" not in str(error):
+        except ConfigError as error:
+            # the instructblip family's check of the folder against the sizes asked for, in --init's words
+            if "but the pretrained model at" not in str(error):
                 raise
             raise DataError(f"--init {settings.init}: {error}; give its --image-size and --patch-size") from None
     else:

@@ -24,6 +24,7 @@ from transformers import (
 )
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 
+from davir.config import ConfigError
 from davir.errors import DataError
 from davir.io import read_json
 from davir.models.families import FAMILIES
@@ -105,7 +106,7 @@ class InstructBlipFamily:
             ("patch_size", config.patch_size, vision.patch_size),
         ):
             if wanted is not None and wanted != actual:
-                raise ValueError(f"{name}={wanted} but the pretrained model at {path} was built for {actual}")
+                raise ConfigError(f"{name}={wanted} but the pretrained model at {path} was built for {actual}")
         return core.to(device)
 
     def random_core(
