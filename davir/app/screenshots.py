@@ -79,9 +79,9 @@ def _take(url: str, out: Path, before: Path, after: Path, *, word: str, width: i
             "(e => e && e.innerText.includes('match'))(document.querySelector('#browse-summary'))", timeout=60
         )
         browser.wait_for("document.querySelectorAll('#strips img').length > 0")
-        browser.evaluate("window.scrollTo(0, document.body.scrollHeight)")  # the gallery's images load lazily
+        # The gallery's images load lazily, when scrolled near: with 48 strips the middle ones never loaded
+        browser.evaluate("document.querySelectorAll('#strips img').forEach(i => { i.loading = 'eager'; })")
         browser.wait_for(IMAGES_LOADED.format("#strips"))
-        browser.evaluate("window.scrollTo(0, 0)")
         shots.append(browser.screenshot(out / "app_browse.png"))
 
         browser.click_text("button[role=tab]", "Compare two models")
