@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,34 @@ def test_outputs_never_replace_a_file_of_a_run_and_plot_takes_its_format_from_th
         assert main([str(run), "--out", str(run / "table.md"), "--plot", str(run / "bars.svg")]) == 0
     assert (run / "table.md").read_text().startswith("| source |")
     assert (run / "bars.svg").read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_while_comparing_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, signum):
+    """Ctrl-C during `python -m davir.compare` ended in a KeyboardInterrupt traceback (SIGTERM: killed without a
+    word). It stops as every long command does now: one line, exit 130 / 143, neither --out nor --plot written."""
+    from davir.cli import compare as compare_cli
+
+    run = _run(tmp_path / "run" / "seed0", "scorer", 1.2)
+    real = compare_cli.compare_runs
+
+    def stopped_while_reading(*args, **kwargs):
+        comparison = real(*args, **kwargs)
+        os.kill(os.getpid(), signum)  # arrives here, as a Ctrl-C does while the runs are read
+        return comparison
+
+    monkeypatch.setattr(compare_cli, "compare_runs", stopped_while_reading)
+    # an undecorated main would let SIGTERM end pytest itself: fail here instead
+    assert getattr(main, "stops_on_signals", False), "main is not decorated with stop_on_signals"
+    try:
+        status = main([str(run), "--out", str(tmp_path / "t.md"), "--plot", str(tmp_path / "bars.png")])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C ended python -m davir.compare in a KeyboardInterrupt traceback")
+    assert status == 128 + signum
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"stopped by {signal.Signals(signum).name}; rerun the same command to start it again\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]
 
 
 def test_one_run_twice_or_two_runs_of_one_seed_are_never_pooled_as_seeds(tmp_path, capsys):

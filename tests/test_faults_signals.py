@@ -113,6 +113,7 @@ LONG_COMMAND_MAINS = [
     "davir/cli/sweep.py",
     "davir/cli/pretrain_tiny.py",
     "davir/cli/pretrain_backbone.py",
+    "davir/cli/compare.py",
 ]
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from davir.compare.runs import bar_chart, check_outputs, compare_runs
 from davir.errors import DataError, check_output_file, describe_os_error
 from davir.io import write_text_atomic
+from davir.runtime.signals import START_AGAIN, stop_on_signals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@stop_on_signals(rerun=START_AGAIN)  # --out and --plot are written atomically: a stop leaves neither half-written
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
