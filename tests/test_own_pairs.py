@@ -581,6 +581,54 @@ def test_verify_says_why_a_split_is_incomplete():
     ]
 
 
+def test_verify_calls_a_split_of_no_pair_empty_not_complete(tmp_path, capsys, monkeypatch):
+    """A split the reader found no pair in, of a format with no official count, was "0 pairs, 0 images: complete",
+    exit 0: it is "EMPTY: no pairs" now, exit 1 as for any shortfall (a benchmark split of no pair says so too,
+    not only "N pairs short"). A folder's split may be empty (its pairs without captions are all test; a few
+    captioned pairs may leave val or test without one): it is named empty, and not a shortfall."""
+    from davir.cli.data import main
+    from davir.data.formats import FORMATS
+    from davir.data.formats.registry import DatasetFormat
+    from davir.data.records import ChangePair, DatasetIndex
+    from davir.data.verify import SplitCheck, format_checks
+
+    solid(tmp_path / "a.png", 1), solid(tmp_path / "b.png", 2)
+
+    def read_toy(root, split):
+        pairs = [ChangePair("p1", root / "a.png", root / "b.png", ("a cup",), split)] if split == "test" else []
+        return DatasetIndex("toy_split", root, split, pairs)
+
+    monkeypatch.setitem(FORMATS, "toy_split", DatasetFormat("toy_split", read_toy, ("train", "test")))
+    report = tmp_path / "verify.json"
+    assert main(["verify", "--format", "toy_split", "--root", str(tmp_path), "--out", str(report)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        "toy_split train: 0 pairs, 0 images: EMPTY: no pairs",
+        "toy_split test: 1 pairs, 2 images: complete",
+    ]
+    assert captured.err == f"error: toy_split at {tmp_path} is incomplete in train (empty)\n"
+    train, test = json.loads(report.read_text())["splits"]
+    assert (train["empty"], train["complete"], test["empty"], test["complete"]) == (True, False, False, True)
+    assert main(["verify", "--format", "toy_split", "--root", str(tmp_path), "--split", "test"]) == 0
+    capsys.readouterr()
+
+    summary, _ = format_checks(
+        "clevr_change", [SplitCheck("test", pairs=0, images=0, expected_pairs=7_970, expected_images=11_955)]
+    )
+    assert summary == ["clevr_change test: 0 pairs of 7,970, 0 images of 11,955: EMPTY: no pairs"]
+
+    root = tmp_path / "mine"  # two captioned pairs: the seeded split leaves at least one split without a pair
+    solid(root / "a.png", 1), solid(root / "b.png", 2), solid(root / "c.png", 3)
+    (root / "pairs.csv").write_text("id,before,after,caption\np1,a.png,b.png,x\np2,a.png,c.png,y\n")
+    assert main(["verify", "--format", "folder", "--root", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    empty = [line for line in lines if line.split(": ")[1] == "0 pairs, 0 images"]
+    assert empty and all(
+        line.endswith(": empty (a folder's pairs may all be in its other splits)") for line in empty
+    ), lines
+    assert all(line.endswith(": complete") for line in lines if line not in empty), lines
+
+
 @pytest.mark.parametrize("command", ["stats", "verify", "show"])
 def test_the_dataset_commands_say_what_format_and_root_take(command, capsys):
     from davir.cli.data import main

@@ -34,7 +34,7 @@ def _verify(args) -> int:
                 "splits": [check.to_dict() for check in checks],
             },
         )
-    incomplete = [check.split for check in checks if not check.complete]
+    incomplete = [check.split + (" (empty)" if check.empty else "") for check in checks if not check.complete]
     if incomplete:
         print(f"error: {args.format} at {args.root} is incomplete in {', '.join(incomplete)}", file=sys.stderr)
         return 1

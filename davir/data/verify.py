@@ -3,7 +3,9 @@
 Per split: the pairs the reader finds against the official count (docs/datasets.md; CLEVR-Change
 counts its semantic and distractor pair per scene), the distinct image files against the official
 count where one is known, and every missing, empty or undecodable image with the record that needs
-it. Exit status 1 when anything is short or broken (2 for bad arguments), 0 when complete.
+it. A split the reader finds no pair in is EMPTY, whether or not a count is published, unless its format may
+leave that split empty (`MAY_BE_EMPTY`). Exit status 1 when anything is short, empty or broken (2 for bad
+arguments), 0 when complete.
 `--quick` checks existence and size only (no decoding): seconds instead of minutes on 100k images.
 """
 
@@ -30,6 +32,12 @@ OFFICIAL_COUNTS: dict[str, dict[str, tuple[int, int | None]]] = {
     "levir_cc": {"train": (6_815, 13_630), "val": (1_333, 2_666), "test": (1_929, 3_858)},
 }
 SHOWN = 20  # problems printed per split (all of them go to --out)
+# format -> (splits that may hold no pair, why). A folder's pairs without captions are all test, and its seeded split
+# (10 % val, 10 % test) of a few pairs can leave val or test without one (docs/datasets.md, "Your own folder of
+# pairs"); its reader refuses a folder with no pair at all. Every other split with no pair is EMPTY.
+MAY_BE_EMPTY: dict[str, tuple[frozenset[str], str]] = {
+    "folder": (frozenset({"train", "val", "test"}), "a folder's pairs may all be in its other splits")
+}
 
 
 @dataclass
@@ -41,12 +49,19 @@ class SplitCheck:
     expected_images: int | None = None
     error: str | None = None
     problems: list[str] = field(default_factory=list)
+    may_be_empty: bool = False  # the format allows this split no pair (MAY_BE_EMPTY)
+
+    @property
+    def empty(self) -> bool:
+        """Read, and not one pair in it."""
+        return self.error is None and self.pairs == 0
 
     @property
     def complete(self) -> bool:
         return (
             self.error is None
             and not self.problems
+            and (not self.empty or self.may_be_empty)
             and (self.expected_pairs is None or self.pairs == self.expected_pairs)
             and (self.expected_images is None or self.images == self.expected_images)
         )
@@ -60,6 +75,7 @@ class SplitCheck:
             "expected_images": self.expected_images,
             "error": self.error,
             "problems": self.problems,
+            "empty": self.empty,
             "complete": self.complete,
         }
 
@@ -149,7 +165,8 @@ def verify_split(
 ) -> SplitCheck:
     """`index`: the split as `read_dataset` read it (or the DataError it raised), when the caller has it."""
     expected = OFFICIAL_COUNTS.get(format, {}).get(split, (None, None))
-    check = SplitCheck(split, expected_pairs=expected[0], expected_images=expected[1])
+    may_be_empty = split in MAY_BE_EMPTY.get(format, ((), ""))[0]
+    check = SplitCheck(split, expected_pairs=expected[0], expected_images=expected[1], may_be_empty=may_be_empty)
     if index is None:
         try:
             index = read_dataset(format, root, split)
@@ -228,7 +245,13 @@ def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], lis
         images = f"{check.images:,} images" + (
             f" of {check.expected_images:,}" if check.expected_images is not None else ""
         )
-        state = "complete" if check.complete else "INCOMPLETE: " + "; ".join(_shortfalls(check))
+        if check.empty:  # "complete" called a split of no pair fine; "N pairs short" hid that it had none
+            why = MAY_BE_EMPTY.get(format, ((), "its format allows it"))[1]
+            state = f"empty ({why})" if check.may_be_empty else "EMPTY: no pairs"
+        elif check.complete:
+            state = "complete"
+        else:
+            state = "INCOMPLETE: " + "; ".join(_shortfalls(check))
         summary.append(f"{format} {check.split}: {pairs}, {images}: {state}")
         problems.extend(f"{format} {check.split}: {line}" for line in check.problems[:SHOWN])
         if len(check.problems) > SHOWN:
