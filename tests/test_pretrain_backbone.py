@@ -195,6 +195,46 @@ def test_flags_before_the_train_command_are_kept(tmp_path, capsys):
     assert "required" not in err and str(tmp_path / "absent") in err
 
 
+def test_flags_before_the_probe_command_are_kept_or_refused(tmp_path, capsys):
+    """`--data D probe` stopped with "the following arguments are required: --data", and `--seed 3 --threads 2 probe
+    --data D` probed with seed 0 on 1 thread: probe's defaults set the flags given before it back (as train's did).
+    Its --data, --seed and --threads are kept on either side now; a training flag before probe (`--out O probe`,
+    which it dropped without a word) is a usage error naming it."""
+    from davir.cli.pretrain_backbone import build_parser
+
+    args = build_parser().parse_args(["--data", "D", "--seed", "3", "--threads", "2", "probe", "--scenes", "4"])
+    assert (args.command, args.data, args.seed, args.threads, args.scenes, args.weights) == (
+        "probe",
+        "D",
+        3,
+        2,
+        4,
+        None,
+    )
+    args = build_parser().parse_args(["--seed", "3", "probe", "--data", "D", "--seed", "5"])
+    assert (args.data, args.seed, args.threads, args.scenes) == ("D", 5, 1, 150)
+    args = build_parser().parse_args(["probe", "--data", "D"])
+    assert (args.data, args.seed, args.threads) == ("D", 0, 1)
+    assert main(["--data", str(tmp_path / "absent"), "probe", "--scenes", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "required" not in err and str(tmp_path / "absent") in err
+
+    for argv, message in [
+        (
+            ["--out", "O", "probe", "--data", "D"],
+            "--out (given before probe) is a flag of training, which probe does not take; "
+            "probe takes --data, --weights, --seed, --scenes, --threads",
+        ),
+        (["--min", "3", "--data", "D", "probe"], "--minutes (given before probe) is a flag of training"),
+        (["--seed", "3", "probe"], "the following arguments are required: --data"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            build_parser().parse_args(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.splitlines()[-1].startswith(f"python -m davir.pretrain_backbone probe: error: {message}"), err
+
+
 def test_out_is_never_a_folder_of_other_files(tmp_path, capsys):
     """--out a folder this command did not write (a pretrain_tiny model, whose pretrain_info.json it replaced with
     its own; the synthetic set itself; a user's backbone.pth) was written into at the first evaluation, and --out a
