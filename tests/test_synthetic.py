@@ -253,8 +253,9 @@ def test_bad_config_and_missing_scenes_file_are_clear_errors(tmp_path):
 def test_draw_grid_shows_before_after_and_the_mask_in_red(generated, tmp_path):
     root = generated["root"]
     tile = 48
-    out = draw_grid("clevr_change", root, "test", tmp_path / "grid.png", num=2, tile=tile)
-    grid = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    drawn = draw_grid("clevr_change", root, "test", tmp_path / "grid.png", num=2, tile=tile)
+    assert (drawn.path, drawn.drawn, drawn.failed, drawn.status) == (tmp_path / "grid.png", 2, (), 0)
+    grid = np.asarray(Image.open(drawn.path).convert("RGB")).astype(int)
     assert grid.shape[1] == 3 * tile + 4 * 4
     first = read_dataset("clevr_change", root, "test").pairs[0]  # the semantic pair of the first test scene
     overlay = grid[4 : 4 + tile, 4 + 2 * (tile + 4) : 4 + 2 * (tile + 4) + tile]
@@ -264,6 +265,53 @@ def test_draw_grid_shows_before_after_and_the_mask_in_red(generated, tmp_path):
     reddened = (overlay != after).any(axis=2)
     assert reddened.any() == has_mask
     assert (overlay[reddened][:, 0] >= after[reddened][:, 0]).all()
+
+
+def test_show_draws_the_other_pairs_when_one_cannot_be_read_and_names_it(generated, tmp_path, capsys):
+    """One pair whose image was broken or missing stopped the whole grid (exit 2, nothing drawn). Now the others are
+    drawn, that pair's row is crossed out, and it is named with its reason on stderr: exit 1, as caption.py treats
+    a bad pair. A split none of whose pairs can be drawn stops (exit 2) and writes nothing."""
+    import shutil
+
+    from davir.cli.data import main
+
+    root = tmp_path / "synth"
+    shutil.copytree(generated["root"], root)
+    pairs = read_dataset("clevr_change", root, "test").pairs[:4]
+    clean = tmp_path / "clean.png"
+    assert main(["show", "--format", "clevr_change", "--root", str(root), "--out", str(clean), "--num", "4"]) == 0
+    capsys.readouterr()
+    pairs[1].after.write_bytes(b"not a picture")  # corrupt
+    pairs[3].gt_mask_after.unlink()  # missing
+    out = tmp_path / "grid.png"
+    assert main(["show", "--format", "clevr_change", "--root", str(root), "--out", str(out), "--num", "4"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == f"{out}\n"
+    assert captured.err.splitlines() == [
+        f"not drawn: record {pairs[1].pair_id!r}: image file is corrupt or not an image: {pairs[1].after} "
+        f"(cannot identify image file {str(pairs[1].after)!r})",
+        f"not drawn: record {pairs[3].pair_id!r}: mask file is missing: {pairs[3].gt_mask_after}",
+        f"error: 2 of 4 pair(s) could not be drawn (crossed out in {out}; listed above)",
+    ]
+    want, got = (np.asarray(Image.open(path).convert("RGB")).astype(int) for path in (clean, out))
+    assert want.shape == got.shape
+    row = (want != got).any(axis=(1, 2))  # the picture rows that differ from the clean grid's
+    tile, row_height = 160, (want.shape[0] - 4) // 4  # the four labels are one line each here
+    assert row_height == 160 + 4 + 12 + 4
+    changed = {y // row_height for y in np.flatnonzero(row)}
+    assert changed == {1, 3}
+    crossed = got[4 + row_height + tile // 2 - 20, 4 + tile // 2 - 20]  # on the first tile's diagonal
+    assert tuple(crossed) == (255, 0, 0)
+
+    for pair in pairs:  # none left to draw
+        pair.before.unlink(missing_ok=True)
+    argv = ["show", "--format", "clevr_change", "--root", str(root), "--out", str(tmp_path / "none.png"), "--num", "4"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"error: {root}: none of the 4 pair(s) of split 'test' could be drawn, nothing written; the first: "
+        f"record {pairs[0].pair_id!r}: image file is missing: {pairs[0].before}\n"
+    )
+    assert not (tmp_path / "none.png").exists() and not list(tmp_path.glob(".none.png*"))
 
 
 def test_show_never_writes_its_grid_over_a_file_of_the_dataset(generated, tmp_path, capsys):

@@ -355,8 +355,17 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "show":
             from davir.data.show import draw_grid
 
-            path = draw_grid(args.format, args.root, args.split, args.out, num=args.num)
-            print(path)
+            grid = draw_grid(args.format, args.root, args.split, args.out, num=args.num)
+            print(grid.path)
+            for _, reason in grid.failed:  # as caption.py: the others are drawn, these are named, exit 1
+                print(f"not drawn: {reason}", file=sys.stderr)
+            if grid.failed:
+                print(
+                    f"error: {len(grid.failed)} of {grid.drawn + len(grid.failed)} pair(s) could not be drawn "
+                    f"(crossed out in {grid.path}; listed above)",
+                    file=sys.stderr,
+                )
+            return grid.status
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

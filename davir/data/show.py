@@ -4,11 +4,16 @@ One row per pair: before | after | after with the ground-truth change mask in re
 first reference caption written under the row. Thumbnails are squashed to squares, as the models see
 them. Where the pair has a before-image mask, its outline is drawn in red on the before thumbnail
 (so a dropped object, which has no after mask, is still pointed at).
+
+A pair whose image or mask is missing or broken is not drawn: its row is crossed out in red and the pair is
+named with the reason in `Grid.failed` (the command lists them on stderr and exits 1, docs/errors.md); the
+others are drawn. A split none of whose pairs can be drawn stops with a `DataError`, and nothing is written.
 """
 
 from __future__ import annotations
 
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -30,6 +35,21 @@ GAP = 4
 MAX_ROWS = 500
 # The PNG text chunk that marks a grid this command wrote: only such a file inside --root may be replaced.
 MARK = ("Software", "davir data show")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What `draw_grid` wrote: the picture, how many pairs it drew, and each pair it could not draw (crossed out
+    in the picture) as (pair id, reason naming the record and file)."""
+
+    path: Path
+    drawn: int
+    failed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def status(self) -> int:
+        """The command's exit status (docs/errors.md): 1 when some pairs could not be drawn, else 0."""
+        return 1 if self.failed else 0
 
 
 def is_grid(path: Path) -> bool:
@@ -65,6 +85,21 @@ def outline_mask(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return out
 
 
+def crossed_tile(tile: int, text: str = "not drawn") -> np.ndarray:
+    """The tile of a pair that could not be drawn: blank, crossed out in red, `text` in its middle where it fits."""
+    image = Image.new("RGB", (tile, tile), BLANK)
+    draw = ImageDraw.Draw(image)
+    width = max(1, tile // 40)
+    draw.line([(0, 0), (tile - 1, tile - 1)], fill=(255, 0, 0), width=width)
+    draw.line([(0, tile - 1), (tile - 1, 0)], fill=(255, 0, 0), width=width)
+    left, top, right, bottom = draw.textbbox((0, 0), text, font=ImageFont.load_default())
+    if text and right - left + 8 <= tile:
+        x, y = (tile - (right - left)) // 2, (tile - (bottom - top)) // 2
+        draw.rectangle((x - 3, y - 3 + top, x + right - left + 2, y + bottom + 2), fill=(255, 255, 255))
+        draw.text((x - left, y), text, fill=(0, 0, 0), font=ImageFont.load_default())
+    return np.asarray(image)
+
+
 def pair_row(pair: ChangePair, tile: int) -> list[np.ndarray]:
     """The three thumbnails of one pair: before, after, mask overlay (blank when the pair has no mask)."""
     before, after = load_pair(pair)
@@ -78,11 +113,12 @@ def pair_row(pair: ChangePair, tile: int) -> list[np.ndarray]:
     return [before_tile, after_tile, overlay_mask(after_tile, mask_after)]
 
 
-def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: int = 12, tile: int = 160) -> Path:
+def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: int = 12, tile: int = 160) -> Grid:
     """Draw the first `num` pairs of a split (read with `read_dataset`) as rows of
     before | after | mask-overlay thumbnails (`tile` pixels square) with the first caption under each
-    row; save the PNG atomically to `out` and return its path. `out` is never a file of the dataset
-    (`davir.data.verify.refuse_dataset_file`): inside `root` only a new file or an earlier grid."""
+    row; save the PNG atomically to `out`. A pair whose image or mask cannot be read is crossed out and listed in
+    the returned `Grid.failed`; when no pair can be drawn, a DataError and nothing written. `out` is never a file
+    of the dataset (`davir.data.verify.refuse_dataset_file`): inside `root` only a new file or an earlier grid."""
     if not 1 <= num <= MAX_ROWS:
         raise DataError(f"show: --num must be 1 to {MAX_ROWS} (the rows of one picture), got {num}")
     if tile < 16:
@@ -98,10 +134,24 @@ def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: i
     width = 3 * tile + 4 * GAP
     chars_per_line = max(16, width // 6)
     rows: list[tuple[list[np.ndarray], list[str]]] = []
+    failed: list[tuple[str, str]] = []
     for pair in pairs:
         caption = pair.captions[0] if pair.captions else "(no caption)"
         label = f"{pair.pair_id} [{pair.change_type or '-'}] {caption}"
-        rows.append((pair_row(pair, tile), textwrap.wrap(label, chars_per_line) or [""]))
+        try:
+            tiles = pair_row(pair, tile)
+        except DataError as error:  # one pair's missing or broken file: the others are drawn (docs/errors.md)
+            reason = str(error)
+            if not reason.startswith(f"record {pair.pair_id!r}"):
+                reason = f"record {pair.pair_id!r}: {reason}"
+            failed.append((pair.pair_id, reason))
+            tiles = [crossed_tile(tile), crossed_tile(tile, ""), crossed_tile(tile, "")]
+        rows.append((tiles, textwrap.wrap(label, chars_per_line) or [""]))
+    if len(failed) == len(pairs):
+        raise DataError(
+            f"{root}: none of the {len(pairs)} pair(s) of split {split!r} could be drawn, nothing written; "
+            f"the first: {failed[0][1]}"
+        )
 
     line_height = 12
     height = GAP + sum(tile + GAP + line_height * len(lines) + GAP for _, lines in rows)
@@ -121,4 +171,4 @@ def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: i
     info.add_text(*MARK)
     with atomic_path(out) as tmp:
         canvas.save(tmp, format="PNG", pnginfo=info)
-    return out
+    return Grid(out, drawn=len(pairs) - len(failed), failed=tuple(failed))
