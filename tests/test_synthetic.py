@@ -314,6 +314,47 @@ def test_show_draws_the_other_pairs_when_one_cannot_be_read_and_names_it(generat
     assert not (tmp_path / "none.png").exists() and not list(tmp_path.glob(".none.png*"))
 
 
+def test_show_writes_the_format_its_out_suffix_names_and_refuses_others_before_reading(
+    generated, tmp_path, capsys, monkeypatch
+):
+    """`show --out grid.jpg` (or .webp) wrote PNG bytes under that name. It writes the format the suffix names now
+    (.png, .jpg/.jpeg, .webp; marked, so that a rerun inside --root replaces its own grid), and another suffix or
+    none is refused before the dataset is read (exit 2); so is a grid larger than the format holds."""
+    import shutil
+
+    from davir.cli.data import main
+    from davir.data import show
+
+    root = tmp_path / "synth"
+    shutil.copytree(generated["root"], root)
+    pictures = {}
+    for name, image_format in [("g.png", "PNG"), ("g.jpg", "JPEG"), ("G.JPEG", "JPEG"), ("g.webp", "WEBP")]:
+        for _ in range(2):  # inside --root, then again over its own grid
+            assert main(["show", "--format", "clevr_change", "--root", str(root), "--out", str(root / name)]) == 0
+        with Image.open(root / name) as image:
+            assert image.format == image_format
+            pictures[name] = np.asarray(image.convert("RGB")).astype(int)
+    capsys.readouterr()
+    for name in ("g.jpg", "G.JPEG", "g.webp"):  # the same grid, up to the lossy coding
+        assert pictures[name].shape == pictures["g.png"].shape
+        assert np.abs(pictures[name] - pictures["g.png"]).mean() < 4
+
+    monkeypatch.setattr(show, "read_dataset", lambda *args: pytest.fail("the dataset was read"))
+    for name, what in [("g.gif", "a .gif file"), ("grid", "a file without a suffix")]:
+        out = tmp_path / name
+        assert main(["show", "--format", "clevr_change", "--root", str(root), "--out", str(out)]) == 2
+        assert capsys.readouterr().err == (
+            f"error: --out {out}: show cannot write {what}; give a .png, .jpg/.jpeg or .webp path "
+            f"(e.g. {out.with_suffix('.png')})\n"
+        )
+        assert not out.exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(show, "pair_row", lambda *args: pytest.fail("an image was read"))
+    with pytest.raises(DataError, match=r"is 16,516 x [0-9,]+ px, more than WEBP holds \(16,383 px a side\)"):
+        draw_grid("clevr_change", root, "test", tmp_path / "big.webp", num=1, tile=5500)
+    assert not (tmp_path / "big.webp").exists()
+
+
 def test_show_never_writes_its_grid_over_a_file_of_the_dataset(generated, tmp_path, capsys):
     """`davir.data show --out` on one of the dataset's images (of any split) or its annotation file wrote the grid
     over it, exit 0: exit 2 now, the file named, nothing written; a new grid inside --root, and the rerun over
@@ -327,16 +368,21 @@ def test_show_never_writes_its_grid_over_a_file_of_the_dataset(generated, tmp_pa
     test_pair = read_dataset("clevr_change", root, "test").pairs[0]
     train_pair = read_dataset("clevr_change", root, "train").pairs[0]
     of_the_dataset = f"is a file of the dataset at --root {root} (not an earlier `davir.data show` output)"
-    kept = {
-        root / "splits.json": of_the_dataset,
-        test_pair.after: f"is the after image of record {test_pair.pair_id!r}",  # a pair being drawn
-        train_pair.before: of_the_dataset,  # an image of another split
+    (root / "notes.png").write_bytes(train_pair.before.read_bytes())  # a file of the user's in the dataset's folder
+    replaced = "which it would replace; give another --out"
+    refusals = {  # what follows "error: --out OUT"
+        test_pair.after: f" is the after image of record {test_pair.pair_id!r}, {replaced}",  # a pair being drawn
+        train_pair.before: f" {of_the_dataset}, {replaced}",  # an image of another split
+        root / "notes.png": f" {of_the_dataset}, {replaced}",
+        # an annotation file is refused sooner, by its suffix (show writes pictures), before the dataset is read
+        root / "splits.json": ": show cannot write a .json file; give a .png, .jpg/.jpeg or .webp path "
+        f"(e.g. {root / 'splits.png'})",
     }
-    kept = {path: (path.read_bytes(), message) for path, message in kept.items()}
-    for out, (_, message) in kept.items():
+    kept = {path: path.read_bytes() for path in refusals}
+    for out, message in refusals.items():
         assert main(["show", "--format", "clevr_change", "--root", str(root), "--out", str(out)]) == 2
-        assert capsys.readouterr().err == f"error: --out {out} {message}, which it would replace; give another --out\n"
-    assert all(path.read_bytes() == data for path, (data, _) in kept.items())
+        assert capsys.readouterr().err == f"error: --out {out}{message}\n"
+    assert {path: path.read_bytes() for path in kept} == kept
     for _ in range(2):
         assert main(["show", "--format", "clevr_change", "--root", str(root), "--out", str(root / "grid.png")]) == 0
     assert Image.open(root / "grid.png").size[0] == 3 * 160 + 4 * 4

@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument(
         "--out",
         required=True,
-        help="the PNG to write (never a file of the dataset: inside --root only a new file or an earlier grid)",
+        help="the picture to write, in the format its suffix names: .png, .jpg/.jpeg or .webp (never a file of the "
+        "dataset: inside --root only a new file or an earlier grid)",
     )
     show.add_argument("--num", type=int, default=12, help="pairs to draw, one row each: 1 to 500 (default: 12)")
 

@@ -1,5 +1,9 @@
 """A picture grid of a dataset split: `python -m davir.data show --format F --root DIR --out grid.png`.
 
+The picture is written in the format its suffix names: `.png`, `.jpg`/`.jpeg` or `.webp` (another suffix, or
+none, is refused before the dataset is read), and marked as this command's (a PNG text chunk, an EXIF Software
+tag) so that a later grid may replace it inside the dataset's folder.
+
 One row per pair: before | after | after with the ground-truth change mask in red, and the pair's
 first reference caption written under the row. Thumbnails are squashed to squares, as the models see
 them. Where the pair has a before-image mask, its outline is drawn in red on the before thumbnail
@@ -33,8 +37,13 @@ GAP = 4
 # Rows of one picture: 500 rows of 160-px tiles are ~90,000 px tall, what PIL opens without its decompression-bomb
 # warning; --num 100000 on a 67k-pair split held every thumbnail and a canvas of tens of GB in memory.
 MAX_ROWS = 500
-# The PNG text chunk that marks a grid this command wrote: only such a file inside --root may be replaced.
+# The PNG text chunk (JPEG, WebP: the EXIF Software tag) that marks a grid this command wrote: only such a file
+# inside --root may be replaced.
 MARK = ("Software", "davir data show")
+EXIF_SOFTWARE = 0x0131
+# --out's suffix -> the format written; the largest side each can hold (PNG: none that 500 rows reach).
+SUFFIX_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
+MAX_SIDE = {"JPEG": 65_500, "WEBP": 16_383}
 
 
 @dataclass(frozen=True)
@@ -53,12 +62,27 @@ class Grid:
 
 
 def is_grid(path: Path) -> bool:
-    """Whether `path` is a PNG that `draw_grid` wrote (its text chunk says so)."""
+    """Whether `path` is a picture that `draw_grid` wrote (its PNG text chunk, or its EXIF Software tag, says so)."""
     try:
         with Image.open(path) as image:
-            return image.format == "PNG" and image.text.get(MARK[0]) == MARK[1]
+            if image.format == "PNG":
+                return image.text.get(MARK[0]) == MARK[1]
+            return image.format in ("JPEG", "WEBP") and image.getexif().get(EXIF_SOFTWARE) == MARK[1]
     except (OSError, ValueError, SyntaxError):
         return False
+
+
+def grid_format(out: str | Path) -> str:
+    """The format `--out` names by its suffix (PNG, JPEG, WEBP); a DataError for another suffix or none."""
+    out = Path(out)
+    suffix = out.suffix.lower()
+    if suffix not in SUFFIX_FORMATS:
+        what = f"a {out.suffix} file" if out.suffix else "a file without a suffix"
+        raise DataError(
+            f"--out {out}: show cannot write {what}; give a .png, .jpg/.jpeg or .webp path "
+            f"(e.g. {out.with_suffix('.png') if out.name else 'grid.png'})"
+        )
+    return SUFFIX_FORMATS[suffix]
 
 
 def _thumbnail(image: Image.Image, tile: int) -> np.ndarray:
@@ -116,14 +140,16 @@ def pair_row(pair: ChangePair, tile: int) -> list[np.ndarray]:
 def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: int = 12, tile: int = 160) -> Grid:
     """Draw the first `num` pairs of a split (read with `read_dataset`) as rows of
     before | after | mask-overlay thumbnails (`tile` pixels square) with the first caption under each
-    row; save the PNG atomically to `out`. A pair whose image or mask cannot be read is crossed out and listed in
-    the returned `Grid.failed`; when no pair can be drawn, a DataError and nothing written. `out` is never a file
-    of the dataset (`davir.data.verify.refuse_dataset_file`): inside `root` only a new file or an earlier grid."""
+    row; save the picture atomically to `out`, in the format its suffix names (`grid_format`). A pair whose image
+    or mask cannot be read is crossed out and listed in the returned `Grid.failed`; when no pair can be drawn, a
+    DataError and nothing written. `out` is never a file of the dataset (`davir.data.verify.refuse_dataset_file`):
+    inside `root` only a new file or an earlier grid."""
     if not 1 <= num <= MAX_ROWS:
         raise DataError(f"show: --num must be 1 to {MAX_ROWS} (the rows of one picture), got {num}")
     if tile < 16:
         raise DataError(f"show: tile must be at least 16 pixels, got {tile}")
     check_output_file(out, what="--out", example="grid.png")
+    image_format = grid_format(out)  # before anything is read: `--out grid.jpg` wrote PNG bytes
     index = read_dataset(format, root, split)
     refuse_dataset_file(out, root, index.pairs, command="davir.data show", own=is_grid)
     pairs = index.pairs[:num]
@@ -133,11 +159,20 @@ def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: i
     font = ImageFont.load_default()
     width = 3 * tile + 4 * GAP
     chars_per_line = max(16, width // 6)
-    rows: list[tuple[list[np.ndarray], list[str]]] = []
-    failed: list[tuple[str, str]] = []
+    labels = []
     for pair in pairs:
         caption = pair.captions[0] if pair.captions else "(no caption)"
-        label = f"{pair.pair_id} [{pair.change_type or '-'}] {caption}"
+        labels.append(textwrap.wrap(f"{pair.pair_id} [{pair.change_type or '-'}] {caption}", chars_per_line) or [""])
+    line_height = 12
+    height = GAP + sum(tile + GAP + line_height * len(lines) + GAP for lines in labels)
+    if max(width, height) > MAX_SIDE.get(image_format, max(width, height)):  # before any image is read
+        raise DataError(
+            f"--out {out}: a grid of {len(pairs)} rows is {width:,} x {height:,} px, more than {image_format} holds "
+            f"({MAX_SIDE[image_format]:,} px a side); write a .png, or draw fewer rows (--num)"
+        )
+    rows: list[tuple[list[np.ndarray], list[str]]] = []
+    failed: list[tuple[str, str]] = []
+    for pair, lines in zip(pairs, labels):
         try:
             tiles = pair_row(pair, tile)
         except DataError as error:  # one pair's missing or broken file: the others are drawn (docs/errors.md)
@@ -146,15 +181,13 @@ def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: i
                 reason = f"record {pair.pair_id!r}: {reason}"
             failed.append((pair.pair_id, reason))
             tiles = [crossed_tile(tile), crossed_tile(tile, ""), crossed_tile(tile, "")]
-        rows.append((tiles, textwrap.wrap(label, chars_per_line) or [""]))
+        rows.append((tiles, lines))
     if len(failed) == len(pairs):
         raise DataError(
             f"{root}: none of the {len(pairs)} pair(s) of split {split!r} could be drawn, nothing written; "
             f"the first: {failed[0][1]}"
         )
 
-    line_height = 12
-    height = GAP + sum(tile + GAP + line_height * len(lines) + GAP for _, lines in rows)
     canvas = Image.new("RGB", (width, height), (255, 255, 255))
     draw = ImageDraw.Draw(canvas)
     y = GAP
@@ -167,8 +200,14 @@ def draw_grid(format: str, root: str | Path, split: str, out: str | Path, num: i
             y += line_height
         y += GAP
     out = Path(out)
-    info = PngImagePlugin.PngInfo()
-    info.add_text(*MARK)
+    if image_format == "PNG":
+        info = PngImagePlugin.PngInfo()
+        info.add_text(*MARK)
+        options = {"pnginfo": info}
+    else:  # JPEG, WEBP: the mark in EXIF; quality 90 keeps the captions' small text legible
+        exif = Image.Exif()
+        exif[EXIF_SOFTWARE] = MARK[1]
+        options = {"exif": exif, "quality": 90}
     with atomic_path(out) as tmp:
-        canvas.save(tmp, format="PNG", pnginfo=info)
+        canvas.save(tmp, format=image_format, **options)
     return Grid(out, drawn=len(pairs) - len(failed), failed=tuple(failed))
