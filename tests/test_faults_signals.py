@@ -100,21 +100,17 @@ def assert_whole_lines(path: Path) -> None:
 
 # ---- every long command is covered --------------------------------------------------------------------------
 
-LONG_COMMAND_MAINS = [
-    "davir/cli/caption.py",
-    "davir/cli/train.py",
-    "davir/cli/evaluate.py",
-    "davir/jobs/masks.py",
-    "davir/jobs/entities.py",
-    "davir/jobs/features.py",
-    "davir/jobs/mask_eval.py",
-    "davir/jobs/entity_eval.py",
-    "davir/cli/data.py",
-    "davir/cli/sweep.py",
-    "davir/cli/pretrain_tiny.py",
-    "davir/cli/pretrain_backbone.py",
-    "davir/cli/compare.py",
-]
+# Every command's `main` (davir/cli, davir/jobs) stops on a signal with one line, except these, with why.
+STOPS_ITS_OWN_WAY = {
+    "davir/cli/app.py": "a server: Ctrl-C and SIGTERM close it (its own KeyboardInterrupt handler, exit 0)",
+    "davir/cli/preprocess.py": "hands the work to a davir/jobs main, which is decorated",
+}
+LONG_COMMAND_MAINS = sorted(
+    str(path.relative_to(REPO))
+    for folder in ("davir/cli", "davir/jobs")
+    for path in (REPO / folder).glob("*.py")
+    if "\ndef main(" in path.read_text(encoding="utf-8") and str(path.relative_to(REPO)) not in STOPS_ITS_OWN_WAY
+)
 
 
 def test_every_long_command_main_stops_on_signals():
@@ -128,6 +124,9 @@ def test_every_long_command_main_stops_on_signals():
             isinstance(d, ast.Call) and getattr(d.func, "id", None) == "stop_on_signals" for d in main.decorator_list
         )
 
+    assert {"davir/cli/caption.py", "davir/cli/export.py", "davir/cli/screenshots.py", "davir/jobs/masks.py"} <= set(
+        LONG_COMMAND_MAINS
+    )  # found from the source: a new command is checked without being listed
     assert [path for path in LONG_COMMAND_MAINS if not decorated(path)] == []
 
 
