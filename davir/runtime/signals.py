@@ -59,15 +59,24 @@ def _raise_stopped(signum: int, frame) -> None:
 @contextlib.contextmanager
 def stop_signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM wait while the block runs (a few renames that must all happen), then arrive as usual;
-    elsewhere than Linux's main thread the block runs as it is."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    off the main thread (where Python cannot set handlers) the block runs as it is. The hold is a handler that
+    notes the signal, not a blocked signal mask: a process-directed signal goes to any thread that does not block
+    it (torch's, the test runner's), and Python then runs the handler in the main thread all the same."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    arrived: list[int] = []
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda signum, frame: arrived.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(signum, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])  # delivered now, to the handler the block found
 
 
 def ignore_interrupts() -> None:
