@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -295,3 +296,14 @@ def test_a_dataset_that_is_no_format_is_refused(tmp_path, capsys):
     assert main([str(run), "--dataset", "folder"]) == 0
     out = capsys.readouterr().out
     assert "| paper:" not in out and "No paper reports numbers on folder" in out
+
+
+def test_compare_starts_without_torch():
+    """Its cost columns came from davir.runtime.cost, which imported torch at the top: 3 s of start-up, in which
+    Ctrl-C was a KeyboardInterrupt traceback from torch's import (before main could stop it with one line)."""
+    import subprocess
+
+    code = "import sys, davir.cli.compare, davir.cli.sweep; print(sorted({'torch'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

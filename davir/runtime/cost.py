@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: compare and sweep read only COST_FIELDS (a 3-s import)
+    import torch
 
 
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
@@ -31,6 +33,8 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
 
 def device_description(device: torch.device | str) -> str:
     """ "NVIDIA H100 80GB HBM3" on a GPU; "cpu (16 cores, 1 torch thread)" on a CPU."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
@@ -42,6 +46,8 @@ def reset_peak_memory(device: torch.device | str) -> bool:
     """Start a new peak: the CUDA allocator's, or on Linux the process's peak RSS (writing 5 to
     /proc/self/clear_refs resets VmHWM), so that a sweep's later cells do not report an earlier cell's peak.
     Returns whether the reset took."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats(device)
@@ -67,6 +73,8 @@ def _vm_hwm_kib() -> int | None:
 
 def peak_memory_mb(device: torch.device | str, *, since_reset: bool = False) -> tuple[float, str]:
     """(peak memory in MiB, what was measured)."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.max_memory_allocated(device) / 2**20, "cuda max_memory_allocated"
@@ -84,6 +92,8 @@ class CostMeter:
     """Wall clock and peak memory of one stage (training, captioning) on one device."""
 
     def __init__(self, device: torch.device | str):
+        import torch
+
         self.device = torch.device(device)
         self.reset = reset_peak_memory(self.device)
         self.started = time.perf_counter()
