@@ -16,7 +16,7 @@ import yaml
 
 from davir.compare.paper_results import METRIC_COLUMNS, paper_results
 from davir.compare.seed_spread import inside_spread_lines, metric_at, spread_text, value_at
-from davir.errors import DataError
+from davir.errors import DataError, refuse_outputs_over_inputs
 from davir.io import atomic_path, read_json
 from davir.runs.files import RUN_ENTRIES, check_keys
 from davir.runtime.cost import COST_FIELDS, DEVICE_PATH
@@ -262,13 +262,10 @@ def check_outputs(outputs: Mapping[str, str | Path | None], runs: Sequence[str |
     writes, and no output replaces a file a run wrote (its config.yaml, an eval's metrics.json, its weights: a
     path under one of the run's own entries, `davir.runs.files.RUN_ENTRIES`). A new file of the user's beside
     them in the run folder is fine."""
+    refuse_outputs_over_inputs({"--plot": outputs.get("--plot")}, {"the --out file": outputs.get("--out")})
     given = {flag: Path(path) for flag, path in outputs.items() if path is not None}
-    seen: dict[str, str] = {}
     for flag, path in given.items():
         real = os.path.realpath(path)
-        if real in seen:
-            raise DataError(f"{flag} {path} is the {seen[real]} file, which it would replace; give another {flag}")
-        seen[real] = flag
         if flag == "--plot":
             suffix = path.suffix.lower().lstrip(".")
             formats = picture_formats()
