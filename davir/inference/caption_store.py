@@ -205,16 +205,15 @@ class CaptionStore:
                 f"{old_html} to resume, or --overwrite to start again"
             )
 
-    @staticmethod
-    def recorded_report_files(out: Path) -> str | None:
+    @classmethod
+    def recorded_report_files(cls, out: Path) -> str | None:
         """The strips folder of the report the captions `out` were made with, as its manifest records it (None when
-        it records none: no manifest, or one of a version before it did)."""
-        manifest = out.with_name(out.name + ".manifest.json")
+        it records none: no manifest, one that is unreadable, or one of a version before it did)."""
+        store = cls(out, {})
         try:
-            recorded = read_json(manifest) if manifest.is_file() else None
+            files = store.recorded().get("report_files") if store.manifest.is_file() else None
         except DataError:
             return None
-        files = recorded.get("report_files") if isinstance(recorded, dict) else None
         return files if isinstance(files, str) else None
 
     def earlier_report(self) -> tuple[str, str] | None:
