@@ -278,7 +278,7 @@ def images_and_pairs(index, dataset_root: Path) -> tuple[dict[str, Path], dict[s
 
 
 def chunk_prefix(layout: ProcessLayout) -> str:
-    """The name of a shard's chunk files (s000of001-000003.safetensors): each shard writes only its own."""
+    """A shard's name in its chunk files (s000of001-000003.safetensors) and run records: each shard writes only its own."""
     return f"s{layout.index:03d}of{layout.count:03d}"
 
 
@@ -376,7 +376,7 @@ def run(args: argparse.Namespace, layout: ProcessLayout | None = None) -> dict:
         "seconds": round(seconds, 3),
         "skipped_records": len(index.skipped),
     }
-    write_json_atomic(cache / "runs" / f"{args.split}-s{layout.index:03d}of{layout.count:03d}.json", record)
+    write_json_atomic(cache / "runs" / f"{args.split}-{chunk_prefix(layout)}.json", record)
     if not layout.launched:
         return record
     merged = merge_process_records(
