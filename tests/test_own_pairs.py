@@ -629,6 +629,42 @@ def test_verify_calls_a_split_of_no_pair_empty_not_complete(tmp_path, capsys, mo
     assert all(line.endswith(": complete") for line in lines if line not in empty), lines
 
 
+def test_verify_counts_the_pairs_the_reader_left_out(tmp_path, capsys):
+    """A folder's file without its partner, and a train pair without a caption, are pairs the reader leaves out
+    (counted skips). `verify` said "complete" beside them, and "empty (… may all be in its other splits)" for a
+    train split whose every pair was left out: they are shortfalls now, each listed once, exit 1."""
+    from davir.cli.data import main
+
+    root = tmp_path / "loose"  # x has both pictures, y only its before picture
+    solid(root / "before" / "x.png", 1), solid(root / "after" / "x.png", 2), solid(root / "before" / "y.png", 3)
+    report = tmp_path / "verify.json"
+    assert main(["verify", "--format", "folder", "--root", str(root), "--out", str(report)]) == 1
+    captured = capsys.readouterr()
+    reason = f"{root}: y.png: before image has no matching after image (expected name 'y')"
+    assert captured.out.splitlines() == [
+        "folder train: 0 pairs, 0 images: EMPTY: no pairs; 1 record(s) left out by the reader",
+        "folder val: 0 pairs, 0 images: EMPTY: no pairs; 1 record(s) left out by the reader",
+        "folder test: 1 pairs, 2 images: INCOMPLETE: 1 record(s) left out by the reader",
+    ]
+    assert captured.err.splitlines() == [
+        f"folder train: left out: {reason}",
+        f"error: folder at {root} is incomplete in train (empty), val (empty), test",
+    ]
+    assert [split["left_out"] for split in json.loads(report.read_text())["splits"]] == [[reason]] * 3
+
+    root = tmp_path / "untrainable"  # the manifest puts a pair without a caption into train
+    solid(root / "a.png", 1), solid(root / "b.png", 2)
+    (root / "pairs.csv").write_text("id,before,after,caption,split\np1,a.png,b.png,,train\n")
+    assert main(["verify", "--format", "folder", "--root", str(root), "--split", "train"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "folder train: 0 pairs, 0 images: EMPTY: no pairs; 1 record(s) left out by the reader\n"
+    assert captured.err.splitlines()[0].startswith(f"folder train: left out: {root / 'pairs.csv'}: line 2 (id 'p1'): ")
+
+    (root / "pairs.csv").write_text("id,before,after,caption,split\np1,a.png,b.png,a cup,train\n")
+    assert main(["verify", "--format", "folder", "--root", str(root), "--split", "train"]) == 0
+    assert capsys.readouterr().out == "folder train: 1 pairs, 2 images: complete\n"
+
+
 @pytest.mark.parametrize("command", ["stats", "verify", "show"])
 def test_the_dataset_commands_say_what_format_and_root_take(command, capsys):
     from davir.cli.data import main

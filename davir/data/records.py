@@ -70,6 +70,9 @@ class SkippedRecord:
     source: str
     record: str
     reason: str
+    # The record's pair is in none of the split's pairs (a file without its partner, a train pair without a
+    # caption), not a sentence or a caption file left out of a pair that is kept. `verify` counts these as missing.
+    drops_pair: bool = False
 
 
 @dataclass

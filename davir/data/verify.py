@@ -3,8 +3,9 @@
 Per split: the pairs the reader finds against the official count (docs/datasets.md; CLEVR-Change
 counts its semantic and distractor pair per scene), the distinct image files against the official
 count where one is known, and every missing, empty or undecodable image with the record that needs
-it. A split the reader finds no pair in is EMPTY, whether or not a count is published, unless its format may
-leave that split empty (`MAY_BE_EMPTY`). Exit status 1 when anything is short, empty or broken (2 for bad
+it, and every record the reader leaves out with its pair (a folder's file without its partner, a train pair
+without a caption). A split the reader finds no pair in is EMPTY, whether or not a count is published, unless its
+format may leave that split empty (`MAY_BE_EMPTY`) and the reader left nothing out of it. Exit status 1 when anything is short, empty or broken (2 for bad
 arguments), 0 when complete.
 `--quick` checks existence and size only (no decoding): seconds instead of minutes on 100k images.
 """
@@ -49,6 +50,8 @@ class SplitCheck:
     expected_images: int | None = None
     error: str | None = None
     problems: list[str] = field(default_factory=list)
+    # Records the reader left out with their pair (SkippedRecord.drops_pair): "source: record: reason".
+    left_out: list[str] = field(default_factory=list)
     may_be_empty: bool = False  # the format allows this split no pair (MAY_BE_EMPTY)
 
     @property
@@ -61,6 +64,7 @@ class SplitCheck:
         return (
             self.error is None
             and not self.problems
+            and not self.left_out
             and (not self.empty or self.may_be_empty)
             and (self.expected_pairs is None or self.pairs == self.expected_pairs)
             and (self.expected_images is None or self.images == self.expected_images)
@@ -75,6 +79,7 @@ class SplitCheck:
             "expected_images": self.expected_images,
             "error": self.error,
             "problems": self.problems,
+            "left_out": self.left_out,
             "empty": self.empty,
             "complete": self.complete,
         }
@@ -176,6 +181,7 @@ def verify_split(
         check.error = str(index)
         return check
     check.pairs = len(index.pairs)
+    check.left_out = [f"{skip.source}: {skip.record}: {skip.reason}" for skip in index.skipped if skip.drops_pair]
     seen: dict[Path, str | None] = {}
     for pair in index.pairs:
         roles = (("before", pair.before), ("after", pair.after), ("distractor", pair.distractor))
@@ -221,6 +227,8 @@ def _shortfalls(check: SplitCheck) -> list[str]:
     """Why a split is not complete: its unusable images, and counts that are not the official ones (a download
     whose every file decodes but that lacks pairs said "0 unusable image(s)")."""
     reasons = [f"{len(check.problems):,} unusable image(s)"] if check.problems else []
+    if check.left_out:
+        reasons.append(f"{len(check.left_out):,} record(s) left out by the reader")
     for what, found, expected in (
         ("pairs", check.pairs, check.expected_pairs),
         ("images", check.images, check.expected_images),
@@ -235,8 +243,10 @@ def _shortfalls(check: SplitCheck) -> list[str]:
 
 
 def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], list[str]]:
-    """(summary lines for stdout, problem lines for stderr)."""
+    """(summary lines for stdout, problem lines for stderr). A record left out of every split (a folder's file
+    without its partner) is listed once, under the first."""
     summary, problems = [], []
+    listed: set[str] = set()
     for check in checks:
         if check.error:
             summary.append(f"{format} {check.split}: cannot be read: {check.error}")
@@ -245,7 +255,9 @@ def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], lis
         images = f"{check.images:,} images" + (
             f" of {check.expected_images:,}" if check.expected_images is not None else ""
         )
-        if check.empty:  # "complete" called a split of no pair fine; "N pairs short" hid that it had none
+        if check.empty and check.left_out:  # its format may leave it empty, but here the reader left pairs out
+            state = f"EMPTY: no pairs; {len(check.left_out):,} record(s) left out by the reader"
+        elif check.empty:  # "complete" called a split of no pair fine; "N pairs short" hid that it had none
             why = MAY_BE_EMPTY.get(format, ((), "its format allows it"))[1]
             state = f"empty ({why})" if check.may_be_empty else "EMPTY: no pairs"
         elif check.complete:
@@ -253,7 +265,10 @@ def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], lis
         else:
             state = "INCOMPLETE: " + "; ".join(_shortfalls(check))
         summary.append(f"{format} {check.split}: {pairs}, {images}: {state}")
-        problems.extend(f"{format} {check.split}: {line}" for line in check.problems[:SHOWN])
-        if len(check.problems) > SHOWN:
-            problems.append(f"{format} {check.split}: … and {len(check.problems) - SHOWN:,} more (all in --out)")
+        new_left_out = [line for line in check.left_out if line not in listed]
+        listed.update(new_left_out)
+        for kind, lines in (("", check.problems), ("left out: ", new_left_out)):
+            problems.extend(f"{format} {check.split}: {kind}{line}" for line in lines[:SHOWN])
+            if len(lines) > SHOWN:
+                problems.append(f"{format} {check.split}: {kind}… and {len(lines) - SHOWN:,} more (all in --out)")
     return summary, problems

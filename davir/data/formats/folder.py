@@ -103,10 +103,20 @@ def _match(root: Path, befores: dict[str, Path], afters: dict[str, Path], proble
     source = str(root)
     names = sorted(befores.keys() & afters.keys())
     skipped = [
-        SkippedRecord(source, befores[name].name, f"before image has no matching after image (expected name {name!r})")
+        SkippedRecord(
+            source,
+            befores[name].name,
+            f"before image has no matching after image (expected name {name!r})",
+            drops_pair=True,
+        )
         for name in sorted(befores.keys() - afters.keys())
     ] + [
-        SkippedRecord(source, afters[name].name, f"after image has no matching before image (expected name {name!r})")
+        SkippedRecord(
+            source,
+            afters[name].name,
+            f"after image has no matching before image (expected name {name!r})",
+            drops_pair=True,
+        )
         for name in sorted(afters.keys() - befores.keys())
     ]
     notes: list[str] = []
@@ -275,7 +285,11 @@ def read_folder(path: str | Path, split: str = ALL, *, options: SplitOptions = S
         if split != ALL and split_of[pair.pair_id] != split:
             continue
         if split in ("train", "val") and not pair.captions:
-            skipped.append(SkippedRecord(contents.source, f"{pair.first.record} (id {pair.pair_id!r})", NOT_TRAINABLE))
+            skipped.append(
+                SkippedRecord(
+                    contents.source, f"{pair.first.record} (id {pair.pair_id!r})", NOT_TRAINABLE, drops_pair=True
+                )
+            )
             continue
         pairs.append(to_change_pair(pair, split_of[pair.pair_id]))
     return DatasetIndex("folder", contents.root, split, pairs, skipped, notes=contents.notes)
