@@ -5,8 +5,8 @@ counts its semantic and distractor pair per scene), the distinct image files aga
 count where one is known, and every missing, empty or undecodable image with the record that needs
 it, and every record the reader leaves out with its pair (a folder's file without its partner, a train pair
 without a caption). A split the reader finds no pair in is EMPTY, whether or not a count is published, unless its
-format may leave that split empty (`MAY_BE_EMPTY`) and the reader left nothing out of it. Exit status 1 when anything is short, empty or broken (2 for bad
-arguments), 0 when complete.
+format may leave that split empty (`MAY_BE_EMPTY`) and the reader left nothing out of it. Exit status 1 when
+anything is short, empty or broken (2 for bad arguments), 0 when complete.
 `--quick` checks existence and size only (no decoding): seconds instead of minutes on 100k images.
 """
 
@@ -223,12 +223,15 @@ def verify_dataset(
     return [verify_split(format, root, split, decode=decode, index=indexes[split]) for split in splits]
 
 
+def _left_out(check: SplitCheck) -> list[str]:
+    return [f"{len(check.left_out):,} record(s) left out by the reader"] if check.left_out else []
+
+
 def _shortfalls(check: SplitCheck) -> list[str]:
     """Why a split is not complete: its unusable images, and counts that are not the official ones (a download
     whose every file decodes but that lacks pairs said "0 unusable image(s)")."""
     reasons = [f"{len(check.problems):,} unusable image(s)"] if check.problems else []
-    if check.left_out:
-        reasons.append(f"{len(check.left_out):,} record(s) left out by the reader")
+    reasons += _left_out(check)
     for what, found, expected in (
         ("pairs", check.pairs, check.expected_pairs),
         ("images", check.images, check.expected_images),
@@ -255,11 +258,10 @@ def format_checks(format: str, checks: list[SplitCheck]) -> tuple[list[str], lis
         images = f"{check.images:,} images" + (
             f" of {check.expected_images:,}" if check.expected_images is not None else ""
         )
-        if check.empty and check.left_out:  # its format may leave it empty, but here the reader left pairs out
-            state = f"EMPTY: no pairs; {len(check.left_out):,} record(s) left out by the reader"
+        if check.empty and check.may_be_empty and not check.left_out:
+            state = f"empty ({MAY_BE_EMPTY[format][1]})"
         elif check.empty:  # "complete" called a split of no pair fine; "N pairs short" hid that it had none
-            why = MAY_BE_EMPTY.get(format, ((), "its format allows it"))[1]
-            state = f"empty ({why})" if check.may_be_empty else "EMPTY: no pairs"
+            state = "; ".join(["EMPTY: no pairs", *_left_out(check)])
         elif check.complete:
             state = "complete"
         else:
